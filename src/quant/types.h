@@ -1,0 +1,40 @@
+#pragma once
+// The one table of ggml tensor types: id (as stored in GGUF), name, block size (values per block) and
+// bytes per block. Everything that needs a type's size asks here; dequantization and dot products for
+// each type live beside this file (quant/dequant.h, quant/matmul.h).
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace strata {
+
+enum class GgmlType : uint32_t {
+  F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3,
+  Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+  Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+  IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
+  I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+  TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+};
+
+struct TypeTraits {
+  GgmlType type;
+  std::string_view name;   // ggml's name, lower case ("q4_K", "iq2_xxs", "f32")
+  uint32_t block_size;     // values per block
+  uint32_t type_size;      // bytes per block
+  bool quantized;
+};
+
+// nullptr when `id` is not a ggml type id we know (ids 4, 5, 31-33, 36-38 were removed from ggml).
+const TypeTraits* type_traits(uint32_t id);
+const TypeTraits& type_traits(GgmlType t);  // t must be known (it is, if it came through the reader)
+std::optional<GgmlType> type_from_name(std::string_view name);  // case-insensitive: "Q4_K", "q4_k"
+inline std::string_view type_name(GgmlType t) { return type_traits(t).name; }
+
+// Bytes of a row of `n` values; n must be a multiple of the block size (callers validate first).
+inline uint64_t row_bytes(GgmlType t, uint64_t n) {
+  const auto& tt = type_traits(t);
+  return n / tt.block_size * tt.type_size;
+}
+
+}  // namespace strata
