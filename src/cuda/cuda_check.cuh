@@ -1,0 +1,20 @@
+#pragma once
+// CUDA_CHECK: every CUDA runtime call goes through it. A failure is not recoverable for the context,
+// so the handler prints the device, the statement, file:line and the error, then aborts.
+#include <cuda_runtime.h>
+
+namespace strata::cuda {
+[[noreturn]] void cuda_fail(cudaError_t err, const char* stmt, const char* file, int line);
+// True when at least one CUDA device can be used (tests skip otherwise).
+bool device_available();
+}  // namespace strata::cuda
+
+#define CUDA_CHECK(stmt)                                                   \
+  do {                                                                     \
+    cudaError_t strata_err_ = (stmt);                                      \
+    if (strata_err_ != cudaSuccess)                                        \
+      ::strata::cuda::cuda_fail(strata_err_, #stmt, __FILE__, __LINE__);   \
+  } while (0)
+
+// After a kernel launch: catches launch-configuration errors at the launch site.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
