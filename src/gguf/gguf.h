@@ -46,6 +46,9 @@ struct Value {
   std::vector<Value> arr;          // ARRAY
 };
 
+// "u32", "string", "array of string", "array of array of i32": for messages and `strata inspect`.
+std::string describe_type(const Value& v);
+
 struct KeyValue {
   std::string key;
   Value value;
