@@ -26,7 +26,6 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
-constexpr int kMaxArrayDepth = 8;          // arrays of arrays nest at most this deep
 constexpr uint32_t kMaxDims = 4;
 
 // Fewest bytes one value of type `t` occupies in the file (so a claimed count can be bounded by the
