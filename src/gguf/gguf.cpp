@@ -27,6 +27,10 @@ namespace {
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;
+// Every Value costs sizeof(Value) (~80 bytes) in memory; this cap keeps a hostile file of small values
+// (a huge u8 array) from turning into tens of GB of Values, while real files (a 256k-token vocabulary:
+// ~1M values) stay far below it.
+constexpr uint64_t kMaxMetadataValues = uint64_t{1} << 24;
 
 // Fewest bytes one value of type `t` occupies in the file (so a claimed count can be bounded by the
 // bytes left before a vector is reserved). 0 for an unknown type.
@@ -54,6 +58,9 @@ struct Parser {
     auto t = checked_add(total_values, n);
     if (!t || *t > c.size())
       c.fail_at(at, "too many metadata values in total (over {}, the file size)", c.size());
+    if (*t > kMaxMetadataValues)
+      c.fail_at(at, "too many metadata values in total (over {}; the largest real vocabularies use ~1M)",
+                kMaxMetadataValues);
     total_values = *t;
   }
 
