@@ -156,37 +156,34 @@ void Writer::set_value(const std::string& key, Value v) {
     STRATA_REQUIRE(v.num.u != 0 && (v.num.u & (v.num.u - 1)) == 0,
                    "gguf writer: general.alignment {} is not a power of two", v.num.u);
   }
-  for (KeyValue& kv : kv_) {
-    if (kv.key == key) {
-      kv.value = std::move(v);
-      return;
-    }
+  if (auto it = key_pos_.find(key); it != key_pos_.end()) {
+    kv_[it->second].value = std::move(v);
+    return;
   }
+  key_pos_.emplace(key, kv_.size());
   kv_.push_back(KeyValue{key, std::move(v), 0});
 }
 
 bool Writer::remove(const std::string& key) {
-  for (auto it = kv_.begin(); it != kv_.end(); ++it) {
-    if (it->key == key) {
-      kv_.erase(it);
-      return true;
-    }
-  }
-  return false;
+  auto it = key_pos_.find(key);
+  if (it == key_pos_.end()) return false;
+  kv_.erase(kv_.begin() + static_cast<ptrdiff_t>(it->second));
+  key_pos_.clear();
+  for (size_t i = 0; i < kv_.size(); ++i) key_pos_.emplace(kv_[i].key, i);
+  return true;
 }
 
 void Writer::set_alignment(uint32_t a) { set<uint32_t>("general.alignment", a); }
 
 uint64_t Writer::alignment() const {
-  for (const KeyValue& kv : kv_)
-    if (kv.key == "general.alignment") return kv.value.num.u;
-  return kDefaultAlignment;
+  auto it = key_pos_.find("general.alignment");
+  return it == key_pos_.end() ? kDefaultAlignment : kv_[it->second].value.num.u;
 }
 
 void Writer::check_tensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                           uint64_t nbytes) const {
   STRATA_REQUIRE(!name.empty(), "gguf writer: empty tensor name");
-  for (const Tensor& t : tensors_) STRATA_REQUIRE(t.name != name, "gguf writer: duplicate tensor '{}'", name);
+  STRATA_REQUIRE(!tensor_names_.count(name), "gguf writer: duplicate tensor '{}'", name);
   STRATA_REQUIRE(type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
                  name, static_cast<uint32_t>(type));
   STRATA_REQUIRE(dims.size() >= 1 && dims.size() <= 4, "gguf writer: tensor '{}': {} dims (1..4)", name,
@@ -211,12 +208,14 @@ void Writer::add_tensor(const std::string& name, GgmlType type, const std::vecto
   check_tensor(name, type, dims, bytes.size());
   Tensor t{name, type, dims, nullptr, bytes.size(), std::vector<uint8_t>(bytes.begin(), bytes.end())};
   tensors_.push_back(std::move(t));
+  tensor_names_.insert(name);
 }
 
 void Writer::add_tensor_view(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                              const uint8_t* data, uint64_t nbytes) {
   check_tensor(name, type, dims, nbytes);
   tensors_.push_back(Tensor{name, type, dims, data, nbytes, {}});
+  tensor_names_.insert(name);
 }
 
 void Writer::write_to(const std::function<void(const void*, size_t)>& sink) const {

@@ -17,6 +17,8 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "gguf/gguf.h"
@@ -72,7 +74,9 @@ class Writer {
   void check_tensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                     uint64_t nbytes) const;
   std::vector<KeyValue> kv_;
+  std::unordered_map<std::string, size_t> key_pos_;  // key -> index in kv_
   std::vector<Tensor> tensors_;
+  std::unordered_set<std::string> tensor_names_;
 };
 
 }  // namespace strata::gguf
