@@ -171,3 +171,35 @@ TEST(QuantMatmul, BadInputsAreErrors) {
     EXPECT_NE(std::string(e.what()).find("unsupported type tq1_0"), std::string::npos) << e.what();
   }
 }
+
+// The 4-token kernels decode each weight block once for 4 activation rows; per token they run the
+// same operations as the single-token kernel, so the results must be bit-identical.
+TEST(QuantKernels, FourTokenKernelsBitIdenticalToSingle) {
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
+    if (level > cpu_max_level()) continue;
+    for (GgmlType t : kFastTypes) {
+      q::VecDot4Fn fn4 = level == CpuLevel::Avx2 ? q::vec_dot4_avx2(t) : q::vec_dot4_avx512(t);
+      q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
+      if (!fn4) continue;
+      const q::ActType act = q::act_type_for(t);
+      for (int64_t n : {256, 4096}) {
+        auto w = test::random_row(t, n, rng);
+        const int64_t xb = q::act_row_bytes(act, n);
+        std::vector<uint8_t> xq(4 * xb);
+        for (int k = 0; k < 4; ++k) {
+          auto x = test::random_acts(n, rng);
+          q::quantize_act_row(act, x.data(), xq.data() + k * xb, n);
+        }
+        float out[8];
+        fn4(n, w.data(), xq.data(), xb, out, 2);  // strided output
+        for (int k = 0; k < 4; ++k) {
+          ASSERT_EQ(out[2 * k], fn(n, w.data(), xq.data() + k * xb)) << cpu_level_name(level) << " " << type_name(t);
+          ++checked;
+        }
+      }
+    }
+  }
+  std::printf("checked %d four-token dots\n", checked);
+}

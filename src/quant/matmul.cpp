@@ -79,7 +79,10 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const floa
       const int64_t t1 = std::min(n_tok, t0 + kTokTile);
       for (int64_t r = r0; r < r1; ++r) {
         const uint8_t* wr = wb + r * rb;
-        for (int64_t t = t0; t < t1; ++t) y[t * rows + r] = k.fn(cols, wr, xq + t * xb);
+        int64_t t = t0;
+        if (k.fn4)  // 4 tokens per weight decode
+          for (; t + 4 <= t1; t += 4) k.fn4(cols, wr, xq + t * xb, xb, y + t * rows + r, rows);
+        for (; t < t1; ++t) y[t * rows + r] = k.fn(cols, wr, xq + t * xb);
       }
     }
   });
