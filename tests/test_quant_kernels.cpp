@@ -203,3 +203,37 @@ TEST(QuantKernels, FourTokenKernelsBitIdenticalToSingle) {
   }
   std::printf("checked %d four-token dots\n", checked);
 }
+
+// matmul_many runs a batch (e.g. a MoE layer's experts, of mixed types and token counts) in one
+// parallel region; each job's result must equal a separate matmul call bit for bit.
+TEST(QuantMatmul, ManyEqualsSeparateCalls) {
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::IQ3_S, GgmlType::BF16};
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<std::vector<float>> xs, ys, refs;
+  std::vector<MatmulJob> jobs;
+  for (int i = 0; i < 10; ++i) {
+    const GgmlType t = types[i % 5];
+    const int64_t rows = 19 + 7 * i, cols = 512, n_tok = i % 4;  // includes n_tok 0
+    std::vector<uint8_t> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = test::random_row(t, cols, rng);
+      w.insert(w.end(), row.begin(), row.end());
+    }
+    ws.push_back(std::move(w));
+    xs.push_back(test::random_acts(cols * n_tok, rng));
+    ys.emplace_back(rows * n_tok, -1.f);
+    refs.emplace_back(rows * n_tok, -2.f);
+  }
+  for (int i = 0; i < 10; ++i)
+    jobs.push_back({types[i % 5], ws[i].data(), 19 + 7 * i, 512, xs[i].data(), i % 4, ys[i].data()});
+  for (MatmulMode mode : {MatmulMode::Fast, MatmulMode::Exact}) {
+    matmul_many(jobs.data(), static_cast<int64_t>(jobs.size()), mode, pool);
+    for (int i = 0; i < 10; ++i) {
+      const auto& j = jobs[i];
+      matmul(j.type, j.w, j.rows, j.cols, j.x, j.n_tok, refs[i].data(), mode, pool);
+      EXPECT_EQ(ys[i], refs[i]) << "job " << i;
+    }
+  }
+}
