@@ -156,7 +156,8 @@ Tokenizer Tokenizer::from_data(VocabData d) {
   t.unk = checked_id(d.unk_id, "unknown_token_id", n);
   t.sep = checked_id(d.sep_id, "seperator_token_id", n);
   t.pad = checked_id(d.pad_id, "padding_token_id", n);
-  t.add_bos = d.add_bos.value_or(t.pre.default_add_bos());
+  // The family default applies only where there is a BOS token to add.
+  t.add_bos = d.add_bos.value_or(t.pre.default_add_bos() && t.bos != kNoToken);
   t.add_eos = d.add_eos.value_or(false);
   STRATA_REQUIRE(!t.add_bos || t.bos != kNoToken,
                  "the tokenizer adds a BOS token (tokenizer.ggml.add_bos_token) but "
