@@ -39,8 +39,7 @@ TokenType Tokenizer::token_type(TokenId id) const {
   return impl_->type[id];
 }
 TokenId Tokenizer::find_token(std::string_view text) const {
-  auto it = impl_->text_to_id.find(text);
-  return it == impl_->text_to_id.end() ? kNoToken : it->second;
+  return impl_->text_to_id.find(text);
 }
 bool Tokenizer::is_control(TokenId id) const {
   const TokenType ty = token_type(id);

@@ -81,9 +81,9 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
   if (pre.ignore_merges()) {
     std::string enc;
     byte_level_encode(piece, enc);
-    auto it = text_to_id.find(enc);
-    if (it != text_to_id.end()) {
-      out.push_back(it->second);
+    const TokenId id = text_to_id.find(enc);
+    if (id != kNoToken) {
+      out.push_back(id);
       return;
     }
   }
@@ -102,9 +102,9 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
     if (l < 0 || r < 0) return;
     const TokenId a = sym[l].id, b = sym[r].id;
     if (a == kNoToken || b == kNoToken) return;
-    auto it = merges.find(merge_key(a, b));
-    if (it == merges.end()) return;
-    heap.push_back(Bigram{it->second.rank, l, r, a, b, it->second.result});
+    const PairTable::Value* m = merges.find(merge_key(a, b));
+    if (!m) return;
+    heap.push_back(Bigram{m->rank, l, r, a, b, m->result});
     std::push_heap(heap.begin(), heap.end(), BigramAfter{});
   };
   for (int32_t i = 0; i + 1 < n; ++i) push_pair(i, i + 1);

@@ -4,18 +4,13 @@
 #include <array>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
+#include "tokenizer/flat_tables.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace strata::tokenizer {
-
-struct MergeRule {
-  int32_t rank;    // index in tokenizer.ggml.merges: lower merges first
-  TokenId result;  // the token the two merge into
-};
 
 // Key of the pair (left, right) in the merge table.
 inline uint64_t merge_key(TokenId left, TokenId right) {
@@ -28,10 +23,10 @@ struct Tokenizer::Impl {
   std::vector<std::string> text;    // [n_vocab] token text as stored (byte-level encoded)
   std::vector<TokenType> type;      // [n_vocab]
   std::vector<std::string> bytes;   // [n_vocab] what each token decodes to (raw bytes)
-  // text -> id; views point into `text`, which never changes after construction. Duplicate texts:
-  // the last id wins (as in llama.cpp).
-  std::unordered_map<std::string_view, TokenId> text_to_id;
-  std::unordered_map<uint64_t, MergeRule> merges;  // merge_key(left, right) -> rule
+  TextIndex text_to_id;  // text -> id over `text`; duplicate texts: the last id wins (llama.cpp)
+  // merge_key(left, right) -> {rank: index in tokenizer.ggml.merges, lower merges first;
+  //                            result: the token the two merge into}
+  PairTable merges;
   std::array<TokenId, 256> byte_token{};           // token of each single byte; kNoToken if absent
   std::vector<TokenId> special;  // control/user-defined/unknown tokens, longest text first
   std::vector<TokenId> eog;      // end-of-generation ids, sorted

@@ -86,8 +86,7 @@ Tokenizer Tokenizer::from_data(VocabData d) {
     t.type[i] = static_cast<TokenType>(ty);
   }
 
-  t.text_to_id.reserve(n);
-  for (size_t i = 0; i < n; ++i) t.text_to_id[t.text[i]] = static_cast<TokenId>(i);
+  t.text_to_id.build(t.text);
 
   // What each token decodes to.
   t.bytes.resize(n);
@@ -112,9 +111,8 @@ Tokenizer Tokenizer::from_data(VocabData d) {
   // Single-byte tokens: the start of every BPE.
   size_t missing = 0;
   for (int b = 0; b < 256; ++b) {
-    auto it = t.text_to_id.find(byte_to_unicode(static_cast<uint8_t>(b)));
-    t.byte_token[b] = it == t.text_to_id.end() ? kNoToken : it->second;
-    missing += it == t.text_to_id.end();
+    t.byte_token[b] = t.text_to_id.find(byte_to_unicode(static_cast<uint8_t>(b)));
+    missing += t.byte_token[b] == kNoToken;
   }
   if (missing > 0)
     spdlog::warn("the vocabulary has no token for {} of the 256 bytes: text containing them "
@@ -133,20 +131,19 @@ Tokenizer Tokenizer::from_data(VocabData d) {
     STRATA_REQUIRE(sp != std::string_view::npos && sp + 1 < m.size(),
                    "tokenizer.ggml.merges[{}] = {} is not of the form 'left right'", r, quoted(m));
     const std::string_view a = m.substr(0, sp), b = m.substr(sp + 1);
-    auto ia = t.text_to_id.find(a), ib = t.text_to_id.find(b);
-    STRATA_REQUIRE(ia != t.text_to_id.end(), "tokenizer.ggml.merges[{}] = {}: {} is not a token",
-                   r, quoted(m), quoted(a));
-    STRATA_REQUIRE(ib != t.text_to_id.end(), "tokenizer.ggml.merges[{}] = {}: {} is not a token",
-                   r, quoted(m), quoted(b));
+    const TokenId ia = t.text_to_id.find(a), ib = t.text_to_id.find(b);
+    STRATA_REQUIRE(ia != kNoToken, "tokenizer.ggml.merges[{}] = {}: {} is not a token", r,
+                   quoted(m), quoted(a));
+    STRATA_REQUIRE(ib != kNoToken, "tokenizer.ggml.merges[{}] = {}: {} is not a token", r,
+                   quoted(m), quoted(b));
     joined.assign(a);
     joined += b;
-    auto ij = t.text_to_id.find(joined);
-    STRATA_REQUIRE(ij != t.text_to_id.end(),
+    const TokenId ij = t.text_to_id.find(joined);
+    STRATA_REQUIRE(ij != kNoToken,
                    "tokenizer.ggml.merges[{}] = {}: the merged token {} is not in the vocabulary",
                    r, quoted(m), quoted(joined));
     // A pair listed twice keeps its first (lowest) rank.
-    t.merges.try_emplace(merge_key(ia->second, ib->second),
-                         MergeRule{static_cast<int32_t>(r), ij->second});
+    t.merges.try_emplace(merge_key(ia, ib), {static_cast<int32_t>(r), ij});
   }
 
   t.bos = checked_id(d.bos_id, "bos_token_id", n);
@@ -181,9 +178,8 @@ Tokenizer Tokenizer::from_data(VocabData d) {
   for (TokenId id : {t.eos, t.eot, t.eom})
     if (id != kNoToken) t.is_eog[id] = true;
   for (std::string_view s : kEogTexts) {
-    auto it = t.text_to_id.find(s);
-    if (it != t.text_to_id.end() && t.type[it->second] != TokenType::kNormal)
-      t.is_eog[it->second] = true;
+    const TokenId id = t.text_to_id.find(s);
+    if (id != kNoToken && t.type[id] != TokenType::kNormal) t.is_eog[id] = true;
   }
   for (size_t i = 0; i < n; ++i)
     if (t.is_eog[i]) t.eog.push_back(static_cast<TokenId>(i));
