@@ -123,11 +123,50 @@ inline void axpy_kv(float a, const void* v, int64_t i0, int n, KvType type, floa
   }
 }
 
+inline float kv_at(const void* base, int64_t i, KvType type) {
+  return type == KvType::F32 ? static_cast<const float*>(base)[i]
+                             : half_to_float(static_cast<const uint16_t*>(base)[i]);
+}
+inline float round_f16(float x) { return half_to_float(float_to_half(x)); }
+
+// One (token, head) of ggml's CPU flash attention (ggml_compute_forward_flash_attn_ext_f16_one_chunk
+// with f16 K and V): Q rounded to f16, dot products summed in f32, online softmax, V accumulated in f16.
+void attend_ggml_f16(const float* qh, const void* k, const void* v, int32_t n, int64_t k_row,
+                     int64_t v_row, int64_t k_off, int64_t v_off, int head_dim, int head_dim_v,
+                     KvType type, float scale, float* oh) {
+  float q16[kMaxHeadDim], acc[kMaxHeadDim];  // acc holds f16-representable values
+  for (int d = 0; d < head_dim; ++d) q16[d] = round_f16(qh[d]);
+  std::fill(acc, acc + head_dim_v, 0.0f);
+  float M = -INFINITY, S = 0.0f;
+  for (int32_t p = 0; p < n; ++p) {
+    double dot = 0.0;
+    for (int d = 0; d < head_dim; ++d)
+      dot += double(q16[d]) * round_f16(kv_at(k, p * k_row + k_off + d, type));
+    const float s = static_cast<float>(dot) * scale;
+    float ms = 1.0f, vs = 1.0f;
+    if (s > M) {
+      const float m_old = M;
+      M = s;
+      ms = std::exp(m_old - M);
+      for (int d = 0; d < head_dim_v; ++d) acc[d] = round_f16(acc[d] * ms);
+    } else {
+      vs = std::exp(s - M);
+    }
+    for (int d = 0; d < head_dim_v; ++d)
+      acc[d] = round_f16(std::fma(round_f16(kv_at(v, p * v_row + v_off + d, type)), vs, acc[d]));
+    S = S * ms + vs;
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  for (int d = 0; d < head_dim_v; ++d) oh[d] = acc[d] * inv;
+}
+
 }  // namespace
 
 void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, KvType type, float scale, float* out, float* scratch,
-               int64_t max_kv, ThreadPool& pool) {
+               int64_t max_kv, ThreadPool& pool, AttnMath math) {
+  STRATA_REQUIRE(head_dim <= kMaxHeadDim && head_dim_v <= kMaxHeadDim,
+                 "attention: head size {}/{} above {}", head_dim, head_dim_v, kMaxHeadDim);
   const int group = n_head / n_head_kv;
   const int64_t k_row = static_cast<int64_t>(n_head_kv) * head_dim;    // values per cache position
   const int64_t v_row = static_cast<int64_t>(n_head_kv) * head_dim_v;
@@ -141,6 +180,11 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
       const int32_t n = kv[t].n_kv;
       STRATA_REQUIRE(n >= 1 && n <= max_kv, "attention: {} cache positions, scratch holds {}", n,
                      max_kv);
+      if (math == AttnMath::GgmlF16) {
+        attend_ggml_f16(qh, kv[t].k, kv[t].v, n, k_row, v_row, hk * head_dim, hk * head_dim_v,
+                        head_dim, head_dim_v, type, scale, oh);
+        continue;
+      }
       float mx = -INFINITY;
       for (int32_t p = 0; p < n; ++p) {
         sc[p] = scale * dot_kv(qh, kv[t].k, p * k_row + hk * head_dim, head_dim, type);

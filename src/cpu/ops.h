@@ -49,13 +49,22 @@ struct AttnKv {
   int32_t n_kv;   // attend to cache positions [0, n_kv) (causal: the token's pos + 1)
 };
 
+// The arithmetic of attention.
+//   F32:      scores, softmax and the V sum in f32 (the plain reference).
+//   GgmlF16:  llama.cpp's CPU flash attention, which the fixtures' references were made with: it casts
+//             an f32 KV cache to f16, rounds Q to f16, and accumulates V with an online softmax in an
+//             f16 accumulator (rounded after every position). Matching it is what makes exact mode
+//             agree with the references to KL ~1e-8 instead of ~1e-5.
+enum class AttnMath { F32, GgmlF16 };
+constexpr int kMaxHeadDim = 1024;
+
 // Causal softmax attention with grouped KV heads (query head h reads KV head h / (n_head/n_head_kv)).
 //   q:   [n_tok][n_head][head_dim]     kv: [n_tok] (one view per token, sequences may differ)
 //   out: [n_tok][n_head][head_dim_v]   scratch: [pool.size()][max_kv] f32
 // out = softmax(scale * q . K^T) V over the token's n_kv positions. Split over (token, head).
 void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, KvType type, float scale, float* out, float* scratch,
-               int64_t max_kv, ThreadPool& pool);
+               int64_t max_kv, ThreadPool& pool, AttnMath math = AttnMath::F32);
 
 // MoE router: probs = softmax(logits[t]) over all n_expert; the k largest are chosen (ties: the
 // lower expert id first); with `norm` their weights are divided by their sum (llama.cpp clamps the sum

@@ -22,6 +22,7 @@ struct EngineOptions {
   int n_threads = 0;          // 0: one per hardware thread
   MatmulMode mode = MatmulMode::Fast;
   KvType kv_type = KvType::F32;
+  cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // llama.cpp's flash-attention arithmetic (cpu/ops.h)
 };
 
 class Engine {

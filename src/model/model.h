@@ -33,6 +33,11 @@ struct Batch {
   std::span<SequenceState* const> seqs;
 };
 
+struct ForwardOptions {
+  MatmulMode mode = MatmulMode::Fast;
+  cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // see cpu/ops.h
+};
+
 // Activations of one architecture, sized at creation; forward() allocates nothing.
 class Workspace {
  public:
@@ -57,7 +62,7 @@ class Model {
   // logits: [number of tokens with .logits][n_vocab], in batch order. Does not advance the sequences
   // (the engine does). Tokens and positions are validated by the caller (Engine).
   virtual void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
-                       MatmulMode mode) const = 0;
+                       const ForwardOptions& opt) const = 0;
   // Bytes of weights (mapped).
   virtual size_t weight_bytes() const = 0;
 

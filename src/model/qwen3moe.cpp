@@ -87,7 +87,7 @@ class Qwen3Moe final : public Model {
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
-               MatmulMode mode) const override;
+               const ForwardOptions& opt) const override;
 
  private:
   void load();
@@ -149,7 +149,8 @@ void Qwen3Moe::load() {
 }
 
 void Qwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
-                       MatmulMode mode) const {
+                       const ForwardOptions& opt) const {
+  const MatmulMode mode = opt.mode;
   auto& ws = static_cast<Qwen3MoeWorkspace&>(wsb);
   const HParams& hp = hp_;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
@@ -198,7 +199,7 @@ void Qwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Thread
     }
     cpu::attention(ws.q.data(), ws.kv.data(), n, int(H), int(Hkv), int(D), int(Dv),
                    batch.seqs[0]->kv_type(), scale, ws.att.data(), ws.scores.data(), ws.n_ctx_max,
-                   pool);
+                   pool, opt.attn);
     matmul_into(l.wo, ws.att.data(), n, ws.tmp.data(), pool, mode);
     cpu::add_inplace(x, ws.tmp.data(), n * E);
     // --- MoE FFN ---
