@@ -45,6 +45,12 @@ __global__ void check_table(const int* table, int gen, int trial, unsigned* coun
   if (i < kEntries && table[i] != gen) atomicAdd(&counts[trial], 1u);
 }
 
+std::string one_decimal(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
+}
+
 void spin_us(double us) {
   auto t0 = Clock::now();
   while (std::chrono::duration<double, std::micro>(Clock::now() - t0).count() < us) {
@@ -112,6 +118,7 @@ struct ArmResult {
   int trials = 0, stale = 0;
   double stale_entries_mean = 0;  // old entries per stale launch
   double us_per_trial = 0;
+  double copy_us_stale = 0, copy_us_fresh = 0;  // mean time the copy call took to return
 };
 
 struct Arm {
@@ -169,6 +176,7 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&counts, max_trials * sizeof(unsigned)));
   std::vector<int> host(kEntries);  // pageable, as in the report
   std::vector<unsigned> h_counts(max_trials);
+  std::vector<double> copy_us(max_trials);  // per trial: how long the copy call blocked the host
 
   cudaStream_t nonblocking = nullptr, blocking = nullptr;
   CUDA_CHECK(cudaStreamCreateWithFlags(&nonblocking, cudaStreamNonBlocking));
@@ -179,7 +187,9 @@ int main(int argc, char** argv) {
 
   auto plain = [&](cudaStream_t reader, double delay_us, bool sync0) {
     return [&, reader, delay_us, sync0](int gen, int trial) {
+      auto c0 = Clock::now();
       CUDA_CHECK(cudaMemcpy(table.data(), host.data(), kTableBytes, cudaMemcpyHostToDevice));
+      copy_us[trial] = std::chrono::duration<double, std::micro>(Clock::now() - c0).count();
       if (sync0) CUDA_CHECK(cudaStreamSynchronize(nullptr));
       double d = delay_us < 0 ? jitter(rng) : delay_us;
       if (d > 0) spin_us(d);
@@ -189,7 +199,9 @@ int main(int argc, char** argv) {
     };
   };
   auto module = [&](int gen, int trial) {
+    auto c0 = Clock::now();
     xfer.upload(table.span(), host.data(), kTableBytes, dev.compute(), {&dev.compute()});
+    copy_us[trial] = std::chrono::duration<double, std::micro>(Clock::now() - c0).count();
     note_launch(dev.compute(), {table.span()}, {});
     check_table<<<grid, block, 0, dev.compute().handle()>>>(table.as<int>(), gen, trial, counts);
     CUDA_CHECK_LAUNCH();
@@ -235,13 +247,18 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(h_counts.data(), counts, t * sizeof(unsigned), cudaMemcpyDeviceToHost));
         r.trials = t;
-        double sum = 0;
+        double sum = 0, cs = 0, cf = 0;
         for (int k = 0; k < t; ++k)
           if (h_counts[k] > 0) {
             ++r.stale;
             sum += h_counts[k];
+            cs += copy_us[k];
+          } else {
+            cf += copy_us[k];
           }
         r.stale_entries_mean = r.stale ? sum / r.stale : 0;
+        r.copy_us_stale = r.stale ? cs / r.stale : 0;
+        r.copy_us_fresh = t > r.stale ? cf / (t - r.stale) : 0;
         r.us_per_trial = t ? secs * 1e6 / t : 0;
         std::fprintf(stderr, "[%s] run %d %-45s stale %d/%d (%.1f us/trial)\n", busy ? "busy" : "idle", run + 1,
                      arms[a].name.c_str(), r.stale, r.trials, r.us_per_trial);
@@ -261,9 +278,10 @@ int main(int argc, char** argv) {
               o.bulk_mib, o.chunk_mib, bulk_gbps);
   std::printf("| arm | copy engine |");
   for (int run = 0; run < o.runs; ++run) std::printf(" run %d stale/trials |", run + 1);
-  std::printf(" old entries per stale launch (mean, all runs) | us per trial (run 1) |\n|---|---|");
+  std::printf(" old entries per stale launch (mean, all runs) | us per trial (run 1) |"
+              " copy call returned after, us (run 1: stale / fresh trials) |\n|---|---|");
   for (int run = 0; run < o.runs; ++run) std::printf("---|");
-  std::printf("---|---|\n");
+  std::printf("---|---|---|\n");
   for (int busy = 0; busy < 2; ++busy)
     for (size_t a = 0; a < arms.size(); ++a) {
       std::printf("| %s | %s |", arms[a].name.c_str(), busy ? "busy" : "idle");
@@ -275,7 +293,9 @@ int main(int argc, char** argv) {
         sum += r.stale_entries_mean * r.stale;
         stale += r.stale;
       }
-      std::printf(" %.0f | %.1f |\n", stale ? sum / stale : 0.0, results[busy][a][0].us_per_trial);
+      const ArmResult& r1 = results[busy][a][0];
+      std::printf(" %.0f | %.1f | %s / %.1f |\n", stale ? sum / stale : 0.0, r1.us_per_trial,
+                  r1.stale ? one_decimal(r1.copy_us_stale).c_str() : "-", r1.copy_us_fresh);
     }
   int module_stale = 0;
   for (int busy = 0; busy < 2; ++busy)
