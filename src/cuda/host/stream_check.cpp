@@ -13,8 +13,13 @@ std::string to_string(const Site& s) { return fmt::format("{}:{}", s.file ? s.fi
 namespace {
 const char* access_name(Access a) { return a == Access::Read ? "read" : "write"; }
 
+// Unset: on in Debug builds (CMake defines STRATA_STREAM_CHECK_DEFAULT_ON), off otherwise.
+// "0" or "": off. Anything else: on ("fatal": on, and the first report aborts).
 bool env_enabled() {
   const char* v = std::getenv("STRATA_STREAM_CHECK");
+#ifdef STRATA_STREAM_CHECK_DEFAULT_ON
+  if (v == nullptr) return true;
+#endif
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 bool env_fatal() {
@@ -38,7 +43,7 @@ Checker& global() {
   return *c;
 }
 
-Checker::Checker() = default;
+Checker::Checker() { host_ = new_agent("host", false, StreamKind::NonBlocking); }
 Checker::~Checker() = default;
 
 AgentId Checker::new_agent(std::string name, bool is_stream, StreamKind kind) {
@@ -50,15 +55,6 @@ AgentId Checker::new_agent(std::string name, bool is_stream, StreamKind kind) {
   a.clock.assign(id + 1, 0);
   a.clock[id] = 1;  // own time starts at 1 so that nobody's zero entry covers our first op
   agents_.push_back(std::move(a));
-  return id;
-}
-
-AgentId Checker::host_agent() {
-  auto tid = std::this_thread::get_id();
-  auto it = host_agents_.find(tid);
-  if (it != host_agents_.end()) return it->second;
-  AgentId id = new_agent(fmt::format("host thread #{}", host_agents_.size()), false, StreamKind::NonBlocking);
-  host_agents_.emplace(tid, id);
   return id;
 }
 
@@ -108,7 +104,7 @@ void Checker::remove_buffer(BufferId b) {
   buffers_.erase(b);
 }
 
-// Host -> stream: whatever the enqueuing thread has seen precedes the new op. Legacy stream: ordered
+// Host -> stream: whatever the host has seen precedes the new op. Legacy stream: ordered
 // with every blocking stream both ways; non-blocking streams are not touched.
 void Checker::enqueue(AgentId s) {
   AgentId h = host_agent();

@@ -3,11 +3,14 @@
 // with simulated streams and events, and the CUDA layer (src/cuda/device.*, transfer.*) feeds it the real
 // calls. This header is included from .cu files, so it stays C++17.
 //
-// Model (vector clocks, one component per "agent"; an agent is a stream or a host thread):
+// Model (vector clocks, one component per "agent"; an agent is a stream or the host):
 //  - every op on an agent has the epoch (agent, C_agent[agent]);
 //  - whenever an agent's clock is copied elsewhere (event record, host sync, implicit legacy-stream sync,
 //    host enqueue), the agent's own component is bumped afterwards, so later ops are not covered;
-//  - enqueueing anything on a stream from a host thread orders it after everything that thread has seen;
+//  - enqueueing anything on a stream orders it after everything the host has seen. All host threads share
+//    one host agent: threads hand work to each other through their own synchronization (the CPU pool
+//    reads activations after the main thread waited on their download), which this checker does not
+//    see; per-thread host clocks would report those correct hand-offs. Host-vs-host races are TSan's job;
 //  - the legacy default stream (stream "0") orders against every *blocking* stream both ways; streams made
 //    with cudaStreamNonBlocking do not (that is bug 1 of DEVELOPERS.md);
 //  - an access to a registered buffer must be ordered after its last conflicting access (write after
@@ -19,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -34,7 +36,7 @@ struct Site {
 };
 std::string to_string(const Site& s);
 
-using AgentId = uint32_t;   // a stream or a host thread
+using AgentId = uint32_t;   // a stream or the host
 using EventId = uint32_t;
 using BufferId = uint32_t;  // 0 = not registered (accesses to it are not checked)
 inline constexpr BufferId kNoBuffer = 0;
@@ -117,7 +119,7 @@ class Checker {
   };
 
   AgentId new_agent(std::string name, bool is_stream, StreamKind kind);
-  AgentId host_agent();  // the calling thread's agent (created on first use)
+  AgentId host_agent() const { return host_; }
   static void join(Clock& into, const Clock& from);
   static uint64_t at(const Clock& c, AgentId a) { return a < c.size() ? c[a] : 0; }
   void bump(AgentId a);
@@ -127,7 +129,7 @@ class Checker {
 
   mutable std::mutex mu_;
   std::vector<AgentState> agents_;
-  std::unordered_map<std::thread::id, AgentId> host_agents_;
+  AgentId host_ = 0;  // the host: agent 0, created by the constructor
   std::vector<std::unique_ptr<Clock>> events_;        // null = removed
   std::vector<std::string> event_names_;
   std::unordered_map<BufferId, BufferState> buffers_;
@@ -141,8 +143,8 @@ class Checker {
 namespace detail {
 extern std::atomic<bool> g_enabled;
 }
-// True when STRATA_STREAM_CHECK is set to anything but "" or "0" (read once at start-up), or after
-// set_enabled(true). Cheap: one relaxed load.
+// True when STRATA_STREAM_CHECK is set to anything but "" or "0" (read once at start-up; unset means on
+// in Debug builds, off otherwise; ctest sets it to 1), or after set_enabled(true). One relaxed load.
 inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
 void set_enabled(bool on);
 Checker& global();
