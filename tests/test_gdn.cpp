@@ -246,5 +246,64 @@ TEST(RopeNeoxPartial, MatchesReferenceAndLeavesTail) {
   EXPECT_THROW(rope_neox_partial(a.data(), T, H, D, pos.data(), 128, 1e7f), Error);
 }
 
+TEST(GdnGates, MatchesReferenceAndGroupedLayout) {
+  std::mt19937 rng(11);
+  const int64_t T = 5, Hk = 16, Hv = 32;
+  auto ba = randv(T * 2 * Hv, rng, -30, 30), a = randv(Hv, rng, -3, 0), dt = randv(Hv, rng);
+  std::vector<float> g(T * Hv), b(T * Hv), gr(T * Hv), br(T * Hv);
+  gdn_gates(ba.data(), T, Hk, Hv, a.data(), dt.data(), g.data(), b.data());
+  gdn_gates_ref(ba.data(), T, Hk, Hv, a.data(), dt.data(), gr.data(), br.data());
+  EXPECT_LT(rel_err(g, gr), 1e-6);
+  EXPECT_LT(rel_err(b, br), 1e-6);
+  // Hk 1, Hv 2: ba = [b0, b1, a0, a1]
+  const float ba1[4] = {0.0f, 100.0f, 0.0f, -100.0f}, a1[2] = {-2.0f, -1.0f}, dt1[2] = {0.0f, 0.0f};
+  float g1[2], b1[2];
+  gdn_gates(ba1, 1, 1, 2, a1, dt1, g1, b1);
+  EXPECT_NEAR(b1[0], 0.5f, 1e-6);
+  EXPECT_NEAR(b1[1], 1.0f, 1e-6);
+  EXPECT_NEAR(g1[0], -2.0f * std::log(2.0f), 1e-6);  // softplus(0) = ln 2
+  EXPECT_NEAR(g1[1], 0.0f, 1e-6);                    // softplus(-100) ~ 0
+}
+
+TEST(GdnUnpack, LegacyQkvzLayout) {
+  // Hk 2, Hv 4 (r 2), D 1: per key head j: q, k, v(2), z(2)
+  const float mixed[12] = {1, 2, 3, 4, 5, 6, 11, 12, 13, 14, 15, 16};
+  float qkv[8], z[4];
+  gdn_unpack_qkvz(mixed, 1, 2, 4, 1, qkv, z);
+  const float eq[8] = {1, 11, 2, 12, 3, 4, 13, 14}, ez[4] = {5, 6, 15, 16};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(qkv[i], eq[i]) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(z[i], ez[i]) << i;
+}
+
+TEST(GdnSplit, SplitsAndNormalises) {
+  // Hk 1, Hv 2, D 2: conv row = q(2) k(2) v(4)
+  const float conv[8] = {3, 4, 0, 2, 1, 2, 3, 4};
+  float q[2], k[2], v[4];
+  gdn_split_qkv(conv, 1, 1, 2, 2, 1e-6f, q, k, v);
+  EXPECT_NEAR(q[0], 0.6f, 1e-6);
+  EXPECT_NEAR(q[1], 0.8f, 1e-6);
+  EXPECT_NEAR(k[1], 1.0f, 1e-6);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(v[i], float(i + 1));
+}
+
+TEST(GatedAttention, SplitQGateAndSigmoid) {
+  const float qg[8] = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 heads of D 2: (q, gate) per head
+  float q[4], gate[4];
+  split_q_gate(qg, 1, 2, 2, q, gate);
+  const float eq[4] = {1, 2, 5, 6}, eg[4] = {3, 4, 7, 8};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(q[i], eq[i]);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(gate[i], eg[i]);
+  float x[2] = {2.0f, 2.0f};
+  const float gl[2] = {0.0f, -100.0f};
+  mul_sigmoid(x, gl, 2);
+  EXPECT_NEAR(x[0], 1.0f, 1e-6);
+  EXPECT_NEAR(x[1], 0.0f, 1e-6);
+  float y[4] = {1, 1, 1, 1};
+  const float xs[4] = {2, 4, 6, 8}, lg[2] = {0.0f, 100.0f};
+  add_sigmoid_scaled(y, xs, lg, 2, 2);
+  EXPECT_NEAR(y[0], 2.0f, 1e-6);
+  EXPECT_NEAR(y[3], 9.0f, 1e-5);
+}
+
 }  // namespace
 }  // namespace strata

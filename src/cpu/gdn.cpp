@@ -88,6 +88,72 @@ void gdn_conv1d_silu(const float* x, int64_t n_tok, int64_t C, int K, float* sta
   roll_conv_state(x, n_tok, C, K, state);
 }
 
+// ---- gates ---------------------------------------------------------------------------------------------
+
+namespace {
+// ggml_softplus: log(1 + exp(x)), x itself above 20 (where the two agree in f32)
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+}  // namespace
+
+void gdn_gates_ref(const float* ba, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                   const float* a, const float* dt_bias, float* g, float* beta) {
+  STRATA_REQUIRE(n_k_heads > 0 && n_v_heads % n_k_heads == 0, "gdn gates: {} value heads, {} key heads",
+                 n_v_heads, n_k_heads);
+  const int64_t r = n_v_heads / n_k_heads;
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t h = 0; h < n_v_heads; ++h) {
+      const int64_t j = h / r, i = h % r;
+      const double b = ba[t * 2 * n_v_heads + j * 2 * r + i];
+      const double al = ba[t * 2 * n_v_heads + j * 2 * r + r + i] + double(dt_bias[h]);
+      beta[t * n_v_heads + h] = float(1.0 / (1.0 + std::exp(-b)));
+      g[t * n_v_heads + h] = float(a[h] * std::log(1.0 + std::exp(al)));
+    }
+}
+
+void gdn_gates(const float* ba, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, const float* a,
+               const float* dt_bias, float* g, float* beta) {
+  STRATA_REQUIRE(n_k_heads > 0 && n_v_heads % n_k_heads == 0, "gdn gates: {} value heads, {} key heads",
+                 n_v_heads, n_k_heads);
+  const int64_t r = n_v_heads / n_k_heads;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const float* bt = ba + t * 2 * n_v_heads;
+    for (int64_t j = 0; j < n_k_heads; ++j)
+      for (int64_t i = 0; i < r; ++i) {
+        const int64_t h = j * r + i;
+        beta[t * n_v_heads + h] = sigmoid(bt[j * 2 * r + i]);
+        g[t * n_v_heads + h] = a[h] * softplus(bt[j * 2 * r + r + i] + dt_bias[h]);
+      }
+  }
+}
+
+void gdn_split_qkv(const float* conv, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                   int64_t D, float eps, float* q, float* k, float* v) {
+  const int64_t kd = n_k_heads * D, vd = n_v_heads * D, C = 2 * kd + vd;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    std::memcpy(q + t * kd, conv + t * C, sizeof(float) * kd);
+    std::memcpy(k + t * kd, conv + t * C + kd, sizeof(float) * kd);
+    std::memcpy(v + t * vd, conv + t * C + 2 * kd, sizeof(float) * vd);
+  }
+  l2_norm_rows(q, n_tok * n_k_heads, D, eps);
+  l2_norm_rows(k, n_tok * n_k_heads, D, eps);
+}
+
+void gdn_unpack_qkvz(const float* mixed, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                     int64_t D, float* qkv, float* z) {
+  const int64_t r = n_v_heads / n_k_heads, kd = n_k_heads * D, vd = n_v_heads * D;
+  const int64_t group = 2 * D + 2 * r * D, C = 2 * kd + vd;
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int64_t j = 0; j < n_k_heads; ++j) {
+      const float* src = mixed + t * n_k_heads * group + j * group;
+      float* dst = qkv + t * C;
+      std::memcpy(dst + j * D, src, sizeof(float) * D);
+      std::memcpy(dst + kd + j * D, src + D, sizeof(float) * D);
+      std::memcpy(dst + 2 * kd + j * r * D, src + 2 * D, sizeof(float) * r * D);
+      std::memcpy(z + t * vd + j * r * D, src + 2 * D + r * D, sizeof(float) * r * D);
+    }
+}
+
 // ---- L2 norm -----------------------------------------------------------------------------------------
 
 void l2_norm_rows_ref(float* x, int64_t n_rows, int64_t D, float eps) {
@@ -330,6 +396,23 @@ void rope_neox_partial(float* x, int64_t n_tok, int64_t n_head, int64_t D, const
       }
     }
   }
+}
+
+// ---- gated attention, shared expert gate -------------------------------------------------------------
+
+void split_q_gate(const float* qg, int64_t n_tok, int64_t n_head, int64_t D, float* q, float* gate) {
+  for (int64_t r = 0; r < n_tok * n_head; ++r) {
+    std::memcpy(q + r * D, qg + r * 2 * D, sizeof(float) * D);
+    std::memcpy(gate + r * D, qg + r * 2 * D + D, sizeof(float) * D);
+  }
+}
+
+void mul_sigmoid(float* x, const float* gate, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= sigmoid(gate[i]);
+}
+
+void add_sigmoid_scaled(float* y, const float* x, const float* logit, int64_t n_tok, int64_t n) {
+  for (int64_t t = 0; t < n_tok; ++t) axpy(sigmoid(logit[t]), x + t * n, y + t * n, n);
 }
 
 }  // namespace strata

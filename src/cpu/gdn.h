@@ -25,6 +25,30 @@ void gdn_conv1d_silu(const float* x, int64_t n_tok, int64_t C, int K, float* sta
 void gdn_conv1d_silu_ref(const float* x, int64_t n_tok, int64_t C, int K, float* state,
                          const float* w, float* y);
 
+// ---- gates of the delta rule from the ssm_ba projection ------------------------------------------------
+//   ba:      [n_tok][2 * Hv]   ssm_ba output, grouped by key head: for key head j (r = Hv / Hk) the r
+//                              beta logits of value heads j*r .. j*r+r-1, then their r alpha logits
+//   a:       [Hv]              GGUF `ssm_a` (= -exp(A_log))
+//   dt_bias: [Hv]              GGUF `ssm_dt.bias`
+//   g:       [n_tok][Hv]       g = a * softplus(alpha + dt_bias)   (log-decay, <= 0 for a <= 0)
+//   beta:    [n_tok][Hv]       beta = sigmoid(b)
+void gdn_gates(const float* ba, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, const float* a,
+               const float* dt_bias, float* g, float* beta);
+void gdn_gates_ref(const float* ba, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                   const float* a, const float* dt_bias, float* g, float* beta);
+
+// ---- split the conv output into q, k, v and L2-normalise q and k ---------------------------------------
+//   conv: [n_tok][2*Hk*D + Hv*D]  (q | k | v per token, as attn_qkv lays them out)
+//   q, k: [n_tok][Hk][D]  (L2-normalised, eps as ggml_l2_norm)     v: [n_tok][Hv][D]
+void gdn_split_qkv(const float* conv, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                   int64_t D, float eps, float* q, float* k, float* v);
+
+// ---- legacy fused input projection (`ssm_in`, older qwen3next GGUFs) ----------------------------------
+//   mixed: [n_tok][Hk][2*D + 2*r*D]   per key head j: q_j (D), k_j (D), v of heads j*r.. (r*D), z (r*D)
+//   qkv:   [n_tok][2*Hk*D + Hv*D]     the attn_qkv layout (q | k | v)        z: [n_tok][Hv*D]
+void gdn_unpack_qkvz(const float* mixed, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads,
+                     int64_t D, float* qkv, float* z);
+
 // ---- L2 normalisation of rows (ggml_l2_norm): x <- x / max(||x||, eps) ---------------------------
 //   x: [n_rows][D], in place
 void l2_norm_rows(float* x, int64_t n_rows, int64_t D, float eps);
@@ -79,5 +103,16 @@ void rope_neox_partial(float* x, int64_t n_tok, int64_t n_head, int64_t D, const
                        int n_rot, float base);
 void rope_neox_partial_ref(float* x, int64_t n_tok, int64_t n_head, int64_t D, const int32_t* pos,
                            int n_rot, float base);
+
+// ---- gated attention (qwen3next full-attention layers) -----------------------------------------------
+//   qg:   [n_tok][H][2*D]  attn_q output: per head the query (D) then its output gate (D)
+//   q:    [n_tok][H][D]    gate: [n_tok][H][D]
+void split_q_gate(const float* qg, int64_t n_tok, int64_t n_head, int64_t D, float* q, float* gate);
+// x[i] *= sigmoid(gate[i]), i < n
+void mul_sigmoid(float* x, const float* gate, int64_t n);
+
+// ---- shared expert gating -------------------------------------------------------------------------------
+//   y, x: [n_tok][n]   logit: [n_tok]    y[t] += sigmoid(logit[t]) * x[t]
+void add_sigmoid_scaled(float* y, const float* x, const float* logit, int64_t n_tok, int64_t n);
 
 }  // namespace strata
