@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "cpu/cpu_features.h"
 #include "cpu/gdn.h"
 
 namespace strata {
@@ -193,6 +194,36 @@ TEST(GdnDeltaRule, ChunkedInPiecesEqualsOneCall) {
   }
   EXPECT_LT(rel_err(o2, o1), 2e-5);
   EXPECT_LT(rel_err(s2, s1), 2e-5);
+}
+
+// The scalar and the AVX2 primitives give the same results (both forms), up to summation order.
+TEST(GdnDeltaRule, CpuLevelsAgree) {
+  if (cpu_max_level() < CpuLevel::Avx2) GTEST_SKIP() << "no AVX2 on this CPU";
+  ThreadPool pool(2);
+  auto in = make_delta(77, 16, 32, 128, 12, -1.0f, 0.0f);
+  const float scale = 1.0f / std::sqrt(128.0f);
+  const CpuLevel saved = cpu_level();
+  std::vector<std::vector<float>> outs, states;
+  for (CpuLevel lv : {CpuLevel::Scalar, CpuLevel::Avx2}) {
+    set_cpu_level(lv);
+    for (bool chunked : {false, true}) {
+      std::vector<float> o(in.v.size());
+      auto st = in.state;
+      if (chunked)
+        gdn_delta_rule_chunked(in.s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                               in.beta.data(), scale, st.data(), o.data(), pool);
+      else
+        gdn_delta_rule_recurrent(in.s, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                                 in.beta.data(), scale, st.data(), o.data(), pool);
+      outs.push_back(o);
+      states.push_back(st);
+    }
+  }
+  set_cpu_level(saved);
+  for (size_t i = 1; i < outs.size(); ++i) {
+    EXPECT_LT(rel_err(outs[i], outs[0]), 2e-5) << i;
+    EXPECT_LT(rel_err(states[i], states[0]), 2e-5) << i;
+  }
 }
 
 TEST(GdnDeltaRule, BadShapeIsAnError) {

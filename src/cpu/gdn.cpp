@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "cpu/gdn_kernels.h"
 
 namespace strata {
 
@@ -217,7 +218,9 @@ void gdn_delta_rule_recurrent(const DeltaRuleShape& s, const float* q, const flo
   check_delta_shape(s);
   const int64_t D = s.head_dim, Hk = s.n_k_heads, Hv = s.n_v_heads, rep = Hv / Hk;
   // Why: heads are independent, so threads split heads; per state row the decay, S·k, the rank-1
-  // update and S·q are fused into two contiguous passes (the state is read twice, not four times).
+  // update and S·q are fused into two contiguous passes (the state is read twice, not four times),
+  // each a vector kernel of the CPU's level (gdn_kernels).
+  const gdn_kernels::Kernels& kn = gdn_kernels::best();
   pool.parallel_for(Hv, 1, [&](int64_t h0, int64_t h1, int) {
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kh = h / rep;
@@ -231,18 +234,8 @@ void gdn_delta_rule_recurrent(const DeltaRuleShape& s, const float* q, const flo
         const float b = beta[t * Hv + h];
         for (int64_t j = 0; j < D; ++j) {
           float* row = S + j * D;
-          float sk = 0.0f;
-          for (int64_t a = 0; a < D; ++a) {
-            row[a] *= decay;
-            sk += row[a] * kt[a];
-          }
-          const float u = b * (vt[j] - sk);
-          float o = 0.0f;
-          for (int64_t a = 0; a < D; ++a) {
-            row[a] += u * kt[a];
-            o += row[a] * qt[a];
-          }
-          ot[j] = o * q_scale;
+          const float sk = kn.scale_dot(row, decay, kt, D);
+          ot[j] = kn.axpy_dot(b * (vt[j] - sk), kt, row, qt, D) * q_scale;
         }
       }
     }
@@ -266,6 +259,7 @@ void gdn_delta_rule_chunked(const DeltaRuleShape& s, const float* q, const float
   STRATA_REQUIRE(chunk >= 1, "gated delta rule: chunk size {} < 1", chunk);
   const int64_t D = s.head_dim, Hk = s.n_k_heads, Hv = s.n_v_heads, rep = Hv / Hk;
   const int64_t CS = std::min<int64_t>(chunk, std::max<int64_t>(s.n_tok, 1));
+  const gdn_kernels::Kernels& kn = gdn_kernels::best();
   pool.parallel_for(Hv, 1, [&](int64_t h0, int64_t h1, int) {
     // Scratch per thread, grown once and reused by later calls (no allocation in steady state).
     thread_local std::vector<float> scratch;
@@ -283,12 +277,24 @@ void gdn_delta_rule_chunked(const DeltaRuleShape& s, const float* q, const float
         auto Q = [&](int64_t i) { return q + ((t0 + i) * Hk + kh) * D; };
         float acc = 0.0f;
         for (int64_t i = 0; i < L; ++i) gc[i] = acc += g[(t0 + i) * Hv + h];
-        // S0 k_i and S0 q_i for every i, one pass over the state rows.
+        // S0 k_i and S0 q_i for every i, one pass over the state rows, four tokens per row load.
         for (int64_t j = 0; j < D; ++j) {
           const float* row = S + j * D;
-          for (int64_t i = 0; i < L; ++i) {
-            U[i * D + j] = dot(row, K(i), D);
-            QS[i * D + j] = dot(row, Q(i), D);
+          int64_t i = 0;
+          for (; i + 4 <= L; i += 4) {
+            const float* ks[4] = {K(i), K(i + 1), K(i + 2), K(i + 3)};
+            const float* qs[4] = {Q(i), Q(i + 1), Q(i + 2), Q(i + 3)};
+            float dk[4], dq[4];
+            kn.dot4(row, ks, dk, D);
+            kn.dot4(row, qs, dq, D);
+            for (int r = 0; r < 4; ++r) {
+              U[(i + r) * D + j] = dk[r];
+              QS[(i + r) * D + j] = dq[r];
+            }
+          }
+          for (; i < L; ++i) {
+            U[i * D + j] = kn.dot(row, K(i), D);
+            QS[i * D + j] = kn.dot(row, Q(i), D);
           }
         }
         // rhs_i = beta_i (v_i - exp(gc_i) S0 k_i), then forward substitution in place -> u_i.
@@ -299,8 +305,8 @@ void gdn_delta_rule_chunked(const DeltaRuleShape& s, const float* q, const float
           float* ui = U + i * D;
           for (int64_t j = 0; j < D; ++j) ui[j] = b * (vi[j] - e * ui[j]);
           for (int64_t m = 0; m < i; ++m) {
-            const float c = b * std::exp(gc[i] - gc[m]) * dot(K(i), K(m), D);
-            axpy(-c, U + m * D, ui, D);
+            const float c = b * std::exp(gc[i] - gc[m]) * kn.dot(K(i), K(m), D);
+            kn.axpy(-c, U + m * D, ui, D);
           }
         }
         // o_i = exp(gc_i) S0 q_i + sum_{m<=i} exp(gc_i - gc_m) (q_i.k_m) u_m
@@ -309,8 +315,8 @@ void gdn_delta_rule_chunked(const DeltaRuleShape& s, const float* q, const float
           const float e = std::exp(gc[i]);
           for (int64_t j = 0; j < D; ++j) oi[j] = e * QS[i * D + j];
           for (int64_t m = 0; m <= i; ++m) {
-            const float c = std::exp(gc[i] - gc[m]) * dot(Q(i), K(m), D);
-            axpy(c, U + m * D, oi, D);
+            const float c = std::exp(gc[i] - gc[m]) * kn.dot(Q(i), K(m), D);
+            kn.axpy(c, U + m * D, oi, D);
           }
           for (int64_t j = 0; j < D; ++j) oi[j] *= q_scale;
         }
@@ -320,7 +326,14 @@ void gdn_delta_rule_chunked(const DeltaRuleShape& s, const float* q, const float
         for (int64_t j = 0; j < D; ++j) {
           float* row = S + j * D;
           for (int64_t a = 0; a < D; ++a) row[a] *= e_last;
-          for (int64_t m = 0; m < L; ++m) axpy(QS[m] * U[m * D + j], K(m), row, D);
+          int64_t m = 0;
+          for (; m + 4 <= L; m += 4) {
+            const float c[4] = {QS[m] * U[m * D + j], QS[m + 1] * U[(m + 1) * D + j],
+                                QS[m + 2] * U[(m + 2) * D + j], QS[m + 3] * U[(m + 3) * D + j]};
+            const float* ks[4] = {K(m), K(m + 1), K(m + 2), K(m + 3)};
+            kn.axpy4(c, ks, row, D);
+          }
+          for (; m < L; ++m) kn.axpy(QS[m] * U[m * D + j], K(m), row, D);
         }
       }
     }
