@@ -65,7 +65,7 @@ const std::string& web_page_html() {
   <h2>Settings</h2>
   <label>API key <input id="key" type="password" autocomplete="off"></label>
   <label>Temperature <input id="temp" type="number" min="0" max="2" step="0.1" value="0.7"></label>
-  <label>Max tokens <input id="maxtok" type="number" min="1" value="256"></label>
+  <label>Max tokens <input id="maxtok" type="number" min="1" placeholder="until the end (context size)"></label>
   <label><input id="reset" type="button" value="New conversation"></label>
 </aside>
 <script>
@@ -98,8 +98,8 @@ async function send(text) {
   try {
     const res = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(),
-      body: JSON.stringify({ messages: history, stream: true,
-                             temperature: Number($("temp").value), max_tokens: Number($("maxtok").value) }),
+      body: JSON.stringify(Object.assign({ messages: history, stream: true, temperature: Number($("temp").value) },
+                                         $("maxtok").value ? { max_tokens: Number($("maxtok").value) } : {})),
     });
     if (!res.ok) {
       const body = await res.json().catch(() => ({}));
