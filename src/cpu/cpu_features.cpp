@@ -44,16 +44,8 @@ CpuFeatures detect() {
 
 CpuLevel parse_env() {
   const char* s = std::getenv("STRATA_CPU");
-  const CpuLevel max = cpu_max_level();
-  if (!s || !*s) return max;
-  std::string v(s);
-  CpuLevel want;
-  if (v == "scalar") want = CpuLevel::Scalar;
-  else if (v == "avx2") want = CpuLevel::Avx2;
-  else if (v == "avx512") want = CpuLevel::Avx512;
-  else fail("STRATA_CPU={}: expected scalar, avx2 or avx512", v);
-  STRATA_REQUIRE(want <= max, "STRATA_CPU={}: this CPU supports at most {}", v, cpu_level_name(max));
-  return want;
+  if (!s || !*s) return cpu_max_level();
+  return cpu_level_from_name(s);
 }
 
 std::atomic<int> g_level{-1};
@@ -86,6 +78,17 @@ void set_cpu_level(CpuLevel level) {
   STRATA_REQUIRE(level <= cpu_max_level(), "CPU level {} is not supported here (max {})",
                  cpu_level_name(level), cpu_level_name(cpu_max_level()));
   g_level.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+CpuLevel cpu_level_from_name(std::string_view name) {
+  CpuLevel want;
+  if (name == "scalar") want = CpuLevel::Scalar;
+  else if (name == "avx2") want = CpuLevel::Avx2;
+  else if (name == "avx512") want = CpuLevel::Avx512;
+  else fail("STRATA_CPU={}: expected scalar, avx2 or avx512", name);
+  STRATA_REQUIRE(want <= cpu_max_level(), "STRATA_CPU={}: this CPU supports at most {}", name,
+                 cpu_level_name(cpu_max_level()));
+  return want;
 }
 
 std::string_view cpu_level_name(CpuLevel level) {

@@ -29,4 +29,7 @@ void set_cpu_level(CpuLevel level);
 
 std::string_view cpu_level_name(CpuLevel level);
 
+// "scalar" | "avx2" | "avx512" -> level; throws strata::Error for another name or a level this CPU lacks.
+CpuLevel cpu_level_from_name(std::string_view name);
+
 }  // namespace strata
