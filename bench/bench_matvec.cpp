@@ -191,6 +191,8 @@ int main(int argc, char** argv) {
         ->UseRealTime()->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("MatvecExact/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 1,
                                  MatmulMode::Exact)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("MatvecPrecise/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 1,
+                                 MatmulMode::FastPrecise)->UseRealTime()->Unit(benchmark::kMillisecond);
   }
   for (GgmlType t : types) {
     const std::string n(type_name(t));

@@ -237,3 +237,33 @@ TEST(QuantMatmul, ManyEqualsSeparateCalls) {
     }
   }
 }
+
+// FastPrecise adds a second int8 pass for the activations' rounding residual: its error must be within
+// the Fast bound / 254 (the residual is at most d/2 per value and is rounded with its own step <= d/254),
+// plus float rounding.
+TEST(QuantMatmul, FastPreciseWithinResidualBound) {
+  std::mt19937 rng(17);
+  ThreadPool pool(2);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::IQ3_S, GgmlType::Q2_K}) {
+    const int64_t rows = 9, cols = 2048, n_tok = 3;
+    const int64_t rb = static_cast<int64_t>(row_bytes(t, cols));
+    std::vector<uint8_t> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = test::random_row(t, cols, rng);
+      w.insert(w.end(), row.begin(), row.end());
+    }
+    auto x = test::random_acts(cols * n_tok, rng);
+    std::vector<float> y(rows * n_tok);
+    matmul(t, w.data(), rows, cols, x.data(), n_tok, y.data(), MatmulMode::FastPrecise, pool);
+    const q::ActType act = q::act_type_for(t);
+    for (int64_t tk = 0; tk < n_tok; ++tk) {
+      const std::vector<float> xt(x.begin() + tk * cols, x.begin() + (tk + 1) * cols);
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<uint8_t> wr(w.begin() + r * rb, w.begin() + (r + 1) * rb);
+        auto [ref, mag] = exact_dot(t, wr, xt);
+        const double tol = act_quant_bound(t, act, wr, xt) / 254 + 4e-6 * mag + 1e-7;
+        EXPECT_LE(std::fabs(y[tk * rows + r] - ref), tol) << type_name(t) << " r=" << r;
+      }
+    }
+  }
+}

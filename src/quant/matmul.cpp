@@ -46,7 +46,19 @@ struct Prepared {
   int64_t row_bytes = 0;   // bytes of one weight row
   int64_t xb = 0;          // bytes of one quantized activation row
   int64_t xq_offset = 0;   // where this job's quantized activations start in the shared buffer
+  int passes = 1;          // 2: FastPrecise: token t's residual row follows its first row (2t, 2t+1)
 };
+
+// Values of one quantized activation row (to form the residual x - q * d).
+void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
+  if (act == q::ActType::Q8_32) {
+    const auto* b = static_cast<const q::BlockQ8A*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = b[i / 32].d * b[i / 32].qs[i % 32];
+  } else if (act == q::ActType::Q8_K) {
+    const auto* b = static_cast<const q::BlockQ8_K*>(src);
+    for (int64_t i = 0; i < n; ++i) dst[i] = b[i / 256].d * b[i / 256].qs[i % 256];
+  }
+}
 
 struct Chunk {
   int64_t job, r0, r1;
@@ -60,6 +72,22 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, int64_t
     for (int64_t r = r0; r < r1; ++r) {
       dequantize_row(j.type, wb + r * p.row_bytes, row.data(), j.cols);
       for (int64_t t = 0; t < j.n_tok; ++t) j.y[t * j.rows + r] = dot_f32_rows(row.data(), j.x + t * j.cols, j.cols);
+    }
+    return;
+  }
+  if (p.passes == 2) {  // FastPrecise: y = w . q1 + w . q2; rows interleaved: (t, pass) at (2t + pass) * xb
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wr = wb + r * p.row_bytes;
+      int64_t t = 0;
+      if (p.k.fn4)  // two tokens' two passes per weight decode
+        for (; t + 2 <= j.n_tok; t += 2) {
+          float o[4];
+          p.k.fn4(j.cols, wr, xq + 2 * t * p.xb, p.xb, o, 1);
+          j.y[t * j.rows + r] = o[0] + o[1];
+          j.y[(t + 1) * j.rows + r] = o[2] + o[3];
+        }
+      for (; t < j.n_tok; ++t)
+        j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + 2 * t * p.xb) + p.k.fn(j.cols, wr, xq + (2 * t + 1) * p.xb);
     }
     return;
   }
@@ -90,14 +118,15 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     const MatmulJob& j = jobs[i];
     check_job(j);
     Prepared& p = prep[i];
-    if (mode == MatmulMode::Fast) p.k = q::dot_kernel(j.type, level);
+    if (mode != MatmulMode::Exact) p.k = q::dot_kernel(j.type, level);
+    p.passes = mode == MatmulMode::FastPrecise && p.k.fn && p.k.act != q::ActType::F32 ? 2 : 1;
     if (!p.k.fn)
       STRATA_REQUIRE(can_dequantize(j.type), "matmul: unsupported type {}", type_name(j.type));
     p.row_bytes = static_cast<int64_t>(row_bytes(j.type, j.cols));
     if (p.k.fn) {
       p.xb = q::act_row_bytes(p.k.act, j.cols);
       p.xq_offset = xq_total;
-      xq_total += p.xb * j.n_tok;
+      xq_total += p.xb * j.n_tok * p.passes;
     }
     if (j.n_tok > 0)
       for (int64_t r = 0; r < j.rows; r += kRowGrain) chunks.push_back({i, r, std::min(j.rows, r + kRowGrain)});
@@ -111,8 +140,17 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     const MatmulJob& j = jobs[i];
     if (!pp[i].k.fn || j.n_tok == 0) continue;
     pool.parallel_for(j.n_tok, 8, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t)
-        q::quantize_act_row(pp[i].k.act, j.x + t * j.cols, xq + pp[i].xq_offset + t * pp[i].xb, j.cols);
+      thread_local std::vector<float> resid;  // [cols]
+      for (int64_t t = t0; t < t1; ++t) {
+        uint8_t* q1 = xq + pp[i].xq_offset + t * pp[i].passes * pp[i].xb;
+        q::quantize_act_row(pp[i].k.act, j.x + t * j.cols, q1, j.cols);
+        if (pp[i].passes == 2) {  // residual of the first rounding, quantized with its own scales
+          if (static_cast<int64_t>(resid.size()) < j.cols) resid.resize(j.cols);
+          dequantize_act(pp[i].k.act, q1, resid.data(), j.cols);
+          for (int64_t c = 0; c < j.cols; ++c) resid[c] = j.x[t * j.cols + c] - resid[c];
+          q::quantize_act_row(pp[i].k.act, resid.data(), q1 + pp[i].xb, j.cols);
+        }
+      }
     });
   }
   const Chunk* cs = chunks.data();
