@@ -100,3 +100,20 @@ TEST(TokenizerPreTok, UnknownNameIsAClearError) {
   for (const char* n : {"qwen2", "qwen35", "llama3", "llama-bpe", "deepseek-llm", "deepseek-v3"})
     EXPECT_TRUE(PreTokenizer::is_supported(n)) << n;
 }
+
+// Long runs of one class must neither fail (PCRE2's match limit) nor lose text, for every family.
+TEST(TokenizerPreTok, LongRunsSplitWithoutError) {
+  const std::string runs[] = {std::string(200000, ' ') + "\xE4\xB8\xAD" + "x",
+                              std::string(200000, 'a'), std::string(100000, '1'),
+                              std::string(100000, '\n') + "a", std::string(50000, '!') + " "};
+  for (const auto& name : PreTokenizer::supported_names()) {
+    PreTokenizer p(name);
+    for (const auto& text : runs) {
+      std::vector<Piece> pieces;
+      ASSERT_NO_THROW(p.split(text, pieces)) << name;
+      size_t total = 0;
+      for (auto& x : pieces) total += x.length;
+      EXPECT_EQ(total, text.size()) << name;
+    }
+  }
+}
