@@ -63,6 +63,12 @@ TEST(TokenizerPreTok, Gpt4oSplitsCamelCase) {
   EXPECT_EQ(split("gpt-4o", "HelloWorld it's"), (V{"Hello", "World", " it's"}));
 }
 
+TEST(TokenizerPreTok, KimiK2SplitsHanFromOtherLetters) {
+  const std::string han = "\xE4\xB8\x96\xE7\x95\x8C";  // two Han characters
+  EXPECT_EQ(split("kimi-k2", "Hello" + han + " it's"), (V{"Hello", han, " it's"}));
+  EXPECT_EQ(split("gpt-4o", "Hello" + han), (V{"Hello" + han}));  // Han is \p{Lo} there
+}
+
 TEST(TokenizerPreTok, PiecesCoverAnyInputExactly) {
   std::mt19937 rng(7);
   const std::string alphabet[] = {"a", "Z", " ", "  ", "\n", "\r\n", "\t", "7", "'s", ".",
