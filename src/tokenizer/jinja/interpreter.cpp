@@ -576,7 +576,15 @@ static int64_t py_floordiv(int64_t a, int64_t b) {
 }
 
 Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") {
+  if (op == "~") {  // str(a) + str(b); the size is checked before anything is built
+    if (a.is_string() && b.is_string()) {
+      check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      std::string r;
+      r.reserve(a.s.size() + b.s.size());
+      r += a.s;
+      r += b.s;
+      return Value::string(std::move(r));
+    }
     std::string s = to_str(a);
     std::string t = to_str(b);
     check_string(static_cast<uint64_t>(s.size()) + t.size());
