@@ -193,3 +193,16 @@ TEST(JinjaDates, StrftimeNowUsesTheFixedTime) {
   EXPECT_EQ(render("{{ strftime_now('%Y-%m-%d %H:%M') }} {{ strftime_now('%d %b %Y') }}", {}, opt),
             "2025-01-01 12:00 01 Jan 2025");
 }
+
+TEST(JinjaSandbox, DeeplyNestedValuesAreRejected) {
+  // [[[[...]]]] built in a loop would overflow the stack when printed or freed
+  std::string e = error_of(
+      "{% set ns = namespace(x=[]) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}");
+  EXPECT_NE(e.find("nested deeper"), std::string::npos) << e;
+  e = error_of("{% set ns = namespace(x={}) %}{% for i in range(100000) %}{% set ns.x = {'a': ns.x} %}{% endfor %}");
+  EXPECT_NE(e.find("nested deeper"), std::string::npos) << e;
+  // 200 levels are fine and print like Python
+  EXPECT_EQ(render("{% set ns = namespace(x=1) %}{% for i in range(200) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                   "{{ ns.x|tojson|length }}"),
+            "401");
+}

@@ -24,7 +24,9 @@ Bound bind(const char* fn, const Args& args, std::initializer_list<const char*> 
   if (args.pos.size() > ns.size())
     throw TemplateError(std::string(fn) + "() takes at most " + std::to_string(ns.size()) + " argument(s)");
   for (size_t k = 0; k < args.pos.size(); ++k) b.v[k] = args.pos[k];
-  for (auto& [key, val] : args.kw) {
+  for (auto& kv : args.kw) {
+    const std::string& key = kv.first;
+    const Value& val = kv.second;
     auto it = std::find_if(ns.begin(), ns.end(), [&](const char* n) { return key == n; });
     if (it == ns.end()) throw TemplateError(std::string(fn) + "() got an unexpected keyword argument '" + key + "'");
     size_t k = static_cast<size_t>(it - ns.begin());
