@@ -348,6 +348,22 @@ Value f_attr(Interpreter& in, const Value& v, Args& a) {
   auto b = bind("attr", a, {"name"});
   return in.getattr(v, need_str(b.get(0), "attr name"));
 }
+Value f_batch(Interpreter& in, const Value& v, Args& a) {
+  auto b = bind("batch", a, {"linecount", "fill_with"});
+  int64_t n = need_int(b.get(0), "batch linecount");
+  if (n <= 0) throw TemplateError("batch linecount must be positive");
+  List out, cur;
+  for (auto& x : in.iterate(v)) {
+    cur.push_back(x);
+    if (static_cast<int64_t>(cur.size()) == n) out.push_back(Value::make_list(std::move(cur))), cur.clear();
+  }
+  if (!cur.empty()) {
+    if (const Value* fill = b.get(1); fill && !fill->is_none())
+      while (static_cast<int64_t>(cur.size()) < n) cur.push_back(*fill);
+    out.push_back(Value::make_list(std::move(cur)));
+  }
+  return Value::make_list(std::move(out));
+}
 Value f_capitalize(Interpreter&, const Value& v, Args&) { return Value::string(str_capitalize(to_str(v))); }
 Value f_length(Interpreter&, const Value& v, Args&) { return Value::integer(py_len(v)); }
 Value f_default(Interpreter&, const Value& v, Args& a) {
@@ -648,7 +664,7 @@ Value f_wordcount(Interpreter&, const Value& v, Args&) {
 
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> m = {
-      {"abs", f_abs}, {"attr", f_attr}, {"capitalize", f_capitalize}, {"count", f_length},
+      {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize}, {"count", f_length},
       {"d", f_default}, {"default", f_default}, {"dictsort", f_dictsort}, {"e", f_escape},
       {"escape", f_escape}, {"first", f_first}, {"float", f_float}, {"int", f_int}, {"items", f_items},
       {"join", f_join}, {"last", f_last}, {"length", f_length}, {"list", f_list}, {"lower", f_lower},

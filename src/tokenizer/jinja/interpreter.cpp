@@ -401,6 +401,8 @@ Value Interpreter::call_macro(const Callable& c, Args& args) {
   for (size_t j = 0; j < args.kw.size(); ++j) {
     if (used_kw[j]) continue;
     if (args.kw[j].first == "caller" && c.name != "caller") {
+      if (!m.uses_caller)
+        throw TemplateError("macro '" + c.name + "' was invoked with two values for the special caller argument");
       sc->vars["caller"] = args.kw[j].second;
       continue;
     }
@@ -447,8 +449,14 @@ static std::string object_desc(const Value& v) {
 
 Value Interpreter::getattr(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) undefined_error(obj);
-  if (!name.empty() && name[0] == '_')
+  if (!name.empty() && name[0] == '_') {
+    // A JSON key like "_meta" is data (Python: no such dict attribute -> the key); anything else
+    // starting with '_' names interpreter internals and is refused outright.
+    bool dunder = name.size() > 1 && name[1] == '_';
+    if (obj.kind == Kind::Dict && !dunder)
+      if (const Value* v = obj.dict->find(name)) return *v;
     throw TemplateError("sandbox: access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe");
+  }
   switch (method_kind(obj, name)) {
     case MethodKind::Safe: return bound_method(obj, name);
     case MethodKind::Unsafe:
