@@ -23,7 +23,7 @@ void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n) {
       sum += v;
     }
     y[b].d = d;
-    y[b].s = d * static_cast<float>(sum);
+    y[b].sum = sum;
   }
 }
 
