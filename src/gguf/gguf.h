@@ -46,6 +46,12 @@ struct Value {
   std::vector<Value> arr;          // ARRAY
 };
 
+// Arrays of arrays nest at most this deep (a deeper file is rejected, as a nesting bomb).
+inline constexpr int kMaxArrayDepth = 8;
+
+// "u32", "string", "array of string", "array of array of i32": for messages and `strata inspect`.
+std::string describe_type(const Value& v);
+
 struct KeyValue {
   std::string key;
   Value value;
