@@ -17,6 +17,7 @@
 #include "gguf/writer.h"
 #include "model/model.h"
 #include "model/qwen3next.h"
+#include "quant/dequant.h"
 #include "slg.h"
 
 namespace strata {
@@ -310,6 +311,59 @@ TEST(Qwen3NextFiles, MtpBlockLoadsAndLeavesTheDecoderAlone) {
   // an MTP block without its projection is an error
   ed.drop = {"blk.4.nextn.eh_proj.weight"};
   expect_load_error(write_edited("mtp_bad", ed), {"blk.4.nextn.eh_proj.weight"});
+}
+
+// Older GGUFs carry one fused `ssm_in` (q, k, v, z grouped per key head) instead of attn_qkv + attn_gate.
+// The same weights re-packed that way (as f32) give the same exact-mode logits.
+TEST(Qwen3NextFiles, LegacySsmInEqualsAttnQkv) {
+  const std::string base = kModels + "tiny-qwen3next-N-Q4_K_M";
+  const gguf::File src = gguf::File::open(base + ".gguf");
+  const int64_t E = 256, D = 64, Hk = 2, Hv = 4, r = Hv / Hk, Kd = Hk * D, Vd = Hv * D;
+  gguf::Writer w;
+  for (const auto& kv : src.metadata())
+    if (kv.key != "general.alignment") w.set_value(kv.key, kv.value);
+  auto dequant_rows = [&](const gguf::TensorInfo& t) {
+    std::vector<float> out(t.n_elements());
+    const uint64_t rb = t.nbytes / t.n_rows();
+    for (uint64_t i = 0; i < t.n_rows(); ++i)
+      dequantize_row(t.type, t.data + i * rb, out.data() + i * t.ne[0], int64_t(t.ne[0]));
+    return out;
+  };
+  std::vector<std::vector<float>> keep;
+  keep.reserve(3);
+  for (const auto& t : src.tensors()) {
+    const bool qkv = t.name.find(".attn_qkv.") != std::string::npos;
+    if (t.name.find(".attn_gate.") != std::string::npos) continue;
+    if (!qkv) {
+      w.add_tensor_view(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims), t.data, t.nbytes);
+      continue;
+    }
+    const std::string p = t.name.substr(0, t.name.find("attn_qkv"));
+    const std::vector<float> a = dequant_rows(t), z = dequant_rows(src.tensor(p + "attn_gate.weight"));
+    std::vector<float>& m = keep.emplace_back();
+    auto rows = [&](const std::vector<float>& from, int64_t r0, int64_t n) {
+      m.insert(m.end(), from.begin() + r0 * E, from.begin() + (r0 + n) * E);
+    };
+    for (int64_t j = 0; j < Hk; ++j) {
+      rows(a, j * D, D);                   // q_j
+      rows(a, Kd + j * D, D);              // k_j
+      rows(a, 2 * Kd + j * r * D, r * D);  // v of heads j*r..
+      rows(z, j * r * D, r * D);           // z of heads j*r..
+    }
+    w.add_tensor_view(p + "ssm_in.weight", GgmlType::F32, {uint64_t(E), uint64_t(2 * Kd + 2 * Vd)},
+                      reinterpret_cast<const uint8_t*>(m.data()), m.size() * 4);
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / "strata_q3n_legacy.gguf").string();
+  w.write(path);
+  const Slg ref = read_slg(base + ".f32ref.slg");
+  const std::vector<int32_t> prompt(ref.prompt.begin(), ref.prompt.begin() + 12);
+  const Eval a = run(load_model(path), prompt, 0, MatmulMode::Exact, 16);
+  const Eval b = run(load_model(base + ".gguf"), prompt, 0, MatmulMode::Exact, 16);
+  double max_diff = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    max_diff = std::max(max_diff, double(std::fabs(a.logits[i] - b.logits[i])));
+  EXPECT_LE(max_diff, 1e-4);
+  std::filesystem::remove(path);
 }
 
 }  // namespace
