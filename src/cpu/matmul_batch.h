@@ -32,11 +32,17 @@ class MatmulBatch {
   void run(MatmulMode mode, ThreadPool& pool);
 
  private:
-  static constexpr int64_t kChunkRows = 64;
+  // Row chunking. strata::matmul quantizes x once per call, so every chunk of a multi-token task
+  // re-quantizes the task's activations: a task with n_tok > 1 is split only as far as the pool needs
+  // work items (about 4 per thread over all tasks), in chunks of at most kMaxChunkRows rows. One-token
+  // tasks (decode) are cut in kDecodeChunkRows-row chunks: quantizing one row is cheap.
+  static constexpr int64_t kDecodeChunkRows = 64;
+  static constexpr int64_t kMaxChunkRows = 1024;
   std::vector<MatmulTask> tasks_;
+  std::vector<int64_t> chunk_rows_;                  // [tasks] rows per chunk of each task
   std::vector<int64_t> first_chunk_;                 // [tasks + 1] prefix sums of chunk counts
   std::vector<std::unique_ptr<ThreadPool>> serial_;  // [n_threads] one-thread pools
-  std::vector<std::vector<float>> tmp_;              // [n_threads][max_tok * kChunkRows]
+  std::vector<std::vector<float>> tmp_;              // [n_threads][max_tok * kMaxChunkRows]
   int64_t max_tok_;
 };
 

@@ -24,7 +24,9 @@ Bound bind(const char* fn, const Args& args, std::initializer_list<const char*> 
   if (args.pos.size() > ns.size())
     throw TemplateError(std::string(fn) + "() takes at most " + std::to_string(ns.size()) + " argument(s)");
   for (size_t k = 0; k < args.pos.size(); ++k) b.v[k] = args.pos[k];
-  for (auto& [key, val] : args.kw) {
+  for (auto& kv : args.kw) {
+    const std::string& key = kv.first;
+    const Value& val = kv.second;
     auto it = std::find_if(ns.begin(), ns.end(), [&](const char* n) { return key == n; });
     if (it == ns.end()) throw TemplateError(std::string(fn) + "() got an unexpected keyword argument '" + key + "'");
     size_t k = static_cast<size_t>(it - ns.begin());
@@ -45,8 +47,32 @@ int64_t need_int(const Value* v, const char* what) {
 bool arg_true(const Value* v, bool def) { return v ? truthy(*v) : def; }
 
 // ---- string helpers (Python str semantics on code points) ----
-uint32_t ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; }
-uint32_t ascii_upper(uint32_t c) { return c >= 'a' && c <= 'z' ? c - 32 : c; }
+// Simple case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (the scripts chat
+// templates meet); other code points are left as they are.
+uint32_t ascii_lower(uint32_t c) {
+  if (c < 0x80) return c >= 'A' && c <= 'Z' ? c + 32 : c;
+  if (c >= 0xC0 && c <= 0xDE && c != 0xD7) return c + 32;
+  if (c == 0x178) return 0xFF;
+  if ((c >= 0x100 && c <= 0x12F) || (c >= 0x132 && c <= 0x137) || (c >= 0x14A && c <= 0x177))
+    return c % 2 == 0 ? c + 1 : c;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c % 2 == 1 ? c + 1 : c;
+  if (c >= 0x391 && c <= 0x3A9 && c != 0x3A2) return c + 32;
+  if (c >= 0x410 && c <= 0x42F) return c + 32;
+  if (c >= 0x400 && c <= 0x40F) return c + 80;
+  return c;
+}
+uint32_t ascii_upper(uint32_t c) {
+  if (c < 0x80) return c >= 'a' && c <= 'z' ? c - 32 : c;
+  if (c >= 0xE0 && c <= 0xFE && c != 0xF7) return c - 32;
+  if (c == 0xFF) return 0x178;
+  if ((c >= 0x100 && c <= 0x12F) || (c >= 0x132 && c <= 0x137) || (c >= 0x14A && c <= 0x177))
+    return c % 2 == 1 ? c - 1 : c;
+  if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E)) return c % 2 == 0 ? c - 1 : c;
+  if (c >= 0x3B1 && c <= 0x3C9 && c != 0x3C2) return c - 32;
+  if (c >= 0x430 && c <= 0x44F) return c - 32;
+  if (c >= 0x450 && c <= 0x45F) return c - 80;
+  return c;
+}
 bool is_alpha_cp(uint32_t c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0xC0; }
 
 std::string map_cps(const std::string& s, uint32_t (*f)(uint32_t)) {
@@ -55,7 +81,16 @@ std::string map_cps(const std::string& s, uint32_t (*f)(uint32_t)) {
   return out;
 }
 std::string str_lower(const std::string& s) { return map_cps(s, ascii_lower); }
-std::string str_upper(const std::string& s) { return map_cps(s, ascii_upper); }
+std::string str_upper(const std::string& s) {
+  std::string out;
+  for (uint32_t c : utf8_decode(s)) {
+    if (c == 0xDF)
+      out += "SS";  // Python: 'ß'.upper() == 'SS'
+    else
+      utf8_append(out, ascii_upper(c));
+  }
+  return out;
+}
 std::string str_capitalize(const std::string& s) {
   auto cps = utf8_decode(s);
   std::string out;
@@ -118,14 +153,14 @@ List str_split(Interpreter& in, const std::string& s, const Value* sepv, int64_t
       while (k < cps.size() && !py_isspace(cps[k])) ++k;
       words.emplace_back(st, k);
     }
-    if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit + 1) {
-      if (!from_right) {
-        size_t st = words[maxsplit].first, en = words.back().second;
+    if (maxsplit >= 0 && static_cast<int64_t>(words.size()) > maxsplit) {
+      if (!from_right) {  // the remainder keeps its trailing whitespace
+        size_t st = words[maxsplit].first, en = cps.size();
         words.resize(maxsplit);
         words.emplace_back(st, en);
       } else {
         size_t cut = words.size() - maxsplit - 1;
-        std::pair<size_t, size_t> first{words[0].first, words[cut].second};
+        std::pair<size_t, size_t> first{0, words[cut].second};  // keeps leading whitespace
         words.erase(words.begin(), words.begin() + cut + 1);
         words.insert(words.begin(), first);
       }
@@ -312,6 +347,22 @@ Value f_abs(Interpreter&, const Value& v, Args&) {
 Value f_attr(Interpreter& in, const Value& v, Args& a) {
   auto b = bind("attr", a, {"name"});
   return in.getattr(v, need_str(b.get(0), "attr name"));
+}
+Value f_batch(Interpreter& in, const Value& v, Args& a) {
+  auto b = bind("batch", a, {"linecount", "fill_with"});
+  int64_t n = need_int(b.get(0), "batch linecount");
+  if (n <= 0) throw TemplateError("batch linecount must be positive");
+  List out, cur;
+  for (auto& x : in.iterate(v)) {
+    cur.push_back(x);
+    if (static_cast<int64_t>(cur.size()) == n) out.push_back(Value::make_list(std::move(cur))), cur.clear();
+  }
+  if (!cur.empty()) {
+    if (const Value* fill = b.get(1); fill && !fill->is_none())
+      while (static_cast<int64_t>(cur.size()) < n) cur.push_back(*fill);
+    out.push_back(Value::make_list(std::move(cur)));
+  }
+  return Value::make_list(std::move(out));
 }
 Value f_capitalize(Interpreter&, const Value& v, Args&) { return Value::string(str_capitalize(to_str(v))); }
 Value f_length(Interpreter&, const Value& v, Args&) { return Value::integer(py_len(v)); }
@@ -513,7 +564,10 @@ Value f_round(Interpreter&, const Value& v, Args& a) {
   double scale = std::pow(10.0, static_cast<double>(prec));
   double r;
   if (method == "common") {
-    if (v.kind != Kind::Float && prec >= 0) return Value::integer(v.i);  // round(int, n) is the int
+    if (v.kind != Kind::Float) {  // round(int, n) stays an int
+      if (prec >= 0) return Value::integer(v.i);
+      return Value::integer(static_cast<int64_t>(std::nearbyint(x * scale) / scale));
+    }
     r = std::nearbyint(x * scale) / scale;  // Python rounds half to even
   } else {
     r = (method == "ceil" ? std::ceil(x * scale) : std::floor(x * scale)) / scale;
@@ -610,7 +664,7 @@ Value f_wordcount(Interpreter&, const Value& v, Args&) {
 
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> m = {
-      {"abs", f_abs}, {"attr", f_attr}, {"capitalize", f_capitalize}, {"count", f_length},
+      {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize}, {"count", f_length},
       {"d", f_default}, {"default", f_default}, {"dictsort", f_dictsort}, {"e", f_escape},
       {"escape", f_escape}, {"first", f_first}, {"float", f_float}, {"int", f_int}, {"items", f_items},
       {"join", f_join}, {"last", f_last}, {"length", f_length}, {"list", f_list}, {"lower", f_lower},

@@ -401,6 +401,8 @@ Value Interpreter::call_macro(const Callable& c, Args& args) {
   for (size_t j = 0; j < args.kw.size(); ++j) {
     if (used_kw[j]) continue;
     if (args.kw[j].first == "caller" && c.name != "caller") {
+      if (!m.uses_caller)
+        throw TemplateError("macro '" + c.name + "' was invoked with two values for the special caller argument");
       sc->vars["caller"] = args.kw[j].second;
       continue;
     }
@@ -447,8 +449,14 @@ static std::string object_desc(const Value& v) {
 
 Value Interpreter::getattr(const Value& obj, const std::string& name) {
   if (obj.is_undefined()) undefined_error(obj);
-  if (!name.empty() && name[0] == '_')
+  if (!name.empty() && name[0] == '_') {
+    // A JSON key like "_meta" is data (Python: no such dict attribute -> the key); anything else
+    // starting with '_' names interpreter internals and is refused outright.
+    bool dunder = name.size() > 1 && name[1] == '_';
+    if (obj.kind == Kind::Dict && !dunder)
+      if (const Value* v = obj.dict->find(name)) return *v;
     throw TemplateError("sandbox: access to attribute '" + name + "' of '" + type_name(obj) + "' object is unsafe");
+  }
   switch (method_kind(obj, name)) {
     case MethodKind::Safe: return bound_method(obj, name);
     case MethodKind::Unsafe:
@@ -576,7 +584,15 @@ static int64_t py_floordiv(int64_t a, int64_t b) {
 }
 
 Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) {
-  if (op == "~") {
+  if (op == "~") {  // str(a) + str(b); the size is checked before anything is built
+    if (a.is_string() && b.is_string()) {
+      check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      std::string r;
+      r.reserve(a.s.size() + b.s.size());
+      r += a.s;
+      r += b.s;
+      return Value::string(std::move(r));
+    }
     std::string s = to_str(a);
     std::string t = to_str(b);
     check_string(static_cast<uint64_t>(s.size()) + t.size());
