@@ -598,6 +598,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     check_string(static_cast<uint64_t>(s.size()) + t.size());
     return Value::string(s + t);
   }
+  if (op == "%" && a.is_string()) return Value::string(percent_format(*this, a.s, b));  // printf-style
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   auto unsupported = [&]() -> Value {
@@ -674,7 +675,6 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
   }
   if (op == "//" || op == "%") {
     if (!nums) {
-      if (op == "%" && a.is_string()) throw TemplateError("printf-style '%' string formatting is not supported");
       return unsupported();
     }
     if (ints) {

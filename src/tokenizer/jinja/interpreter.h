@@ -83,5 +83,6 @@ enum class MethodKind { None, Safe, Unsafe };
 MethodKind method_kind(const Value& self, const std::string& name);
 Value call_method(Interpreter& in, const Value& self, const std::string& name, Args& args);
 void install_globals(Dict& globals);
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args);  // fmt % args
 
 }  // namespace strata::jinja
