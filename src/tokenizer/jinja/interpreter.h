@@ -22,7 +22,8 @@ class Interpreter {
  public:
   Interpreter(const Dict& context, const RenderOptions& opt);
   ~Interpreter();
-  std::string run(const Body& body);
+  // root_undefined: template-level names that start undefined instead of coming from the context.
+  std::string run(const Body& body, const std::vector<std::string>& root_undefined);
 
   // Used by the builtins (builtins.cpp).
   Value call(const Value& callee, Args& args);

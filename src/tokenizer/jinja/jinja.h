@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/jinja/value.h"
 
@@ -46,6 +47,7 @@ class Template {
 
  private:
   std::shared_ptr<const std::vector<std::unique_ptr<Stmt>>> body_;
+  std::shared_ptr<const std::vector<std::string>> root_undefined_;  // see analyze_root (interpreter.cpp)
 };
 
 }  // namespace strata::jinja
