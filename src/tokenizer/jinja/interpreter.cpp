@@ -59,6 +59,17 @@ void Interpreter::step() {
   if (++steps_ > opt_.limits.max_steps)
     throw TemplateError("sandbox: template exceeded " + std::to_string(opt_.limits.max_steps) + " steps");
 }
+// Copying big values costs work too (s = s ~ x in a loop is quadratic): 1 step per 256 bytes or
+// 16 list items built.
+void Interpreter::charge_bytes(uint64_t bytes) {
+  steps_ += bytes / 256;
+  step();
+}
+void Interpreter::charge_items(uint64_t n) {
+  steps_ += n / 16;
+  step();
+}
+
 void Interpreter::check_string(uint64_t bytes) const {
   if (bytes > opt_.limits.max_string)
     throw TemplateError("sandbox: string of " + std::to_string(bytes) + " bytes exceeds the limit of " +
@@ -159,6 +170,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const ScopeP& scope, std::str
 
 Interpreter::Flow Interpreter::exec_for(const Stmt& s, const ScopeP& scope, std::string& out) {
   std::vector<Value> items = iterate(eval(*s.e[1], scope));
+  charge_items(items.size());
   if (s.e[2]) {  // `for x in xs if cond`: filter first; loop.* counts the kept items
     std::vector<Value> kept;
     for (auto& it : items) {
@@ -589,6 +601,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
   if (op == "~") {  // str(a) + str(b); the size is checked before anything is built
     if (a.is_string() && b.is_string()) {
       check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      charge_bytes(a.s.size() + b.s.size());
       std::string r;
       r.reserve(a.s.size() + b.s.size());
       r += a.s;
@@ -598,6 +611,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     std::string s = to_str(a);
     std::string t = to_str(b);
     check_string(static_cast<uint64_t>(s.size()) + t.size());
+    charge_bytes(s.size() + t.size());
     return Value::string(s + t);
   }
   if (op == "%" && a.is_string()) return Value::string(percent_format(*this, a.s, b));  // printf-style
@@ -617,12 +631,14 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     if (nums) return Value::floating(as_double(a) + as_double(b));
     if (a.is_string() && b.is_string()) {
       check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      charge_bytes(a.s.size() + b.s.size());
       if (a.markup || b.markup)  // Markup.__add__/__radd__ escape the plain operand
         return Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)), true);
       return Value::string(a.s + b.s);
     }
     if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
       check_items(static_cast<uint64_t>(a.items().size()) + b.items().size());
+      charge_items(a.items().size() + b.items().size());
       List out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
       return Value::make_list(std::move(out), a.tuple);
@@ -658,6 +674,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     if (seq->is_string()) {
       auto total = checked_mul(seq->s.size(), times);
       check_string(total ? *total : UINT64_MAX);
+      charge_bytes(*total);
       std::string out;
       out.reserve(*total);
       for (uint64_t k = 0; k < times; ++k) out += seq->s;
@@ -665,6 +682,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     }
     auto total = checked_mul(seq->items().size(), times);
     check_items(total ? *total : UINT64_MAX);
+    charge_items(*total);
     List out;
     out.reserve(*total);
     for (uint64_t k = 0; k < times; ++k) out.insert(out.end(), seq->items().begin(), seq->items().end());

@@ -36,6 +36,8 @@ class Interpreter {
   void check_string(uint64_t bytes) const;
   void check_items(uint64_t n) const;
   void step();
+  void charge_bytes(uint64_t bytes);  // work of building a value of that size
+  void charge_items(uint64_t n);
   Value new_namespace();
   const RenderOptions& options() const { return opt_; }
 
