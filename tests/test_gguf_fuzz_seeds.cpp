@@ -91,7 +91,11 @@ TEST(GgufFuzzSeeds, CommittedSeedsAreTheWritersOutput) {
   const fs::path dir = fs::path(STRATA_SOURCE_DIR) / "tests/fuzz/seeds/fuzz_gguf";
   const bool write = std::getenv("STRATA_WRITE_SEEDS") != nullptr;
   size_t total = 0;
-  for (const auto& [name, bytes] : make_seeds()) {
+  const auto seeds = make_seeds();
+  // Nothing else in the directory (a fuzzer run pointed at it as its corpus would add files).
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_TRUE(seeds.count(e.path().filename().string())) << "unexpected file in seeds: " << e.path();
+  for (const auto& [name, bytes] : seeds) {
     SCOPED_TRACE(name);
     // Each seed parses (they are meant to start the fuzzer inside valid files).
     File f = File::from_memory(bytes.data(), bytes.size(), name);

@@ -2,7 +2,9 @@
 // Byte layouts of the ggml quantized blocks (GGUF tensor data) and the half-precision helpers they use.
 // The layouts are the GGUF file format (public facts); every struct is checked against the type
 // table (quant/types.h) at compile time in dequant.cpp. All multi-byte fields are little-endian,
-// which is what x86-64 reads natively.
+// which is what x86-64 reads natively. The helpers are `static` (internal linkage) on purpose: this header
+// is also compiled into the AVX2/AVX-512 files, and an ISA-flagged copy of an inline function must never
+// be the one the linker keeps for the baseline code.
 #include <cstdint>
 #include <cstring>
 
@@ -12,7 +14,7 @@ inline constexpr int QK = 32;    // values per block of the "32" formats (Q4_0 .
 inline constexpr int QK_K = 256; // values per super-block of the K-quants and most IQ formats
 
 // IEEE half -> float, exact (subnormals, inf, nan included).
-inline float fp16_to_fp32(uint16_t h) {
+static inline float fp16_to_fp32(uint16_t h) {
   const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
   uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
   if (exp == 0x1f) {
@@ -32,7 +34,7 @@ inline float fp16_to_fp32(uint16_t h) {
 }
 
 // float -> IEEE half, round to nearest even (as F16C / ggml do).
-inline uint16_t fp32_to_fp16(float f) {
+static inline uint16_t fp32_to_fp16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);
   const uint32_t sign = (x >> 16) & 0x8000;
@@ -55,7 +57,7 @@ inline uint16_t fp32_to_fp16(float f) {
   return (uint16_t)(sign | r);
 }
 
-inline float bf16_to_fp32(uint16_t h) {
+static inline float bf16_to_fp32(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;
   float f;
   std::memcpy(&f, &bits, 4);
@@ -88,7 +90,7 @@ struct BlockIQ4_XS { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t
 #pragma pack(pop)
 
 // K-quant 6-bit scale/min pair j (0..7) from the 12 packed bytes of Q4_K / Q5_K.
-inline void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+static inline void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
   if (j < 4) {
     sc = q[j] & 63;
     m = q[j + 4] & 63;
@@ -99,7 +101,7 @@ inline void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
 }
 
 // Q3_K's 16 6-bit scales (biased by 32) unpacked from 12 bytes.
-inline void q3k_scales(const uint8_t* packed, int8_t out[16]) {
+static inline void q3k_scales(const uint8_t* packed, int8_t out[16]) {
   uint32_t a[4];
   std::memcpy(a, packed, 12);
   const uint32_t m1 = 0x03030303, m2 = 0x0f0f0f0f, t = a[2];
@@ -112,7 +114,7 @@ inline void q3k_scales(const uint8_t* packed, int8_t out[16]) {
 }
 
 // IQ1_M's fp16 super-block scale, spread over the top nibbles of its 4 scale words.
-inline float iq1m_scale(const BlockIQ1_M& b) {
+static inline float iq1m_scale(const BlockIQ1_M& b) {
   uint16_t sc[4];
   std::memcpy(sc, b.scales, 8);
   return fp16_to_fp32((uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |

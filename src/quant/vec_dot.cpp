@@ -23,7 +23,7 @@ void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n) {
       sum += v;
     }
     y[b].d = d;
-    y[b].s = d * static_cast<float>(sum);
+    y[b].sum = sum;
   }
 }
 
@@ -94,8 +94,10 @@ DotKernel dot_kernel(GgmlType type, CpuLevel level) {
   k.act = act_type_for(type);
   if (level >= CpuLevel::Avx512 && (k.fn = vec_dot_avx512(type))) {
     k.level = CpuLevel::Avx512;
+    k.fn4 = vec_dot4_avx512(type);
   } else if (level >= CpuLevel::Avx2 && (k.fn = vec_dot_avx2(type))) {
     k.level = CpuLevel::Avx2;
+    k.fn4 = vec_dot4_avx2(type);
   } else {
     k.fn = vec_dot_scalar(type);
     k.level = CpuLevel::Scalar;

@@ -67,7 +67,7 @@ float dot_q4_1(int64_t n, const void* w, const void* xq) {
   for (int64_t b = 0; b < n / QK; ++b) {
     int sum = 0;
     for (int j = 0; j < 16; ++j) sum += (a[b].qs[j] & 0xF) * x[b].qs[j] + (a[b].qs[j] >> 4) * x[b].qs[j + 16];
-    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(sum) + fp16_to_fp32(a[b].m) * x[b].s;
+    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(sum) + fp16_to_fp32(a[b].m) * (x[b].d * static_cast<float>(x[b].sum));
   }
   return s;
 }
@@ -99,7 +99,7 @@ float dot_q5_1(int64_t n, const void* w, const void* xq) {
     int v[32], sum = 0;
     q5_values(a[b].qs, a[b].qh, v);
     for (int j = 0; j < 32; ++j) sum += v[j] * x[b].qs[j];
-    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(sum) + fp16_to_fp32(a[b].m) * x[b].s;
+    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(sum) + fp16_to_fp32(a[b].m) * (x[b].d * static_cast<float>(x[b].sum));
   }
   return s;
 }

@@ -1,12 +1,14 @@
-// libFuzzer target for the GGUF reader (run by scripts/fuzz under ASan+UBSan). Any input must either
-// parse or throw gguf::FormatError; whatever parses is walked completely (every value, every tensor
-// byte range) and must survive a write -> read round trip with the same metadata and tensors.
+// libFuzzer target for the GGUF reader and `strata inspect`'s summary (scripts/fuzz: ASan+UBSan).
+// Any input must either parse or throw gguf::FormatError; whatever parses is walked completely (every
+// value, every tensor byte range), summarized, and must survive a write -> read round trip with the
+// same metadata and tensors.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 
 #include "gguf/gguf.h"
+#include "gguf/summary.h"
 #include "gguf/writer.h"
 
 using namespace strata;
@@ -58,6 +60,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   exercise(*f);
+  // `strata inspect` runs on the same untrusted content (invalid UTF-8, odd key types, huge ids).
+  const nlohmann::json s = summarize(*f);
+  FUZZ_CHECK(!dump_json(s).empty() && !render_text(s).empty());
   // What the reader accepts the writer must accept and write back into something the reader accepts
   // with the same content (a writer error or a FormatError here is a bug: no catch).
   const std::vector<uint8_t> again = Writer::from_file(*f).to_bytes();
