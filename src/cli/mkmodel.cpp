@@ -29,6 +29,8 @@ const CommandRegistrar reg(
       app.add_option("--expert-ff", s->n_ff_exp, "expert FFN length")->capture_default_str();
       app.add_option("--vocab", s->n_vocab, "vocabulary size (synthetic vocabulary)")->capture_default_str();
       app.add_option("--vocab-from", s->vocab_from, "copy the tokenizer from this GGUF (sets the vocabulary size)");
+      app.add_flag("--repeat-layers", s->repeat_layers,
+                   "layers after the first copy its random weights (fast to write, same speed)");
       app.add_flag("--tied", s->tied, "no output.weight: tie the output to the token embedding");
       app.add_option("--seed", s->seed, "random seed")->capture_default_str();
       app.add_option("-t,--threads", *threads, "threads (0: all cores)")->capture_default_str();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "common/checked_math.h"
@@ -191,8 +192,21 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
 
   // Generate and encode each tensor, rows split over the pool. Every row has its own generator
   // (seeded by tensor and row), so the file does not depend on the thread count.
+  std::map<std::string, std::vector<uint8_t>> first_layer;  // repeat_layers: name after "blk.N."
+  auto layer_suffix = [](const std::string& name) -> std::string {
+    if (name.rfind("blk.", 0) != 0) return {};
+    return name.substr(name.find('.', 4) + 1);
+  };
   for (size_t ti = 0; ti < ts.size(); ++ti) {
     const PlannedTensor& t = ts[ti];
+    const std::string suffix = layer_suffix(t.name);
+    if (s.repeat_layers && !suffix.empty() && t.name.rfind("blk.0.", 0) != 0) {
+      const auto it = first_layer.find(suffix);
+      if (it != first_layer.end()) {
+        w.add_tensor(t.name, t.type, t.dims, it->second);
+        continue;
+      }
+    }
     const uint64_t n0 = t.dims[0];
     uint64_t rows = 1;
     for (size_t d = 1; d < t.dims.size(); ++d) rows *= t.dims[d];
@@ -217,6 +231,7 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
       }
     });
     w.add_tensor(t.name, t.type, t.dims, bytes);
+    if (s.repeat_layers && t.name.rfind("blk.0.", 0) == 0) first_layer.emplace(suffix, std::move(bytes));
   }
   w.write(path);
 }

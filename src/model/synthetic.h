@@ -26,6 +26,9 @@ struct SyntheticSpec {
   bool tied = false;  // no output.weight: the output reuses token_embd
   uint64_t seed = 1;
   std::string vocab_from;  // GGUF whose tokenizer.* metadata is copied
+  // Layers after the first get copies of the first layer's weights: writing costs one layer's
+  // quantization, and speed is unchanged (every layer still has its own bytes in the file).
+  bool repeat_layers = false;
   // Named geometries: "qwen3-30b-a3b" (48 layers, n_embd 2048, 128 experts / 8 used, expert FFN 768,
   // 32 q heads / 4 kv heads of 128, vocab 151936) and "tiny" (the fixtures' shape).
   void apply_preset(const std::string& name);
