@@ -11,4 +11,7 @@ namespace strata {
 // Throws strata::Error for a type with no dequantization ("unsupported type X").
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
+// True when dequantize_row supports `type` (all weight formats but TQ1_0/TQ2_0/MXFP4/integers).
+bool can_dequantize(GgmlType type);
+
 }  // namespace strata

@@ -1,0 +1,95 @@
+// `strata bench`: prefill (pp) and decode (tg) speed of a model, llama-bench style, and memory.
+//   pp N: evaluate N tokens from an empty context in --batch chunks;  tg N: generate N tokens one at
+//   a time from an empty context. Token ids are fixed pseudo-random ids (the speed of an MoE model
+//   depends on routing, so random ids route like real text rather than repeating one token).
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/engine_flags.h"
+
+namespace strata::cli {
+namespace {
+
+struct BenchArgs {
+  int n_prompt = 512, n_gen = 128, reps = 1;
+  bool json = false;
+};
+
+int run_bench(const EngineFlags& ef, const BenchArgs& a) {
+  STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1,
+                 "-p and -n must be >= 0 and --reps >= 1");
+  auto t_load0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const Model> model = load_model(ef.model);
+  Engine eng(model, ef.options(std::max(a.n_prompt, a.n_gen) + 1));
+  auto seq = eng.new_sequence();
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load0).count();
+  const size_t V = static_cast<size_t>(eng.n_vocab());
+  std::vector<float> logits(V);
+  Rng rng(1234);
+  auto rand_tok = [&] { return static_cast<int32_t>(rng.next() % V); };
+  std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
+  double pp_best = 0, tg_best = 0;
+  for (int r = 0; r < a.reps; ++r) {
+    if (a.n_prompt > 0) {
+      for (auto& t : prompt) t = rand_tok();
+      seq->reset();
+      auto t0 = std::chrono::steady_clock::now();
+      eng.prefill(*seq, prompt, logits.data());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      pp_best = std::max(pp_best, a.n_prompt / s);
+    }
+    if (a.n_gen > 0) {
+      seq->reset();
+      SequenceState* sp = seq.get();
+      int32_t tok = rand_tok();
+      auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < a.n_gen; ++i) {
+        eng.decode({&sp, 1}, {&tok, 1}, logits.data());
+        tok = rand_tok();
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tg_best = std::max(tg_best, a.n_gen / s);
+    }
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const auto& hp = model->hparams();
+  if (a.json) {
+    std::printf(
+        "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
+        "\"pp\": %d, \"pp_tok_s\": %.3f, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
+        "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f}\n",
+        ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
+        eng.options().n_batch, a.n_prompt, pp_best, a.n_gen, tg_best, model->weight_bytes(),
+        seq->memory_bytes(), eng.workspace_bytes(), (unsigned long long)peak_rss_bytes(), load_s);
+  } else {
+    std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
+                hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
+    std::printf("threads    %d   mode %s   batch %d   reps %d\n", eng.options().n_threads,
+                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps);
+    if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
+    if (a.n_gen > 0) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
+    std::printf("memory     weights %.3f GiB (mapped), KV %.3f GiB, workspace %.3f GiB, peak RSS %.3f GiB\n",
+                model->weight_bytes() / gib, seq->memory_bytes() / gib, eng.workspace_bytes() / gib,
+                peak_rss_bytes() / gib);
+  }
+  return 0;
+}
+
+const CommandRegistrar reg(
+    "bench", "Prefill and decode speed (pp512 / tg128 style) and memory of a model",
+    [](CLI::App& app) -> std::function<int()> {
+      auto ef = std::make_shared<EngineFlags>();
+      auto a = std::make_shared<BenchArgs>();
+      ef->add(app, 0);
+      app.add_option("-p,--n-prompt", a->n_prompt, "prompt tokens to prefill (pp)")->capture_default_str();
+      app.add_option("-n,--n-gen", a->n_gen, "tokens to decode one at a time (tg)")->capture_default_str();
+      app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
+      app.add_flag("--json", a->json, "one JSON line instead of the table");
+      return [=] { return run_bench(*ef, *a); };
+    });
+
+}  // namespace
+}  // namespace strata::cli

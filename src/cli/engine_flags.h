@@ -1,0 +1,107 @@
+#pragma once
+// Flags shared by the subcommands that run a model (run, eval, bench): model path, context, batch,
+// threads, exact mode, KV type; and the sampling flags of run. Header-only: each subcommand file
+// includes it and adds the flags to its own CLI11 app.
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "common/error.h"
+#include "engine/engine.h"
+#include "engine/sampling.h"
+
+namespace strata::cli {
+
+struct EngineFlags {
+  std::string model;
+  int32_t n_ctx = 0;  // 0: the subcommand picks (run: 4096 or the model's; eval: what it needs)
+  int32_t n_batch = 512;
+  int n_threads = 0;
+  bool exact = false;
+  std::string kv_type = "f32";
+  std::string attn = "ggml";
+
+  void add(CLI::App& app, int32_t default_ctx_hint = 4096) {
+    app.add_option("-m,--model", model, "GGUF model file")->required();
+    app.add_option("--ctx", n_ctx, "context size in tokens (KV cache allocated up front)")
+        ->default_str(std::to_string(default_ctx_hint));
+    app.add_option("--batch", n_batch, "tokens per forward pass during prefill")->capture_default_str();
+    app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
+    app.add_flag("--exact", exact, "exact f32 math: weights dequantized to f32, f32 activations");
+    app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
+    app.add_option("--attn", attn,
+                   "attention arithmetic: ggml (llama.cpp's flash attention: f16 K/V/accumulator, "
+                   "what the references use) or f32")
+        ->capture_default_str();
+  }
+
+  EngineOptions options(int32_t n_ctx_default) const {
+    EngineOptions o;
+    o.n_ctx = n_ctx > 0 ? n_ctx : n_ctx_default;
+    STRATA_REQUIRE(n_ctx >= 0, "--ctx must be >= 1, got {}", n_ctx);
+    o.n_batch = n_batch;
+    o.n_threads = n_threads;
+    STRATA_REQUIRE(n_threads >= 0, "--threads must be >= 0, got {}", n_threads);
+    o.mode = exact ? MatmulMode::Exact : MatmulMode::Fast;
+    if (kv_type == "f32")
+      o.kv_type = KvType::F32;
+    else if (kv_type == "f16")
+      o.kv_type = KvType::F16;
+    else
+      fail("--kv-type must be f32 or f16, got '{}'", kv_type);
+    if (attn == "ggml")
+      o.attn = cpu::AttnMath::GgmlF16;
+    else if (attn == "f32")
+      o.attn = cpu::AttnMath::F32;
+    else
+      fail("--attn must be ggml or f32, got '{}'", attn);
+    return o;
+  }
+};
+
+struct SamplingFlags {
+  SamplingParams p;
+  bool greedy = false;
+  int64_t seed = -1;
+  void add(CLI::App& app) {
+    app.add_option("--temp", p.temperature, "temperature (<= 0: greedy)")->capture_default_str();
+    app.add_flag("--greedy", greedy, "always pick the most likely token (same as --temp 0)");
+    app.add_option("--top-k", p.top_k, "keep the k most likely tokens (0: off)")->capture_default_str();
+    app.add_option("--top-p", p.top_p, "keep the smallest set reaching probability p (1: off)")
+        ->capture_default_str();
+    app.add_option("--min-p", p.min_p, "drop tokens below min-p x the best one's probability (0: off)")
+        ->capture_default_str();
+    app.add_option("--repeat-penalty", p.repeat_penalty, "penalty for repeated tokens (1: off)")
+        ->capture_default_str();
+    app.add_option("--repeat-last-n", p.repeat_last_n, "window of the penalties (-1: all, 0: off)")
+        ->capture_default_str();
+    app.add_option("--presence-penalty", p.presence_penalty, "subtracted once per repeated token")
+        ->capture_default_str();
+    app.add_option("--frequency-penalty", p.frequency_penalty, "subtracted per repetition")
+        ->capture_default_str();
+    app.add_option("-s,--seed", seed, "random seed (-1: from the clock)")->capture_default_str();
+  }
+  SamplingParams params() const {
+    SamplingParams q = p;
+    if (greedy) q.temperature = 0.0f;
+    q.seed = seed >= 0 ? static_cast<uint64_t>(seed)
+                       : static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    q.validate();
+    return q;
+  }
+};
+
+// Peak resident memory of this process (VmHWM), bytes; 0 when unknown.
+inline uint64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,198 @@
+// The one place in src/ that calls cudaMemcpy*/cudaMemset* (tests/test_cuda_contract.cpp enforces it).
+#include "cuda/transfer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+
+namespace strata::cuda {
+
+namespace sc = strata::stream_check;
+
+namespace {
+void note(const Stream& s, sc::BufferId b, sc::Access a, Site site) {
+  if (sc::enabled()) sc::global().on_stream_access(s.check_id(), b, a, site);
+}
+void note_host(sc::BufferId b, sc::Access a, Site site) {
+  if (sc::enabled()) sc::global().on_host_access(b, a, site);
+}
+bool is_pinned(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+}  // namespace
+
+// ---- Ticket ----
+void Ticket::wait() const {
+  STRATA_REQUIRE(event_ != nullptr, "waiting on an empty transfer ticket");
+  event_->synchronize();
+}
+
+bool Ticket::done() const {
+  STRATA_REQUIRE(event_ != nullptr, "querying an empty transfer ticket");
+  return event_->query();
+}
+
+// ---- Transfer ----
+Transfer::Transfer(Device& dev) : Transfer(dev, Options{}) {}
+
+Transfer::Transfer(Device& dev, Options opt) : dev_(dev), opt_(opt), producer_event_("transfer.producer") {
+  STRATA_REQUIRE(opt_.staging_bytes > 0 && opt_.staging_buffers > 0,
+                 "transfer: staging needs at least one buffer of at least one byte");
+  for (int i = 0; i < opt_.staging_buffers; ++i) {
+    auto st = std::make_unique<Staging>();
+    st->buf = dev_.alloc_pinned(opt_.staging_bytes, "transfer.staging[" + std::to_string(i) + "]");
+    st->done = Event("transfer.staging[" + std::to_string(i) + "].done");
+    staging_.push_back(std::move(st));
+  }
+}
+
+Transfer::~Transfer() {
+  // Staging buffers and events must outlive the copies that use them.
+  cudaStreamSynchronize(dev_.h2d().handle());
+  cudaStreamSynchronize(dev_.d2h().handle());
+}
+
+void Transfer::begin(Stream& copy_stream, Stream& producer) {
+  // Recorded now, on this thread: the copy is ordered after exactly what the producer has enqueued so
+  // far. Stream 0 (legacy) is a producer like any other: never skipped (bug 2 of DEVELOPERS.md).
+  producer_event_.record(producer);
+  copy_stream.wait(producer_event_);
+}
+
+std::shared_ptr<Event> Transfer::acquire_event() {
+  for (auto& e : events_)
+    if (e.use_count() == 1) return e;  // no Ticket holds it any more
+  events_.push_back(std::make_shared<Event>("transfer.done#" + std::to_string(events_.size())));
+  return events_.back();
+}
+
+Ticket Transfer::finish(Stream& copy_stream, Consumers consumers) {
+  std::shared_ptr<Event> done = acquire_event();
+  done->record(copy_stream);
+  for (Stream* c : consumers) {
+    STRATA_REQUIRE(c != nullptr, "transfer: null consumer stream");
+    c->wait(*done);
+  }
+  return Ticket(std::move(done));
+}
+
+Transfer::Staging& Transfer::next_staging() {
+  Staging& st = *staging_[next_stage_];
+  next_stage_ = (next_stage_ + 1) % staging_.size();
+  // Never refill a pinned buffer whose previous copy may still be reading it.
+  if (st.used) st.done.synchronize();
+  return st;
+}
+
+Ticket Transfer::upload(const DevSpan& dst, const void* src, size_t bytes, Stream& producer,
+                        Consumers consumers, Site site) {
+  STRATA_REQUIRE(bytes <= dst.bytes, "transfer: upload of {} bytes into a {}-byte buffer", bytes, dst.bytes);
+  STRATA_REQUIRE(src != nullptr || bytes == 0, "transfer: upload from a null host pointer");
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.h2d();
+  begin(cs, producer);
+  note(cs, dst.check_id, sc::Access::Write, site);
+  const char* s = static_cast<const char*>(src);
+  for (size_t off = 0; off < bytes;) {
+    size_t n = std::min(opt_.staging_bytes, bytes - off);
+    Staging& st = next_staging();
+    note_host(st.buf.span().check_id, sc::Access::Write, site);
+    std::memcpy(st.buf.data(), s + off, n);
+    note(cs, st.buf.span().check_id, sc::Access::Read, site);
+    CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.ptr) + off, st.buf.data(), n, cudaMemcpyHostToDevice,
+                               cs.handle()));
+    st.done.record(cs);
+    st.used = true;
+    off += n;
+  }
+  bytes_h2d_ += bytes;
+  return finish(cs, consumers);
+}
+
+Ticket Transfer::upload(const DevSpan& dst, const HostSpan& src, Stream& producer, Consumers consumers,
+                        Site site) {
+  STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: upload of {} bytes into a {}-byte buffer", src.bytes,
+                 dst.bytes);
+  STRATA_REQUIRE(src.pinned, "transfer: direct upload needs pinned host memory (use the staged overload)");
+  if (sc::enabled())
+    STRATA_REQUIRE(src.bytes == 0 || is_pinned(src.ptr), "transfer: host span marked pinned is not");
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.h2d();
+  begin(cs, producer);
+  note(cs, src.check_id, sc::Access::Read, site);
+  note(cs, dst.check_id, sc::Access::Write, site);
+  CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes, cudaMemcpyHostToDevice, cs.handle()));
+  bytes_h2d_ += src.bytes;
+  return finish(cs, consumers);
+}
+
+Ticket Transfer::download(const HostSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers,
+                          Site site) {
+  STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
+                 src.bytes, dst.bytes);
+  STRATA_REQUIRE(dst.pinned, "transfer: async download needs pinned host memory (use download_sync)");
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.d2h();
+  begin(cs, producer);
+  note(cs, src.check_id, sc::Access::Read, site);
+  note(cs, dst.check_id, sc::Access::Write, site);
+  CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes, cudaMemcpyDeviceToHost, cs.handle()));
+  bytes_d2h_ += src.bytes;
+  return finish(cs, consumers);
+}
+
+void Transfer::download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site) {
+  STRATA_REQUIRE(bytes <= src.bytes, "transfer: download of {} bytes from a {}-byte buffer", bytes, src.bytes);
+  STRATA_REQUIRE(dst != nullptr || bytes == 0, "transfer: download into a null host pointer");
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.d2h();
+  begin(cs, producer);
+  note(cs, src.check_id, sc::Access::Read, site);
+  char* d = static_cast<char*>(dst);
+  for (size_t off = 0; off < bytes;) {
+    size_t n = std::min(opt_.staging_bytes, bytes - off);
+    Staging& st = next_staging();
+    note(cs, st.buf.span().check_id, sc::Access::Write, site);
+    CUDA_CHECK(cudaMemcpyAsync(st.buf.data(), static_cast<const char*>(src.ptr) + off, n,
+                               cudaMemcpyDeviceToHost, cs.handle()));
+    st.done.record(cs);
+    st.used = true;
+    st.done.synchronize();
+    note_host(st.buf.span().check_id, sc::Access::Read, site);
+    std::memcpy(d + off, st.buf.data(), n);
+    off += n;
+  }
+  bytes_d2h_ += bytes;
+}
+
+Ticket Transfer::copy(const DevSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers, Site site) {
+  STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: copy of {} bytes into a {}-byte buffer", src.bytes,
+                 dst.bytes);
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.h2d();
+  begin(cs, producer);
+  note(cs, src.check_id, sc::Access::Read, site);
+  note(cs, dst.check_id, sc::Access::Write, site);
+  CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes, cudaMemcpyDeviceToDevice, cs.handle()));
+  bytes_d2d_ += src.bytes;
+  return finish(cs, consumers);
+}
+
+Ticket Transfer::fill(const DevSpan& dst, unsigned char value, Stream& producer, Consumers consumers, Site site) {
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.h2d();
+  begin(cs, producer);
+  note(cs, dst.check_id, sc::Access::Write, site);
+  CUDA_CHECK(cudaMemsetAsync(dst.ptr, value, dst.bytes, cs.handle()));
+  return finish(cs, consumers);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,103 @@
+#pragma once
+// The transfer module (issue 8): every copy or fill of memory that another stream reads goes through
+// here — residency-table uploads, expert uploads into slots, activations to/from the CPU pool, KV
+// offload/restore. Each call, on the calling thread, at call time:
+//   1. records an event on the producer stream (also when it is the legacy stream 0: never skipped),
+//   2. makes the copy stream wait on it,
+//   3. enqueues the copy on the copy stream (pageable host memory is staged through pinned buffers that
+//      are not refilled before the copy that read them has completed),
+//   4. records the copy's completion event and makes every consumer stream wait on it,
+//   5. returns a Ticket with that event, for the host (CPU pool, KV restore) to wait on.
+// The producer is the stream whose work so far must precede the copy: the one that wrote the source, or
+// the one whose kernels may still read the destination's old contents (slot overwrite).
+//
+// Thread-safe (one mutex): the adaptation helper thread and the forward pass may both call it.
+// No CUDA headers here.
+#include <cstddef>
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "cuda/device.h"
+
+namespace strata::cuda {
+
+// Completion of one transfer. Copyable (shares the event); the event returns to the pool when the last
+// Ticket for it is gone.
+class Ticket {
+ public:
+  Ticket() = default;
+  void wait() const;  // host blocks until the transfer is done; the host is then ordered after it
+  bool done() const;  // non-blocking; true = done (and ordered, as wait())
+  bool valid() const { return event_ != nullptr; }
+  const Event& event() const { return *event_; }
+
+ private:
+  friend class Transfer;
+  explicit Ticket(std::shared_ptr<Event> e) : event_(std::move(e)) {}
+  std::shared_ptr<Event> event_;
+};
+
+using Consumers = std::initializer_list<Stream*>;
+
+class Transfer {
+ public:
+  struct Options {
+    size_t staging_bytes = size_t(4) << 20;  // per pinned staging buffer
+    int staging_buffers = 4;                  // ring size
+  };
+  explicit Transfer(Device& dev);
+  Transfer(Device& dev, Options opt);
+  ~Transfer();  // waits for its copy streams
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+
+  // Host -> device from any host memory (pageable or not): always staged, so `src` may be reused as soon
+  // as this returns. For the residency table and other small shared tables.
+  Ticket upload(const DevSpan& dst, const void* src, size_t bytes, Stream& producer, Consumers consumers,
+                Site site = Site::here());
+  // Host -> device from pinned memory, read directly by the DMA (expert uploads into slots, KV restore).
+  // The host must not rewrite `src` before the ticket is done (the checker reports it if it does).
+  Ticket upload(const DevSpan& dst, const HostSpan& src, Stream& producer, Consumers consumers,
+                Site site = Site::here());
+  // Device -> pinned host (activations to the CPU pool, KV offload). Read `dst` after ticket.wait().
+  Ticket download(const HostSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers = {},
+                  Site site = Site::here());
+  // Device -> any host memory, staged; returns when the data is in `dst`.
+  void download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site = Site::here());
+  // Device -> device (KV compaction, slot moves).
+  Ticket copy(const DevSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers,
+              Site site = Site::here());
+  // Sets every byte of dst to `value`.
+  Ticket fill(const DevSpan& dst, unsigned char value, Stream& producer, Consumers consumers,
+              Site site = Site::here());
+
+  Device& device() { return dev_; }
+  // Totals since construction, for `strata run/bench` statistics.
+  size_t bytes_h2d() const { return bytes_h2d_; }
+  size_t bytes_d2h() const { return bytes_d2h_; }
+  size_t bytes_d2d() const { return bytes_d2d_; }
+
+ private:
+  struct Staging {
+    PinnedBuffer buf;
+    Event done;        // recorded after the copy that last used buf
+    bool used = false;
+  };
+  void begin(Stream& copy_stream, Stream& producer);  // steps 1-2
+  Ticket finish(Stream& copy_stream, Consumers consumers);  // step 4
+  std::shared_ptr<Event> acquire_event();
+  Staging& next_staging();  // waits until the next ring buffer's previous copy is done
+
+  Device& dev_;
+  Options opt_;
+  std::mutex mu_;
+  Event producer_event_;
+  std::vector<std::shared_ptr<Event>> events_;  // pool for tickets
+  std::vector<std::unique_ptr<Staging>> staging_;
+  size_t next_stage_ = 0;
+  size_t bytes_h2d_ = 0, bytes_d2h_ = 0, bytes_d2d_ = 0;
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,75 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace strata {
+
+Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
+    : model_(std::move(model)), opt_(opt), pool_(opt.n_threads) {
+  STRATA_REQUIRE(opt_.n_ctx >= 1, "--ctx must be >= 1, got {}", opt_.n_ctx);
+  STRATA_REQUIRE(opt_.n_batch >= 1, "--batch must be >= 1, got {}", opt_.n_batch);
+  opt_.n_batch = std::min(opt_.n_batch, opt_.n_ctx);
+  opt_.n_threads = pool_.size();
+  ws_ = model_->new_workspace(opt_.n_batch, opt_.n_ctx, pool_.size());
+  batch_.reserve(size_t(opt_.n_batch));
+}
+
+std::unique_ptr<SequenceState> Engine::new_sequence() const {
+  return model_->new_sequence(opt_.n_ctx, opt_.kv_type);
+}
+
+void Engine::check_token(int32_t t) const {
+  STRATA_REQUIRE(t >= 0 && t < n_vocab(),
+                 "token id {} is out of range: the vocabulary has {} tokens (0..{})", t, n_vocab(),
+                 n_vocab() - 1);
+}
+
+void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
+                     bool all_logits) {
+  STRATA_REQUIRE(!tokens.empty(), "empty prompt: nothing to evaluate");
+  STRATA_REQUIRE(tokens.size() <= size_t(seq.space_left()),
+                 "context overflow: {} tokens already in the sequence + {} new > --ctx {}",
+                 seq.n_past(), tokens.size(), seq.n_ctx());
+  for (int32_t t : tokens) check_token(t);
+  SequenceState* seqs[1] = {&seq};
+  const size_t V = size_t(n_vocab());
+  for (size_t b = 0; b < tokens.size(); b += size_t(opt_.n_batch)) {
+    const size_t e = std::min(tokens.size(), b + size_t(opt_.n_batch));
+    batch_.clear();
+    for (size_t i = b; i < e; ++i)
+      batch_.push_back({tokens[i], seq.n_past() + int32_t(i - b), 0,
+                        logits && (all_logits || i + 1 == tokens.size())});
+    float* out = !logits ? nullptr : all_logits ? logits + b * V : logits;
+    model_->forward({batch_, seqs}, *ws_, out, pool_, {opt_.mode, opt_.attn});
+    seq.advance(int32_t(e - b));
+  }
+}
+
+void Engine::decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                    float* logits) {
+  STRATA_REQUIRE(!seqs.empty(), "decode: no sequences");
+  STRATA_REQUIRE(seqs.size() == tokens.size(), "decode: {} sequences but {} tokens", seqs.size(),
+                 tokens.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    check_token(tokens[i]);
+    STRATA_REQUIRE(seqs[i]->space_left() >= 1, "context overflow: the sequence holds --ctx {} tokens",
+                   seqs[i]->n_ctx());
+    STRATA_REQUIRE(seqs[i]->kv_type() == seqs[0]->kv_type(),
+                   "decode: sequences of one batch must share a KV type");
+    for (size_t j = 0; j < i; ++j)
+      STRATA_REQUIRE(seqs[j] != seqs[i], "decode: a sequence appears twice in one batch");
+  }
+  const size_t V = size_t(n_vocab());
+  for (size_t b = 0; b < seqs.size(); b += size_t(opt_.n_batch)) {
+    const size_t e = std::min(seqs.size(), b + size_t(opt_.n_batch));
+    batch_.clear();
+    for (size_t i = b; i < e; ++i)
+      batch_.push_back({tokens[i], seqs[i]->n_past(), int32_t(i - b), true});
+    model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits + b * V, pool_, {opt_.mode, opt_.attn});
+    for (size_t i = b; i < e; ++i) seqs[i]->advance(1);
+  }
+}
+
+}  // namespace strata

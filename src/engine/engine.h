@@ -1,0 +1,57 @@
+#pragma once
+// The engine: one model, one thread pool, one workspace, and the two ways to run it.
+//   prefill(seq, tokens)      many tokens of one sequence, in chunks of n_batch (prompt processing)
+//   decode(seqs, tokens)      one token for each of several sequences in one forward pass
+//                             (continuous batching: the server puts every active sequence in it)
+// Sequences are created by the engine (sized for n_ctx) and owned by the caller; the engine keeps
+// nothing about them between calls. Every input is validated here: token ids, context overflow,
+// empty input; errors are strata::Error with a message that says what was wrong.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "model/model.h"
+
+namespace strata {
+
+struct EngineOptions {
+  int32_t n_ctx = 4096;       // tokens per sequence (KV cache allocated up front)
+  int32_t n_batch = 512;      // tokens per forward pass (prefill chunk; max sequences per decode)
+  int n_threads = 0;          // 0: one per hardware thread
+  MatmulMode mode = MatmulMode::Fast;
+  KvType kv_type = KvType::F32;
+  cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // llama.cpp's flash-attention arithmetic (cpu/ops.h)
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const Model> model, const EngineOptions& opt);
+
+  const Model& model() const { return *model_; }
+  const EngineOptions& options() const { return opt_; }
+  int32_t n_vocab() const { return model_->n_vocab(); }
+  ThreadPool& pool() { return pool_; }
+  size_t workspace_bytes() const { return ws_->memory_bytes(); }
+
+  std::unique_ptr<SequenceState> new_sequence() const;
+
+  // Appends `tokens` to seq at positions n_past.. and evaluates them in chunks of n_batch.
+  // logits: [n_vocab] of the last token, or with all_logits [tokens.size()][n_vocab]; may be null.
+  void prefill(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
+               bool all_logits = false);
+  // One token for each sequence (seqs distinct), in one forward pass (split if more than n_batch).
+  // logits: [seqs.size()][n_vocab].
+  void decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits);
+
+ private:
+  void check_token(int32_t t) const;
+  std::shared_ptr<const Model> model_;
+  EngineOptions opt_;
+  ThreadPool pool_;
+  std::unique_ptr<Workspace> ws_;
+  std::vector<BatchToken> batch_;  // [n_batch], reused
+};
+
+}  // namespace strata

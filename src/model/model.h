@@ -1,0 +1,83 @@
+#pragma once
+// The common interface of every architecture (one file each: qwen3moe.cpp, later qwen3next.cpp, ...).
+// A Model owns the mapped GGUF file and the checked weight views; it is immutable after loading and
+// can serve any number of sequences. Mutable things live elsewhere:
+//   SequenceState (kv/sequence_state.h): per-sequence KV cache (+ recurrent state), made by the model
+//   Workspace: the activations of one forward pass, allocated up front for max_tokens tokens
+// forward() evaluates a batch whose tokens may belong to different sequences (prefill: many tokens of
+// one sequence; decode: one token of each of several sequences), writes their K/V into the sequences'
+// states at their positions and returns the logits of the tokens that ask for them.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cpu/thread_pool.h"
+#include "gguf/gguf.h"
+#include "kv/sequence_state.h"
+#include "model/hparams.h"
+#include "quant/matmul.h"
+
+namespace strata {
+
+struct BatchToken {
+  int32_t token;  // id in [0, n_vocab)
+  int32_t pos;    // position in its sequence; positions [0, pos) must already be in the cache
+  int32_t seq;    // index into Batch::seqs
+  bool logits;    // write this token's logits
+};
+
+struct Batch {
+  std::span<const BatchToken> tokens;  // [n_tokens]
+  std::span<SequenceState* const> seqs;
+};
+
+struct ForwardOptions {
+  MatmulMode mode = MatmulMode::Fast;
+  cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // see cpu/ops.h
+};
+
+// Activations of one architecture, sized at creation; forward() allocates nothing.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  virtual int32_t max_tokens() const = 0;
+  virtual size_t memory_bytes() const = 0;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  const HParams& hparams() const { return hp_; }
+  const gguf::File& file() const { return file_; }
+  int32_t n_vocab() const { return hp_.n_vocab; }
+
+  // A fresh sequence with its caches allocated for n_ctx tokens.
+  virtual std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const = 0;
+  // Activations for batches of up to max_tokens tokens attending to up to n_ctx positions, split over
+  // n_threads threads.
+  virtual std::unique_ptr<Workspace> new_workspace(int32_t max_tokens, int32_t n_ctx,
+                                                   int n_threads) const = 0;
+  // logits: [number of tokens with .logits][n_vocab], in batch order. Does not advance the sequences
+  // (the engine does). Tokens and positions are validated by the caller (Engine).
+  virtual void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
+                       const ForwardOptions& opt) const = 0;
+  // Bytes of weights (mapped).
+  virtual size_t weight_bytes() const = 0;
+
+ protected:
+  Model(gguf::File file, HParams hp) : file_(std::move(file)), hp_(std::move(hp)) {}
+  gguf::File file_;
+  HParams hp_;
+};
+
+// Opens a GGUF file and builds the model of its architecture (the one dispatch point). Throws
+// strata::Error for an unknown architecture or a file that does not match it.
+std::unique_ptr<Model> load_model(const std::string& path);
+std::unique_ptr<Model> load_model(gguf::File file);
+
+// The architectures load_model knows.
+std::vector<std::string> supported_architectures();
+
+}  // namespace strata

@@ -1,0 +1,90 @@
+#include "model/moe_ffn.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "cpu/ops.h"
+
+namespace strata {
+
+MoeScratch::MoeScratch(int64_t max_tokens_, int k_, int n_expert, int64_t n_embd, int64_t n_ff)
+    : offset(static_cast<size_t>(n_expert) + 1),
+      fill(static_cast<size_t>(n_expert)),
+      row_of(static_cast<size_t>(max_tokens_ * k_)),
+      tok_of(static_cast<size_t>(max_tokens_ * k_)),
+      xe(static_cast<size_t>(max_tokens_ * k_ * n_embd)),
+      g(static_cast<size_t>(max_tokens_ * k_ * n_ff)),
+      u(static_cast<size_t>(max_tokens_ * k_ * n_ff)),
+      d(static_cast<size_t>(max_tokens_ * k_ * n_embd)),
+      max_tokens(max_tokens_),
+      k(k_) {}
+
+size_t MoeScratch::memory_bytes() const {
+  return (xe.size() + g.size() + u.size() + d.size()) * 4 +
+         (offset.size() + fill.size() + row_of.size() + tok_of.size()) * 4;
+}
+
+void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
+                 const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
+                 ThreadPool& pool, MatmulMode mode) {
+  const int64_t n_embd = ew.gate.ne[0], n_ff = ew.gate.ne[1];
+  const int n_expert = static_cast<int>(ew.gate.ne[2]);
+  STRATA_REQUIRE(n <= s.max_tokens && k == s.k, "moe: batch of {} x {} exceeds scratch {} x {}", n,
+                 k, s.max_tokens, s.k);
+  // Group (token, slot) pairs by expert: counting sort.
+  std::fill(s.offset.begin(), s.offset.end(), 0);
+  for (int64_t i = 0; i < n * k; ++i) {
+    STRATA_REQUIRE(ids[i] >= 0 && ids[i] < n_expert, "moe: expert id {} out of range", ids[i]);
+    ++s.offset[static_cast<size_t>(ids[i]) + 1];
+  }
+  for (int e = 0; e < n_expert; ++e) s.offset[e + 1] += s.offset[e];
+  std::copy(s.offset.begin(), s.offset.end() - 1, s.fill.begin());
+  for (int64_t i = 0; i < n * k; ++i) {
+    const int32_t r = s.fill[static_cast<size_t>(ids[i])]++;
+    s.row_of[static_cast<size_t>(i)] = r;
+    s.tok_of[static_cast<size_t>(r)] = static_cast<int32_t>(i / k);
+  }
+  // Gather the inputs in grouped order: xe [n*k][n_embd].
+  for (int64_t r = 0; r < n * k; ++r)
+    std::memcpy(s.xe.data() + r * n_embd, x + s.tok_of[static_cast<size_t>(r)] * n_embd,
+                static_cast<size_t>(n_embd) * 4);
+  // gate and up of every active expert in one job.
+  mb.clear();
+  for (int e = 0; e < n_expert; ++e) {
+    const int64_t r0 = s.offset[e], cnt = s.offset[e + 1] - r0;
+    if (cnt == 0) continue;
+    mb.add({ew.gate.type, ew.gate.matrix(e), n_ff, n_embd, s.xe.data() + r0 * n_embd, cnt,
+            s.g.data() + r0 * n_ff});
+    mb.add({ew.up.type, ew.up.matrix(e), n_ff, n_embd, s.xe.data() + r0 * n_embd, cnt,
+            s.u.data() + r0 * n_ff});
+  }
+  mb.run(mode, pool);
+  const int64_t n_act = n * k * n_ff;
+  pool.parallel_for(n_act, 4096, [&](int64_t b, int64_t e, int) {
+    cpu::swiglu(s.g.data() + b, s.u.data() + b, e - b, s.g.data() + b);
+  });
+  // down of every active expert in one job.
+  mb.clear();
+  for (int e = 0; e < n_expert; ++e) {
+    const int64_t r0 = s.offset[e], cnt = s.offset[e + 1] - r0;
+    if (cnt == 0) continue;
+    mb.add({ew.down.type, ew.down.matrix(e), n_embd, n_ff, s.g.data() + r0 * n_ff, cnt,
+            s.d.data() + r0 * n_embd});
+  }
+  mb.run(mode, pool);
+  // Weighted sum in slot order (as ggml adds the expert views).
+  for (int64_t t = 0; t < n; ++t) {
+    float* o = out + t * n_embd;
+    for (int j = 0; j < k; ++j) {
+      const float wj = w[t * k + j];
+      const float* dr = s.d.data() + static_cast<int64_t>(s.row_of[static_cast<size_t>(t * k + j)]) * n_embd;
+      if (j == 0)
+        for (int64_t i = 0; i < n_embd; ++i) o[i] = wj * dr[i];
+      else
+        for (int64_t i = 0; i < n_embd; ++i) o[i] += wj * dr[i];
+    }
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,41 @@
+#pragma once
+// The routed-expert half of an MoE block, shared by every MoE architecture: given each token's k
+// chosen experts and weights, out[t] = sum_j w[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])).
+// Tokens are grouped by expert (counting sort), so each expert's three products run once over all of
+// its tokens; all experts' products go out as one parallel job (cpu/matmul_batch.h).
+#include <cstdint>
+#include <vector>
+
+#include "cpu/matmul_batch.h"
+#include "model/weights.h"
+
+namespace strata {
+
+struct ExpertWeights {
+  Weight gate;  // [n_embd][n_ff][n_expert]  (ggml ne order)
+  Weight up;    // [n_embd][n_ff][n_expert]
+  Weight down;  // [n_ff][n_embd][n_expert]
+};
+
+class MoeScratch {
+ public:
+  MoeScratch(int64_t max_tokens, int k, int n_expert, int64_t n_embd, int64_t n_ff);
+  size_t memory_bytes() const;
+
+  std::vector<int32_t> offset;  // [n_expert + 1] first grouped row of each expert
+  std::vector<int32_t> fill;    // [n_expert]
+  std::vector<int32_t> row_of;  // [max_tokens * k] grouped row of (token, slot)
+  std::vector<int32_t> tok_of;  // [max_tokens * k] token of grouped row
+  std::vector<float> xe;        // [max_tokens * k][n_embd] gathered inputs
+  std::vector<float> g, u;      // [max_tokens * k][n_ff]
+  std::vector<float> d;         // [max_tokens * k][n_embd]
+  int64_t max_tokens;
+  int k;
+};
+
+// x: [n][n_embd]; ids, w: [n][k]; out: [n][n_embd] (overwritten).
+void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
+                 const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
+                 ThreadPool& pool, MatmulMode mode);
+
+}  // namespace strata

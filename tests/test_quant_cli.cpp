@@ -1,0 +1,184 @@
+// `strata quantize` and `strata dequant` end to end, and the Q4_K_M mix rule against the choices
+// llama-quantize made for the fixture models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "gguf/gguf.h"
+#include "quant/dequant.h"
+#include "quant/quant_mix.h"
+#include "sdq_reader.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kFixtures = STRATA_FIXTURES_DIR;
+const std::string kModels = kFixtures + "/models/";
+
+struct CliResult {
+  int code;
+  std::string output;  // stdout + stderr
+};
+
+CliResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  CliResult r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("strata-quant-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string operator/(const std::string& n) const { return (path / n).string(); }
+};
+
+std::vector<float> dequantize_all(const gguf::TensorInfo& t) {
+  std::vector<float> v(t.n_elements());
+  const uint64_t rb = row_bytes(t.type, t.ne[0]);
+  for (uint64_t r = 0; r < t.n_rows(); ++r)
+    dequantize_row(t.type, t.data + r * rb, v.data() + r * t.ne[0], static_cast<int64_t>(t.ne[0]));
+  return v;
+}
+
+std::vector<GgmlType> plan_for(const gguf::File& f, QuantScheme s) {
+  std::vector<TensorPlanInput> in;
+  for (const auto& t : f.tensors()) in.push_back({t.name, t.n_dims, t.ne[0], t.type});
+  const std::string arch = f.get<std::string>("general.architecture");
+  return plan_quantization(in, s, static_cast<int>(f.get<uint32_t>(arch + ".block_count")),
+                           static_cast<int>(f.get<uint32_t>(arch + ".expert_count")));
+}
+
+}  // namespace
+
+// The fixtures' *-Q4_K_M.gguf were made by llama-quantize: our rule must choose the same type for every
+// tensor (qwen3moe and qwen3next: 8 experts, attn_v/attn_qkv in Q8_0, ffn_down of the later layers in
+// Q6_K, attn_output Q5_K, norms and router untouched).
+TEST(QuantMix, Q4_K_MMatchesLlamaQuantizeOnFixtures) {
+  for (const char* m : {"tiny-qwen3moe-A-Q4_K_M.gguf", "tiny-qwen3next-N-Q4_K_M.gguf"}) {
+    const auto f = gguf::File::open(kModels + m);
+    const auto plan = plan_for(f, QuantScheme::Q4_K_M);
+    ASSERT_EQ(plan.size(), f.tensors().size());
+    for (size_t i = 0; i < plan.size(); ++i)
+      EXPECT_EQ(type_name(plan[i]), type_name(f.tensors()[i].type)) << m << " " << f.tensors()[i].name;
+  }
+}
+
+TEST(QuantMix, UseMoreBitsRuleOnADeepDenseModel) {
+  // 32 layers, no experts: attn_v and ffn_down in Q6_K for layers 0-3, 28-31 and (i-4) % 3 == 2.
+  std::vector<TensorPlanInput> in;
+  for (int i = 0; i < 32; ++i) {
+    in.push_back({"blk." + std::to_string(i) + ".attn_v.weight", 2, 4096, GgmlType::F16});
+    in.push_back({"blk." + std::to_string(i) + ".ffn_down.weight", 2, 14336, GgmlType::F16});
+    in.push_back({"blk." + std::to_string(i) + ".attn_norm.weight", 1, 4096, GgmlType::F32});
+  }
+  in.push_back({"output.weight", 2, 4096, GgmlType::F16});
+  in.push_back({"odd.weight", 2, 4000, GgmlType::F16});   // 4000 % 256 != 0 -> Q8_0 fallback
+  in.push_back({"odder.weight", 2, 4001, GgmlType::F16}); // not even a multiple of 32 -> F16
+  const auto plan = plan_quantization(in, QuantScheme::Q4_K_M, 32, 0);
+  for (int i = 0; i < 32; ++i) {
+    const bool more = i < 4 || i >= 28 || (i - 4) % 3 == 2;
+    const GgmlType want = more ? GgmlType::Q6_K : GgmlType::Q4_K;
+    EXPECT_EQ(plan[3 * i], want) << i;
+    EXPECT_EQ(plan[3 * i + 1], want) << i;
+    EXPECT_EQ(plan[3 * i + 2], GgmlType::F32);
+  }
+  EXPECT_EQ(plan[96], GgmlType::Q6_K);
+  EXPECT_EQ(plan[97], GgmlType::Q8_0);
+  EXPECT_EQ(plan[98], GgmlType::F16);
+}
+
+// Quantize the Q8_0 fixture model to each scheme: metadata kept (file_type set), types as planned,
+// data aligned, values close to the source (relative RMSE per tensor within the type's bound).
+TEST(QuantCli, QuantizeKeepsMetadataAndIsAccurate) {
+  TempDir dir;
+  const std::string src_path = kModels + "tiny-qwen3moe-A-Q8_0.gguf";
+  const auto src = gguf::File::open(src_path);
+  const std::pair<const char*, uint32_t> schemes[] = {{"Q8_0", 7}, {"Q6_K", 18}, {"Q4_K", 14}, {"Q4_K_M", 15}};
+  for (auto [scheme, ftype] : schemes) {
+    const std::string out = dir / (std::string(scheme) + ".gguf");
+    const auto r = run_cli("quantize " + src_path + " " + out + " " + scheme);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto q = gguf::File::open(out);
+    EXPECT_EQ(q.get<uint32_t>("general.file_type"), ftype);
+    EXPECT_EQ(q.get<uint32_t>("general.quantization_version"), 2u);
+    for (const auto& kv : src.metadata()) {
+      if (kv.key == "general.file_type") continue;
+      const gguf::Value* v = q.find(kv.key);
+      ASSERT_NE(v, nullptr) << kv.key;
+      EXPECT_EQ(v->type, kv.value.type) << kv.key;
+      if (v->type == gguf::ValueType::STRING) EXPECT_EQ(v->str, kv.value.str) << kv.key;
+      if (v->type == gguf::ValueType::ARRAY) EXPECT_EQ(v->arr.size(), kv.value.arr.size()) << kv.key;
+      if (v->type != gguf::ValueType::STRING && v->type != gguf::ValueType::ARRAY)
+        EXPECT_EQ(v->num.u, kv.value.num.u) << kv.key;
+    }
+    const auto plan = plan_for(src, *quant_scheme_from_name(scheme));
+    ASSERT_EQ(q.tensors().size(), src.tensors().size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const auto& a = src.tensors()[i];
+      const auto& b = q.tensors()[i];
+      ASSERT_EQ(a.name, b.name);
+      EXPECT_EQ(b.type, plan[i]) << b.name;
+      EXPECT_EQ(b.offset % q.alignment(), 0u) << b.name;
+      if (a.n_dims == 1) EXPECT_EQ(b.type, GgmlType::F32) << b.name;
+      const auto va = dequantize_all(a), vb = dequantize_all(b);
+      double e = 0, s = 0;
+      for (size_t k = 0; k < va.size(); ++k) e += (double(va[k]) - vb[k]) * (va[k] - vb[k]), s += double(va[k]) * va[k];
+      const double rel = s > 0 ? std::sqrt(e / s) : std::sqrt(e);
+      // The Q8_0 source is re-quantized: Q8_0 -> Q8_0 is a copy; the others within the round-trip bounds.
+      const double bound = b.type == GgmlType::Q4_K ? 0.08 : b.type == GgmlType::Q5_K ? 0.04
+                         : b.type == GgmlType::Q6_K ? 0.02 : b.type == GgmlType::Q8_0 ? 0.006 : 0.0;
+      EXPECT_LE(rel, bound) << scheme << " " << b.name << " " << type_name(b.type);
+    }
+  }
+}
+
+TEST(QuantCli, DequantWritesRawF32BitExact) {
+  TempDir dir;
+  const auto ref = test::read_sdq(kFixtures + "/formats/zoo.dequant.sdq");
+  for (const char* name : {"zoo.q4_k", "zoo.iq2_xs", "zoo.bf16"}) {
+    const std::string out = dir / "t.f32";
+    const auto r = run_cli("dequant " + kFixtures + "/formats/zoo.gguf " + name + " -o " + out);
+    ASSERT_EQ(r.code, 0) << r.output;
+    std::ifstream f(out, std::ios::binary);
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto& want = ref.at(name).head;
+    ASSERT_EQ(bytes.size(), want.size() * 4) << name;
+    EXPECT_EQ(std::memcmp(bytes.data(), want.data(), bytes.size()), 0) << name;
+  }
+}
+
+TEST(QuantCli, BadArgumentsAreClearErrors) {
+  TempDir dir;
+  const std::string zoo = kFixtures + "/formats/zoo.gguf";
+  auto r = run_cli("dequant " + zoo + " no.such.tensor -o " + (dir / "x.f32"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("no tensor named 'no.such.tensor'"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "x.f32"));
+  r = run_cli("quantize " + kModels + "tiny-qwen3moe-A-Q8_0.gguf " + (dir / "y.gguf") + " Q3_K");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("unknown quantization type 'Q3_K'"), std::string::npos) << r.output;
+  r = run_cli("quantize " + (dir / "missing.gguf") + " " + (dir / "y.gguf") + " Q8_0");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "y.gguf"));
+}

@@ -1,0 +1,100 @@
+// qwen3moe vs the llama.cpp-made references of every tiny-qwen3moe fixture:
+//   exact mode vs *.f32ref.slg: mean KL <= 1e-5, top-1 100%, 24-token greedy continuation identical;
+//   fast mode vs *.f32ref.slg: mean KL <= 1.5x llama.cpp's own KL (fixture README table).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "slg.h"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models/";
+
+// llama.cpp's own quantized kernels vs exact math, mean KL (fixtures README).
+const std::map<std::string, double> kLlamaKl = {
+    {"Q8_0", 3.49e-03},   {"Q4_K_M", 5.86e-03}, {"Q6_K", 3.22e-02}, {"Q2_K", 4.93e-03},
+    {"IQ4_XS", 5.02e-03}, {"IQ2_XS", 1.16e-02}, {"IQ3_S", 8.21e-03}, {"IQ1_M", 9.52e-03}};
+
+struct Result {
+  double mean_kl = 0;
+  double kl_llama = 0;  // vs llama.cpp's own quantized logits (*.logits.slg)
+  int top1 = 0;
+  std::vector<int32_t> gen;
+};
+
+Result evaluate(const std::string& type, MatmulMode mode, int n_batch) {
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+  std::shared_ptr<const Model> model = load_model(kModels + "tiny-qwen3moe-A-" + type + ".gguf");
+  EXPECT_EQ(uint32_t(model->n_vocab()), ref.n_vocab);
+  EngineOptions opt;
+  opt.n_ctx = 128;
+  opt.n_batch = n_batch;
+  opt.n_threads = 2;
+  opt.mode = mode;
+  Engine eng(model, opt);
+  auto seq = eng.new_sequence();
+  const size_t V = ref.n_vocab;
+  std::vector<float> logits(ref.n_prompt * V);
+  eng.prefill(*seq, ref.prompt, logits.data(), true);
+  Result r;
+  for (uint32_t p = 0; p < ref.n_prompt; ++p) {
+    r.mean_kl += kl_div(&ref.logits[p * V], &logits[p * V], V);
+    r.top1 += argmax(&ref.logits[p * V], V) == argmax(&logits[p * V], V);
+  }
+  r.mean_kl /= ref.n_prompt;
+  const Slg llama = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".logits.slg");
+  for (uint32_t p = 0; p < ref.n_prompt; ++p)
+    r.kl_llama += kl_div(&llama.logits[p * V], &logits[p * V], V) / ref.n_prompt;
+  // Greedy continuation.
+  std::vector<float> last(logits.end() - std::ptrdiff_t(V), logits.end());
+  for (uint32_t i = 0; i < ref.n_gen; ++i) {
+    const int32_t t = argmax(last.data(), V);
+    r.gen.push_back(t);
+    SequenceState* s = seq.get();
+    eng.decode({&s, 1}, {&t, 1}, last.data());
+  }
+  return r;
+}
+
+class Qwen3MoeFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Qwen3MoeFixture, ExactMatchesF32Reference) {
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
+  const Result r = evaluate(GetParam(), MatmulMode::Exact, 512);
+  std::printf("[ exact %-6s ] mean KL %.3e, top-1 %d/%u\n", GetParam().c_str(), r.mean_kl, r.top1,
+              ref.n_prompt);
+  EXPECT_LE(r.mean_kl, 1e-5);
+  EXPECT_EQ(r.top1, int(ref.n_prompt));
+  EXPECT_EQ(r.gen, ref.gen);
+}
+
+TEST_P(Qwen3MoeFixture, ExactChunkedPrefillMatches) {
+  // Prefill in chunks of 7 gives the same greedy continuation and near-identical logits.
+  const Result a = evaluate(GetParam(), MatmulMode::Exact, 7);
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
+  EXPECT_LE(a.mean_kl, 1e-5);
+  EXPECT_EQ(a.gen, ref.gen);
+}
+
+TEST_P(Qwen3MoeFixture, FastWithinLlamaCppKl) {
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
+  const Result r = evaluate(GetParam(), MatmulMode::Fast, 512);
+  const double bound = 1.5 * kLlamaKl.at(GetParam());
+  std::printf("[ fast  %-6s ] mean KL %.3e (bound %.3e = 1.5x llama.cpp), top-1 %d/%u; "
+              "KL vs llama.cpp's logits %.3e\n",
+              GetParam().c_str(), r.mean_kl, bound, r.top1, ref.n_prompt, r.kl_llama);
+  EXPECT_LE(r.mean_kl, bound);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, Qwen3MoeFixture,
+                         ::testing::Values("Q8_0", "Q4_K_M", "Q6_K", "Q2_K", "IQ4_XS", "IQ2_XS",
+                                           "IQ3_S", "IQ1_M"));
+
+}  // namespace
