@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "cpu/cpu_features.h"
 #include "cpu/half.h"
 #include "cpu/ops.h"
 
@@ -231,4 +232,43 @@ TEST(Ops, GetRowsF32AndKvStore) {
   std::vector<uint16_t> h(16);
   kv_store(KvType::F16, tbl.data(), 16, h.data());
   for (int i = 0; i < 16; ++i) EXPECT_EQ(h[i], float_to_half(tbl[i]));
+}
+
+// ggml's flash-attention arithmetic: the AVX2 kernel matches the scalar reference (up to f32 sum
+// order, which can move an f16 rounding by one step) and both stay close to plain f32 attention.
+TEST(Ops, AttentionGgmlF16KernelsAgree) {
+  const int n_head = 8, n_kv = 2, hd = 128, n_ctx = 300;
+  ThreadPool pool(2);
+  std::vector<float> scratch(size_t(pool.size()) * n_ctx);
+  for (KvType type : {KvType::F32, KvType::F16}) {
+    auto k = randn(size_t(n_ctx) * n_kv * hd, 40), v = randn(size_t(n_ctx) * n_kv * hd, 41);
+    std::vector<uint8_t> K(k.size() * kv_type_size(type)), V(v.size() * kv_type_size(type));
+    kv_store(type, k.data(), int64_t(k.size()), K.data());
+    kv_store(type, v.data(), int64_t(v.size()), V.data());
+    const std::vector<AttnKv> kv = {{K.data(), V.data(), 1}, {K.data(), V.data(), 77},
+                                    {K.data(), V.data(), 300}};
+    auto q = randn(kv.size() * n_head * hd, 42);
+    const float scale = 1.0f / std::sqrt(float(hd));
+    auto run = [&](AttnMath m, CpuLevel lvl) {
+      set_cpu_level(lvl);
+      std::vector<float> out(kv.size() * n_head * hd);
+      attention(q.data(), kv.data(), int64_t(kv.size()), n_head, n_kv, hd, hd, type, scale,
+                out.data(), scratch.data(), n_ctx, pool, m);
+      set_cpu_level(cpu_max_level());
+      return out;
+    };
+    const auto ref = run(AttnMath::F32, CpuLevel::Scalar);
+    const auto scalar = run(AttnMath::GgmlF16, CpuLevel::Scalar);
+    double d_ref = 0;
+    for (size_t i = 0; i < ref.size(); ++i) d_ref = std::max(d_ref, double(std::abs(ref[i] - scalar[i])));
+    EXPECT_LT(d_ref, 5e-3) << kv_type_name(type);
+    if (cpu_max_level() >= CpuLevel::Avx2) {
+      const auto fast = run(AttnMath::GgmlF16, CpuLevel::Avx2);
+      double d = 0;
+      for (size_t i = 0; i < ref.size(); ++i) d = std::max(d, double(std::abs(fast[i] - scalar[i])));
+      EXPECT_LT(d, 2e-3) << kv_type_name(type);
+    } else {
+      GTEST_SKIP() << "no AVX2 on this CPU";
+    }
+  }
 }

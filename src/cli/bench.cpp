@@ -58,10 +58,10 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   const auto& hp = model->hparams();
   if (a.json) {
     std::printf(
-        "{\"model\": \"%s\", \"arch\": \"%s\", \"threads\": %d, \"exact\": %s, \"batch\": %d, "
+        "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
         "\"pp\": %d, \"pp_tok_s\": %.3f, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
         "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f}\n",
-        ef.model.c_str(), hp.arch.c_str(), eng.options().n_threads, ef.exact ? "true" : "false",
+        ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
         eng.options().n_batch, a.n_prompt, pp_best, a.n_gen, tg_best, model->weight_bytes(),
         seq->memory_bytes(), eng.workspace_bytes(), (unsigned long long)peak_rss_bytes(), load_s);
   } else {

@@ -32,11 +32,17 @@ class MatmulBatch {
   void run(MatmulMode mode, ThreadPool& pool);
 
  private:
-  static constexpr int64_t kChunkRows = 64;
+  // Row chunking. strata::matmul quantizes x once per call, so every chunk re-quantizes its task's
+  // activations: tasks are split only as far as the pool needs work items (about 8 per thread over
+  // all tasks, chunks of >= kMinChunkRows rows); multi-token chunks are at most kMaxChunkRows rows
+  // (the per-thread scatter buffer).
+  static constexpr int64_t kMinChunkRows = 32;
+  static constexpr int64_t kMaxChunkRows = 1024;
   std::vector<MatmulTask> tasks_;
+  std::vector<int64_t> chunk_rows_;                  // [tasks] rows per chunk of each task
   std::vector<int64_t> first_chunk_;                 // [tasks + 1] prefix sums of chunk counts
   std::vector<std::unique_ptr<ThreadPool>> serial_;  // [n_threads] one-thread pools
-  std::vector<std::vector<float>> tmp_;              // [n_threads][max_tok * kChunkRows]
+  std::vector<std::vector<float>> tmp_;              // [n_threads][max_tok * kMaxChunkRows]
   int64_t max_tok_;
 };
 

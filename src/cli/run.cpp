@@ -1,0 +1,124 @@
+// `strata run`: generate text from a prompt. The text streams to stdout as it is generated; timing
+// (prompt and decode tok/s) goes to stderr at the end.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/engine_flags.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace strata::cli {
+namespace {
+
+struct RunArgs {
+  std::string prompt;
+  std::string system;
+  int n_predict = 128;
+  bool chat = false;
+  bool no_eos_stop = false;
+  std::vector<std::string> stops;
+  bool quiet_timing = false;
+};
+
+int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
+  STRATA_REQUIRE(!a.prompt.empty(), "empty prompt: give -p TEXT");
+  STRATA_REQUIRE(a.n_predict >= 0, "-n must be >= 0, got {}", a.n_predict);
+  const SamplingParams sp = sf.params();
+  auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const Model> model = load_model(ef.model);
+  const auto tok = tokenizer::Tokenizer::from_gguf(model->file());
+
+  std::vector<int32_t> ids;
+  if (a.chat) {
+    const ChatTemplate tmpl = ChatTemplate::from_gguf(model->file());
+    ChatRequest req;
+    if (!a.system.empty()) req.messages.push_back({{"role", "system"}, {"content", a.system}});
+    req.messages.push_back({{"role", "user"}, {"content", a.prompt}});
+    const std::string text = tmpl.render(req);
+    // The rendered template carries its own special tokens (BOS included where the template wants it).
+    ids = tok.tokenize(text, {.add_special = false, .parse_special = true});
+  } else {
+    ids = tok.tokenize(a.prompt, {.add_special = true, .parse_special = false});
+  }
+  STRATA_REQUIRE(!ids.empty(), "empty prompt: the prompt gives no tokens");
+
+  const int32_t ctx_default = std::min<int32_t>(model->hparams().n_ctx_train, 4096);
+  Engine eng(model, ef.options(std::max<int32_t>(ctx_default, 1)));
+  STRATA_REQUIRE(ids.size() + size_t(a.n_predict) <= size_t(eng.options().n_ctx),
+                 "context overflow: the prompt has {} tokens and -n asks for {} more, --ctx is {}",
+                 ids.size(), a.n_predict, eng.options().n_ctx);
+  auto seq = eng.new_sequence();
+  Sampler sampler(sp, eng.n_vocab());
+  for (int32_t t : ids) sampler.accept(t);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::vector<float> logits(static_cast<size_t>(eng.n_vocab()));
+  auto tp = std::chrono::steady_clock::now();
+  eng.prefill(*seq, ids, logits.data());
+  const double prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
+
+  tokenizer::StreamDecoder dec(tok, /*render_special=*/false);
+  StopMatcher stop(a.stops);
+  int n_gen = 0;
+  const char* why = "length";
+  auto td = std::chrono::steady_clock::now();
+  SequenceState* sp_seq = seq.get();
+  for (int i = 0; i < a.n_predict; ++i) {
+    const int32_t t = sampler.sample(logits.data());
+    sampler.accept(t);
+    ++n_gen;
+    if (!a.no_eos_stop && tok.is_eog(t)) {
+      why = "end of generation token";
+      break;
+    }
+    const std::string text = stop.feed(dec.push(t));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (stop.stopped()) {
+      why = "stop string";
+      break;
+    }
+    if (i + 1 < a.n_predict) eng.decode({&sp_seq, 1}, {&t, 1}, logits.data());
+  }
+  if (!stop.stopped()) {
+    const std::string rest = stop.feed(dec.flush());
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    const std::string held = stop.finish();
+    std::fwrite(held.data(), 1, held.size(), stdout);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+  const double decode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - td).count();
+  if (!a.quiet_timing) {
+    std::fprintf(stderr,
+                 "strata: load %.2f s | prompt %zu tokens in %.3f s (%.2f tok/s) | generated %d "
+                 "tokens in %.3f s (%.2f tok/s) | stop: %s | %d threads, %s mode\n",
+                 load_s, ids.size(), prompt_s, ids.size() / std::max(prompt_s, 1e-9), n_gen,
+                 decode_s, n_gen > 1 ? (n_gen - 1) / std::max(decode_s, 1e-9) : 0.0, why,
+                 eng.options().n_threads, ef.exact ? "exact" : "fast");
+  }
+  return 0;
+}
+
+const CommandRegistrar reg(
+    "run", "Generate text from a prompt (streams to stdout, timing on stderr)",
+    [](CLI::App& app) -> std::function<int()> {
+      auto ef = std::make_shared<EngineFlags>();
+      auto sf = std::make_shared<SamplingFlags>();
+      auto a = std::make_shared<RunArgs>();
+      ef->add(app, 4096);
+      app.add_option("-p,--prompt", a->prompt, "prompt text")->required();
+      app.add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")->capture_default_str();
+      app.add_flag("--chat", a->chat, "wrap the prompt in the model's chat template (a user turn)");
+      app.add_option("--system", a->system, "system message (with --chat)");
+      app.add_option("--stop", a->stops, "stop when this text appears (repeatable)");
+      app.add_flag("--ignore-eos", a->no_eos_stop, "do not stop at end-of-generation tokens");
+      app.add_flag("--no-timing", a->quiet_timing, "do not print timing on stderr");
+      sf->add(app);
+      return [=] { return run_run(*ef, *sf, *a); };
+    });
+
+}  // namespace
+}  // namespace strata::cli
