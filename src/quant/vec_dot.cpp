@@ -10,14 +10,18 @@ void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / QK; ++b, x += QK) {
     float amax = 0.f;
     for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.f, id = d ? 1.f / d : 0.f;
+    // As ggml's x86 quantize_row_q8_0: q = round-half-even(x * 127 / amax), and the block scale is
+    // stored in f16, so the dot uses the f16-rounded scale. Why: the fast path is measured against
+    // llama.cpp's own error (fixture KL bound); matching its activation rounding keeps routing
+    // decisions of chaotic MoE routers the same as llama.cpp's.
+    const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
     int sum = 0;
     for (int j = 0; j < QK; ++j) {
       const int v = nearest_int(x[j] * id);
       y[b].qs[j] = static_cast<int8_t>(v);
       sum += v;
     }
-    y[b].d = d;
+    y[b].d = fp16_to_fp32(fp32_to_fp16(d));
     y[b].sum = sum;
   }
 }
