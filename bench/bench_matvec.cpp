@@ -21,6 +21,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/thread_pool.h"
 #include "quant/matmul.h"
+#include "quant/vec_dot.h"
 
 using namespace strata;
 
@@ -107,6 +108,47 @@ void BM_Matmul(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, 
   state.SetLabel(fmt::format("{} bytes/matrix", w.matrix_bytes));
 }
 
+// Kernel compute throughput, one thread, weights and activations in cache (32 rows of 4096): what a core
+// does when memory is not the limit (prefill). 4-token kernels count 4 tokens per weight row.
+void BM_Kernel(benchmark::State& state, GgmlType t, int n_tok) {
+  std::mt19937 rng(9);
+  const int64_t n = 4096, rows = 32;
+  const q::DotKernel k = q::dot_kernel(t, cpu_level());
+  std::vector<uint8_t> w;
+  for (int64_t r = 0; r < rows; ++r) {
+    auto row = test::random_row(t, n, rng);
+    w.insert(w.end(), row.begin(), row.end());
+  }
+  const int64_t rb = static_cast<int64_t>(row_bytes(t, n)), xb = q::act_row_bytes(k.act, n);
+  std::vector<uint8_t> xq(4 * xb);
+  for (int i = 0; i < 4; ++i) {
+    auto x = test::random_acts(n, rng);
+    q::quantize_act_row(k.act, x.data(), xq.data() + i * xb, n);
+  }
+  float out[4];
+  for (auto _ : state) {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (n_tok == 4) k.fn4(n, w.data() + r * rb, xq.data(), xb, out, 1);
+      else out[0] = k.fn(n, w.data() + r * rb, xq.data());
+      benchmark::DoNotOptimize(out);
+    }
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(double(n) * rows * n_tok * state.iterations() / 1e9,
+                                                benchmark::Counter::kIsRate);
+}
+
+// Activation quantization (once per matmul call per token): 4096 values.
+void BM_ActQuant(benchmark::State& state, q::ActType act) {
+  std::mt19937 rng(4);
+  const auto x = test::random_acts(4096, rng);
+  std::vector<uint8_t> out(q::act_row_bytes(act, 4096));
+  for (auto _ : state) {
+    q::quantize_act_row(act, x.data(), out.data(), 4096);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["values/s"] = benchmark::Counter(4096.0 * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 // GB/s -> ratio to memcpy, added after the run (counters are rates computed by the library).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -150,6 +192,14 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("MatvecExact/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 1,
                                  MatmulMode::Exact)->UseRealTime()->Unit(benchmark::kMillisecond);
   }
+  for (GgmlType t : types) {
+    const std::string n(type_name(t));
+    if (!type_traits(t).quantized) continue;
+    benchmark::RegisterBenchmark(("Kernel1tok/" + n).c_str(), BM_Kernel, t, 1)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("Kernel4tok/" + n).c_str(), BM_Kernel, t, 4)->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("ActQuant/Q8_32/4096", BM_ActQuant, q::ActType::Q8_32)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("ActQuant/Q8_K/4096", BM_ActQuant, q::ActType::Q8_K)->Unit(benchmark::kMicrosecond);
   RatioReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();

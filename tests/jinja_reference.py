@@ -13,7 +13,8 @@ eos_token, enable_thinking (only when given), then the case's extra kwargs. Like
 function.arguments that is a JSON-object string is parsed into a dict first.
 
 Usage: jinja_reference.py CASES.json OUT.json
-CASES.json: [{"template": path, "messages": [...], "tools": [...]|null, "add_generation_prompt": bool,
+CASES.json: [{"source": template text, "vars": {...}} (rendered with exactly those variables) or
+             {"template": path, "messages": [...], "tools": [...]|null, "add_generation_prompt": bool,
               "enable_thinking": bool (optional), "bos_token": str, "eos_token": str,
               "extra": {...}, "now": unix seconds}, ...]
 OUT.json:   [{"ok": true, "text": str} | {"ok": false, "error": str}, ...]
@@ -75,6 +76,8 @@ def normalize(messages):
 
 
 def render(case, cache):
+    if "source" in case:  # an inline template rendered with exactly the given variables
+        return make_env(case.get("now", 0)).from_string(case["source"]).render(**case.get("vars", {}))
     key = (case["template"], case.get("now", 0))
     if key not in cache:
         with open(key[0], encoding="utf-8") as f:

@@ -54,6 +54,7 @@ class FakeBackend : public Backend {
   }
   std::string piece(int32_t t) const override { return std::string(1, kChars[(t - 1) % 39]); }
   bool is_end_of_generation(int32_t t) const override { return t == 0; }
+  std::vector<int32_t> end_of_generation_tokens() const override { return {0}; }
   std::string render_chat(const std::vector<ChatMessage>& msgs) const override {
     std::string s;
     for (auto& m : msgs) s += m.role + ":" + m.content + "\n";
@@ -68,7 +69,7 @@ class FakeBackend : public Backend {
     if (n > s.n_past()) throw std::runtime_error("truncate beyond n_past");
     s.tokens.resize(size_t(n));
   }
-  const float* prefill(BackendSequence& seq, const int32_t* tokens, int32_t n) override {
+  float* prefill(BackendSequence& seq, const int32_t* tokens, int32_t n) override {
     auto& s = static_cast<FakeSequence&>(seq);
     if (s.n_past() + n > info_.n_ctx) throw std::runtime_error("context overflow in fake prefill");
     s.tokens.insert(s.tokens.end(), tokens, tokens + n);

@@ -109,9 +109,12 @@ TEST(GgufFixtures, TinyQwen3MoeGeometry) {
       expect_shape(f, b + "ffn_up_exps.weight", {256, 256, 8});
       expect_shape(f, b + "ffn_down_exps.weight", {256, 256, 8});
     }
-    // Norm vectors and the router stay f32 in every quantization.
-    for (const auto& t : f.tensors())
-      if (t.n_dims == 1) EXPECT_EQ(t.type, GgmlType::F32) << t.name;
+    // llama-quantize never quantizes 1-D tensors (norms) nor the router (ffn_gate_inp).
+    for (const auto& t : f.tensors()) {
+      if (t.n_dims == 1) {
+        EXPECT_EQ(t.type, GgmlType::F32) << t.name;
+      }
+    }
     EXPECT_EQ(f.tensor("blk.0.ffn_gate_inp.weight").type, GgmlType::F32);
 
     // The expert stacks (the bulk of the file) are in the file's named type (Q4_K_M -> q4_K).
@@ -122,9 +125,11 @@ TEST(GgufFixtures, TinyQwen3MoeGeometry) {
     EXPECT_EQ(f.tensor("blk.0.ffn_gate_exps.weight").type, *expected);
     EXPECT_EQ(f.tensor("blk.1.ffn_up_exps.weight").type, *expected);
     if (ft == "Q8_0") {  // not a mix: every matrix is q8_0
-      for (const auto& t : f.tensors())
-        if (t.n_dims > 1 && t.name != "blk.0.ffn_gate_inp.weight" && t.name != "blk.1.ffn_gate_inp.weight")
+      for (const auto& t : f.tensors()) {
+        if (t.n_dims > 1 && !t.name.ends_with("ffn_gate_inp.weight")) {
           EXPECT_EQ(t.type, GgmlType::Q8_0) << t.name;
+        }
+      }
     }
   }
   EXPECT_EQ(n, 8u);

@@ -176,3 +176,24 @@ TEST(GgufWriter, RefusesWhatTheReaderWouldReject) {
   EXPECT_THROW(w.set("", uint32_t{1}), Error);
   EXPECT_EQ(w.n_tensors(), 1u);
 }
+
+TEST(GgufWriter, ProducedTensorsAreMadeAtWriteTime) {
+  Writer w;
+  int calls = 0;
+  w.add_tensor_producer("p", GgmlType::Q8_0, {64, 3}, [&](std::span<uint8_t> out) {
+    ++calls;
+    ASSERT_EQ(out.size(), 34u * 2 * 3);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7);
+  });
+  w.add_tensor("q", GgmlType::F32, {4}, std::vector<uint8_t>(16, 0xab));
+  EXPECT_EQ(calls, 0);
+  File f = File::from_bytes(w.to_bytes(), "produced");
+  EXPECT_EQ(calls, 1);
+  const TensorInfo& p = f.tensor("p");
+  ASSERT_EQ(p.nbytes, 204u);
+  for (size_t i = 0; i < p.nbytes; ++i) ASSERT_EQ(p.data[i], static_cast<uint8_t>(i * 7)) << i;
+  EXPECT_EQ(f.tensor("q").data[15], 0xab);
+  EXPECT_THROW(w.add_tensor_producer("r", GgmlType::Q8_0, {33}, [](std::span<uint8_t>) {}), Error);
+  EXPECT_THROW(w.add_tensor_producer("p", GgmlType::F32, {1}, [](std::span<uint8_t>) {}), Error);
+  EXPECT_THROW(w.add_tensor_producer("s", static_cast<GgmlType>(4), {1}, [](std::span<uint8_t>) {}), Error);
+}

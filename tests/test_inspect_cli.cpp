@@ -180,6 +180,16 @@ TEST(InspectSummary, EdgeCases) {
   const std::string text = dump_json(s);  // must not throw on the invalid UTF-8
   EXPECT_NE(text.find("bad \xEF\xBF\xBD"), std::string::npos);
   EXPECT_NE(render_text(s).find("architecture  (none)"), std::string::npos);
+  // Control bytes in strings are escaped in the text view; long values are cut on a UTF-8 boundary.
+  Writer w2;
+  w2.set("general.architecture", "a");
+  w2.set("general.name", std::string("x\x1b[2Jy"));
+  w2.set("general.description", std::string(56, 'a') + "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9");
+  const File f2 = File::from_bytes(w2.to_bytes(), "ctl");
+  const std::string t2 = render_text(summarize(f2));
+  EXPECT_EQ(t2.find('\x1b'), std::string::npos);
+  EXPECT_NE(t2.find("x\\x1b[2Jy"), std::string::npos) << t2;
+  EXPECT_NE(t2.find(std::string(56, 'a') + "..."), std::string::npos) << t2;
   EXPECT_EQ(file_type_name(15), "Q4_K_M");
   EXPECT_EQ(file_type_name(4), "");
 }

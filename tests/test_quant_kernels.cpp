@@ -113,10 +113,9 @@ TEST(QuantKernels, SimdKernelsMatchScalar) {
   std::printf("compared %d SIMD rows\n", compared);
 }
 
-// The formats that the engine's speed depends on must have a SIMD kernel at every level the CPU has.
-TEST(QuantKernels, PriorityFormatsHaveSimdKernels) {
-  const GgmlType prio[] = {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::Q4_0};
-  for (GgmlType t : prio) {
+// Every weight format has a SIMD kernel at every level the CPU has (none falls back to scalar code).
+TEST(QuantKernels, EveryFormatHasSimdKernels) {
+  for (GgmlType t : kFastTypes) {
     if (cpu_max_level() >= CpuLevel::Avx2) EXPECT_NE(q::vec_dot_avx2(t), nullptr) << type_name(t);
     if (cpu_max_level() >= CpuLevel::Avx512) EXPECT_NE(q::vec_dot_avx512(t), nullptr) << type_name(t);
   }
@@ -170,5 +169,71 @@ TEST(QuantMatmul, BadInputsAreErrors) {
     FAIL() << "TQ1_0 has no kernel and must be an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported type tq1_0"), std::string::npos) << e.what();
+  }
+}
+
+// The 4-token kernels decode each weight block once for 4 activation rows; per token they run the
+// same operations as the single-token kernel, so the results must be bit-identical.
+TEST(QuantKernels, FourTokenKernelsBitIdenticalToSingle) {
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
+    if (level > cpu_max_level()) continue;
+    for (GgmlType t : kFastTypes) {
+      q::VecDot4Fn fn4 = level == CpuLevel::Avx2 ? q::vec_dot4_avx2(t) : q::vec_dot4_avx512(t);
+      q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
+      if (!fn4) continue;
+      const q::ActType act = q::act_type_for(t);
+      for (int64_t n : {256, 4096}) {
+        auto w = test::random_row(t, n, rng);
+        const int64_t xb = q::act_row_bytes(act, n);
+        std::vector<uint8_t> xq(4 * xb);
+        for (int k = 0; k < 4; ++k) {
+          auto x = test::random_acts(n, rng);
+          q::quantize_act_row(act, x.data(), xq.data() + k * xb, n);
+        }
+        float out[8];
+        fn4(n, w.data(), xq.data(), xb, out, 2);  // strided output
+        for (int k = 0; k < 4; ++k) {
+          ASSERT_EQ(out[2 * k], fn(n, w.data(), xq.data() + k * xb)) << cpu_level_name(level) << " " << type_name(t);
+          ++checked;
+        }
+      }
+    }
+  }
+  std::printf("checked %d four-token dots\n", checked);
+}
+
+// matmul_many runs a batch (e.g. a MoE layer's experts, of mixed types and token counts) in one
+// parallel region; each job's result must equal a separate matmul call bit for bit.
+TEST(QuantMatmul, ManyEqualsSeparateCalls) {
+  std::mt19937 rng(21);
+  ThreadPool pool(2);
+  const GgmlType types[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::IQ3_S, GgmlType::BF16};
+  std::vector<std::vector<uint8_t>> ws;
+  std::vector<std::vector<float>> xs, ys, refs;
+  std::vector<MatmulJob> jobs;
+  for (int i = 0; i < 10; ++i) {
+    const GgmlType t = types[i % 5];
+    const int64_t rows = 19 + 7 * i, cols = 512, n_tok = i % 4;  // includes n_tok 0
+    std::vector<uint8_t> w;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto row = test::random_row(t, cols, rng);
+      w.insert(w.end(), row.begin(), row.end());
+    }
+    ws.push_back(std::move(w));
+    xs.push_back(test::random_acts(cols * n_tok, rng));
+    ys.emplace_back(rows * n_tok, -1.f);
+    refs.emplace_back(rows * n_tok, -2.f);
+  }
+  for (int i = 0; i < 10; ++i)
+    jobs.push_back({types[i % 5], ws[i].data(), 19 + 7 * i, 512, xs[i].data(), i % 4, ys[i].data()});
+  for (MatmulMode mode : {MatmulMode::Fast, MatmulMode::Exact}) {
+    matmul_many(jobs.data(), static_cast<int64_t>(jobs.size()), mode, pool);
+    for (int i = 0; i < 10; ++i) {
+      const auto& j = jobs[i];
+      matmul(j.type, j.w, j.rows, j.cols, j.x, j.n_tok, refs[i].data(), mode, pool);
+      EXPECT_EQ(ys[i], refs[i]) << "job " << i;
+    }
   }
 }

@@ -53,7 +53,8 @@ TEST(ServerApi, ParsesAFullChatRequest) {
 }
 
 TEST(ServerApi, ParsesCompletionsAndMessages) {
-  auto c = parse_generation_request(kComp, R"({"prompt": ["Once"], "echo": true, "stop": ["a", "b"]})");
+  auto c = parse_generation_request(kComp, R"({"prompt": ["Once"], "echo": true, "stop": ["a", "b"], "ignore_eos": true})");
+  EXPECT_TRUE(c.ignore_eos);
   EXPECT_FALSE(c.is_chat);
   EXPECT_EQ(c.prompt, "Once");
   EXPECT_EQ(*c.max_tokens, 16);  // OpenAI's default for this endpoint

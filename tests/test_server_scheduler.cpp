@@ -242,6 +242,12 @@ TEST(ServerScheduler, EndOfGenerationAndContextLimit) {
   wait(*j);
   EXPECT_EQ(j->finish, FinishReason::Eos);
   EXPECT_EQ(j->text, "");
+  auto forced = make_job(b, "abc", 10);
+  forced->ignore_eos = true;  // the end-of-generation token is masked out
+  s.submit(forced);
+  wait(*forced);
+  EXPECT_EQ(forced->finish, FinishReason::Length);
+  EXPECT_EQ(forced->usage.completion_tokens, 10);
   b.eos_bias = 0.0f;
   auto k = make_job(b, std::string(60, 'q'), 1000);  // 60 + 4 = n_ctx
   s.submit(k);

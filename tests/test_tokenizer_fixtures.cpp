@@ -73,7 +73,7 @@ std::string random_utf8(std::mt19937& rng, int max_chars) {
   return s;
 }
 
-class Qwen2Vocab : public testing::Test {
+class TokenizerQwen2Vocab : public testing::Test {
  protected:
   static void SetUpTestSuite() {
     file_ = new gguf::File(gguf::File::open(kQwen2Vocab));
@@ -86,12 +86,12 @@ class Qwen2Vocab : public testing::Test {
   static gguf::File* file_;
   static Tokenizer* tok_;
 };
-gguf::File* Qwen2Vocab::file_ = nullptr;
-Tokenizer* Qwen2Vocab::tok_ = nullptr;
+gguf::File* TokenizerQwen2Vocab::file_ = nullptr;
+Tokenizer* TokenizerQwen2Vocab::tok_ = nullptr;
 
 }  // namespace
 
-TEST_F(Qwen2Vocab, MetadataAsInTheFile) {
+TEST_F(TokenizerQwen2Vocab, MetadataAsInTheFile) {
   EXPECT_EQ(tok_->n_vocab(), 151936);
   EXPECT_EQ(tok_->pre(), "qwen2");
   EXPECT_EQ(tok_->bos(), 151643);
@@ -101,7 +101,7 @@ TEST_F(Qwen2Vocab, MetadataAsInTheFile) {
   EXPECT_TRUE(tok_->is_eog(151645));  // <|im_end|>
 }
 
-TEST_F(Qwen2Vocab, EveryFixtureStringGivesLlamaCppIds) {
+TEST_F(TokenizerQwen2Vocab, EveryFixtureStringGivesLlamaCppIds) {
   const auto inputs = read_inp(kQwen2Vocab + ".inp");
   const auto expected = read_out(kQwen2Vocab + ".out");
   ASSERT_GE(inputs.size(), 40u);
@@ -122,7 +122,7 @@ TEST_F(Qwen2Vocab, EveryFixtureStringGivesLlamaCppIds) {
   EXPECT_EQ(exact, int(inputs.size()));
 }
 
-TEST_F(Qwen2Vocab, RoundTripAndReferenceBpeOnRandomUtf8) {
+TEST_F(TokenizerQwen2Vocab, RoundTripAndReferenceBpeOnRandomUtf8) {
   ReferenceBpe ref(*file_, *tok_);
   std::mt19937 rng(20240611);
   for (int iter = 0; iter < 3000; ++iter) {
@@ -133,7 +133,7 @@ TEST_F(Qwen2Vocab, RoundTripAndReferenceBpeOnRandomUtf8) {
   }
 }
 
-TEST_F(Qwen2Vocab, ArbitraryBytesAreKeptByteForByte) {
+TEST_F(TokenizerQwen2Vocab, ArbitraryBytesAreKeptByteForByte) {
   std::mt19937 rng(99);
   for (int iter = 0; iter < 2000; ++iter) {
     std::string raw;
@@ -145,7 +145,7 @@ TEST_F(Qwen2Vocab, ArbitraryBytesAreKeptByteForByte) {
   }
 }
 
-TEST_F(Qwen2Vocab, SpecialTokensOnlyWhenAsked) {
+TEST_F(TokenizerQwen2Vocab, SpecialTokensOnlyWhenAsked) {
   const std::string s = "<|im_start|>user\nHi<|im_end|>";
   const Ids with = tok_->tokenize(s, {.parse_special = true});
   ASSERT_GE(with.size(), 3u);

@@ -63,6 +63,12 @@ TEST(TokenizerPreTok, Gpt4oSplitsCamelCase) {
   EXPECT_EQ(split("gpt-4o", "HelloWorld it's"), (V{"Hello", "World", " it's"}));
 }
 
+TEST(TokenizerPreTok, KimiK2SplitsHanFromOtherLetters) {
+  const std::string han = "\xE4\xB8\x96\xE7\x95\x8C";  // two Han characters
+  EXPECT_EQ(split("kimi-k2", "Hello" + han + " it's"), (V{"Hello", han, " it's"}));
+  EXPECT_EQ(split("gpt-4o", "Hello" + han), (V{"Hello" + han}));  // Han is \p{Lo} there
+}
+
 TEST(TokenizerPreTok, PiecesCoverAnyInputExactly) {
   std::mt19937 rng(7);
   const std::string alphabet[] = {"a", "Z", " ", "  ", "\n", "\r\n", "\t", "7", "'s", ".",
@@ -99,4 +105,21 @@ TEST(TokenizerPreTok, UnknownNameIsAClearError) {
   }
   for (const char* n : {"qwen2", "qwen35", "llama3", "llama-bpe", "deepseek-llm", "deepseek-v3"})
     EXPECT_TRUE(PreTokenizer::is_supported(n)) << n;
+}
+
+// Long runs of one class must neither fail (PCRE2's match limit) nor lose text, for every family.
+TEST(TokenizerPreTok, LongRunsSplitWithoutError) {
+  const std::string runs[] = {std::string(200000, ' ') + "\xE4\xB8\xAD" + "x",
+                              std::string(200000, 'a'), std::string(100000, '1'),
+                              std::string(100000, '\n') + "a", std::string(50000, '!') + " "};
+  for (const auto& name : PreTokenizer::supported_names()) {
+    PreTokenizer p(name);
+    for (const auto& text : runs) {
+      std::vector<Piece> pieces;
+      ASSERT_NO_THROW(p.split(text, pieces)) << name;
+      size_t total = 0;
+      for (auto& x : pieces) total += x.length;
+      EXPECT_EQ(total, text.size()) << name;
+    }
+  }
 }

@@ -366,51 +366,6 @@ void gated_rms_norm(const float* x, const float* z, const float* w, int64_t n_ro
   }
 }
 
-// ---- partial NeoX RoPE -----------------------------------------------------------------------------
-
-void rope_neox_partial_ref(float* x, int64_t n_tok, int64_t n_head, int64_t D, const int32_t* pos,
-                           int n_rot, float base) {
-  STRATA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= D,
-                 "rope: rotary dims {} must be even and within the head size {}", n_rot, D);
-  const int half = n_rot / 2;
-  for (int64_t t = 0; t < n_tok; ++t)
-    for (int64_t hd = 0; hd < n_head; ++hd) {
-      float* xh = x + (t * n_head + hd) * D;
-      for (int i = 0; i < half; ++i) {
-        const double theta = double(pos[t]) * std::pow(double(base), -2.0 * i / n_rot);
-        const double c = std::cos(theta), sn = std::sin(theta);
-        const double x0 = xh[i], x1 = xh[i + half];
-        xh[i] = float(x0 * c - x1 * sn);
-        xh[i + half] = float(x0 * sn + x1 * c);
-      }
-    }
-}
-
-void rope_neox_partial(float* x, int64_t n_tok, int64_t n_head, int64_t D, const int32_t* pos,
-                       int n_rot, float base) {
-  STRATA_REQUIRE(n_rot > 0 && n_rot % 2 == 0 && n_rot <= D,
-                 "rope: rotary dims {} must be even and within the head size {}", n_rot, D);
-  const int half = n_rot / 2;
-  // Why: the angles depend on the token only, so cos/sin are computed once per token for all heads.
-  thread_local std::vector<float> cs;
-  if (cs.size() < size_t(n_rot)) cs.resize(n_rot);
-  for (int64_t t = 0; t < n_tok; ++t) {
-    for (int i = 0; i < half; ++i) {
-      const double theta = double(pos[t]) * std::pow(double(base), -2.0 * i / n_rot);
-      cs[i] = float(std::cos(theta));
-      cs[half + i] = float(std::sin(theta));
-    }
-    for (int64_t hd = 0; hd < n_head; ++hd) {
-      float* xh = x + (t * n_head + hd) * D;
-      for (int i = 0; i < half; ++i) {
-        const float x0 = xh[i], x1 = xh[i + half];
-        xh[i] = x0 * cs[i] - x1 * cs[half + i];
-        xh[i + half] = x0 * cs[half + i] + x1 * cs[i];
-      }
-    }
-  }
-}
-
 // ---- gated attention, shared expert gate -------------------------------------------------------------
 
 void split_q_gate(const float* qg, int64_t n_tok, int64_t n_head, int64_t D, float* q, float* gate) {

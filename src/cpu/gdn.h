@@ -95,14 +95,7 @@ void gated_rms_norm(const float* x, const float* z, const float* w, int64_t n_ro
 void gated_rms_norm_ref(const float* x, const float* z, const float* w, int64_t n_rows, int64_t D,
                         float eps, float* y);
 
-// ---- partial NeoX RoPE (rope.dimension_count < head size) ----------------------------------------
-//   x:   [n_tok][n_head][D], in place; only the first n_rot dims of each head rotate, as NeoX pairs
-//        (i, i + n_rot/2), angle pos * base^(-2i/n_rot); dims n_rot..D pass through.
-//   pos: [n_tok]
-void rope_neox_partial(float* x, int64_t n_tok, int64_t n_head, int64_t D, const int32_t* pos,
-                       int n_rot, float base);
-void rope_neox_partial_ref(float* x, int64_t n_tok, int64_t n_head, int64_t D, const int32_t* pos,
-                           int n_rot, float base);
+// Partial NeoX RoPE (rope.dimension_count < head size) is cpu::rope_neox (cpu/ops.h) with n_rot.
 
 // ---- gated attention (qwen3next full-attention layers) -----------------------------------------------
 //   qg:   [n_tok][H][2*D]  attn_q output: per head the query (D) then its output gate (D)

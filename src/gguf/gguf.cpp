@@ -129,6 +129,7 @@ struct File::Impl {
   uint64_t size = 0;
   void* mapping = nullptr;  // owned mmap (File::open); nullptr for from_memory
   size_t mapping_size = 0;
+  std::vector<uint8_t> owned;  // from_bytes
   uint32_t version = 0;
   uint64_t alignment = kDefaultAlignment;
   uint64_t data_offset = 0;
@@ -337,6 +338,16 @@ File File::from_memory(const uint8_t* data, size_t size, std::string name) {
   f.impl_->path = std::move(name);
   f.impl_->data = data;
   f.impl_->size = size;
+  f.impl_->parse();
+  return f;
+}
+
+File File::from_bytes(std::vector<uint8_t> bytes, std::string name) {
+  File f;
+  f.impl_->path = std::move(name);
+  f.impl_->owned = std::move(bytes);
+  f.impl_->data = f.impl_->owned.data();
+  f.impl_->size = f.impl_->owned.size();
   f.impl_->parse();
   return f;
 }

@@ -9,6 +9,7 @@
 //   f.get_or<float>("x.eps", 1e-6f)             // default when missing (throws on a wrong type)
 //   f.get_array<std::string>("tokenizer.ggml.tokens"), f.get_array<int32_t>(...), f.get_array<float>(...)
 //   const TensorInfo* t = f.find_tensor("blk.0.attn_q.weight");  t->data points into the mapping
+// A File is immutable after open: const methods are safe to call from many threads at once.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -75,6 +76,8 @@ class File {
   static File open(const std::string& path);          // mmap + parse + validate
   // Parses an in-memory image (fuzzing, tests). The bytes must outlive the File.
   static File from_memory(const uint8_t* data, size_t size, std::string name = "<memory>");
+  // Same, owning the bytes (e.g. a file made by gguf::Writer::to_bytes() in a test).
+  static File from_bytes(std::vector<uint8_t> bytes, std::string name = "<memory>");
 
   File(File&&) noexcept;
   File& operator=(File&&) noexcept;

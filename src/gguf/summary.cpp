@@ -75,10 +75,20 @@ std::string human_count(uint64_t n) {
 
 // Scalars and short arrays in one line for the text view.
 std::string short_value(const json& v, size_t max_chars = 60) {
-  std::string s = v.is_string() ? v.get<std::string>() : dump_json(v, -1);
-  for (char& c : s)
-    if (c == '\n' || c == '\r' || c == '\t') c = ' ';
-  if (s.size() > max_chars) s = s.substr(0, max_chars - 3) + "...";
+  const std::string raw = v.is_string() ? v.get<std::string>() : dump_json(v, -1);
+  // Control bytes from the file never reach the terminal as such (no escape-sequence injection).
+  std::string s;
+  for (char c : raw) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n' || c == '\r' || c == '\t') s += ' ';
+    else if (u < 0x20 || u == 0x7f) s += fmt::format("\\x{:02x}", u);
+    else s += c;
+  }
+  if (s.size() > max_chars) {
+    size_t cut = max_chars - 3;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8 chars
+    s = s.substr(0, cut) + "...";
+  }
   return s;
 }
 
@@ -307,6 +317,20 @@ std::string render_text(const json& s) {
     add_line(o, "  chat template: {}", t["has_chat_template"].get<bool>()
                                     ? fmt::format("yes ({} bytes)", t["chat_template_bytes"].get<uint64_t>())
                                     : std::string("no"));
+  }
+
+  // The remaining keys (general.*, tokenizer.*, ...): type and a one-line value.
+  const std::string arch_prefix = s["architecture"].is_null() ? "" : s["architecture"].get<std::string>() + ".";
+  bool header = false;
+  for (const json& m : s["metadata"]) {
+    const std::string key = m["key"];
+    if (!arch_prefix.empty() && key.starts_with(arch_prefix)) continue;
+    if (!header) add_line(o, "\nother metadata");
+    header = true;
+    const std::string value = m.contains("count")
+                                  ? fmt::format("[{}] {}", m["count"].get<uint64_t>(), short_value(m["head"], 50))
+                                  : short_value(m["value"]);
+    add_line(o, "  {:<40} {:<16} {}", short_value(m["key"], 40), m["type"].get<std::string>(), value);
   }
 
   if (!s["tensors"].empty()) {

@@ -206,7 +206,7 @@ void Writer::check_tensor(const std::string& name, GgmlType type, const std::vec
 void Writer::add_tensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                         std::span<const uint8_t> bytes) {
   check_tensor(name, type, dims, bytes.size());
-  Tensor t{name, type, dims, nullptr, bytes.size(), std::vector<uint8_t>(bytes.begin(), bytes.end())};
+  Tensor t{name, type, dims, nullptr, bytes.size(), std::vector<uint8_t>(bytes.begin(), bytes.end()), {}};
   tensors_.push_back(std::move(t));
   tensor_names_.insert(name);
 }
@@ -214,8 +214,29 @@ void Writer::add_tensor(const std::string& name, GgmlType type, const std::vecto
 void Writer::add_tensor_view(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                              const uint8_t* data, uint64_t nbytes) {
   check_tensor(name, type, dims, nbytes);
-  tensors_.push_back(Tensor{name, type, dims, data, nbytes, {}});
+  tensors_.push_back(Tensor{name, type, dims, data, nbytes, {}, {}});
   tensor_names_.insert(name);
+}
+
+void Writer::add_tensor_producer(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
+                                 TensorProducer produce) {
+  STRATA_REQUIRE(produce != nullptr, "gguf writer: tensor '{}': no producer", name);
+  // Validate the shape first (with a byte count that passes), then record the real size.
+  STRATA_REQUIRE(type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
+                 name, static_cast<uint32_t>(type));
+  check_tensor(name, type, dims, expected_bytes(type, dims));
+  tensors_.push_back(Tensor{name, type, dims, nullptr, expected_bytes(type, dims), {}, std::move(produce)});
+  tensor_names_.insert(name);
+}
+
+// Bytes of a tensor of `dims` (validated by check_tensor); 0 when the shape is invalid.
+uint64_t Writer::expected_bytes(GgmlType type, const std::vector<uint64_t>& dims) {
+  if (dims.empty() || dims.size() > 4) return 0;
+  const auto& tt = type_traits(type);
+  std::optional<uint64_t> rows = 1;
+  for (size_t i = 1; i < dims.size(); ++i) rows = rows ? checked_mul(*rows, dims[i]) : std::nullopt;
+  if (!rows || dims[0] % tt.block_size) return 0;
+  return checked_mul(dims[0] / tt.block_size * tt.type_size, *rows).value_or(0);
 }
 
 void Writer::write_to(const std::function<void(const void*, size_t)>& sink) const {
@@ -242,8 +263,15 @@ void Writer::write_to(const std::function<void(const void*, size_t)>& sink) cons
   // A file without tensors ends with its metadata (as gguf-py writes vocabulary files).
   if (tensors_.empty()) return;
   o.zeros(pad_to(o.pos, align) - o.pos);
+  std::vector<uint8_t> produced;
   for (const Tensor& t : tensors_) {
-    o.bytes(t.owned.empty() ? t.data : t.owned.data(), t.nbytes);
+    if (t.produce) {
+      produced.assign(t.nbytes, 0);
+      t.produce(std::span<uint8_t>(produced.data(), produced.size()));
+      o.bytes(produced.data(), t.nbytes);
+    } else {
+      o.bytes(t.owned.empty() ? t.data : t.owned.data(), t.nbytes);
+    }
     o.zeros(pad_to(t.nbytes, align) - t.nbytes);
   }
 }

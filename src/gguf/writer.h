@@ -54,6 +54,11 @@ class Writer {
                   std::span<const uint8_t> bytes);  // copies the bytes
   void add_tensor_view(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                        const uint8_t* data, uint64_t nbytes);  // no copy: data must outlive write()
+  // The bytes are made at write time, one tensor at a time, by `produce` (it must fill all of `out`),
+  // so a tool converting a model larger than memory holds one tensor at once.
+  using TensorProducer = std::function<void(std::span<uint8_t> out)>;
+  void add_tensor_producer(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
+                           TensorProducer produce);
   size_t n_tensors() const { return tensors_.size(); }
 
   // Streams the file to `sink` in order; to_bytes() collects it, write() puts it at `path` (through a
@@ -70,7 +75,9 @@ class Writer {
     const uint8_t* data;             // owned.data() or a caller's buffer
     uint64_t nbytes;
     std::vector<uint8_t> owned;
+    TensorProducer produce;          // set for add_tensor_producer
   };
+  static uint64_t expected_bytes(GgmlType type, const std::vector<uint64_t>& dims);
   void check_tensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& dims,
                     uint64_t nbytes) const;
   std::vector<KeyValue> kv_;

@@ -3,10 +3,11 @@
 #include <fmt/ranges.h>
 
 #include "model/qwen3moe.h"
+#include "model/qwen3next.h"
 
 namespace strata {
 
-std::vector<std::string> supported_architectures() { return {"qwen3moe"}; }
+std::vector<std::string> supported_architectures() { return {"qwen3moe", "qwen3next"}; }
 
 std::unique_ptr<Model> load_model(gguf::File file) {
   const gguf::Value* a = file.find("general.architecture");
@@ -14,6 +15,7 @@ std::unique_ptr<Model> load_model(gguf::File file) {
                  "{}: missing string metadata 'general.architecture'", file.path());
   const std::string arch = a->str;
   if (arch == "qwen3moe") return make_qwen3moe(std::move(file));
+  if (arch == "qwen3next") return make_qwen3next(std::move(file));
   fail("{}: unknown architecture '{}' (supported: {})", file.path(), arch,
        fmt::join(supported_architectures(), ", "));
 }

@@ -1,8 +1,10 @@
 // y[t][r] = sum_c W[r][c] * x[t][c], exact (dequantize + f32) or fast (integer kernels, quantized x).
 //
-// Work split: rows are cut into chunks handed out by the thread pool. Inside a chunk, tokens are walked
-// in tiles and, for each weight row, every token of the tile is done while the row is hot in L1: the
-// weights stream from memory once per call whatever n_tok is (decode and small-batch prefill alike).
+// Work split: the rows of every job are cut into chunks of kRowGrain rows, and the pool hands the
+// chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
+// of the pool). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
+// of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
+// the weights stream from memory once per call whatever n_tok is.
 #include "quant/matmul.h"
 
 #include <algorithm>
@@ -20,7 +22,7 @@ constexpr int64_t kRowGrain = 16;  // rows per work item: ~36 KiB of Q4_K at 409
 constexpr int64_t kTokTile = 32;   // tokens per tile: their quantized rows stay in L2 across a row chunk
 
 float dot_f32_rows(const float* a, const float* b, int64_t n) {
-  // 8 independent partial sums (auto-vectorizable, and fewer rounding steps than one running sum).
+  // 8 independent partial sums (vectorizable, and fewer rounding steps than one running sum).
   float acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -30,59 +32,102 @@ float dot_f32_rows(const float* a, const float* b, int64_t n) {
   return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
-void check_args(GgmlType type, int64_t rows, int64_t cols, int64_t n_tok) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
-  STRATA_REQUIRE(tt != nullptr, "matmul: unknown type id {}", static_cast<uint32_t>(type));
-  STRATA_REQUIRE(rows >= 0 && cols >= 0 && n_tok >= 0, "matmul: negative shape {}x{} n_tok {}", rows, cols, n_tok);
-  STRATA_REQUIRE(cols % tt->block_size == 0, "matmul: {} columns is not a multiple of the {} block size {}", cols,
+void check_job(const MatmulJob& j) {
+  const TypeTraits* tt = type_traits(static_cast<uint32_t>(j.type));
+  STRATA_REQUIRE(tt != nullptr, "matmul: unknown type id {}", static_cast<uint32_t>(j.type));
+  STRATA_REQUIRE(j.rows >= 0 && j.cols >= 0 && j.n_tok >= 0, "matmul: negative shape {}x{} n_tok {}", j.rows, j.cols,
+                 j.n_tok);
+  STRATA_REQUIRE(j.cols % tt->block_size == 0, "matmul: {} columns is not a multiple of the {} block size {}", j.cols,
                  tt->name, tt->block_size);
 }
 
-// Exact mode: each row dequantized once into a per-thread f32 buffer, then dotted with every token.
-void matmul_exact(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok,
-                  float* y, ThreadPool& pool) {
-  STRATA_REQUIRE(can_dequantize(type), "matmul: unsupported type {}", type_name(type));
-  const int64_t rb = static_cast<int64_t>(row_bytes(type, cols));
-  pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) {
+struct Prepared {
+  q::DotKernel k;          // k.fn == nullptr: exact path (dequantize + f32)
+  int64_t row_bytes = 0;   // bytes of one weight row
+  int64_t xb = 0;          // bytes of one quantized activation row
+  int64_t xq_offset = 0;   // where this job's quantized activations start in the shared buffer
+};
+
+struct Chunk {
+  int64_t job, r0, r1;
+};
+
+void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, int64_t r0, int64_t r1) {
+  const auto* wb = static_cast<const uint8_t*>(j.w);
+  if (!p.k.fn) {  // exact mode (or no integer kernel): each row dequantized once, dotted with every token
     thread_local std::vector<float> row;  // [cols] f32; grows once, reused across calls
-    if (static_cast<int64_t>(row.size()) < cols) row.resize(cols);
+    if (static_cast<int64_t>(row.size()) < j.cols) row.resize(j.cols);
     for (int64_t r = r0; r < r1; ++r) {
-      dequantize_row(type, w + r * rb, row.data(), cols);
-      for (int64_t t = 0; t < n_tok; ++t) y[t * rows + r] = dot_f32_rows(row.data(), x + t * cols, cols);
+      dequantize_row(j.type, wb + r * p.row_bytes, row.data(), j.cols);
+      for (int64_t t = 0; t < j.n_tok; ++t) j.y[t * j.rows + r] = dot_f32_rows(row.data(), j.x + t * j.cols, j.cols);
     }
-  });
+    return;
+  }
+  for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokTile) {
+    const int64_t t1 = std::min(j.n_tok, t0 + kTokTile);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wr = wb + r * p.row_bytes;
+      int64_t t = t0;
+      if (p.k.fn4)  // 4 tokens per weight decode
+        for (; t + 4 <= t1; t += 4) p.k.fn4(j.cols, wr, xq + t * p.xb, p.xb, j.y + t * j.rows + r, j.rows);
+      for (; t < t1; ++t) j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + t * p.xb);
+    }
+  }
 }
 
 }  // namespace
 
-void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok, float* y,
-            MatmulMode mode, ThreadPool& pool) {
-  check_args(type, rows, cols, n_tok);
-  if (rows == 0 || n_tok == 0) return;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  const q::DotKernel k = mode == MatmulMode::Fast ? q::dot_kernel(type, cpu_level()) : q::DotKernel{};
-  if (!k.fn) {  // exact mode, or a type without an integer kernel: dequantize + f32 (still correct)
-    matmul_exact(type, wb, rows, cols, x, n_tok, y, pool);
-    return;
-  }
-  // Quantize the activations once per call: [n_tok][xb bytes].
-  const int64_t xb = q::act_row_bytes(k.act, cols);
+void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadPool& pool) {
+  STRATA_REQUIRE(n_jobs >= 0 && (jobs || n_jobs == 0), "matmul: bad job list");
+  thread_local std::vector<Prepared> prep;
+  thread_local std::vector<Chunk> chunks;
   thread_local std::vector<uint8_t> xq_buf;
-  if (static_cast<int64_t>(xq_buf.size()) < xb * n_tok) xq_buf.resize(xb * n_tok);
+  prep.assign(n_jobs, Prepared{});
+  chunks.clear();
+  int64_t xq_total = 0;
+  const CpuLevel level = cpu_level();
+  for (int64_t i = 0; i < n_jobs; ++i) {
+    const MatmulJob& j = jobs[i];
+    check_job(j);
+    Prepared& p = prep[i];
+    if (mode == MatmulMode::Fast) p.k = q::dot_kernel(j.type, level);
+    if (!p.k.fn)
+      STRATA_REQUIRE(can_dequantize(j.type), "matmul: unsupported type {}", type_name(j.type));
+    p.row_bytes = static_cast<int64_t>(row_bytes(j.type, j.cols));
+    if (p.k.fn) {
+      p.xb = q::act_row_bytes(p.k.act, j.cols);
+      p.xq_offset = xq_total;
+      xq_total += p.xb * j.n_tok;
+    }
+    if (j.n_tok > 0)
+      for (int64_t r = 0; r < j.rows; r += kRowGrain) chunks.push_back({i, r, std::min(j.rows, r + kRowGrain)});
+  }
+  if (chunks.empty()) return;
+  // Quantize every job's activations once: [job][n_tok][xb bytes].
+  if (static_cast<int64_t>(xq_buf.size()) < xq_total) xq_buf.resize(xq_total);
   uint8_t* xq = xq_buf.data();
-  pool.parallel_for(n_tok, 4, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; ++t) q::quantize_act_row(k.act, x + t * cols, xq + t * xb, cols);
-  });
-  const int64_t rb = static_cast<int64_t>(row_bytes(type, cols));
-  pool.parallel_for(rows, kRowGrain, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
-      const int64_t t1 = std::min(n_tok, t0 + kTokTile);
-      for (int64_t r = r0; r < r1; ++r) {
-        const uint8_t* wr = wb + r * rb;
-        for (int64_t t = t0; t < t1; ++t) y[t * rows + r] = k.fn(cols, wr, xq + t * xb);
-      }
+  const Prepared* pp = prep.data();
+  for (int64_t i = 0; i < n_jobs; ++i) {
+    const MatmulJob& j = jobs[i];
+    if (!pp[i].k.fn || j.n_tok == 0) continue;
+    pool.parallel_for(j.n_tok, 8, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t)
+        q::quantize_act_row(pp[i].k.act, j.x + t * j.cols, xq + pp[i].xq_offset + t * pp[i].xb, j.cols);
+    });
+  }
+  const Chunk* cs = chunks.data();
+  pool.parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = cs[c];
+      run_chunk(jobs[ch.job], pp[ch.job], xq + pp[ch.job].xq_offset, ch.r0, ch.r1);
     }
   });
+}
+
+void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok, float* y,
+            MatmulMode mode, ThreadPool& pool) {
+  const MatmulJob job{type, w, rows, cols, x, n_tok, y};
+  matmul_many(&job, 1, mode, pool);
 }
 
 }  // namespace strata

@@ -5,6 +5,7 @@
 // Exact mode: each weight row is dequantized to f32 and accumulated in f32 against unquantized x
 // (the reference every other path is measured against). Fast mode: the best kernel this CPU has
 // (AVX-512 / AVX2 / scalar, picked at run time), which may quantize x per block like ggml does.
+// Formats and tolerances: docs/quant.md. Bad shapes or an unsupported type throw strata::Error.
 #include <cstdint>
 
 #include "cpu/thread_pool.h"
@@ -16,5 +17,20 @@ enum class MatmulMode { Exact, Fast };
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok,
             float* y, MatmulMode mode, ThreadPool& pool);
+
+// One product of a batch (shapes as above).
+struct MatmulJob {
+  GgmlType type;
+  const void* w;       // [rows][cols] in `type`
+  int64_t rows, cols;
+  const float* x;      // [n_tok][cols]
+  int64_t n_tok;
+  float* y;            // [n_tok][rows]
+};
+
+// Independent products in one parallel region: one wake-up of the pool for all of them (e.g. the gate
+// and up projections of every routed expert of a MoE layer). Results equal matmul() on each job.
+// Not re-entrant on the same pool (like ThreadPool::parallel_for).
+void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadPool& pool);
 
 }  // namespace strata

@@ -6,11 +6,6 @@
 
 namespace strata::q {
 
-namespace {
-// Round to nearest, ties to even (the default FP rounding mode), like ggml's nearest_int.
-inline int nearest_int(float v) { return static_cast<int>(std::nearbyintf(v)); }
-}  // namespace
-
 void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / QK; ++b, x += QK) {
     float amax = 0.f;
@@ -94,8 +89,10 @@ DotKernel dot_kernel(GgmlType type, CpuLevel level) {
   k.act = act_type_for(type);
   if (level >= CpuLevel::Avx512 && (k.fn = vec_dot_avx512(type))) {
     k.level = CpuLevel::Avx512;
+    k.fn4 = vec_dot4_avx512(type);
   } else if (level >= CpuLevel::Avx2 && (k.fn = vec_dot_avx2(type))) {
     k.level = CpuLevel::Avx2;
+    k.fn4 = vec_dot4_avx2(type);
   } else {
     k.fn = vec_dot_scalar(type);
     k.level = CpuLevel::Scalar;

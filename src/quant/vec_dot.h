@@ -41,8 +41,14 @@ void quantize_act_row(ActType act, const float* x, void* dst, int64_t n);
 // w: one row of n values in the weight type; xq: one activation row in the kernel's ActType.
 using VecDotFn = float (*)(int64_t n, const void* w, const void* xq);
 
+// One weight row against 4 activation rows at xq + t * xq_stride bytes: out[t * out_stride], t < 4.
+// Bit-identical to 4 calls of the same level's VecDotFn (the weights are just decoded once).
+using VecDot4Fn = void (*)(int64_t n, const void* w, const void* xq, int64_t xq_stride, float* out,
+                           int64_t out_stride);
+
 struct DotKernel {
   VecDotFn fn = nullptr;  // nullptr: the type has no integer kernel (matmul dequantizes instead)
+  VecDot4Fn fn4 = nullptr;  // nullptr: no 4-token kernel at this level (matmul calls fn per token)
   ActType act = ActType::F32;
   CpuLevel level = CpuLevel::Scalar;  // the level this kernel was written for (may be below the asked one)
 };
@@ -54,6 +60,8 @@ DotKernel dot_kernel(GgmlType type, CpuLevel level);
 VecDotFn vec_dot_scalar(GgmlType type);
 VecDotFn vec_dot_avx2(GgmlType type);
 VecDotFn vec_dot_avx512(GgmlType type);
+VecDot4Fn vec_dot4_avx2(GgmlType type);
+VecDot4Fn vec_dot4_avx512(GgmlType type);
 ActType act_type_for(GgmlType type);
 
 }  // namespace strata::q

@@ -288,6 +288,7 @@ void parse_chat(Fields& f, GenerationRequest& r) {
     if (f.get(k)) bad(k, fmt::format("Invalid '{}': tool calling is not supported by this server.", k));
   if (auto u = f.get("user"); u && !u->is_string()) bad_type("user", "a string", *u);
   if (auto s = f.get("store"); s && !s->is_boolean()) bad_type("store", "a boolean", *s);
+  r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   if (auto md = f.get("metadata"); md && !md->is_object()) bad_type("metadata", "an object", *md);
   f.reject_unknown(false);
 }
@@ -327,6 +328,7 @@ void parse_completion(Fields& f, GenerationRequest& r) {
     if (!lb->empty()) bad("logit_bias", "Invalid 'logit_bias': not supported by this server.");
   }
   if (auto u = f.get("user"); u && !u->is_string()) bad_type("user", "a string", *u);
+  r.ignore_eos = f.boolean("ignore_eos").value_or(false);
   f.reject_unknown(false);
 }
 

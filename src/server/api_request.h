@@ -52,6 +52,7 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;        // OpenAI stream_options.include_usage
   bool echo = false;                 // completions: prepend the prompt to the text
+  bool ignore_eos = false;           // extension (as llama.cpp): never sample end-of-generation
   SamplingOptions sampling;
 };
 

@@ -58,6 +58,7 @@ class Backend {
   // The bytes of one token (may be part of a UTF-8 character).
   virtual std::string piece(int32_t token) const = 0;
   virtual bool is_end_of_generation(int32_t token) const = 0;
+  virtual std::vector<int32_t> end_of_generation_tokens() const = 0;
   // The model's chat template applied to the messages, with the assistant prompt opened.
   // Throws ApiError (400) when the messages do not fit the template (e.g. it rejects a role order).
   virtual std::string render_chat(const std::vector<ChatMessage>& messages) const = 0;
@@ -66,8 +67,8 @@ class Backend {
   // Keep the first n tokens of `seq` (n <= n_past). Only called when info().can_truncate or n == 0.
   virtual void truncate(BackendSequence& seq, int32_t n) = 0;
   // Evaluates tokens[0..n) at positions n_past.. of seq; returns the logits after the last one
-  // ([n_vocab], valid until the next call).
-  virtual const float* prefill(BackendSequence& seq, const int32_t* tokens, int32_t n) = 0;
+  // ([n_vocab], valid until the next call; the caller may modify them).
+  virtual float* prefill(BackendSequence& seq, const int32_t* tokens, int32_t n) = 0;
   // One token for each of n sequences (distinct), in one batched step; logits: [n][n_vocab].
   virtual void decode(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
                       float* logits) = 0;

@@ -56,6 +56,34 @@ int find_connection_fd(int local_port, const std::string& remote_addr, int remot
   return found;
 }
 
+int find_listening_fd(int port) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0') continue;
+    struct stat st {};
+    if (fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int listening = 0;
+    socklen_t ll = sizeof(listening);
+    if (getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) != 0 || !listening) continue;
+    sockaddr_storage self{};
+    socklen_t sl = sizeof(self);
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
+    int sport = self.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&self)->sin_port)
+              : self.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&self)->sin6_port)
+                                           : -1;
+    if (sport == port) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
 namespace {
 
 void send_error(httplib::Response& res, ApiKind kind, const ApiError& e) {
@@ -134,16 +162,25 @@ int HttpServer::bind() {
     int p = svr_->bind_to_any_port(cfg_.host);
     STRATA_REQUIRE(p > 0, "cannot bind to {} (any port)", cfg_.host);
     cfg_.port = p;
-    return p;
+  } else {
+    STRATA_REQUIRE(svr_->bind_to_port(cfg_.host, cfg_.port), "cannot bind to {}:{} (in use, or not "
+                   "an address of this machine?)", cfg_.host, cfg_.port);
   }
-  STRATA_REQUIRE(svr_->bind_to_port(cfg_.host, cfg_.port), "cannot bind to {}:{} (in use, or not an "
-                 "address of this machine?)", cfg_.host, cfg_.port);
+  listen_fd_ = find_listening_fd(cfg_.port);
   return cfg_.port;
 }
 
 void HttpServer::run() { svr_->listen_after_bind(); }
 
 void HttpServer::stop() { svr_->stop(); }
+
+void HttpServer::stop_accepting() {
+  // Shutting the listening socket down makes httplib's accept loop end (it then closes the socket
+  // and waits for its workers). Unlike Server::stop(), this leaves running chunked (SSE) responses
+  // alone: httplib ends those as soon as stop() marks the server as shutting down.
+  int fd = listen_fd_.exchange(-1);
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
 
 bool HttpServer::authorized(const std::string& auth, const std::string& xkey) const {
   if (cfg_.api_key.empty()) return true;
@@ -301,6 +338,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
     job->seed = gr.sampling.seed ? *gr.sampling.seed : std::random_device{}() * 0x100000001ull;
     job->max_tokens = gr.max_tokens ? *gr.max_tokens : int32_t(info.n_ctx - n_prompt);
     job->stop = gr.stop;
+    job->ignore_eos = gr.ignore_eos;
     job->watch_fd = find_connection_fd(req.local_port, req.remote_addr, req.remote_port);
     scheduler_.submit(job);
   } catch (const ApiError& e) {
@@ -355,6 +393,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
           if (s.empty()) return true;
           if (sink.write(s.data(), s.size())) return true;
           // The client is gone: cancel, and keep the socket until the scheduler has let go.
+          job.client_gone = true;
           job.cancel = true;
           wait_done(job);
           metrics->count_request(kind, Metrics::kCancelled);

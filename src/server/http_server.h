@@ -2,6 +2,7 @@
 // The HTTP front end (cpp-httplib): routes, API-key check, request validation, SSE streaming, and the
 // hand-off of generation jobs to the Scheduler. Shutdown: stop() closes the listening socket; run()
 // returns once every in-flight handler has finished (the scheduler drains or cancels them).
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -35,7 +36,9 @@ class HttpServer {
 
   int bind();   // binds host:port, returns the port; throws strata::Error when it cannot
   void run();   // serves until stop(); returns after in-flight handlers have finished
-  void stop();  // stop accepting (callable from any thread)
+  void stop();  // stop now: in-flight SSE streams are cut (callable from any thread)
+  // Graceful: refuse new connections; in-flight responses (streams too) go on until their jobs end.
+  void stop_accepting();
 
  private:
   void setup_routes();
@@ -48,12 +51,15 @@ class HttpServer {
   HttpConfig cfg_;
   std::unique_ptr<httplib::Server> svr_;
   int64_t created_unix_;
+  std::atomic<int> listen_fd_{-1};
 };
 
 // The socket of the connection whose ends are local_port / remote_addr:remote_port, found among this
 // process's descriptors (cpp-httplib 0.11 does not expose it); -1 when not found. Used only to watch
 // for the client closing the connection.
 int find_connection_fd(int local_port, const std::string& remote_addr, int remote_port);
+// The listening socket bound to `port`, -1 when not found.
+int find_listening_fd(int port);
 
 // The HTML page served at "/" (chat + live monitor), embedded in the binary.
 const std::string& web_page_html();

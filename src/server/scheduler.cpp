@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/error.h"
 
@@ -28,6 +29,14 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics& metrics)
   STRATA_REQUIRE(cfg_.max_queue >= 0, "--max-queue must be >= 0 (got {})", cfg_.max_queue);
   STRATA_REQUIRE(cfg_.prefill_chunk >= 1, "prefill chunk must be >= 1 (got {})", cfg_.prefill_chunk);
   logits_.resize(size_t(cfg_.parallel) * size_t(info_.n_vocab));
+  eog_tokens_ = backend_.end_of_generation_tokens();
+}
+
+int32_t Scheduler::sample(Slot& s, float* logits) {
+  if (s.job->ignore_eos)
+    for (int32_t t : eog_tokens_)
+      if (t >= 0 && t < info_.n_vocab) logits[t] = -std::numeric_limits<float>::infinity();
+  return s.sampler->sample(logits);
 }
 
 Scheduler::~Scheduler() { drain_and_stop(std::chrono::milliseconds(0)); }
@@ -203,7 +212,7 @@ void Scheduler::step() {
 
 bool Scheduler::check_cancelled(Slot& s) {
   Job& job = *s.job;
-  bool disconnected = peer_closed(job.watch_fd);
+  bool disconnected = job.client_gone.load() || peer_closed(job.watch_fd);
   if (!job.cancel.load() && !disconnected) return false;
   if (disconnected) metrics_.disconnects++;
   finish(s, FinishReason::Cancelled);
@@ -288,7 +297,7 @@ std::unique_ptr<Scheduler::Slot> Scheduler::take_slot_for(const std::vector<int3
 void Scheduler::prefill_some(Slot& s) {
   const auto& prompt = s.job->prompt;
   size_t n = std::min(prompt.size() - s.prefill_pos, size_t(cfg_.prefill_chunk));
-  const float* logits = backend_.prefill(*s.seq, prompt.data() + s.prefill_pos, int32_t(n));
+  float* logits = backend_.prefill(*s.seq, prompt.data() + s.prefill_pos, int32_t(n));
   s.tokens.insert(s.tokens.end(), prompt.begin() + long(s.prefill_pos),
                   prompt.begin() + long(s.prefill_pos + n));
   s.prefill_pos += n;
@@ -298,7 +307,7 @@ void Scheduler::prefill_some(Slot& s) {
     std::lock_guard<std::mutex> lk(s.job->mu);
     s.job->started = true;
   }
-  on_token(s, s.sampler->sample(logits));
+  on_token(s, sample(s, logits));
 }
 
 void Scheduler::decode_all() {
@@ -325,7 +334,7 @@ void Scheduler::decode_all() {
     Slot& s = *batch[i];
     s.tokens.push_back(s.pending);
     s.pending = -1;
-    on_token(s, s.sampler->sample(logits_.data() + i * nv));
+    on_token(s, sample(s, logits_.data() + i * nv));
   }
 }
 

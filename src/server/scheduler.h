@@ -35,10 +35,12 @@ struct Job {
   uint64_t seed = 0;
   int32_t max_tokens = 1;               // >= 1, prompt + max_tokens <= n_ctx
   std::vector<std::string> stop;
+  bool ignore_eos = false;              // end-of-generation tokens are never sampled
   int watch_fd = -1;                    // the client's socket: closed -> cancel (-1: none)
 
   // ---- cancel (any thread) ----
   std::atomic<bool> cancel{false};
+  std::atomic<bool> client_gone{false};  // set with cancel when a write to the client failed
 
   // ---- outputs (guarded by mu) ----
   std::mutex mu;
@@ -100,6 +102,7 @@ class Scheduler {
   void decode_all();
   // Handles a sampled token; returns true when the request finished.
   bool on_token(Slot& s, int32_t token);
+  int32_t sample(Slot& s, float* logits);  // applies ignore_eos, then the request's sampler
   void finish(Slot& s, FinishReason why);
   void fail(Slot& s, const std::string& msg);
   void emit(Job& job, const std::string& text);
@@ -126,6 +129,7 @@ class Scheduler {
   std::list<std::unique_ptr<Slot>> parked_;     // front = most recently used
   uint64_t stamp_ = 0;
   std::vector<float> logits_;                   // [parallel][n_vocab]
+  std::vector<int32_t> eog_tokens_;
 
   std::atomic<int64_t> heartbeat_ns_{0};
   std::atomic<bool> loop_alive_{false};

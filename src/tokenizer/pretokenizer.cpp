@@ -56,6 +56,19 @@ constexpr const char* kDeepseekV3Main =
 constexpr const char* kGpt4o =
     R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Kimi K2 (tokenization_kimi.py's pat_str): o200k with Han runs split off. Its class intersection
+// "[...&&[^\p{Han}]]" (Rust regex syntax) is written for PCRE2 as a negative lookahead per character.
+#define KIMI_UPPER R"((?:(?!\p{Han})[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]))"
+#define KIMI_LOWER R"((?:(?!\p{Han})[\p{Ll}\p{Lm}\p{Lo}\p{M}]))"
+#define KIMI_CONTRACTION R"((?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+constexpr const char* kKimiK2 =
+    R"([\p{Han}]+|[^\r\n\p{L}\p{N}]?)" KIMI_UPPER "*" KIMI_LOWER "+" KIMI_CONTRACTION
+    R"(|[^\r\n\p{L}\p{N}]?)" KIMI_UPPER "+" KIMI_LOWER "*" KIMI_CONTRACTION
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+#undef KIMI_UPPER
+#undef KIMI_LOWER
+#undef KIMI_CONTRACTION
+
 struct Family {
   std::vector<const char*> patterns;
   bool ignore_merges = false;
@@ -81,6 +94,7 @@ const std::map<std::string, Family, std::less<>>& families() {
     r["deepseek-coder"] = Family{{"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+",
                                   "[\u4E00-\u9FA5\u0800-\u4E00\uAC00-\uD7FF]+", "\\p{N}"}};
     for (const char* n : {"gpt-4o", "llama4", "minimax-m2"}) r[n] = gpt4o;
+    r["kimi-k2"] = Family{{kKimiK2}};
     for (const char* n : {"gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es",
                           "jina-v2-de", "mpt", "olmo", "jais", "trillion"})
       r[n] = Family{{kGpt2}};

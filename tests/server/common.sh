@@ -29,11 +29,12 @@ finish() {
   [ "$FAILS" -eq 0 ]
 }
 
-# start_server [extra serve flags...]: starts the server, waits until /health answers 200.
+# start_server [extra serve flags...]: starts the server (context $CTX, default 512), waits until
+# /health answers 200.
 start_server() {
   local log="$WORK/server.log"
   : > "$log"
-  "$STRATA_CLI" serve -m "$MODEL" --host 127.0.0.1 --port 0 --ctx 512 --threads 1 "$@" \
+  "$STRATA_CLI" serve -m "$MODEL" --host 127.0.0.1 --port 0 --ctx "${CTX:-512}" --threads 1 "$@" \
       > "$WORK/server.out" 2> "$log" &
   SERVER_PID=$!
   for _ in $(seq 1 200); do

@@ -8,11 +8,13 @@ post /v1/completions "$(req 'The quick brown fox')"
 check "alone 200" [ "$STATUS" = 200 ]
 ALONE=$(jq_ "$WORK/body" 'd["choices"][0]["text"]')
 # The same request with 7 others started at the same moment.
+PIDS=()
 for i in 0 1 2 3 4 5 6 7; do
   if [ $i = 0 ]; then P='The quick brown fox'; else P="Other prompt number $i talks about"; fi
   curl -s -H 'Content-Type: application/json' -d "$(req "$P")" "$BASE/v1/completions" > "$WORK/b$i.json" &
+  PIDS+=($!)
 done
-wait
+wait "${PIDS[@]}"  # (not a bare wait: the server is a child of this shell too)
 TOGETHER=$(jq_ "$WORK/b0.json" 'd["choices"][0]["text"]')
 check "greedy text alone == with 7 others" [ "$ALONE" = "$TOGETHER" ]
 for i in 1 2 3 4 5 6 7; do

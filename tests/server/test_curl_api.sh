@@ -72,7 +72,7 @@ check "metrics expert cache hit rate (0 on CPU)" [ "$(metric strata_expert_cache
 bad() {  # bad STATUS "fragment" PATH BODY [curl args]
   local want="$1" frag="$2" path="$3" body="$4"; shift 4
   post "$path" "$body" "$@"
-  if [ "$STATUS" = "$want" ] && grep -qF -- "$frag" "$WORK/body"; then pass "$want for $path $body"
+  if [ "$STATUS" = "$want" ] && grep -qF -- "$frag" "$WORK/body"; then pass "$want for $path ${body:0:80}"
   else fail "$path $body -> $STATUS $(cat "$WORK/body")"; fi
 }
 bad 401 "didn't provide an API key" /v1/chat/completions "$CHAT"

@@ -5,10 +5,10 @@ source "$(dirname "$0")/common.sh"
 
 # 1. In-flight requests finish (a non-streaming and a streaming one).
 start_server --parallel 2 --shutdown-timeout 60
-curl -s -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0}' \
+curl -s -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0,"ignore_eos":true}' \
   "$BASE/v1/completions" > "$WORK/plain.json" &
 P=$!
-curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0,"stream":true}' \
+curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}' \
   "$BASE/v1/completions" > "$WORK/stream.txt" &
 S=$!
 for _ in $(seq 1 100); do [ "$(metric strata_sequences_running)" = 2 ] && break; sleep 0.02; done
@@ -25,8 +25,8 @@ check "in-flight stream finished with [DONE]" grep -q 'data: \[DONE\]' "$WORK/st
 check "log says it drained" grep -q 'SIGTERM received' "$WORK/server.log"
 
 # 2. Past the timeout: cancelled, still exit 0, and promptly.
-start_server --parallel 1 --shutdown-timeout 1 --ctx 8192
-curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"endless","max_tokens":8000,"temperature":0.7,"stream":true}' \
+CTX=8192 start_server --parallel 1 --shutdown-timeout 1
+curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"endless","max_tokens":8000,"temperature":0.7,"ignore_eos":true,"stream":true}' \
   "$BASE/v1/completions" > "$WORK/long.txt" &
 L=$!
 for _ in $(seq 1 100); do [ "$(metric strata_sequences_running)" = 1 ] && break; sleep 0.02; done

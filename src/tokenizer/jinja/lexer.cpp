@@ -9,7 +9,28 @@
 namespace strata::jinja {
 namespace {
 
-bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// Python's regex \s and str.strip() on str: Unicode whitespace, not only ASCII.
+// Byte length of the whitespace code point starting at s[p], or 0.
+size_t ws_at(std::string_view s, size_t p) {
+  auto c = static_cast<uint8_t>(s[p]);
+  if (c < 0x80) return py_isspace(c) ? 1 : 0;
+  size_t len = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
+  if (len == 1 || p + len > s.size()) return 0;
+  auto cps = utf8_decode(s.substr(p, len));
+  return cps.size() == 1 && py_isspace(cps[0]) ? len : 0;
+}
+// Length of `text` without its trailing whitespace.
+size_t rstrip_len(std::string_view text) {
+  size_t e = text.size();
+  while (e > 0) {
+    size_t b = e - 1;
+    while (b > 0 && (static_cast<uint8_t>(text[b]) & 0xC0) == 0x80) --b;
+    if (ws_at(text, b) != e - b) break;
+    e = b;
+  }
+  return e;
+}
+bool all_ws(std::string_view text) { return rstrip_len(text) == 0; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_name_char(char c) { return is_name_start(c) || is_digit(c); }
@@ -48,14 +69,12 @@ class Lexer {
       if (after < n && (src_[after] == '-' || src_[after] == '+')) sign = src_[after++];
       std::string text = src_.substr(pos_, k - pos_);
       if (sign == '-') {
-        size_t e = text.size();
-        while (e > 0 && is_ws(text[e - 1])) --e;
-        text.resize(e);
+        text.resize(rstrip_len(text));
       } else if (sign != '+' && kind != '{') {  // lstrip_blocks: blocks and comments, not variables
         size_t l_pos = text.rfind('\n');
         l_pos = l_pos == std::string::npos ? 0 : l_pos + 1;
         if ((l_pos > 0 || line_starting) && l_pos < text.size() &&
-            std::all_of(text.begin() + l_pos, text.end(), is_ws))
+            all_ws(std::string_view(text).substr(l_pos)))
           text.resize(l_pos);
       }
       emit_data(pos_, std::move(text));
@@ -81,12 +100,28 @@ class Lexer {
   size_t pos_ = 0;
   std::vector<size_t> line_starts_;
   std::vector<Token> out_;
+  mutable size_t cur_pos_ = 0;  // where(): cursor over the source
+  mutable int cur_line_ = 1, cur_col_ = 1;
 
   [[noreturn]] void fail(size_t at, const std::string& msg) const {
     auto [line, col] = where(at);
     throw TemplateError("template line " + std::to_string(line) + " col " + std::to_string(col) + ": " + msg);
   }
+  // Line and column (in code points) of byte offset `at`. Tokens come in increasing order, so the
+  // common case advances a cursor (linear overall, even for one very long line).
   std::pair<int, int> where(size_t at) const {
+    if (at >= cur_pos_) {
+      for (; cur_pos_ < at && cur_pos_ < src_.size(); ++cur_pos_) {
+        char c = src_[cur_pos_];
+        if (c == '\n') {
+          ++cur_line_;
+          cur_col_ = 1;
+        } else if ((static_cast<uint8_t>(c) & 0xC0) != 0x80) {
+          ++cur_col_;
+        }
+      }
+      if (at == cur_pos_) return {cur_line_, cur_col_};
+    }
     auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), at);
     size_t line = static_cast<size_t>(it - line_starts_.begin());
     size_t start = line_starts_[line - 1];
@@ -105,7 +140,11 @@ class Lexer {
     if (!text.empty()) push(Tok::Data, at, std::move(text));
   }
   size_t skip_ws(size_t p) const {
-    while (p < src_.size() && is_ws(src_[p])) ++p;
+    while (p < src_.size()) {
+      size_t n = ws_at(src_, p);
+      if (n == 0) break;
+      p += n;
+    }
     return p;
   }
   // After "{%" (+ sign): `\s*raw\s*(-%}\s*|%})`; returns the end of the match or npos.
@@ -146,13 +185,11 @@ class Lexer {
       }
       std::string text = src_.substr(pos_, k - pos_);
       if (sign == '-') {
-        size_t e = text.size();
-        while (e > 0 && is_ws(text[e - 1])) --e;
-        text.resize(e);
+        text.resize(rstrip_len(text));
       } else if (sign != '+') {
         size_t l_pos = text.rfind('\n');
         l_pos = l_pos == std::string::npos ? 0 : l_pos + 1;
-        if (l_pos > 0 && l_pos < text.size() && std::all_of(text.begin() + l_pos, text.end(), is_ws))
+        if (l_pos > 0 && l_pos < text.size() && all_ws(std::string_view(text).substr(l_pos)))
           text.resize(l_pos);
       }
       emit_data(pos_, std::move(text));
@@ -219,7 +256,7 @@ class Lexer {
         }
       }
       char c = src_[pos_];
-      if (is_ws(c)) {
+      if (ws_at(src_, pos_)) {
         pos_ = skip_ws(pos_);
         continue;
       }

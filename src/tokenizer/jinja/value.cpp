@@ -48,8 +48,20 @@ Value Value::string(std::string x, bool markup) {
   v.markup = markup;
   return v;
 }
+static uint16_t nested_depth(const Value& x) {
+  return x.kind == Kind::List || x.kind == Kind::Dict ? x.depth : 0;
+}
+static uint16_t container_depth(uint16_t max_child) {
+  if (max_child >= kMaxValueDepth)
+    throw TemplateError("value nested deeper than " + std::to_string(kMaxValueDepth) + " levels");
+  return static_cast<uint16_t>(max_child + 1);
+}
+
 Value Value::make_list(List items, bool tuple) {
   Value v;
+  uint16_t d = 0;
+  for (auto& x : items) d = std::max(d, nested_depth(x));
+  v.depth = container_depth(d);
   v.kind = Kind::List;
   v.list = std::make_shared<const List>(std::move(items));
   v.tuple = tuple;
@@ -57,6 +69,9 @@ Value Value::make_list(List items, bool tuple) {
 }
 Value Value::make_dict(std::shared_ptr<Dict> d) {
   Value v;
+  uint16_t md = 0;
+  for (auto& kv : d->items()) md = std::max(md, nested_depth(kv.second));
+  v.depth = container_depth(md);
   v.kind = Kind::Dict;
   v.dict = std::move(d);
   return v;
@@ -308,7 +323,7 @@ static void str_into(std::string& out, const Value& v, int depth) {
 }
 
 static void repr_into(std::string& out, const Value& v, int depth) {
-  if (depth > 64) throw TemplateError("value nested too deeply to print");
+  if (depth > 300) throw TemplateError("value nested too deeply to print");
   switch (v.kind) {
     case Kind::Undefined: out += "Undefined"; return;
     case Kind::None: out += "None"; return;
@@ -385,7 +400,7 @@ static bool num_eq(const Value& a, const Value& b) {
 }
 
 static bool equals_depth(const Value& a, const Value& b, int depth) {
-  if (depth > 64) throw TemplateError("values nested too deeply to compare");
+  if (depth > 300) throw TemplateError("values nested too deeply to compare");
   if (a.is_number() && b.is_number()) return num_eq(a, b);
   if (a.kind != b.kind) return false;
   switch (a.kind) {
@@ -472,7 +487,7 @@ static void json_string(std::string& out, std::string_view s, bool ensure_ascii)
 }
 
 static void json_into(std::string& out, const Value& v, const JsonOptions& o, int level) {
-  if (level > 128) throw TemplateError("tojson: value nested too deeply");
+  if (level > 300) throw TemplateError("tojson: value nested too deeply");
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += o.indent;

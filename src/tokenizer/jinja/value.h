@@ -30,6 +30,9 @@ struct Callable;
 class Dict;
 using List = std::vector<Value>;
 
+// Lists/dicts may nest at most this deep (printing, comparing and freeing them recurse).
+constexpr uint16_t kMaxValueDepth = 256;
+
 enum class Kind : uint8_t { Undefined, None, Bool, Int, Float, String, List, Dict, Callable, Namespace, Loop };
 
 struct Value {
@@ -37,6 +40,7 @@ struct Value {
   bool markup = false;  // String: a jinja Markup (|safe, |escape)
   bool tuple = false;   // List: a Python tuple (differs from a list in repr and ==)
   bool b = false;
+  uint16_t depth = 0;  // List/Dict: nesting depth (bounded: deep values would overflow the stack)
   int64_t i = 0;
   double f = 0;
   std::string s;                   // String; Undefined: the message used when it is misused
