@@ -3,7 +3,7 @@
 //   prefill: the chunked form (chunk 64/32/16) vs the recurrent form over the same tokens (the
 //            baseline, same process)
 //   decode:  one token through the recurrent form, and the conv1d of one token
-// Results: bench/results/qwen3next_gdn_cpu.md
+// Results: bench/results/2026-11-29-qwen3next-cpu.md
 #include <benchmark/benchmark.h>
 
 #include <cmath>

@@ -15,8 +15,8 @@ std::unique_ptr<Model> make_qwen3next(gguf::File file);
 // The form of the gated delta rule that runs a prompt (a run of more than one token of a sequence);
 // one token always takes the recurrent form. Process-wide; the environment variable
 // STRATA_GDN_PREFILL=recurrent|chunked sets the initial value.
-//   Recurrent (default on the CPU): two fused passes over each [D][D] state per token; measured ~2x
-//             faster than the chunked form on this class of CPU (bench/results/qwen3next_gdn_cpu.md).
+//   Recurrent (default on the CPU): two fused passes over each [D][D] state per token; measured
+//             1.1x-2x faster than the chunked form on this CPU (bench/results/2026-11-29-qwen3next-cpu.md).
 //   Chunked:  the chunkwise (WY) form, state read/written once per 64 tokens through matrix products:
 //             the form a GPU runs; selectable so tests and benchmarks run it end to end.
 enum class GdnPrefill { Recurrent, Chunked };
