@@ -3,8 +3,8 @@
 BUILD  ?= build
 JOBS   ?= $(shell nproc)
 CUDA   ?= AUTO
-MODEL  ?= ../shared/fixtures/models/tiny-qwen3moe-A-Q8_0.gguf
-PROMPT ?= Once upon a time
+MODEL  ?= models/strata-demo-moe.gguf
+PROMPT ?= And it came to pass, when the king
 FUZZ_SECONDS ?= 60
 
 .PHONY: all deps configure build run test fuzz bench clean

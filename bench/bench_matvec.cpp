@@ -137,6 +137,18 @@ void BM_Kernel(benchmark::State& state, GgmlType t, int n_tok) {
                                                 benchmark::Counter::kIsRate);
 }
 
+// Activation quantization (once per matmul call per token): 4096 values.
+void BM_ActQuant(benchmark::State& state, q::ActType act) {
+  std::mt19937 rng(4);
+  const auto x = test::random_acts(4096, rng);
+  std::vector<uint8_t> out(q::act_row_bytes(act, 4096));
+  for (auto _ : state) {
+    q::quantize_act_row(act, x.data(), out.data(), 4096);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["values/s"] = benchmark::Counter(4096.0 * state.iterations(), benchmark::Counter::kIsRate);
+}
+
 // GB/s -> ratio to memcpy, added after the run (counters are rates computed by the library).
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
@@ -186,6 +198,8 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("Kernel1tok/" + n).c_str(), BM_Kernel, t, 1)->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("Kernel4tok/" + n).c_str(), BM_Kernel, t, 4)->Unit(benchmark::kMicrosecond);
   }
+  benchmark::RegisterBenchmark("ActQuant/Q8_32/4096", BM_ActQuant, q::ActType::Q8_32)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("ActQuant/Q8_K/4096", BM_ActQuant, q::ActType::Q8_K)->Unit(benchmark::kMicrosecond);
   RatioReporter rep;
   benchmark::RunSpecifiedBenchmarks(&rep);
   benchmark::Shutdown();

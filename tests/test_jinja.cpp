@@ -206,3 +206,16 @@ TEST(JinjaSandbox, DeeplyNestedValuesAreRejected) {
                    "{{ ns.x|tojson|length }}"),
             "401");
 }
+
+TEST(JinjaSandbox, QuadraticCopyingIsCharged) {
+  // s = s ~ x and l = l + [x] in a loop copy O(n^2) bytes: the copies count as work
+  strata::jinja::RenderOptions opt;
+  opt.limits.max_steps = 200000;
+  std::string e = error_of(
+      "{% set ns = namespace(s='') %}{% for i in range(100000) %}{% set ns.s = ns.s ~ 'xxxxxxxxxx' %}{% endfor %}", {},
+      opt);
+  EXPECT_NE(e.find("steps"), std::string::npos) << e;
+  e = error_of("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = ns.l + [i] %}{% endfor %}", {},
+               opt);
+  EXPECT_NE(e.find("steps"), std::string::npos) << e;
+}

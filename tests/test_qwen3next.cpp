@@ -17,6 +17,7 @@
 #include "gguf/writer.h"
 #include "model/model.h"
 #include "model/qwen3next.h"
+#include "model/synthetic.h"
 #include "quant/dequant.h"
 #include "slg.h"
 
@@ -38,7 +39,7 @@ struct Eval {
 Eval run(std::shared_ptr<const Model> m, const std::vector<int32_t>& prompt, int n_gen,
          MatmulMode mode, int n_batch) {
   EngineOptions o;
-  o.n_ctx = 128;
+  o.n_ctx = int32_t(prompt.size()) + n_gen + 8;
   o.n_batch = n_batch;
   o.n_threads = 2;
   o.mode = mode;
@@ -311,6 +312,36 @@ TEST(Qwen3NextFiles, MtpBlockLoadsAndLeavesTheDecoderAlone) {
   // an MTP block without its projection is an error
   ed.drop = {"blk.4.nextn.eh_proj.weight"};
   expect_load_error(write_edited("mtp_bad", ed), {"blk.4.nextn.eh_proj.weight"});
+}
+
+// The synthetic generator writes qwen3next files our loader (and llama.cpp's names) accept: a small
+// version of the Qwen3-Next-80B-A3B geometry in Q4_K_M runs, stays finite over a long-ish prompt (the
+// GDN decay is negative) and has the parameter count the spec says.
+TEST(Qwen3NextFiles, SyntheticQwen3NextGeometry) {
+  SyntheticSpec spec;
+  spec.apply_preset("qwen3-next-80b-a3b");
+  spec.n_layer = 4;
+  spec.n_embd = 512;
+  spec.n_expert = 12;
+  spec.n_vocab = 1000;
+  spec.format = "Q4_K_M";
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "strata_q3n_synthetic.gguf").string();
+  ThreadPool pool(2);
+  write_synthetic_model(spec, path, pool);
+  {
+    const gguf::File f = gguf::File::open(path);
+    uint64_t n = 0;
+    for (const auto& t : f.tensors()) n += t.n_elements();
+    EXPECT_EQ(n, spec.weight_count());
+    EXPECT_TRUE(f.find_tensor("blk.0.ssm_a") && f.find_tensor("blk.3.attn_q.weight"));
+    std::shared_ptr<const Model> m = load_model(path);
+    std::vector<int32_t> prompt(96);
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t((i * 37) % 1000);
+    const Eval ev = run(m, prompt, 4, MatmulMode::Fast, 64);
+    for (float x : ev.logits) ASSERT_TRUE(std::isfinite(x));
+  }
+  std::filesystem::remove(path);
 }
 
 // Older GGUFs carry one fused `ssm_in` (q, k, v, z grouped per key head) instead of attn_qkv + attn_gate.

@@ -1,6 +1,7 @@
 // llama.cpp baseline for bench/compare: the prebuilt CPU llama.cpp of the npm package node-llama-cpp
 // (no build, no network). Same protocol as `strata bench`: ppN = N pseudo-random tokens evaluated from
-// an empty context in batches of --batch; tgN = N tokens evaluated one per batch from an empty context.
+// an empty context in batches of --batch (logits of the last token only); tgN = N tokens generated
+// greedily one at a time from a one-token prompt (each step computes the logits, as strata's does).
 // Prints one JSON line.
 //   node llama_bench.mjs MODEL.gguf [-p 512] [-n 128] [-t THREADS] [--batch 512] [--reps 1]
 import {getLlama} from "node-llama-cpp";
@@ -42,16 +43,18 @@ for (let r = 0; r < opt.reps; ++r) {
     await seq.clearHistory();
     const toks = Array.from({length: opt.p}, rand_tok);
     const t0 = process.hrtime.bigint();
-    await seq.evaluateWithoutGeneratingNewTokens(toks);
+    // The last token's logits are computed, as in strata bench: evaluate and take one generated token.
+    for await (const _ of seq.evaluate(toks, {temperature: 0})) break;
     const s = Number(process.hrtime.bigint() - t0) / 1e9;
     pp = Math.max(pp, opt.p / s);
   }
   if (opt.n > 0) {
     await seq.clearHistory();
     const t0 = process.hrtime.bigint();
-    for (let i = 0; i < opt.n; ++i) await seq.evaluateWithoutGeneratingNewTokens([rand_tok()]);
+    let n = 0;
+    for await (const _ of seq.evaluate([rand_tok()], {temperature: 0})) if (++n >= opt.n) break;
     const s = Number(process.hrtime.bigint() - t0) / 1e9;
-    tg = Math.max(tg, opt.n / s);
+    tg = Math.max(tg, n / s);
   }
 }
 console.log(JSON.stringify({engine: "llama.cpp (node-llama-cpp " + "3.21.1" + ", prebuilt CPU)",

@@ -10,7 +10,7 @@ namespace strata::cpu {
 MatmulBatch::MatmulBatch(int n_threads, int64_t max_tok) : max_tok_(max_tok) {
   for (int i = 0; i < n_threads; ++i) {
     serial_.push_back(std::make_unique<ThreadPool>(1));
-    tmp_.emplace_back(static_cast<size_t>(max_tok > 1 ? max_tok * kMaxChunkRows : kDecodeChunkRows));
+    tmp_.emplace_back(static_cast<size_t>(max_tok > 1 ? max_tok * kMaxChunkRows : 0));
   }
   tasks_.reserve(1024);
   chunk_rows_.reserve(1024);
@@ -23,16 +23,14 @@ void MatmulBatch::run(MatmulMode mode, ThreadPool& pool) {
   first_chunk_.clear();
   chunk_rows_.clear();
   first_chunk_.push_back(0);
-  const int64_t want_items = 4 * static_cast<int64_t>(pool.size());
+  const int64_t want_items = 8 * static_cast<int64_t>(pool.size());
   const int64_t n_tasks = static_cast<int64_t>(tasks_.size());
+  const int64_t per_task = std::max<int64_t>(1, (want_items + n_tasks - 1) / n_tasks);
   for (const auto& t : tasks_) {
     STRATA_REQUIRE(t.n_tok <= max_tok_, "matmul batch: {} tokens, built for {}", t.n_tok, max_tok_);
-    int64_t cr = kDecodeChunkRows;
-    if (t.n_tok > 1) {
-      const int64_t per_task = std::max<int64_t>(1, (want_items + n_tasks - 1) / n_tasks);
-      cr = std::min(kMaxChunkRows, ((t.rows + per_task - 1) / per_task + 15) / 16 * 16);
-      if (cr >= t.rows) cr = t.rows;
-    }
+    int64_t cr = std::max(kMinChunkRows, ((t.rows + per_task - 1) / per_task + 15) / 16 * 16);
+    if (t.n_tok > 1) cr = std::min(cr, kMaxChunkRows);  // bounded by the scatter buffer
+    if (cr >= t.rows) cr = t.rows;
     cr = std::max<int64_t>(cr, 1);
     chunk_rows_.push_back(cr);
     first_chunk_.push_back(first_chunk_.back() + (t.rows + cr - 1) / cr);

@@ -32,11 +32,11 @@ class MatmulBatch {
   void run(MatmulMode mode, ThreadPool& pool);
 
  private:
-  // Row chunking. strata::matmul quantizes x once per call, so every chunk of a multi-token task
-  // re-quantizes the task's activations: a task with n_tok > 1 is split only as far as the pool needs
-  // work items (about 4 per thread over all tasks), in chunks of at most kMaxChunkRows rows. One-token
-  // tasks (decode) are cut in kDecodeChunkRows-row chunks: quantizing one row is cheap.
-  static constexpr int64_t kDecodeChunkRows = 64;
+  // Row chunking. strata::matmul quantizes x once per call, so every chunk re-quantizes its task's
+  // activations: tasks are split only as far as the pool needs work items (about 8 per thread over
+  // all tasks, chunks of >= kMinChunkRows rows); multi-token chunks are at most kMaxChunkRows rows
+  // (the per-thread scatter buffer).
+  static constexpr int64_t kMinChunkRows = 32;
   static constexpr int64_t kMaxChunkRows = 1024;
   std::vector<MatmulTask> tasks_;
   std::vector<int64_t> chunk_rows_;                  // [tasks] rows per chunk of each task

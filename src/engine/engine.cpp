@@ -42,7 +42,7 @@ void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float*
       batch_.push_back({tokens[i], seq.n_past() + int32_t(i - b), 0,
                         logits && (all_logits || i + 1 == tokens.size())});
     float* out = !logits ? nullptr : all_logits ? logits + b * V : logits;
-    model_->forward({batch_, seqs}, *ws_, out, pool_, {opt_.mode, opt_.attn});
+    model_->forward({batch_, seqs}, *ws_, out, pool_, {opt_.mode, opt_.attn, opt_.usage});
     seq.advance(int32_t(e - b));
   }
 }
@@ -67,7 +67,7 @@ void Engine::decode(std::span<SequenceState* const> seqs, std::span<const int32_
     batch_.clear();
     for (size_t i = b; i < e; ++i)
       batch_.push_back({tokens[i], seqs[i]->n_past(), int32_t(i - b), true});
-    model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits + b * V, pool_, {opt_.mode, opt_.attn});
+    model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits + b * V, pool_, {opt_.mode, opt_.attn, opt_.usage});
     for (size_t i = b; i < e; ++i) seqs[i]->advance(1);
   }
 }

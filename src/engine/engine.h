@@ -23,6 +23,7 @@ struct EngineOptions {
   MatmulMode mode = MatmulMode::Fast;
   KvType kv_type = KvType::F32;
   cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // llama.cpp's flash-attention arithmetic (cpu/ops.h)
+  moe::ExpertUsage* usage = nullptr;  // optional expert-usage counter fed by every forward pass
 };
 
 class Engine {

@@ -20,6 +20,10 @@
 #include "quant/matmul.h"
 
 namespace strata {
+namespace moe {
+class ExpertUsage;
+}  // namespace moe
+
 
 struct BatchToken {
   int32_t token;  // id in [0, n_vocab)
@@ -36,6 +40,7 @@ struct Batch {
 struct ForwardOptions {
   MatmulMode mode = MatmulMode::Fast;
   cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // see cpu/ops.h
+  moe::ExpertUsage* usage = nullptr;  // when set, every MoE layer adds its tokens' top-k expert ids
 };
 
 // Activations of one architecture, sized at creation; forward() allocates nothing.

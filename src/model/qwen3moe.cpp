@@ -7,6 +7,7 @@
 #include "cpu/ops.h"
 #include "model/moe_ffn.h"
 #include "model/weights.h"
+#include "moe/expert_usage.h"
 
 namespace strata {
 namespace {
@@ -176,6 +177,10 @@ void Qwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Thread
   float* xn = ws.xn.data();
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
 
+  STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp.n_layer &&
+                                 opt.usage->n_expert() == hp.n_expert &&
+                                 opt.usage->n_expert_used() == hp.n_expert_used),
+                 "forward: expert-usage counter shaped for another model");
   cpu::get_rows(tok_embd_.type, tok_embd_.data, E, ws.tokens.data(), n, x);
   for (int il = 0; il < hp.n_layer; ++il) {
     const Layer& l = layers_[size_t(il)];
@@ -207,6 +212,7 @@ void Qwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Thread
     matmul_into(l.router, xn, n, ws.router.data(), pool, mode);
     cpu::moe_route(ws.router.data(), n, hp.n_expert, int(k_used), hp.expert_weights_norm,
                    ws.ids.data(), ws.wts.data());
+    if (opt.usage) opt.usage->add(int(il), ws.ids.data(), n);
     moe_experts(l.experts, xn, n, ws.ids.data(), ws.wts.data(), int(k_used), ws.tmp.data(), ws.moe,
                 ws.mb, pool, mode);
     cpu::add_inplace(x, ws.tmp.data(), n * E);

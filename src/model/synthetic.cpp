@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "common/checked_math.h"
@@ -22,13 +23,39 @@ void SyntheticSpec::apply_preset(const std::string& name) {
     arch = "qwen3moe";
     n_layer = 2; n_embd = 256; n_head = 4; n_head_kv = 2; head_dim = 64;
     n_expert = 8; n_expert_used = 2; n_ff_exp = 256; n_vocab = 512; n_ctx_train = 4096;
+  } else if (name == "qwen3-next-80b-a3b") {
+    arch = "qwen3next";
+    n_layer = 48; n_embd = 2048; n_head = 16; n_head_kv = 2; head_dim = 256; n_rot = 64;
+    n_expert = 512; n_expert_used = 10; n_ff_exp = 512; n_ff_shexp = 512; n_vocab = 151936;
+    n_ctx_train = 262144; rope_base = 1e7f; rms_eps = 1e-6f;
+    ssm_conv_kernel = 4; ssm_state = 128; ssm_k_heads = 16; ssm_v_heads = 32;
+    full_attention_interval = 4;
+  } else if (name == "tiny-qwen3next") {
+    arch = "qwen3next";
+    n_layer = 4; n_embd = 256; n_head = 4; n_head_kv = 2; head_dim = 64; n_rot = 16;
+    n_expert = 8; n_expert_used = 2; n_ff_exp = 256; n_ff_shexp = 256; n_vocab = 512;
+    n_ctx_train = 4096; rope_base = 1e7f;
+    ssm_conv_kernel = 4; ssm_state = 64; ssm_k_heads = 2; ssm_v_heads = 4;
+    full_attention_interval = 4;
   } else {
-    fail("unknown preset '{}' (known: qwen3-30b-a3b, tiny)", name);
+    fail("unknown preset '{}' (known: qwen3-30b-a3b, tiny, qwen3-next-80b-a3b, tiny-qwen3next)", name);
   }
 }
 
 void SyntheticSpec::validate() const {
-  STRATA_REQUIRE(arch == "qwen3moe", "mkmodel writes qwen3moe models, not '{}'", arch);
+  STRATA_REQUIRE(arch == "qwen3moe" || arch == "qwen3next",
+                 "mkmodel writes qwen3moe and qwen3next models, not '{}'", arch);
+  if (arch == "qwen3next") {
+    STRATA_REQUIRE(ssm_conv_kernel >= 1 && ssm_state >= 1 && ssm_k_heads >= 1 && ssm_v_heads >= 1 &&
+                       full_attention_interval >= 1 && n_ff_shexp >= 1,
+                   "mkmodel: qwen3next needs conv kernel, state size, key/value heads, full-attention "
+                   "interval and shared FFN >= 1");
+    STRATA_REQUIRE(ssm_v_heads % ssm_k_heads == 0,
+                   "mkmodel: {} GDN value heads is not a multiple of {} key heads", ssm_v_heads,
+                   ssm_k_heads);
+    STRATA_REQUIRE(n_rot <= head_dim && n_rot % 2 == 0,
+                   "mkmodel: rotary dims {} must be even and <= head size {}", n_rot, head_dim);
+  }
   STRATA_REQUIRE(n_layer >= 1 && n_embd >= 1 && n_head >= 1 && n_head_kv >= 1 && head_dim >= 2,
                  "mkmodel: layers, embedding, heads and head size must be >= 1");
   STRATA_REQUIRE(n_head % n_head_kv == 0, "mkmodel: {} heads is not a multiple of {} KV heads",
@@ -43,6 +70,18 @@ void SyntheticSpec::validate() const {
 
 uint64_t SyntheticSpec::weight_count() const {
   const uint64_t E = n_embd, D = head_dim, V = n_vocab;
+  if (arch == "qwen3next") {
+    const uint64_t Kd = uint64_t(ssm_k_heads) * ssm_state, Vd = uint64_t(ssm_v_heads) * ssm_state;
+    const uint64_t C = 2 * Kd + Vd, ffn = E * n_expert + 3 * E * n_ff_exp * n_expert + E +
+                                          3 * E * n_ff_shexp;
+    const uint64_t gdn = E * C + E * Vd + E * 2 * ssm_v_heads + ssm_conv_kernel * C +
+                         2 * ssm_v_heads + ssm_state + Vd * E;
+    const uint64_t attn = E * n_head * 2 * D + 2 * E * n_head_kv * D + 2 * D + n_head * D * E;
+    uint64_t n = 0;
+    for (uint32_t l = 0; l < n_layer; ++l)
+      n += 2 * E + ffn + ((l + 1) % full_attention_interval != 0 ? gdn : attn);
+    return n + E * V * (tied ? 1 : 2) + E;
+  }
   const uint64_t per_layer = 2 * E + E * n_head * D + 2 * E * n_head_kv * D + 2 * D + n_head * D * E +
                              E * n_expert + 3 * E * n_ff_exp * n_expert;
   return n_layer * per_layer + E * V * (tied ? 1 : 2) + E;
@@ -113,7 +152,42 @@ struct PlannedTensor {
   std::vector<uint64_t> dims;
   bool norm;          // 1.0 + small noise
   GgmlType type = GgmlType::F32;
+  bool decay = false;  // ssm_a: negative (-exp(A_log) in [-1.5, -0.5]), so the GDN state decays
 };
+
+// qwen3next layers as llama.cpp names and shapes them (src/model/qwen3next.cpp loads them).
+void plan_qwen3next_layer(const SyntheticSpec& s, uint32_t l, std::vector<PlannedTensor>& ts) {
+  const uint64_t E = s.n_embd, D = s.head_dim, H = s.n_head, Hkv = s.n_head_kv;
+  const uint64_t Hv = s.ssm_v_heads, Kd = uint64_t(s.ssm_k_heads) * s.ssm_state, Vd = Hv * s.ssm_state;
+  const std::string p = "blk." + std::to_string(l) + ".";
+  ts.push_back({p + "attn_norm.weight", {E}, true});
+  ts.push_back({p + "post_attention_norm.weight", {E}, true});
+  if ((l + 1) % s.full_attention_interval != 0) {  // Gated DeltaNet
+    ts.push_back({p + "attn_qkv.weight", {E, 2 * Kd + Vd}, false});
+    ts.push_back({p + "attn_gate.weight", {E, Vd}, false});
+    ts.push_back({p + "ssm_ba.weight", {E, 2 * Hv}, false});
+    ts.push_back({p + "ssm_conv1d.weight", {s.ssm_conv_kernel, 2 * Kd + Vd}, false});
+    ts.push_back({p + "ssm_a", {Hv}, false, GgmlType::F32, true});
+    ts.push_back({p + "ssm_dt.bias", {Hv}, false});
+    ts.push_back({p + "ssm_norm.weight", {s.ssm_state}, true});
+    ts.push_back({p + "ssm_out.weight", {Vd, E}, false});
+  } else {  // gated attention: attn_q yields query and output gate
+    ts.push_back({p + "attn_q.weight", {E, H * 2 * D}, false});
+    ts.push_back({p + "attn_k.weight", {E, Hkv * D}, false});
+    ts.push_back({p + "attn_v.weight", {E, Hkv * D}, false});
+    ts.push_back({p + "attn_q_norm.weight", {D}, true});
+    ts.push_back({p + "attn_k_norm.weight", {D}, true});
+    ts.push_back({p + "attn_output.weight", {H * D, E}, false});
+  }
+  ts.push_back({p + "ffn_gate_inp.weight", {E, s.n_expert}, false});
+  ts.push_back({p + "ffn_gate_exps.weight", {E, s.n_ff_exp, s.n_expert}, false});
+  ts.push_back({p + "ffn_up_exps.weight", {E, s.n_ff_exp, s.n_expert}, false});
+  ts.push_back({p + "ffn_down_exps.weight", {s.n_ff_exp, E, s.n_expert}, false});
+  ts.push_back({p + "ffn_gate_inp_shexp.weight", {E}, false});
+  ts.push_back({p + "ffn_gate_shexp.weight", {E, s.n_ff_shexp}, false});
+  ts.push_back({p + "ffn_up_shexp.weight", {E, s.n_ff_shexp}, false});
+  ts.push_back({p + "ffn_down_shexp.weight", {s.n_ff_shexp, E}, false});
+}
 
 }  // namespace
 
@@ -150,6 +224,16 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
   w.set(a + ".attention.value_length", s.head_dim);
   w.set(a + ".attention.layer_norm_rms_epsilon", s.rms_eps);
   w.set(a + ".rope.freq_base", s.rope_base);
+  if (a == "qwen3next") {
+    w.set(a + ".rope.dimension_count", s.n_rot ? s.n_rot : s.head_dim);
+    w.set(a + ".expert_shared_feed_forward_length", s.n_ff_shexp);
+    w.set(a + ".ssm.conv_kernel", s.ssm_conv_kernel);
+    w.set(a + ".ssm.state_size", s.ssm_state);
+    w.set(a + ".ssm.group_count", s.ssm_k_heads);
+    w.set(a + ".ssm.time_step_rank", s.ssm_v_heads);
+    w.set(a + ".ssm.inner_size", s.ssm_v_heads * s.ssm_state);
+    w.set(a + ".full_attention_interval", s.full_attention_interval);
+  }
   if (s.vocab_from.empty()) synthetic_vocab(w, s.n_vocab);
 
   // Tensors in llama.cpp's file order.
@@ -158,7 +242,8 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
   ts.push_back({"token_embd.weight", {E, s.n_vocab}, false});
   ts.push_back({"output_norm.weight", {E}, true});
   if (!s.tied) ts.push_back({"output.weight", {E, s.n_vocab}, false});
-  for (uint32_t l = 0; l < s.n_layer; ++l) {
+  for (uint32_t l = 0; l < s.n_layer && a == "qwen3next"; ++l) plan_qwen3next_layer(s, l, ts);
+  for (uint32_t l = 0; l < s.n_layer && a == "qwen3moe"; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     ts.push_back({p + "attn_norm.weight", {E}, true});
     ts.push_back({p + "attn_q.weight", {E, H * D}, false});
@@ -191,8 +276,21 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
 
   // Generate and encode each tensor, rows split over the pool. Every row has its own generator
   // (seeded by tensor and row), so the file does not depend on the thread count.
+  std::map<std::string, std::vector<uint8_t>> first_layer;  // repeat_layers: name after "blk.N."
+  auto layer_suffix = [](const std::string& name) -> std::string {
+    if (name.rfind("blk.", 0) != 0) return {};
+    return name.substr(name.find('.', 4) + 1);
+  };
   for (size_t ti = 0; ti < ts.size(); ++ti) {
     const PlannedTensor& t = ts[ti];
+    const std::string suffix = layer_suffix(t.name);
+    if (s.repeat_layers && !suffix.empty() && t.name.rfind("blk.0.", 0) != 0) {
+      const auto it = first_layer.find(suffix);
+      if (it != first_layer.end()) {
+        w.add_tensor(t.name, t.type, t.dims, it->second);
+        continue;
+      }
+    }
     const uint64_t n0 = t.dims[0];
     uint64_t rows = 1;
     for (size_t d = 1; d < t.dims.size(); ++d) rows *= t.dims[d];
@@ -207,7 +305,7 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
         Rng rng(s.seed * 0x9E3779B97F4A7C15ull + ti * 0x100000001B3ull + uint64_t(r));
         for (auto& x : row) {
           const float u = float(rng.uniform()) * 2.0f - 1.0f;
-          x = t.norm ? 1.0f + 0.05f * u : amp * u;
+          x = t.decay ? -(1.0f + 0.5f * u) : t.norm ? 1.0f + 0.05f * u : amp * u;
         }
         uint8_t* dst = bytes.data() + uint64_t(r) * rb;
         if (t.type == GgmlType::F32)
@@ -217,6 +315,7 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
       }
     });
     w.add_tensor(t.name, t.type, t.dims, bytes);
+    if (s.repeat_layers && t.name.rfind("blk.0.", 0) == 0) first_layer.emplace(suffix, std::move(bytes));
   }
   w.write(path);
 }

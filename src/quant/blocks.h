@@ -57,6 +57,16 @@ static inline uint16_t fp32_to_fp16(float f) {
   return (uint16_t)(sign | r);
 }
 
+// Round to nearest, ties to even, for |v| < 2^22 (all quantizer inputs are far smaller): adding 1.5 * 2^23
+// makes the FPU round to an integer in the mantissa. A plain add, where nearbyintf is a libm call on
+// baseline x86-64 (no SSE4.1 roundss).
+static inline int nearest_int(float v) {
+  float f = v + 12582912.f;
+  int32_t i;
+  std::memcpy(&i, &f, 4);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
 static inline float bf16_to_fp32(uint16_t h) {
   uint32_t bits = (uint32_t)h << 16;
   float f;

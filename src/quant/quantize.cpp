@@ -19,7 +19,7 @@ namespace strata {
 namespace {
 using namespace q;
 
-inline int nearest(float v) { return static_cast<int>(std::nearbyintf(v)); }
+inline int nearest(float v) { return nearest_int(v); }
 
 // Fits x[i] ~= scale * L[i] - min with L in [0, nmax], min >= 0 (the K-quant "scale and min" form).
 // Returns scale; *min_out receives min. Weighted by w.

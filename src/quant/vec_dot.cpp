@@ -6,11 +6,6 @@
 
 namespace strata::q {
 
-namespace {
-// Round to nearest, ties to even (the default FP rounding mode), like ggml's nearest_int.
-inline int nearest_int(float v) { return static_cast<int>(std::nearbyintf(v)); }
-}  // namespace
-
 void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n) {
   for (int64_t b = 0; b < n / QK; ++b, x += QK) {
     float amax = 0.f;

@@ -662,11 +662,13 @@ Value f_wordcount(Interpreter&, const Value& v, Args&) {
   return Value::integer(n);
 }
 
+Value f_format(Interpreter& in, const Value& v, Args& a);  // below, next to percent_format
+
 const std::unordered_map<std::string, FilterFn>& filters() {
   static const std::unordered_map<std::string, FilterFn> m = {
       {"abs", f_abs}, {"attr", f_attr}, {"batch", f_batch}, {"capitalize", f_capitalize}, {"count", f_length},
       {"d", f_default}, {"default", f_default}, {"dictsort", f_dictsort}, {"e", f_escape},
-      {"escape", f_escape}, {"first", f_first}, {"float", f_float}, {"int", f_int}, {"items", f_items},
+      {"escape", f_escape}, {"first", f_first}, {"float", f_float}, {"format", f_format}, {"int", f_int}, {"items", f_items},
       {"join", f_join}, {"last", f_last}, {"length", f_length}, {"list", f_list}, {"lower", f_lower},
       {"map", f_map}, {"max", f_max}, {"min", f_min}, {"reject", f_reject}, {"rejectattr", f_rejectattr},
       {"replace", f_replace}, {"reverse", f_reverse}, {"round", f_round}, {"safe", f_safe},
@@ -858,6 +860,163 @@ bool str_startswith(const std::string& s, const Value& p, bool ends) {
   return one(p);
 }
 
+// %-formatting of one value for one conversion (flags, width, precision already parsed).
+std::string format_one(Interpreter& in, char conv, const std::string& flags, int width, int prec, const Value& v) {
+  std::string body;
+  auto num_spec = [&](const char* len, char c) {
+    std::string f = "%" + flags;
+    if (width >= 0) f += std::to_string(width);
+    if (prec >= 0) f += "." + std::to_string(prec);
+    return f + len + c;
+  };
+  switch (conv) {
+    case 's':
+    case 'r':
+    case 'a': {
+      body = conv == 's' ? to_str(v) : repr(v);
+      if (prec >= 0) {
+        auto cps = utf8_decode(body);
+        if (static_cast<size_t>(prec) < cps.size()) body = utf8_encode(cps, 0, prec);
+      }
+      int64_t len = static_cast<int64_t>(utf8_length(body));
+      if (width > len) {
+        std::string pad(static_cast<size_t>(width - len), ' ');
+        body = flags.find('-') != std::string::npos ? body + pad : pad + body;
+      }
+      return body;
+    }
+    case 'd':
+    case 'i':
+    case 'u':
+    case 'x':
+    case 'X':
+    case 'o': {
+      if (v.is_undefined()) undefined_error(v);
+      int64_t x;
+      if (v.kind == Kind::Int || v.kind == Kind::Bool) x = v.i;
+      else if (v.kind == Kind::Float && std::isfinite(v.f) && std::fabs(v.f) < 9.2e18) x = static_cast<int64_t>(v.f);
+      else throw TemplateError(std::string("%") + conv + " format: a number is required, not " + type_name(v));
+      char buf[512];
+      char c = conv == 'i' || conv == 'u' ? 'd' : conv;
+      if (x < 0 && c != 'd') {  // Python prints -ff, not the two's complement
+        if (x == INT64_MIN) throw TemplateError("integer overflow in format");
+        std::snprintf(buf, sizeof buf, (std::string("%ll") + c).c_str(), static_cast<long long>(-x));
+        std::string r = std::string("-") + buf;
+        if (width > static_cast<int>(r.size()))
+          r = flags.find('-') != std::string::npos ? r + std::string(width - r.size(), ' ')
+                                                   : std::string(width - r.size(), ' ') + r;
+        return r;
+      }
+      std::snprintf(buf, sizeof buf, num_spec("ll", c).c_str(), static_cast<long long>(x));
+      return buf;
+    }
+    case 'f':
+    case 'F':
+    case 'e':
+    case 'E':
+    case 'g':
+    case 'G': {
+      if (v.is_undefined()) undefined_error(v);
+      if (!v.is_number()) throw TemplateError(std::string("%") + conv + " format: a real number is required, not " + type_name(v));
+      double x = v.kind == Kind::Float ? v.f : static_cast<double>(v.i);
+      char buf[512];
+      std::snprintf(buf, sizeof buf, num_spec("", conv).c_str(), x);
+      return buf;
+    }
+    case 'c': {
+      if (v.is_string() && utf8_length(v.s) == 1) return v.s;
+      if (v.kind == Kind::Int && v.i >= 0 && v.i <= 0x10FFFF && !(v.i >= 0xD800 && v.i <= 0xDFFF)) {
+        std::string out;
+        utf8_append(out, static_cast<uint32_t>(v.i));
+        return out;
+      }
+      throw TemplateError("%c requires an int or a single character");
+    }
+    default: throw TemplateError(std::string("unsupported format character '") + conv + "'");
+  }
+  (void)in;
+}
+
+}  // namespace
+
+// Python's printf-style `fmt % args` (args: a tuple, a mapping for %(name)s, or one value).
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args) {
+  std::vector<Value> pos;
+  bool mapping = args.kind == Kind::Dict;
+  if (args.is_list() && args.tuple)
+    pos = args.items();
+  else
+    pos.push_back(args);
+  size_t next = 0;
+  bool used_mapping = false;
+  std::string out;
+  for (size_t k = 0; k < fmt.size(); ++k) {
+    if (fmt[k] != '%') {
+      out += fmt[k];
+      continue;
+    }
+    if (++k >= fmt.size()) throw TemplateError("incomplete format");
+    const Value* arg = nullptr;
+    if (fmt[k] == '(') {
+      size_t e = fmt.find(')', k);
+      if (e == std::string::npos) throw TemplateError("incomplete format key");
+      if (!mapping) throw TemplateError("format requires a mapping");
+      const Value* v = args.dict->find(fmt.substr(k + 1, e - k - 1));
+      if (!v) throw TemplateError("KeyError: " + py_str_repr(fmt.substr(k + 1, e - k - 1)));
+      arg = v;
+      used_mapping = true;
+      k = e + 1;
+    }
+    std::string flags;
+    while (k < fmt.size() && std::string_view("-+ #0").find(fmt[k]) != std::string_view::npos) flags += fmt[k++];
+    auto number = [&]() -> int {
+      int n = -1;
+      if (k < fmt.size() && fmt[k] == '*') throw TemplateError("'*' width in format is not supported");
+      while (k < fmt.size() && isdigit(static_cast<unsigned char>(fmt[k]))) {
+        n = (n < 0 ? 0 : n) * 10 + (fmt[k++] - '0');
+        if (n > 10000) throw TemplateError("format width too large");
+      }
+      return n;
+    };
+    int width = number();
+    int prec = -1;
+    if (k < fmt.size() && fmt[k] == '.') {
+      ++k;
+      prec = std::max(0, number());
+    }
+    while (k < fmt.size() && (fmt[k] == 'l' || fmt[k] == 'h' || fmt[k] == 'L')) ++k;
+    if (k >= fmt.size()) throw TemplateError("incomplete format");
+    char conv = fmt[k];
+    if (conv == '%') {
+      out += '%';
+      continue;
+    }
+    if (!arg) {
+      if (mapping && !used_mapping && pos.size() == 1 && next == 0) {
+        arg = &pos[0];
+        ++next;
+      } else {
+        if (next >= pos.size()) throw TemplateError("not enough arguments for format string");
+        arg = &pos[next++];
+      }
+    }
+    out += format_one(in, conv, flags, width, prec, *arg);
+    in.check_string(out.size());
+  }
+  if (!mapping && next < pos.size()) throw TemplateError("not all arguments converted during string formatting");
+  return out;
+}
+
+namespace {
+Value f_format(Interpreter& in, const Value& v, Args& a) {
+  if (!a.pos.empty() && !a.kw.empty()) throw TemplateError("can't handle positional and keyword arguments at the same time");
+  if (!a.kw.empty()) {
+    Dict d;
+    for (auto& [k, x] : a.kw) d.set(k, x);
+    return Value::string(percent_format(in, to_str(v), Value::make_dict(std::move(d))));
+  }
+  return Value::string(percent_format(in, to_str(v), Value::make_list(a.pos, true)));
+}
 }  // namespace
 
 FilterFn find_filter(const std::string& name) {

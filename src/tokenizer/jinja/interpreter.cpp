@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <exception>
+#include <set>
 
 #include "common/checked_math.h"
 #include "tokenizer/jinja/parser.h"
@@ -38,9 +39,10 @@ Interpreter::~Interpreter() {
   for (auto& ns : namespaces_) ns->clear();
 }
 
-std::string Interpreter::run(const Body& body) {
+std::string Interpreter::run(const Body& body, const std::vector<std::string>& root_undefined) {
   std::string out;
   auto root = std::make_shared<Scope>();
+  for (auto& n : root_undefined) root->vars[n] = Value::undefined("'" + n + "' is undefined");
   try {
     exec_body(body, root, out);
   } catch (const Error& e) {
@@ -57,6 +59,17 @@ void Interpreter::step() {
   if (++steps_ > opt_.limits.max_steps)
     throw TemplateError("sandbox: template exceeded " + std::to_string(opt_.limits.max_steps) + " steps");
 }
+// Copying big values costs work too (s = s ~ x in a loop is quadratic): 1 step per 256 bytes or
+// 16 list items built.
+void Interpreter::charge_bytes(uint64_t bytes) {
+  steps_ += bytes / 256;
+  step();
+}
+void Interpreter::charge_items(uint64_t n) {
+  steps_ += n / 16;
+  step();
+}
+
 void Interpreter::check_string(uint64_t bytes) const {
   if (bytes > opt_.limits.max_string)
     throw TemplateError("sandbox: string of " + std::to_string(bytes) + " bytes exceeds the limit of " +
@@ -150,13 +163,14 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, const ScopeP& scope, std::str
     }
     case Stmt::K::Break: return Flow::Break;
     case Stmt::K::Continue: return Flow::Continue;
-    case Stmt::K::Scope: return exec_body(s.bodies[0], scope, out);
+    case Stmt::K::Scope: return exec_body(s.bodies[0], std::make_shared<Scope>(scope), out);  // a caller body
   }
   return Flow::Normal;
 }
 
 Interpreter::Flow Interpreter::exec_for(const Stmt& s, const ScopeP& scope, std::string& out) {
   std::vector<Value> items = iterate(eval(*s.e[1], scope));
+  charge_items(items.size());
   if (s.e[2]) {  // `for x in xs if cond`: filter first; loop.* counts the kept items
     std::vector<Value> kept;
     for (auto& it : items) {
@@ -587,6 +601,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
   if (op == "~") {  // str(a) + str(b); the size is checked before anything is built
     if (a.is_string() && b.is_string()) {
       check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      charge_bytes(a.s.size() + b.s.size());
       std::string r;
       r.reserve(a.s.size() + b.s.size());
       r += a.s;
@@ -596,8 +611,10 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     std::string s = to_str(a);
     std::string t = to_str(b);
     check_string(static_cast<uint64_t>(s.size()) + t.size());
+    charge_bytes(s.size() + t.size());
     return Value::string(s + t);
   }
+  if (op == "%" && a.is_string()) return Value::string(percent_format(*this, a.s, b));  // printf-style
   if (a.is_undefined()) undefined_error(a);
   if (b.is_undefined()) undefined_error(b);
   auto unsupported = [&]() -> Value {
@@ -614,12 +631,14 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     if (nums) return Value::floating(as_double(a) + as_double(b));
     if (a.is_string() && b.is_string()) {
       check_string(static_cast<uint64_t>(a.s.size()) + b.s.size());
+      charge_bytes(a.s.size() + b.s.size());
       if (a.markup || b.markup)  // Markup.__add__/__radd__ escape the plain operand
         return Value::string((a.markup ? a.s : html_escape(a.s)) + (b.markup ? b.s : html_escape(b.s)), true);
       return Value::string(a.s + b.s);
     }
     if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
       check_items(static_cast<uint64_t>(a.items().size()) + b.items().size());
+      charge_items(a.items().size() + b.items().size());
       List out = a.items();
       out.insert(out.end(), b.items().begin(), b.items().end());
       return Value::make_list(std::move(out), a.tuple);
@@ -655,6 +674,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     if (seq->is_string()) {
       auto total = checked_mul(seq->s.size(), times);
       check_string(total ? *total : UINT64_MAX);
+      charge_bytes(*total);
       std::string out;
       out.reserve(*total);
       for (uint64_t k = 0; k < times; ++k) out += seq->s;
@@ -662,6 +682,7 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     }
     auto total = checked_mul(seq->items().size(), times);
     check_items(total ? *total : UINT64_MAX);
+    charge_items(*total);
     List out;
     out.reserve(*total);
     for (uint64_t k = 0; k < times; ++k) out.insert(out.end(), seq->items().begin(), seq->items().end());
@@ -674,7 +695,6 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
   }
   if (op == "//" || op == "%") {
     if (!nums) {
-      if (op == "%" && a.is_string()) throw TemplateError("printf-style '%' string formatting is not supported");
       return unsupported();
     }
     if (ints) {
@@ -747,16 +767,103 @@ bool Interpreter::compare_op(const std::string& op, const Value& a, const Value&
   return c >= 0;
 }
 
+// ---- root-frame symbol analysis (jinja2 idtracking.py) ----
+// jinja2 decides statically, per template-level name, where its value starts: a name whose first
+// mention in the template's own frame is a definite `set` (or macro) starts *undefined* — it hides
+// the context variable of that name even from loop bodies and macros that run before the set —
+// while any other name is resolved from the context. A set inside an if counts as definite only if
+// the if-body, the elif chain and the else branch all set it (jinja2's branch_update).
+namespace {
+struct RootSymbols {
+  std::set<std::string> refs, stores, undefined_init;
+};
+void visit_loads(const Expr* e, RootSymbols& s) {
+  if (!e) return;
+  if (e->k == Expr::K::Name) s.refs.insert(e->name);
+  for (auto& c : e->a) visit_loads(c.get(), s);
+  for (auto& kv : e->kw) visit_loads(kv.second.get(), s);
+}
+void store(const std::string& n, RootSymbols& s) {
+  s.stores.insert(n);
+  if (s.refs.insert(n).second) s.undefined_init.insert(n);
+}
+void store_target(const Expr& t, RootSymbols& s) {
+  if (t.k == Expr::K::Name) store(t.name, s);
+  if (t.k == Expr::K::Tuple)
+    for (auto& x : t.a) store_target(*x, s);
+  if (t.k == Expr::K::Getattr) visit_loads(t.a[0].get(), s);  // ns.x = ...: loads ns
+}
+void analyze_root(const Body& body, RootSymbols& s);
+void analyze_if(const Stmt& st, size_t first, RootSymbols& s) {
+  // jinja2's If: test, body, elif_ (a chain of Ifs visited as one branch), else_
+  visit_loads(st.e[first].get(), s);
+  RootSymbols body = s, chain = s, other = s;
+  analyze_root(st.bodies[first], body);
+  const size_t n_cond = st.e.size();
+  for (size_t k = first + 1; k < n_cond; ++k) {  // each elif is an If with no elif/else of its own
+    visit_loads(st.e[k].get(), chain);
+    RootSymbols b = chain;
+    analyze_root(st.bodies[k], b);
+    for (auto& n : b.stores)
+      if (!chain.stores.count(n)) b.undefined_init.erase(n);  // stored in one of three branches only
+    chain.refs.insert(b.refs.begin(), b.refs.end());
+    chain.stores.insert(b.stores.begin(), b.stores.end());
+    for (auto& n : b.refs)
+      if (!b.undefined_init.count(n)) chain.undefined_init.erase(n);
+  }
+  if (st.bodies.size() > n_cond) analyze_root(st.bodies.back(), other);
+  RootSymbols out = s;
+  for (const RootSymbols* b : {&body, &chain, &other}) {
+    out.refs.insert(b->refs.begin(), b->refs.end());
+    out.stores.insert(b->stores.begin(), b->stores.end());
+  }
+  for (auto& n : out.stores) {
+    if (s.stores.count(n)) continue;
+    bool definite = body.stores.count(n) && chain.stores.count(n) && other.stores.count(n);
+    bool undef = other.undefined_init.count(n) > 0;  // the last branch's start wins (loads.update order)
+    if (definite && undef)
+      out.undefined_init.insert(n);
+    else
+      out.undefined_init.erase(n);
+  }
+  s = std::move(out);
+}
+void analyze_root(const Body& body, RootSymbols& s) {
+  for (auto& st : body) {
+    switch (st->k) {
+      case Stmt::K::Print: visit_loads(st->e[0].get(), s); break;
+      case Stmt::K::If: analyze_if(*st, 0, s); break;
+      case Stmt::K::For: visit_loads(st->e[1].get(), s); break;
+      case Stmt::K::Set:
+        visit_loads(st->e[1].get(), s);
+        store_target(*st->e[0], s);
+        break;
+      case Stmt::K::SetBlock: store_target(*st->e[0], s); break;
+      case Stmt::K::Macro: store(st->text, s); break;
+      case Stmt::K::CallBlock:
+      case Stmt::K::FilterBlock: visit_loads(st->e[0].get(), s); break;
+      case Stmt::K::With:
+        for (auto& x : st->e) visit_loads(x.get(), s);
+        break;
+      default: break;
+    }
+  }
+}
+}  // namespace
+
 // ---- Template ----
 Template Template::parse(std::string_view source) {
   Template t;
   t.body_ = std::make_shared<const Body>(parse_template(source));
+  RootSymbols s;
+  analyze_root(*t.body_, s);
+  t.root_undefined_ = std::make_shared<const std::vector<std::string>>(s.undefined_init.begin(), s.undefined_init.end());
   return t;
 }
 
 std::string Template::render(const Dict& context, const RenderOptions& opt) const {
   Interpreter in(context, opt);
-  return in.run(*body_);
+  return in.run(*body_, *root_undefined_);
 }
 
 }  // namespace strata::jinja

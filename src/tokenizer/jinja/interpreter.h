@@ -22,7 +22,8 @@ class Interpreter {
  public:
   Interpreter(const Dict& context, const RenderOptions& opt);
   ~Interpreter();
-  std::string run(const Body& body);
+  // root_undefined: template-level names that start undefined instead of coming from the context.
+  std::string run(const Body& body, const std::vector<std::string>& root_undefined);
 
   // Used by the builtins (builtins.cpp).
   Value call(const Value& callee, Args& args);
@@ -35,6 +36,8 @@ class Interpreter {
   void check_string(uint64_t bytes) const;
   void check_items(uint64_t n) const;
   void step();
+  void charge_bytes(uint64_t bytes);  // work of building a value of that size
+  void charge_items(uint64_t n);
   Value new_namespace();
   const RenderOptions& options() const { return opt_; }
 
@@ -83,5 +86,6 @@ enum class MethodKind { None, Safe, Unsafe };
 MethodKind method_kind(const Value& self, const std::string& name);
 Value call_method(Interpreter& in, const Value& self, const std::string& name, Args& args);
 void install_globals(Dict& globals);
+std::string percent_format(Interpreter& in, const std::string& fmt, const Value& args);  // fmt % args
 
 }  // namespace strata::jinja

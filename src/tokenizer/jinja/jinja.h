@@ -10,11 +10,21 @@
 // json.dumps(ensure_ascii=False, ...), raise_exception, strftime_now). The sandbox sees only the
 // context it is given; attributes starting with '_' (Python internals) are refused; every render
 // is bounded in nesting depth, work, output and value sizes (Limits).
+//
+// Known differences from jinja2 (each fails with a clear TemplateError rather than rendering
+// differently, except the last two): attributes starting with '_' other than plain dict keys
+// (jinja2 yields an "unsafe" undefined), recursive loops, `*args`/`**kwargs` in calls, str.format,
+// non-string dict keys, integers beyond int64, {% include/import/extends/block %}, an unknown
+// filter/test (jinja2 may reject it at compile time even in a branch never taken), and printing a
+// bound method or generator (no stable text in Python either). Upper/lower-casing maps ASCII,
+// Latin-1, Latin Extended-A, Greek and Cyrillic only; jinja2's static scoping is reproduced for
+// template-level names (analyze_root), not for names first set inside loop or macro bodies.
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "tokenizer/jinja/value.h"
 
@@ -46,6 +56,7 @@ class Template {
 
  private:
   std::shared_ptr<const std::vector<std::unique_ptr<Stmt>>> body_;
+  std::shared_ptr<const std::vector<std::string>> root_undefined_;  // see analyze_root (interpreter.cpp)
 };
 
 }  // namespace strata::jinja

@@ -100,12 +100,28 @@ class Lexer {
   size_t pos_ = 0;
   std::vector<size_t> line_starts_;
   std::vector<Token> out_;
+  mutable size_t cur_pos_ = 0;  // where(): cursor over the source
+  mutable int cur_line_ = 1, cur_col_ = 1;
 
   [[noreturn]] void fail(size_t at, const std::string& msg) const {
     auto [line, col] = where(at);
     throw TemplateError("template line " + std::to_string(line) + " col " + std::to_string(col) + ": " + msg);
   }
+  // Line and column (in code points) of byte offset `at`. Tokens come in increasing order, so the
+  // common case advances a cursor (linear overall, even for one very long line).
   std::pair<int, int> where(size_t at) const {
+    if (at >= cur_pos_) {
+      for (; cur_pos_ < at && cur_pos_ < src_.size(); ++cur_pos_) {
+        char c = src_[cur_pos_];
+        if (c == '\n') {
+          ++cur_line_;
+          cur_col_ = 1;
+        } else if ((static_cast<uint8_t>(c) & 0xC0) != 0x80) {
+          ++cur_col_;
+        }
+      }
+      if (at == cur_pos_) return {cur_line_, cur_col_};
+    }
     auto it = std::upper_bound(line_starts_.begin(), line_starts_.end(), at);
     size_t line = static_cast<size_t>(it - line_starts_.begin());
     size_t start = line_starts_[line - 1];
