@@ -97,7 +97,8 @@ const summary = {
   rss_mib_max: Math.max(...rss.map((x) => x.rss)) / 2 ** 20, rss_growth_fraction: growth,
   rss_samples_mib: rss.map((x) => Math.round(x.rss / 2 ** 20 * 10) / 10),
 };
-console.log(JSON.stringify(summary, null, 1));
+// One field per line, the memory samples on one line.
+console.log(JSON.stringify(summary, null, 1).replace(/\[\s+([\d.,\s]+?)\s+\]/g, (_, xs) => "[" + xs.replace(/\s+/g, " ") + "]"));
 const flat = growth < 0.05;
 if (stats.errors || !stats.requests || !flat) {
   console.error(`load run FAILED: errors=${stats.errors} requests=${stats.requests} rss growth=${(100 * growth).toFixed(1)}%`);

@@ -44,7 +44,7 @@ class FakeBackend : public Backend {
 
   // One token per byte; piece() and tokenize() round-trip for the 39 characters of kChars.
   static constexpr const char* kChars = " abcdefghijklmnopqrstuvwxyz0123456789.,";  // ids 1..39
-  std::vector<int32_t> tokenize(const std::string& text) const override {
+  std::vector<int32_t> tokenize(const std::string& text, bool = false) const override {
     std::vector<int32_t> out;
     for (unsigned char c : text) {
       const char* p = std::strchr(kChars, c);

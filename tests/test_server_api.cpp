@@ -213,10 +213,15 @@ TEST(ServerApi, ChatStreamChunksAndFinalObject) {
     EXPECT_TRUE(c["usage"].is_null());
     auto& ch = c["choices"][0];
     EXPECT_EQ(ch["index"], 0);
-    if (i == 0) EXPECT_EQ(ch["delta"]["role"], "assistant");
+    if (i == 0) {
+      EXPECT_EQ(ch["delta"]["role"], "assistant");
+    }
     if (ch["delta"].contains("content")) text += ch["delta"]["content"].get<std::string>();
-    if (i == 3) EXPECT_EQ(ch["finish_reason"], "stop");
-    else EXPECT_TRUE(ch["finish_reason"].is_null());
+    if (i == 3) {
+      EXPECT_EQ(ch["finish_reason"], "stop");
+    } else {
+      EXPECT_TRUE(ch["finish_reason"].is_null());
+    }
   }
   EXPECT_EQ(text, "Hello");
   EXPECT_EQ(evs.back().second, "[DONE]");
@@ -341,7 +346,10 @@ TEST(ServerMetrics, PrometheusTextHasTheFigures) {
     size_t e = t.find('\n', pos);
     std::string line = t.substr(pos, e - pos);
     pos = e + 1;
-    if (line.rfind("# TYPE ", 0) == 0) family = line.substr(7, line.find(' ', 7) - 7);
-    else if (line[0] != '#') EXPECT_EQ(line.rfind(family, 0), 0u) << line;
+    if (line.rfind("# TYPE ", 0) == 0) {
+      family = line.substr(7, line.find(' ', 7) - 7);
+    } else if (line[0] != '#') {
+      EXPECT_EQ(line.rfind(family, 0), 0u) << line;
+    }
   }
 }

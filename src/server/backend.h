@@ -52,9 +52,10 @@ class Backend {
   virtual const BackendInfo& info() const = 0;
   virtual BackendStats stats() const { return {}; }
 
-  // Text to ids: special tokens written in the text (<|im_start|>) become their ids. BOS is added
-  // when the model wants it.
-  virtual std::vector<int32_t> tokenize(const std::string& text) const = 0;
+  // Text to ids: special tokens written in the text (<|im_start|>) become their ids. `templated`:
+  // the text is a rendered chat template (it carries its own BOS); otherwise BOS is added when the
+  // model wants it.
+  virtual std::vector<int32_t> tokenize(const std::string& text, bool templated) const = 0;
   // The bytes of one token (may be part of a UTF-8 character).
   virtual std::string piece(int32_t token) const = 0;
   virtual bool is_end_of_generation(int32_t token) const = 0;

@@ -314,7 +314,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   try {
     gr = parse_generation_request(kind, req.body);
     std::string text = gr.is_chat ? backend_.render_chat(gr.messages) : gr.prompt;
-    job->prompt = backend_.tokenize(text);
+    job->prompt = backend_.tokenize(text, gr.is_chat);
     if (job->prompt.empty())
       throw make_error(400, "invalid_request_error", "The prompt is empty after tokenization.");
     int64_t n_prompt = int64_t(job->prompt.size());
