@@ -149,11 +149,11 @@ TEST(ExpertUsage, FixtureModelCountsEveryTokenIndependentOfBatching) {
   EXPECT_THROW(eng.prefill(*seq, ref.prompt, nullptr), Error);
 }
 
-// Perplexity of the fixture prompt as one chunk equals the one computed from llama.cpp's own logits
-// for the same tokens (*.logits.slg).
+// Perplexity of the fixture prompt as one chunk (exact mode) equals the one computed from the
+// fixture's exact-math reference logits for the same tokens (*.f32ref.slg, made with llama.cpp).
 TEST(Perplexity, MatchesLlamaCppLogitsOnFixture) {
   std::shared_ptr<const Model> model = load_model(kTiny);
-  const test::Slg ref = test::read_slg(kModels + "tiny-qwen3moe-A-Q8_0.logits.slg");
+  const test::Slg ref = test::read_slg(kModels + "tiny-qwen3moe-A-Q8_0.f32ref.slg");
   const int32_t n = static_cast<int32_t>(ref.prompt.size());
   ASSERT_GE(n, 8);
   double nll_ref = 0;
@@ -168,6 +168,7 @@ TEST(Perplexity, MatchesLlamaCppLogitsOnFixture) {
   EngineOptions o;
   o.n_ctx = n;
   o.n_threads = 2;
+  o.mode = MatmulMode::Exact;
   Engine eng(model, o);
   // two copies of the prompt: two chunks from empty contexts, so both score the same
   std::vector<int32_t> twice = ref.prompt;
@@ -177,7 +178,7 @@ TEST(Perplexity, MatchesLlamaCppLogitsOnFixture) {
   EXPECT_EQ(r.n_chunks, 2);
   EXPECT_EQ(r.n_scored, 2 * (n - 1));
   EXPECT_NEAR(r.chunk_nll[0], r.chunk_nll[1], 1e-6 * std::abs(r.chunk_nll[0]));
-  EXPECT_NEAR(r.ppl() / ppl_ref, 1.0, 0.002) << "ours " << r.ppl() << " llama.cpp " << ppl_ref;
+  EXPECT_NEAR(r.ppl() / ppl_ref, 1.0, 2e-4) << "ours " << r.ppl() << " reference " << ppl_ref;
   EXPECT_EQ(perplexity(eng, twice, n, 1).n_chunks, 1);
   EXPECT_THROW(perplexity(eng, std::span<const int32_t>(twice).first(size_t(n - 1)), n), Error);
   EXPECT_THROW(perplexity(eng, twice, n + 1), Error);  // above the engine's context

@@ -121,7 +121,7 @@ ExpertUsage ExpertUsage::from_json(std::string_view text) {
   STRATA_REQUIRE(j.contains("layers") && j["layers"].is_array() &&
                      j["layers"].size() == static_cast<size_t>(L),
                  "expert usage: 'layers' should be an array of {} entries", L);
-  constexpr int64_t kMaxCount = int64_t{1} << 52;
+  constexpr int64_t kMaxCount = int64_t{1} << 40;  // x 4096 experts stays far inside int64
   for (int l = 0; l < L; ++l) {
     const auto& o = j["layers"][static_cast<size_t>(l)];
     STRATA_REQUIRE(geti(o, "layer", 0, L - 1) == l, "expert usage: layers out of order at {}", l);
