@@ -2,8 +2,8 @@
 # Over --parallel + --max-queue, a request is answered 429 at once with the reason; after the load
 # goes away it is served again.
 source "$(dirname "$0")/common.sh"
-CTX=4096 start_server --parallel 1 --max-queue 1
-LONG='{"prompt":"busy","max_tokens":3000,"temperature":0.7,"ignore_eos":true,"stream":true}'
+CTX=8192 start_server --parallel 1 --max-queue 1
+LONG='{"prompt":"busy","max_tokens":8000,"temperature":0.7,"ignore_eos":true,"stream":true}'
 curl -s -N -H 'Content-Type: application/json' -d "$LONG" "$BASE/v1/completions" > "$WORK/a.out" &
 A=$!
 for _ in $(seq 1 100); do [ "$(metric strata_sequences_running)" = 1 ] && break; sleep 0.05; done

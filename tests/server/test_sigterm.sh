@@ -4,11 +4,11 @@
 source "$(dirname "$0")/common.sh"
 
 # 1. In-flight requests finish (a non-streaming and a streaming one).
-start_server --parallel 2 --shutdown-timeout 60
-curl -s -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0,"ignore_eos":true}' \
+CTX=4096 start_server --parallel 2 --shutdown-timeout 60
+curl -s -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":3000,"temperature":0,"ignore_eos":true}' \
   "$BASE/v1/completions" > "$WORK/plain.json" &
 P=$!
-curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":200,"temperature":0,"ignore_eos":true,"stream":true}' \
+curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"drain","max_tokens":3000,"temperature":0,"ignore_eos":true,"stream":true}' \
   "$BASE/v1/completions" > "$WORK/stream.txt" &
 S=$!
 for _ in $(seq 1 100); do [ "$(metric strata_sequences_running)" = 2 ] && break; sleep 0.02; done
@@ -20,13 +20,13 @@ set +e; wait "$SERVER_PID"; RC=$?; set -e
 SERVER_PID=""
 wait $P $S || true
 check "exit code 0 after drain" [ "$RC" = 0 ]
-check "in-flight non-streaming request finished (200 tokens)" [ "$(jq_ "$WORK/plain.json" 'd["usage"]["completion_tokens"]')" = 200 ]
+check "in-flight non-streaming request finished (3000 tokens)" [ "$(jq_ "$WORK/plain.json" 'd["usage"]["completion_tokens"]')" = 3000 ]
 check "in-flight stream finished with [DONE]" grep -q 'data: \[DONE\]' "$WORK/stream.txt"
 check "log says it drained" grep -q 'SIGTERM received' "$WORK/server.log"
 
 # 2. Past the timeout: cancelled, still exit 0, and promptly.
-CTX=8192 start_server --parallel 1 --shutdown-timeout 1
-curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"endless","max_tokens":8000,"temperature":0.7,"ignore_eos":true,"stream":true}' \
+CTX=16384 start_server --parallel 1 --shutdown-timeout 1
+curl -s -N -H 'Content-Type: application/json' -d '{"prompt":"endless","max_tokens":16000,"temperature":0.7,"ignore_eos":true,"stream":true}' \
   "$BASE/v1/completions" > "$WORK/long.txt" &
 L=$!
 for _ in $(seq 1 100); do [ "$(metric strata_sequences_running)" = 1 ] && break; sleep 0.02; done
