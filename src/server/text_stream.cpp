@@ -17,47 +17,25 @@ size_t utf8_incomplete_tail(std::string_view s) {
   return 0;  // only continuation bytes: invalid, nothing to wait for
 }
 
-TextStream::TextStream(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+TextStream::TextStream(std::vector<std::string> stops) : stop_(std::move(stops)) {}
 
 std::string TextStream::push(std::string_view piece) {
-  if (stopped_) return {};
-  pending_.append(piece);
-  // A stop string can only start inside pending_: released text never ends with a stop's prefix.
-  size_t best = std::string::npos;
-  for (const auto& s : stops_) {
-    size_t pos = pending_.find(s);
-    if (pos != std::string::npos && pos < best) {
-      best = pos;
-      matched_ = s;
-    }
-  }
-  if (best != std::string::npos) {
-    stopped_ = true;
-    std::string out = pending_.substr(0, best);
-    pending_.clear();
-    return out;
-  }
-  // Hold back the longest suffix that is a proper prefix of some stop string.
-  size_t hold = 0;
-  for (const auto& s : stops_) {
-    size_t maxk = std::min(s.size() - 1, pending_.size());
-    for (size_t k = maxk; k > hold; --k)
-      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-        hold = k;
-        break;
-      }
-  }
-  size_t release = pending_.size() - hold;
-  release -= utf8_incomplete_tail(std::string_view(pending_).substr(0, release));
-  std::string out = pending_.substr(0, release);
-  pending_.erase(0, release);
+  if (stop_.stopped()) return {};
+  // stop_ only releases bytes that can no longer be part of a stop string, so holding its output
+  // back for UTF-8 reasons never hides a stop match.
+  std::string out = utf8_pending_ + stop_.feed(piece);
+  utf8_pending_.clear();
+  if (stop_.stopped()) return out;  // the text before the stop string, as it is
+  const size_t tail = utf8_incomplete_tail(out);
+  utf8_pending_.assign(out, out.size() - tail, tail);
+  out.resize(out.size() - tail);
   return out;
 }
 
 std::string TextStream::flush() {
-  if (stopped_) return {};
-  std::string out;
-  out.swap(pending_);
+  if (stop_.stopped()) return {};
+  std::string out = utf8_pending_ + stop_.finish();
+  utf8_pending_.clear();
   return out;
 }
 

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/sampling.h"
+
 namespace strata::server {
 
 class TextStream {
@@ -19,14 +21,12 @@ class TextStream {
   // writer replaces invalid bytes with U+FFFD).
   std::string flush();
 
-  bool stopped() const { return stopped_; }
-  const std::string& matched_stop() const { return matched_; }
+  bool stopped() const { return stop_.stopped(); }
+  const std::string& matched_stop() const { return stop_.matched(); }
 
  private:
-  std::vector<std::string> stops_;
-  std::string pending_;  // received, not yet released
-  bool stopped_ = false;
-  std::string matched_;
+  StopMatcher stop_;          // holds back what may start a stop string (the engine's matcher)
+  std::string utf8_pending_;  // released by stop_, held for an unfinished UTF-8 character
 };
 
 // Number of bytes at the end of `s` that form an incomplete (so far valid-looking) UTF-8 sequence.
