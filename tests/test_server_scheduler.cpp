@@ -145,8 +145,11 @@ TEST(ServerScheduler, ParkBudgetEvictsLeastRecentlyUsed) {
     s.submit(j);
     wait(*j);
   }
-  // Wait for the loop to publish (finish happens before parking within the step).
-  for (int i = 0; i < 100 && s.snapshot().parked != 2; ++i)
+  // Wait for the loop to park the third sequence: its job finishes before it is parked within the
+  // step, and until then parked == 2 already holds (the first two), so wait for the eviction too.
+  for (int i = 0; i < 400 && (m.parked_evictions.load() != 1 || s.snapshot().parked != 2 ||
+                              b.live_sequences.load() != 2);
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_EQ(s.snapshot().parked, 2);
   EXPECT_EQ(m.parked_evictions.load(), 1u);

@@ -7,10 +7,11 @@ LONGREQ='{"prompt":"Tell me everything","max_tokens":8000,"temperature":0.7,"ign
 for mode in stream plain; do
   before=$(metric strata_client_disconnects_total)
   gen_before=$(metric strata_generated_tokens_total)
+  gen_before=$(metric strata_generated_tokens_total)
   body=$LONGREQ
   [ $mode = stream ] && body='{"prompt":"Tell me everything","max_tokens":8000,"temperature":0.7,"ignore_eos":true,"stream":true}'
-  curl -s -N --max-time 1 -H 'Content-Type: application/json' -d "$body" "$BASE/v1/completions" > "$WORK/$mode.out" || true
-  # curl gave up after 1 s; within a moment the server must have noticed.
+  curl -s -N --max-time 0.5 -H 'Content-Type: application/json' -d "$body" "$BASE/v1/completions" > "$WORK/$mode.out" || true
+  # curl gave up after 0.5 s (about a quarter of max_tokens at this box's speed); within a moment the server must have noticed.
   ok=0
   for _ in $(seq 1 50); do
     if [ "$(metric strata_sequences_running)" = 0 ] && [ "$(metric strata_client_disconnects_total)" = $((before + 1)) ]; then ok=1; break; fi
