@@ -93,6 +93,9 @@ TEST(ExpertUsage, JsonRoundTripAndBadDocuments) {
   bad["format"] = "something-else";
   EXPECT_THROW(moe::ExpertUsage::from_json(bad.dump()), Error);
   bad = j;
+  bad["format"] = 2;  // a number where a string belongs: an Error, not a JSON library exception
+  EXPECT_THROW(moe::ExpertUsage::from_json(bad.dump()), Error);
+  bad = j;
   bad["layers"][0]["counts"] = json::array({1, 2});
   EXPECT_THROW(moe::ExpertUsage::from_json(bad.dump()), Error);
   bad = j;

@@ -104,7 +104,8 @@ std::string ExpertUsage::to_json(int indent) const {
 ExpertUsage ExpertUsage::from_json(std::string_view text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   STRATA_REQUIRE(!j.is_discarded() && j.is_object(), "expert usage: not a JSON object");
-  STRATA_REQUIRE(j.value("format", std::string()) == "strata-expert-usage" && j.contains("version") &&
+  STRATA_REQUIRE(j.contains("format") && j["format"].is_string() &&
+                     j["format"].get<std::string>() == "strata-expert-usage" && j.contains("version") &&
                      j["version"].is_number_integer() && j["version"].get<int64_t>() == 1,
                  "expert usage: not a strata-expert-usage version 1 document");
   auto geti = [&](const nlohmann::json& o, const char* k, int64_t lo, int64_t hi) {
