@@ -79,6 +79,7 @@ struct BadCase {
 TEST(ServerApi, EachBadInputIs400WithAPreciseMessage) {
   const BadCase cases[] = {
       {kChat, "{", "", "could not parse the JSON body"},
+      {kChat, R"({"messages": [], "max_tokens": 5e555})", "", "could not parse the JSON body"},
       {kChat, "[1]", "", "must be a JSON object, but got an array"},
       {kChat, R"({"model": "m"})", "messages", "Missing required parameter: 'messages'"},
       {kChat, R"({"messages": {}})", "messages", "expected an array, but got an object"},

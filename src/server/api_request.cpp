@@ -383,7 +383,7 @@ GenerationRequest parse_generation_request(ApiKind kind, std::string_view body) 
   json j;
   try {
     j = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     bad("", fmt::format("We could not parse the JSON body of your request. ({})", e.what()));
   }
   if (!j.is_object())
