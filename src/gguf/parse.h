@@ -13,6 +13,21 @@
 
 namespace strata::gguf::detail {
 
+// The GGUF value type that stores a C++ T (reader accessors and writer share it).
+template <typename T> constexpr ValueType value_type_of();
+template <> constexpr ValueType value_type_of<uint8_t>() { return ValueType::UINT8; }
+template <> constexpr ValueType value_type_of<int8_t>() { return ValueType::INT8; }
+template <> constexpr ValueType value_type_of<uint16_t>() { return ValueType::UINT16; }
+template <> constexpr ValueType value_type_of<int16_t>() { return ValueType::INT16; }
+template <> constexpr ValueType value_type_of<uint32_t>() { return ValueType::UINT32; }
+template <> constexpr ValueType value_type_of<int32_t>() { return ValueType::INT32; }
+template <> constexpr ValueType value_type_of<uint64_t>() { return ValueType::UINT64; }
+template <> constexpr ValueType value_type_of<int64_t>() { return ValueType::INT64; }
+template <> constexpr ValueType value_type_of<float>() { return ValueType::FLOAT32; }
+template <> constexpr ValueType value_type_of<double>() { return ValueType::FLOAT64; }
+template <> constexpr ValueType value_type_of<bool>() { return ValueType::BOOL; }
+template <> constexpr ValueType value_type_of<std::string>() { return ValueType::STRING; }
+
 static_assert(std::endian::native == std::endian::little, "the GGUF reader assumes a little-endian host");
 
 // Untrusted text (keys, tensor names) quoted for an error message: printable ASCII kept, the rest

@@ -7,28 +7,18 @@
 #include <unordered_set>
 
 #include "common/checked_math.h"
+#include "gguf/parse.h"
 
 namespace strata::gguf {
 
 namespace {
 
+using detail::value_type_of;
+
 constexpr uint64_t kDefaultAlignment = 32;
 
 uint64_t pad_to(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
-template <typename T> constexpr ValueType value_type_of();
-template <> constexpr ValueType value_type_of<uint8_t>() { return ValueType::UINT8; }
-template <> constexpr ValueType value_type_of<int8_t>() { return ValueType::INT8; }
-template <> constexpr ValueType value_type_of<uint16_t>() { return ValueType::UINT16; }
-template <> constexpr ValueType value_type_of<int16_t>() { return ValueType::INT16; }
-template <> constexpr ValueType value_type_of<uint32_t>() { return ValueType::UINT32; }
-template <> constexpr ValueType value_type_of<int32_t>() { return ValueType::INT32; }
-template <> constexpr ValueType value_type_of<uint64_t>() { return ValueType::UINT64; }
-template <> constexpr ValueType value_type_of<int64_t>() { return ValueType::INT64; }
-template <> constexpr ValueType value_type_of<float>() { return ValueType::FLOAT32; }
-template <> constexpr ValueType value_type_of<double>() { return ValueType::FLOAT64; }
-template <> constexpr ValueType value_type_of<bool>() { return ValueType::BOOL; }
-template <> constexpr ValueType value_type_of<std::string>() { return ValueType::STRING; }
 
 // A Value built by hand must be something the reader accepts back.
 void check_value(const std::string& key, const Value& v, int depth) {
