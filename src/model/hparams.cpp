@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "cpu/ops.h"
+
 namespace strata {
 
 namespace {
@@ -101,6 +103,25 @@ HParams read_common_hparams(const gguf::File& f) {
   hp.bos_id = static_cast<int32_t>(meta_int_or(f, "tokenizer.ggml.bos_token_id", -1, -1, INT32_MAX));
   hp.eos_id = static_cast<int32_t>(meta_int_or(f, "tokenizer.ggml.eos_token_id", -1, -1, INT32_MAX));
   return hp;
+}
+
+void check_moe_hparams_and_vocab(HParams& hp, const gguf::File& file) {
+  const std::string& f = file.path();
+  const std::string& a = hp.arch;
+  STRATA_REQUIRE(hp.n_expert >= 1, "{}: {} needs {}.expert_count >= 1", f, a, a);
+  STRATA_REQUIRE(hp.n_expert_used >= 1 && hp.n_expert_used <= hp.n_expert,
+                 "{}: {}.expert_used_count {} must be in [1, expert_count {}]", f, a,
+                 hp.n_expert_used, hp.n_expert);
+  STRATA_REQUIRE(hp.n_expert <= cpu::kMaxExperts, "{}: {} experts, at most {} supported", f,
+                 hp.n_expert, cpu::kMaxExperts);
+  STRATA_REQUIRE(hp.n_ff_exp >= 1, "{}: missing {}.expert_feed_forward_length", f, a);
+  STRATA_REQUIRE(hp.n_rot <= cpu::kMaxRot, "{}: rope dimension {} above {}", f, hp.n_rot,
+                 cpu::kMaxRot);
+  const gguf::TensorInfo* te = file.find_tensor("token_embd.weight");
+  STRATA_REQUIRE(te, "{}: missing tensor 'token_embd.weight'", f);
+  STRATA_REQUIRE(te->n_dims == 2 && te->ne[1] >= 1 && te->ne[1] <= INT32_MAX,
+                 "{}: token_embd.weight should be 2-D [n_embd][n_vocab]", f);
+  hp.n_vocab = static_cast<int32_t>(te->ne[1]);
 }
 
 }  // namespace strata

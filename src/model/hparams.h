@@ -36,4 +36,8 @@ bool meta_bool_or(const gguf::File& f, const std::string& key, bool def);
 // The keys every attention+MoE architecture shares (the arch adds its own after).
 HParams read_common_hparams(const gguf::File& f);
 
+// Checks the expert counts, FFN size and RoPE width every MoE architecture needs, and sets
+// hp.n_vocab from token_embd.weight ([n_embd][n_vocab]); errors name the file and the key.
+void check_moe_hparams_and_vocab(HParams& hp, const gguf::File& f);
+
 }  // namespace strata

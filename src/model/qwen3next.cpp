@@ -303,21 +303,7 @@ void Qwen3Next::load_nextn(int il) {
 
 void Qwen3Next::load() {
   HParams& hp = hp_;
-  const std::string& f = file_.path();
-  STRATA_REQUIRE(hp.n_expert >= 1, "{}: qwen3next needs qwen3next.expert_count >= 1", f);
-  STRATA_REQUIRE(hp.n_expert_used >= 1 && hp.n_expert_used <= hp.n_expert,
-                 "{}: qwen3next.expert_used_count {} must be in [1, expert_count {}]", f,
-                 hp.n_expert_used, hp.n_expert);
-  STRATA_REQUIRE(hp.n_expert <= cpu::kMaxExperts, "{}: {} experts, at most {} supported", f,
-                 hp.n_expert, cpu::kMaxExperts);
-  STRATA_REQUIRE(hp.n_ff_exp >= 1, "{}: missing qwen3next.expert_feed_forward_length", f);
-  STRATA_REQUIRE(hp.n_rot <= cpu::kMaxRot, "{}: rope dimension {} above {}", f, hp.n_rot,
-                 cpu::kMaxRot);
-  const gguf::TensorInfo* te = file_.find_tensor("token_embd.weight");
-  STRATA_REQUIRE(te, "{}: missing tensor 'token_embd.weight'", f);
-  STRATA_REQUIRE(te->n_dims == 2 && te->ne[1] >= 1 && te->ne[1] <= INT32_MAX,
-                 "{}: token_embd.weight should be 2-D [n_embd][n_vocab]", f);
-  hp.n_vocab = static_cast<int32_t>(te->ne[1]);
+  check_moe_hparams_and_vocab(hp, file_);
 
   const int64_t E = hp.n_embd, V = hp.n_vocab;
   WeightLoader L(file_);
