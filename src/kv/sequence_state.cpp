@@ -32,6 +32,7 @@ size_t SequenceState::memory_bytes() const {
   size_t n = 0;
   for (const auto& c : kv_) n += c.k.size() + c.v.size();
   for (const auto& r : recurrent_) n += (r.conv.size() + r.state.size()) * sizeof(float);
+  if (backend_) n += backend_->memory_bytes();
   return n;
 }
 

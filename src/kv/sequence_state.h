@@ -9,6 +9,7 @@
 // A sequence holds n_past tokens: positions [0, n_past) of every cache are valid.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu/ops.h"
@@ -29,6 +30,14 @@ struct LayerRecurrent {
   std::vector<float> conv;   // e.g. [conv_kernel - 1][channels]
   std::vector<float> state;  // e.g. [n_v_head][state][state]
   bool present() const { return !state.empty() || !conv.empty(); }
+};
+
+// State a backend keeps outside this object's host vectors (the GPU backend's device KV cache), owned
+// by the sequence so that it lives and dies (and is parked) with it.
+class BackendState {
+ public:
+  virtual ~BackendState() = default;
+  virtual size_t memory_bytes() const = 0;  // device or pinned bytes held
 };
 
 class SequenceState {
@@ -60,12 +69,17 @@ class SequenceState {
   void truncate(int32_t n);
   void reset();  // n_past = 0 and recurrent state zeroed
 
+  // The backend's own state (nullptr on the CPU). memory_bytes() includes its bytes.
+  void set_backend_state(std::unique_ptr<BackendState> s) { backend_ = std::move(s); }
+  BackendState* backend_state() const { return backend_.get(); }
+
  private:
   int32_t n_ctx_;
   KvType type_;
   int32_t n_past_ = 0;
   std::vector<LayerKv> kv_;               // [n_layer]
   std::vector<LayerRecurrent> recurrent_; // [n_layer] (all empty for attention-only models)
+  std::unique_ptr<BackendState> backend_;
 };
 
 }  // namespace strata

@@ -43,6 +43,16 @@ struct ForwardOptions {
   moe::ExpertUsage* usage = nullptr;  // when set, every MoE layer adds its tokens' top-k expert ids
 };
 
+// What a backend with a GPU expert cache reports (issue 7); `present` is false on the CPU backend.
+struct ExpertCacheReport {
+  bool present = false;
+  int64_t hits = 0, misses = 0;  // routed-expert selections served from a GPU slot / by the CPU pool
+  int64_t swaps = 0;             // adaptation admissions
+  int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
+  uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module
+  double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
+};
+
 // Activations of one architecture, sized at creation; forward() allocates nothing.
 class Workspace {
  public:
@@ -70,6 +80,12 @@ class Model {
                        const ForwardOptions& opt) const = 0;
   // Bytes of weights (mapped).
   virtual size_t weight_bytes() const = 0;
+  // "cpu", or "cuda:N" for the GPU backend.
+  virtual std::string backend_name() const { return "cpu"; }
+  // Expert-cache statistics since the last reset (a GPU model's cache is shared by its sequences, so
+  // these are the model's, not a sequence's).
+  virtual ExpertCacheReport cache_report() const { return {}; }
+  virtual void reset_cache_stats() const {}
 
  protected:
   Model(gguf::File file, HParams hp) : file_(std::move(file)), hp_(std::move(hp)) {}

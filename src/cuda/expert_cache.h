@@ -1,0 +1,146 @@
+#pragma once
+// The GPU expert cache (issue 7): n_slots device slots, each holding one expert (gate, up, down) of one
+// layer; the residency table int32 [n_layer][n_expert] -> slot or -1 on the host (moe::Residency) and on
+// the device; the pinned host copy of every expert that slots are filled from; adaptation.
+//
+// Ordering, by construction (every copy goes through cuda/transfer.h):
+//  * The device table is written only by Transfer::upload with producer = compute stream and consumer =
+//    compute stream: it lands after every kernel that read the old table and before every kernel that
+//    reads the new one.
+//  * Replacing expert A (slot s) by B is two-phase. begin_step() k: evict A (host + device table: no
+//    kernel enqueued after this reads slot s), then upload B into s with producer = compute, so the copy
+//    starts only after every kernel enqueued before it (the only ones that may read A from s) finished.
+//    A later begin_step(), once that copy's ticket is done: admit B (table[B] = s), the compute stream waits
+//    on the copy's event, and the table is uploaded again.
+//  * The host table changes only in begin_step(), on the forward thread, so within one forward pass the
+//    host (CPU pool: which experts to run on the CPU) and the device (which experts to run from slots)
+//    see the same table.
+// Adaptation planning (moe::Residency::plan over decayed scores) runs on a helper thread, on copies of
+// the residency and the scores taken under mu_ in end_step(); begin_step() only picks up a finished plan
+// and drops any swap the table has made stale since (in already resident, out no longer in its slot).
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cuda/device.h"
+#include "cuda/moe_kernels.cuh"
+#include "cuda/transfer.h"
+#include "moe/expert_usage.h"
+#include "moe/residency.h"
+#include "quant/types.h"
+
+namespace strata::cuda {
+
+// One expert tensor of one layer as the model file holds it: [n_expert][rows][cols] in `type`.
+struct ExpertTensor {
+  GgmlType type{};
+  const void* data = nullptr;  // host (mapped file)
+};
+struct LayerExperts {
+  ExpertTensor gate, up;  // [n_expert][n_ff][n_embd]
+  ExpertTensor down;      // [n_expert][n_embd][n_ff]
+};
+
+struct ExpertCacheConfig {
+  int n_slots = 0;        // slots on the GPU (capped at n_layer * n_expert)
+  bool exact = false;     // slots hold f32 (dequantized on the CPU): the exact mode
+  int adapt_every = 0;    // forward passes between adaptation plans; 0 = adaptation off
+  int max_swaps = 0;      // per plan; 0 = max(1, n_slots / 16)
+  double decay = 0.5;     // scores *= decay after each plan
+};
+
+class ExpertCache {
+ public:
+  struct Stats {
+    int64_t hits = 0, misses = 0;  // expert selections served from a slot / by the CPU pool
+    int64_t swaps = 0;             // admissions by adaptation
+    uint64_t bytes_uploaded = 0;   // host -> slots, including the first fill
+    int slots_used = 0, n_slots = 0;
+    double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
+  };
+
+  // Bytes of one slot for these layers (the largest layer; slots are uniform), in exact or GPU storage
+  // types. For sizing --expert-cache auto before constructing.
+  static int64_t slot_bytes_for(int64_t n_embd, int64_t n_ff, const std::vector<LayerExperts>& layers,
+                                bool exact);
+
+  // Builds the pinned host copy of every expert in slot layout (repacking types without a GPU kernel,
+  // or to f32 when exact), allocates the slots and the device table, places experts (from `profile` when
+  // given, else evenly), uploads them and the table. Throws strata::Error when memory is short (says
+  // how much was asked).
+  ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_ff, int n_expert,
+              std::vector<LayerExperts> layers, const ExpertCacheConfig& cfg,
+              const moe::ExpertUsage* profile);
+  ~ExpertCache();  // stops the helper thread and waits for the copies in flight
+  ExpertCache(const ExpertCache&) = delete;
+  ExpertCache& operator=(const ExpertCache&) = delete;
+
+  // Forward thread, before the first kernel of a forward pass: commits finished uploads and starts the
+  // swaps of a ready adaptation plan (see above). Cheap when there is nothing to do.
+  void begin_step();
+  // The host learned a layer's routing (ids: n expert ids, n = tokens * k): hit/miss statistics and the
+  // adaptation scores. Call once per layer per forward pass.
+  void record(int layer, const int32_t* ids, int64_t n);
+  // Forward thread, after the last kernel of a forward pass: counts the step, wakes the planner every
+  // adapt_every steps.
+  void end_step();
+
+  const moe::Residency& residency() const { return res_; }
+  moe::ExpertLayerView layer_view(int layer) const;
+  const int32_t* device_layer_row(int layer) const;  // [n_expert] of the device table
+  DevSpan table_span() const { return table_.span(); }
+  DevSpan slots_span() const { return slots_.span(); }
+  int64_t slot_bytes() const { return slot_bytes_; }
+  size_t device_bytes() const { return slots_.bytes() + table_.bytes(); }
+  size_t host_bytes() const { return host_.bytes(); }
+  // Host (pinned) copy of expert e of layer l in slot layout, for tests.
+  const uint8_t* host_expert(int layer, int expert) const;
+
+  Stats stats() const;
+  void reset_stats();
+
+  // Tests: plan and start swaps now (as if adapt_every were reached), and wait until every started swap
+  // is admitted (running begin_step until then).
+  void adapt_now();
+  void drain();
+
+ private:
+  struct Pending {
+    moe::Swap swap;
+    Ticket copy;
+  };
+  void upload_table();
+  void start_swaps(const std::vector<moe::Swap>& plan);
+  void planner_loop();
+
+  Device& dev_;
+  Transfer& xfer_;
+  int64_t n_embd_, n_ff_;
+  int n_expert_;
+  std::vector<LayerExperts> layers_;
+  ExpertCacheConfig cfg_;
+  std::vector<moe::ExpertLayerView> views_;  // [n_layer] (slots pointer filled in)
+  int64_t slot_bytes_ = 0;
+  PinnedBuffer host_;    // [n_layer][n_expert][slot_bytes]
+  DeviceBuffer slots_;   // [n_slots][slot_bytes]
+  DeviceBuffer table_;   // int32 [n_layer][n_expert]
+  moe::Residency res_;
+  std::vector<Pending> pending_;
+
+  // adaptation
+  moe::UsageScores scores_;
+  std::mutex mu_;  // guards scores_ snapshot hand-off, plan_, flags
+  std::condition_variable cv_;
+  std::vector<double> snapshot_;
+  std::vector<moe::Swap> plan_;
+  bool plan_ready_ = false, want_plan_ = false, stop_ = false;
+  std::thread planner_;
+  int64_t steps_ = 0;
+  Stats stats_;
+};
+
+}  // namespace strata::cuda

@@ -1,0 +1,80 @@
+#pragma once
+// The small ops of the forward pass on the GPU (issue 7), declarations only. Each mirrors the CPU
+// reference of the same name in cpu/ops.h (same shapes, same arithmetic up to summation order);
+// tests/cuda/test_ops_kernels.cu compares every one with it on random data at real sizes.
+// All pointers are device memory unless said otherwise; every call is enqueued on `stream`.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cpu/ops.h"
+
+namespace strata::cuda::ops {
+
+// y[r][:] = x[r][:] / sqrt(mean(x[r]^2) + eps) * w[:].  x, y: [n_rows][n]; w: [n]. y may alias x.
+void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y,
+             cudaStream_t stream);
+
+// NeoX rotary embedding in place. x: [n_tok][n_head][head_dim]; pos: [n_tok] device int32.
+void rope_neox(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, int n_rot,
+               float base, cudaStream_t stream);
+
+// out[i] = silu(gate[i]) * up[i]. out may alias gate or up.
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+
+// x[i] += y[i]
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream);
+
+// One token's view of its sequence's device KV cache (all layers in one allocation per sequence).
+// K and V are stored as f16 (IEEE half bits): f16 is what llama.cpp's flash attention uses, so it is also
+// what the exact mode must store to match the references.
+struct KvRef {
+  uint16_t* k;    // [n_layer][n_ctx][n_head_kv][head_dim]   f16
+  uint16_t* v;    // [n_layer][n_ctx][n_head_kv][head_dim_v] f16
+  int32_t n_ctx;  // positions per layer in this sequence's cache
+  int32_t pos;    // this token's position: kv_store writes there; attention reads [0, pos]
+};
+
+// For each token t: K/V rows of layer `layer` at refs[t].pos = f16(k[t]), f16(v[t]) (round to nearest).
+//   k: [n_tok][k_row] f32, v: [n_tok][v_row] f32; refs: [n_tok] device. k_row = n_head_kv * head_dim.
+void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, int layer, int64_t k_row,
+              int64_t v_row, cudaStream_t stream);
+
+// Causal attention with grouped KV heads: query head h reads KV head h / (n_head / n_head_kv); token t
+// attends to positions [0, refs[t].pos] of its own sequence's layer `layer`.
+//   q: [n_tok][n_head][head_dim] f32   out: [n_tok][n_head][head_dim_v] f32
+// math = GgmlF16: llama.cpp's CPU flash-attention arithmetic, like cpu::attention with GgmlF16 (Q rounded
+//   to f16, f16 K.Q products summed in f32, online softmax, V accumulated in an f16 accumulator rounded
+//   after each position); one warp per (token, head) walks the positions in order. The exact mode.
+// math = F32: the fast kernel: flash-decoding (positions split over blocks, partial softmax states
+//   combined), f32 throughout; also used for prefill (causal).
+// max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
+size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
+void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
+               float* scratch, float* out, cudaStream_t stream);
+
+// MoE router like cpu::moe_route: probs = softmax(logits[t]); the k largest (ties: lower id first);
+// with norm, weights divided by their sum (clamped at 6.103515625e-5). logits: [n_tok][n_expert];
+// ids: [n_tok][k] int32, weights: [n_tok][k] f32. n_expert <= cpu::kMaxExperts, k <= 64.
+void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids,
+               float* weights, cudaStream_t stream);
+
+// Greedy sampling: out[t] = argmax_v logits[t][v] (ties: lowest id). logits: [n_tok][n_vocab].
+void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream);
+
+// Random sampling on the GPU with the same rule as the engine's CPU Sampler (engine/sampling.cpp) minus
+// the penalties, given the same uniform draw u (Rng::uniform): top-k, top-p, min-p, temperature, draw.
+// With the same u it picks the same token as Sampler::sample on the same logits. logits: [n_tok][n_vocab]; u: [n_tok] in [0,1);
+// temperature <= 0 means greedy. scratch: sample_scratch_bytes(n_tok, n_vocab) bytes.
+struct SampleParams {
+  float temperature = 0.8f;
+  int32_t top_k = 40;  // 0: off
+  float top_p = 0.95f; // 1: off
+  float min_p = 0.05f; // 0: off
+};
+size_t sample_scratch_bytes(int64_t n_tok, int64_t n_vocab);
+void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
+            void* scratch, int32_t* out, cudaStream_t stream);
+
+}  // namespace strata::cuda::ops
