@@ -138,6 +138,35 @@ constexpr int kDeltaWarps = 4;
 constexpr int kDeltaRowsPerWarp = 8;
 constexpr int kDeltaRowsPerBlock = kDeltaWarps * kDeltaRowsPerWarp;
 
+// One token's inputs of the delta rule as one lane holds them: its key elements of k and q, the v of
+// row j0 + lane (lanes < kDeltaRowsPerWarp), the log-decay and beta of the head.
+template <int E>
+struct DeltaTokenIn {
+  float k[E], q[E];
+  float v, g, beta;
+};
+
+//   q, k: [n_tok][Hk][D]  v: [n_tok][Hv][D]  g, beta: [n_tok][Hv]
+template <int E>
+__device__ __forceinline__ void load_delta_token(DeltaTokenIn<E>& in, int64_t t, int64_t n_k_heads,
+                                                 int64_t n_v_heads, int D, int64_t h, int64_t kh, int j0,
+                                                 int lane, const float* __restrict__ q,
+                                                 const float* __restrict__ k, const float* __restrict__ v,
+                                                 const float* __restrict__ g, const float* __restrict__ beta) {
+  const float* kt = k + (t * n_k_heads + kh) * D;
+  const float* qt = q + (t * n_k_heads + kh) * D;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int a = lane + kWarp * e;
+    in.k[e] = a < D ? kt[a] : 0.0f;
+    in.q[e] = a < D ? qt[a] : 0.0f;
+  }
+  const int j = j0 + lane;
+  in.v = (lane < kDeltaRowsPerWarp && j < D) ? v[(t * n_v_heads + h) * D + j] : 0.0f;
+  in.g = g[t * n_v_heads + h];
+  in.beta = beta[t * n_v_heads + h];
+}
+
 //   q, k: [n_tok][Hk][D]  v: [n_tok][Hv][D]  g, beta: [n_tok][Hv]  state: [Hv][D][D] (in place)
 //   out: [n_tok][Hv][D];  E = ceil(D / 32) key elements per lane (template: state in registers)
 template <int E>
@@ -162,19 +191,13 @@ __global__ void __launch_bounds__(kDeltaWarps * kWarp)
       s[r][e] = (j < D && a < D) ? S[int64_t(j) * D + a] : 0.0f;
     }
 
+  // Token t's inputs, loaded one token ahead (the loop is serial in t: this hides the load latency
+  // behind the previous token's arithmetic). Lane r < kDeltaRowsPerWarp holds v of row j0 + r.
+  DeltaTokenIn<E> cur{}, nxt{};
+  load_delta_token(cur, 0, n_k_heads, n_v_heads, D, h, kh, j0, lane, q, k, v, g, beta);
   for (int64_t t = 0; t < n_tok; ++t) {
-    const float* kt = k + (t * n_k_heads + kh) * D;
-    const float* qt = q + (t * n_k_heads + kh) * D;
-    const float* vt = v + (t * n_v_heads + h) * D;
-    const float decay = expf(g[t * n_v_heads + h]);
-    const float b = beta[t * n_v_heads + h];
-    float kr[E], qr[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int a = lane + kWarp * e;
-      kr[e] = a < D ? kt[a] : 0.0f;
-      qr[e] = a < D ? qt[a] : 0.0f;
-    }
+    if (t + 1 < n_tok) load_delta_token(nxt, t + 1, n_k_heads, n_v_heads, D, h, kh, j0, lane, q, k, v, g, beta);
+    const float decay = expf(cur.g);
     float sk[kDeltaRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kDeltaRowsPerWarp; ++r) {
@@ -182,7 +205,7 @@ __global__ void __launch_bounds__(kDeltaWarps * kWarp)
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         s[r][e] *= decay;
-        acc = fmaf(s[r][e], kr[e], acc);
+        acc = fmaf(s[r][e], cur.k[e], acc);
       }
       sk[r] = acc;
     }
@@ -191,13 +214,13 @@ __global__ void __launch_bounds__(kDeltaWarps * kWarp)
     float o[kDeltaRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kDeltaRowsPerWarp; ++r) {
-      const int j = j0 + r;
-      const float u = j < D ? b * (vt[j] - sk[r]) : 0.0f;
+      const float vj = __shfl_sync(0xffffffffu, cur.v, r);  // v of row j0 + r (0 past D)
+      const float u = j0 + r < D ? cur.beta * (vj - sk[r]) : 0.0f;
       float acc = 0.0f;
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        s[r][e] = fmaf(u, kr[e], s[r][e]);
-        acc = fmaf(s[r][e], qr[e], acc);
+        s[r][e] = fmaf(u, cur.k[e], s[r][e]);
+        acc = fmaf(s[r][e], cur.q[e], acc);
       }
       o[r] = acc;
     }
@@ -208,6 +231,7 @@ __global__ void __launch_bounds__(kDeltaWarps * kWarp)
 #pragma unroll
     for (int r = 0; r < kDeltaRowsPerWarp; ++r)
       if (lane == r && j0 + r < D) ot[j0 + r] = o[r] * q_scale;
+    cur = nxt;
   }
 
 #pragma unroll
