@@ -243,6 +243,26 @@ __global__ void __launch_bounds__(kDeltaWarps * kWarp)
     }
 }
 
+struct DeltaArgs {
+  int64_t n_tok, n_k_heads, n_v_heads;  // tokens, Hk, Hv
+  int D;                                // head size
+  const float *q, *k;                   // [n_tok][Hk][D]
+  const float* v;                       // [n_tok][Hv][D]
+  const float *g, *beta;                // [n_tok][Hv]
+  float q_scale;
+  float* state;                         // [Hv][D][D], in place
+  float* out;                           // [n_tok][Hv][D]
+};
+
+template <int E>
+void launch_delta(const DeltaArgs& a, cudaStream_t stream) {
+  const dim3 grid(unsigned(a.n_v_heads), unsigned((a.D + kDeltaRowsPerBlock - 1) / kDeltaRowsPerBlock));
+  delta_rule_kernel<E><<<grid, kDeltaWarps * kWarp, 0, stream>>>(a.n_tok, a.n_k_heads, a.n_v_heads, a.D, a.q,
+                                                                 a.k, a.v, a.g, a.beta, a.q_scale, a.state,
+                                                                 a.out);
+  CUDA_CHECK_LAUNCH();
+}
+
 // ---- gated RMSNorm ---------------------------------------------------------------------------------------
 
 // One warp per row; each lane re-reads x[i] and writes y[i] for the same i after the reduction, so y
@@ -353,24 +373,17 @@ void delta_rule(int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t hea
   STRATA_REQUIRE(n_v_heads <= INT32_MAX, "cuda gated delta rule: {} value heads", n_v_heads);
   if (n_tok == 0) return;
   const int D = int(head_dim);
-  const dim3 grid(unsigned(n_v_heads), unsigned((D + kDeltaRowsPerBlock - 1) / kDeltaRowsPerBlock));
-  const dim3 block(kDeltaWarps * kWarp);
   // Dispatch on key elements per lane (state registers per row): E = ceil(D / 32).
   const int E = (D + kWarp - 1) / kWarp;
-  if (E == 1) {
-    delta_rule_kernel<1><<<grid, block, 0, stream>>>(n_tok, n_k_heads, n_v_heads, D, q, k, v, g, beta, q_scale,
-                                                     state, out);
-  } else if (E == 2) {
-    delta_rule_kernel<2><<<grid, block, 0, stream>>>(n_tok, n_k_heads, n_v_heads, D, q, k, v, g, beta, q_scale,
-                                                     state, out);
-  } else if (E <= 4) {
-    delta_rule_kernel<4><<<grid, block, 0, stream>>>(n_tok, n_k_heads, n_v_heads, D, q, k, v, g, beta, q_scale,
-                                                     state, out);
-  } else {
-    delta_rule_kernel<8><<<grid, block, 0, stream>>>(n_tok, n_k_heads, n_v_heads, D, q, k, v, g, beta, q_scale,
-                                                     state, out);
-  }
-  CUDA_CHECK_LAUNCH();
+  const DeltaArgs a{n_tok, n_k_heads, n_v_heads, D, q, k, v, g, beta, q_scale, state, out};
+  if (E == 1)
+    launch_delta<1>(a, stream);
+  else if (E == 2)
+    launch_delta<2>(a, stream);
+  else if (E <= 4)
+    launch_delta<4>(a, stream);
+  else
+    launch_delta<8>(a, stream);
 }
 
 void gated_rms_norm(const float* x, const float* z, const float* w, int64_t n_rows, int64_t D, float eps,
