@@ -370,10 +370,43 @@ inline bool aligned_for(const void* p, int64_t row_bytes) {
   return reinterpret_cast<uintptr_t>(p) % a == 0 && uint64_t(row_bytes) % a == 0;
 }
 
+// x values [c, c+8) of the f32 row xr. xvec: xr + c is 16-byte aligned (vector loads).
+__device__ __forceinline__ void load_x8(const float* xr, int64_t c, bool xvec, float o[8]) {
+  if (xvec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(xr + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(xr + c) + 1);
+    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+  } else {
+    for (int k = 0; k < 8; ++k) o[k] = __ldg(xr + c + k);
+  }
+}
+
 // Warp sum (every lane gets the total).
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// One warp: sum_c W[c] * xr[c] over a row wr of `cols` values in format F (blk alignment A). Lane i takes
+// units i, i+32, ... (coalesced); every lane returns the total.
+template <typename F, int A>
+__device__ __forceinline__ float warp_row_dot(const uint8_t* wr, int64_t cols, const float* xr, bool xvec) {
+  const int lane = threadIdx.x & 31;
+  constexpr int kUnits = F::kVals / 8;
+  const int units = int(cols / F::kVals) * kUnits;
+  float acc = 0.f;
+#pragma unroll 2
+  for (int u = lane; u < units; u += 32) {
+    const int b = u / kUnits, i8 = u % kUnits;
+    float v[8], xv[8];
+    F::template deq8<A>(wr + int64_t(b) * F::kBytes, i8, v);
+    load_x8(xr, int64_t(b) * F::kVals + 8 * i8, xvec, xv);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc = fmaf(v[k], xv[k], acc);
+  }
+  if constexpr (F::kFloat)
+    for (int64_t c = int64_t(units) * 8 + lane; c < cols; c += 32) acc = fmaf(F::one(wr, c), __ldg(xr + c), acc);
+  return warp_sum(acc);
 }
 
 }  // namespace strata::cuda::dq

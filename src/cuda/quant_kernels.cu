@@ -22,17 +22,6 @@ namespace {
 constexpr int kWarps = 4;  // rows per block of matmul
 constexpr int kTile = 8;   // tokens per weight read
 
-// x row pointer xr = x + t * cols; values [c, c+8). xvec: xr + c is 16-byte aligned.
-__device__ __forceinline__ void load_x8(const float* xr, int64_t c, bool xvec, float o[8]) {
-  if (xvec) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(xr + c));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(xr + c) + 1);
-    o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-  } else {
-    for (int k = 0; k < 8; ++k) o[k] = __ldg(xr + c + k);
-  }
-}
-
 // w: [rows][row_bytes]  x: [n][cols]  y: [n][rows]. Block (32*kWarps): warp = one row; blockIdx.y = tile
 // of NT tokens starting at blockIdx.y * NT.
 template <typename F, int A, int NT>
@@ -62,7 +51,7 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __re
     for (int t = 0; t < NT; ++t) {
       if (t < nt) {
         float xv[8];
-        load_x8(xt + t * cols, c, xvec, xv);
+        dq::load_x8(xt + t * cols, c, xvec, xv);
 #pragma unroll
         for (int k = 0; k < 8; ++k) acc[t] = fmaf(v[k], xv[k], acc[t]);
       }
