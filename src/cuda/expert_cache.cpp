@@ -325,7 +325,7 @@ void ExpertCache::record(int layer, const int32_t* ids, int64_t n) {
   }
   stats_.hits += hits;
   stats_.misses += n - hits;
-  if (cfg_.adapt_every > 0) scores_.add(layer, ids, n);
+  scores_.add(layer, ids, n);  // also without adapt_every: adapt_now() plans on them
 }
 
 void ExpertCache::end_step() {
