@@ -10,7 +10,8 @@
 //   kBytes bytes per block,
 //   kAlign the largest of 16/8/4/2/1 that divides kBytes: the alignment of every block when the row
 //          start has it (the kernels pick A = kAlign when the pointer allows, else A = 1),
-//   deq8<A>(blk, i8, v[8]) where blk is aligned to A bytes.
+//   deq8<A>(blk, i8, v[8]) where blk is aligned to A bytes,
+//   and for the float types one(row, c): value c of a row (byte loads: only the tail past the last 8).
 // Loads are as wide as the alignment A (and the field's offset in the block) allow; A = 1 reads bytes.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -80,7 +81,7 @@ struct Fmt<GgmlType::F32> {
       for (int k = 0; k < 8; ++k) v[k] = __uint_as_float(ld32<cmin(A, 4)>(b + 4 * k));
     }
   }
-  __device__ static float one(const uint8_t* row, int64_t c) { return reinterpret_cast<const float*>(row)[c]; }
+  __device__ static float one(const uint8_t* row, int64_t c) { return __uint_as_float(ld32<1>(row + 4 * c)); }
 };
 template <>
 struct Fmt<GgmlType::F16> {
@@ -96,7 +97,7 @@ struct Fmt<GgmlType::F16> {
       for (int k = 0; k < 8; ++k) v[k] = h2f(ld16<cmin(A, 2)>(b + 2 * k));
     }
   }
-  __device__ static float one(const uint8_t* row, int64_t c) { return h2f(reinterpret_cast<const uint16_t*>(row)[c]); }
+  __device__ static float one(const uint8_t* row, int64_t c) { return h2f(ld16<1>(row + 2 * c)); }
 };
 template <>
 struct Fmt<GgmlType::BF16> {
@@ -112,7 +113,7 @@ struct Fmt<GgmlType::BF16> {
       for (int k = 0; k < 8; ++k) v[k] = bf2f(ld16<cmin(A, 2)>(b + 2 * k));
     }
   }
-  __device__ static float one(const uint8_t* row, int64_t c) { return bf2f(reinterpret_cast<const uint16_t*>(row)[c]); }
+  __device__ static float one(const uint8_t* row, int64_t c) { return bf2f(ld16<1>(row + 2 * c)); }
 };
 
 // ---- 32-value blocks: 4 units; unit i8 covers values 8*i8.. : bytes j0 = 8*(i8&1).., nibble i8>>1 ----
