@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda/iq_grids_device.cuh"
+#include "quant/iq_tables.h"
 #include "quant/types.h"
 
 namespace strata::cuda::dq {
@@ -378,6 +380,148 @@ struct Fmt<GgmlType::IQ4_XS> {  // d f16 | scales_h u16 | scales_l[4] | qs[128]
   }
 };
 
+// ---- IQ formats: lattice-grid indices + sign patterns; unit i8 = group l = i8 % 4 of sub-block ib = i8 / 4
+// (one 8-value grid point, or two 4-value ones for IQ3) ----
+// Table reads: the device copies (iq_grids_device.cuh) on the GPU, quant/iq_tables on the host.
+#ifdef __CUDA_ARCH__
+#define STRATA_IQ_TABLE(dev, host) dev
+#else
+#define STRATA_IQ_TABLE(dev, host) ::strata::iq::host
+#endif
+__host__ __device__ __forceinline__ uint32_t iq2_signs(uint32_t i) { return STRATA_IQ_TABLE(kDevIq2Signs, kIq2Signs)[i]; }
+__host__ __device__ __forceinline__ uint64_t iq2xxs_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq2xxsGrid, kIq2xxsGrid)[i]; }
+__host__ __device__ __forceinline__ uint64_t iq2xs_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq2xsGrid, kIq2xsGrid)[i]; }
+__host__ __device__ __forceinline__ uint64_t iq2s_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq2sGrid, kIq2sGrid)[i]; }
+__host__ __device__ __forceinline__ uint32_t iq3xxs_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq3xxsGrid, kIq3xxsGrid)[i]; }
+__host__ __device__ __forceinline__ uint32_t iq3s_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq3sGrid, kIq3sGrid)[i]; }
+__host__ __device__ __forceinline__ uint64_t iq1s_grid(uint32_t i) { return STRATA_IQ_TABLE(kDevIq1sGrid, kIq1sGrid)[i]; }
+#undef STRATA_IQ_TABLE
+
+// Byte j of a packed grid entry, and ggml's sign: (signs & kmask_iq2xs[j]) ? -1 : 1.
+__host__ __device__ __forceinline__ float gbyte(uint64_t g, int j) { return float(uint32_t(g >> (8 * j)) & 0xFF); }
+__host__ __device__ __forceinline__ float gsbyte(uint64_t g, int j) { return float(int(int8_t(uint32_t(g >> (8 * j)) & 0xFF))); }
+__host__ __device__ __forceinline__ float sgn(uint32_t signs, int j) { return (signs >> j) & 1 ? -1.f : 1.f; }
+
+template <>
+struct Fmt<GgmlType::IQ2_XXS> {  // d f16 | qs u16[32]: per sub-block 4 grid indices (bytes) + 4x7 sign bits + 4-bit scale
+  static constexpr int kVals = 256, kBytes = 66, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t idx = ld32<cmin(A, 2)>(b + 2 + 8 * ib), aux1 = ld32<cmin(A, 2)>(b + 6 + 8 * ib);
+    const float db = fmul(fmul(d, fadd(0.5f, float(aux1 >> 28))), 0.25f);
+    const uint64_t g = iq2xxs_grid((idx >> (8 * l)) & 0xFF);
+    const uint32_t signs = iq2_signs((aux1 >> (7 * l)) & 127);
+    for (int j = 0; j < 8; ++j) v[j] = fmul(fmul(db, gbyte(g, j)), sgn(signs, j));
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ2_XS> {  // d f16 | qs u16[32] (9-bit grid index + 7-bit signs) | scales[8]
+  static constexpr int kVals = 256, kBytes = 74, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t sc = b[66 + ib];
+    const float db = fmul(fmul(d, fadd(0.5f, float(l < 2 ? (sc & 0xf) : (sc >> 4)))), 0.25f);
+    const uint32_t qs = ld16<cmin(A, 2)>(b + 2 + 8 * ib + 2 * l);
+    const uint64_t g = iq2xs_grid(qs & 511);
+    const uint32_t signs = iq2_signs(qs >> 9);
+    for (int j = 0; j < 8; ++j) v[j] = fmul(fmul(db, gbyte(g, j)), sgn(signs, j));
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ2_S> {  // d f16 | qs[32] grid low bits | signs[32] | qh[8] | scales[8]
+  static constexpr int kVals = 256, kBytes = 82, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t sc = b[74 + ib];
+    const float db = fmul(fmul(d, fadd(0.5f, float(l < 2 ? (sc & 0xf) : (sc >> 4)))), 0.25f);
+    const uint32_t qh = b[66 + ib];
+    const uint64_t g = iq2s_grid(b[2 + 4 * ib + l] | ((qh << (8 - 2 * l)) & 0x300));
+    const uint32_t signs = b[2 + 32 + 4 * ib + l];
+    for (int j = 0; j < 8; ++j) v[j] = fmul(fmul(db, gbyte(g, j)), sgn(signs, j));
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ3_XXS> {  // d f16 | qs[64] grid indices | 8 x u32 (4x7 sign bits + 4-bit scale)
+  static constexpr int kVals = 256, kBytes = 98, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t aux = ld32<cmin(A, 2)>(b + 66 + 4 * ib);
+    const float db = fmul(fmul(d, fadd(0.5f, float(aux >> 28))), 0.5f);
+    const uint32_t signs = iq2_signs((aux >> (7 * l)) & 127);
+    const uint32_t g1 = iq3xxs_grid(b[2 + 8 * ib + 2 * l]), g2 = iq3xxs_grid(b[2 + 8 * ib + 2 * l + 1]);
+    for (int j = 0; j < 4; ++j) {
+      v[j] = fmul(fmul(db, gbyte(g1, j)), sgn(signs, j));
+      v[j + 4] = fmul(fmul(db, gbyte(g2, j)), sgn(signs, j + 4));
+    }
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ3_S> {  // d f16 | qs[64] | qh[8] | signs[32] | scales[4]
+  static constexpr int kVals = 256, kBytes = 110, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t sc = b[106 + ib / 2];
+    const float db = fmul(d, float(1 + 2 * int((ib & 1) ? (sc >> 4) : (sc & 0xf))));
+    const uint32_t qh = b[66 + ib];
+    const uint32_t g1 = iq3s_grid(b[2 + 8 * ib + 2 * l] | ((qh << (8 - 2 * l)) & 256));
+    const uint32_t g2 = iq3s_grid(b[2 + 8 * ib + 2 * l + 1] | ((qh << (7 - 2 * l)) & 256));
+    const uint32_t signs = b[74 + 4 * ib + l];
+    for (int j = 0; j < 4; ++j) {
+      v[j] = fmul(fmul(db, gbyte(g1, j)), sgn(signs, j));
+      v[j + 4] = fmul(fmul(db, gbyte(g2, j)), sgn(signs, j + 4));
+    }
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ1_S> {  // d f16 | qs[32] | qh u16[8] (3 high index bits x4, 3-bit scale, delta sign)
+  static constexpr int kVals = 256, kBytes = 50, kAlign = 2;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    const float d = h2f(ld16<A>(b));
+    const uint32_t qh = ld16<cmin(A, 2)>(b + 34 + 2 * ib);
+    const float dl = fmul(d, float(int(2 * ((qh >> 12) & 7) + 1)));
+    const float delta = (qh & 0x8000) ? -::strata::iq::kIq1Delta : ::strata::iq::kIq1Delta;
+    const uint64_t g = iq1s_grid(b[2 + 4 * ib + l] | (((qh >> (3 * l)) & 7) << 8));
+    for (int j = 0; j < 8; ++j) v[j] = fmul(dl, fadd(gsbyte(g, j), delta));
+  }
+};
+template <>
+struct Fmt<GgmlType::IQ1_M> {  // qs[32] | qh[16] | scales u16[4] (3-bit scales + the f16 d in the top nibbles)
+  static constexpr int kVals = 256, kBytes = 56, kAlign = 8;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int ib = i8 >> 2, l = i8 & 3;
+    uint32_t w[2];
+    ld64<cmin(A, 8)>(b + 48, w);
+    const uint32_t sc[4] = {w[0] & 0xFFFF, w[0] >> 16, w[1] & 0xFFFF, w[1] >> 16};
+    const float d = h2f((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+    const float dl = fmul(d, float(int(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3 * (l / 2))) & 0x7) + 1)));
+    const uint32_t qh = b[32 + 2 * ib + l / 2];
+    const uint32_t idx = b[4 * ib + l] | ((l & 1 ? (qh << 4) : (qh << 8)) & 0x700);
+    const float delta = (qh & (l & 1 ? 0x80 : 0x08)) ? -::strata::iq::kIq1Delta : ::strata::iq::kIq1Delta;
+    const uint64_t g = iq1s_grid(idx);
+    for (int j = 0; j < 8; ++j) v[j] = fmul(dl, fadd(gsbyte(g, j), delta));
+  }
+};
+
 // Calls f(Fmt<T>{}) for the types with device kernels; returns false for any other type.
 template <typename F>
 bool dispatch(GgmlType t, F&& f) {
@@ -397,6 +541,13 @@ bool dispatch(GgmlType t, F&& f) {
     case GgmlType::Q6_K: f(Fmt<GgmlType::Q6_K>{}); return true;
     case GgmlType::IQ4_NL: f(Fmt<GgmlType::IQ4_NL>{}); return true;
     case GgmlType::IQ4_XS: f(Fmt<GgmlType::IQ4_XS>{}); return true;
+    case GgmlType::IQ2_XXS: f(Fmt<GgmlType::IQ2_XXS>{}); return true;
+    case GgmlType::IQ2_XS: f(Fmt<GgmlType::IQ2_XS>{}); return true;
+    case GgmlType::IQ2_S: f(Fmt<GgmlType::IQ2_S>{}); return true;
+    case GgmlType::IQ3_XXS: f(Fmt<GgmlType::IQ3_XXS>{}); return true;
+    case GgmlType::IQ3_S: f(Fmt<GgmlType::IQ3_S>{}); return true;
+    case GgmlType::IQ1_S: f(Fmt<GgmlType::IQ1_S>{}); return true;
+    case GgmlType::IQ1_M: f(Fmt<GgmlType::IQ1_M>{}); return true;
     default: return false;
   }
 }

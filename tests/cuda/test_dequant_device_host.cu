@@ -13,6 +13,7 @@
 #include "cuda/dequant_device.cuh"
 #include "gguf/gguf.h"
 #include "quant/dequant.h"
+#include "quant/iq_tables.h"
 
 namespace {
 
@@ -62,8 +63,26 @@ TEST(CudaDequantDecodersOnHost, ZooBitExact) {
     });
     checked += has;
   }
-  EXPECT_GE(checked, 15);
+  EXPECT_EQ(checked, 22);  // every format of the zoo
   std::printf("%d zoo tensors decoded bit-exactly by the device decoders (host run)\n", checked);
+}
+
+// The device grid tables (generated copies) hold exactly quant/iq_tables.cpp's values.
+TEST(CudaDequantDecodersOnHost, DeviceGridTablesMatchQuantTables) {
+#define STRATA_CHECK_TABLE(T, macro, host)                                                     \
+  {                                                                                           \
+    static const T copy[] = macro;                                                            \
+    ASSERT_EQ(sizeof(copy), sizeof(strata::iq::host)) << #host;                               \
+    EXPECT_EQ(std::memcmp(copy, strata::iq::host, sizeof(copy)), 0) << #host << " differs"; \
+  }
+  STRATA_CHECK_TABLE(uint8_t, STRATA_IQ_INIT_IQ2_SIGNS, kIq2Signs)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2XXS_GRID, kIq2xxsGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2XS_GRID, kIq2xsGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2S_GRID, kIq2sGrid)
+  STRATA_CHECK_TABLE(uint32_t, STRATA_IQ_INIT_IQ3XXS_GRID, kIq3xxsGrid)
+  STRATA_CHECK_TABLE(uint32_t, STRATA_IQ_INIT_IQ3S_GRID, kIq3sGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ1S_GRID, kIq1sGrid)
+#undef STRATA_CHECK_TABLE
 }
 
 // A float tail (cols not a multiple of 8) through one().
