@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../quant_test_util.h"
+#include "cpu/thread_pool.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/transfer.h"
@@ -78,17 +79,22 @@ class GpuKernelTest : public ::testing::Test {
   std::unique_ptr<cuda::Transfer> xfer;
 };
 
-// rows x cols weights of type t, rows contiguous.
+// rows x cols weights of type t, rows contiguous. Quantizing is slow (~10 M values/s per thread for the
+// K-quants): rows are quantized in parallel on the shared test pool.
+inline ThreadPool& test_pool() {
+  static ThreadPool pool(0);
+  return pool;
+}
 inline std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const int64_t rb = static_cast<int64_t>(row_bytes(t, cols));
   std::vector<uint8_t> w(rb * rows);
   if (can_quantize(t)) {
     std::normal_distribution<float> nd(0.f, 0.05f);
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (auto& v : row) v = nd(rng);
-      quantize_row(t, row.data(), w.data() + r * rb, cols);
-    }
+    std::vector<float> f(rows * cols);
+    for (auto& v : f) v = nd(rng);
+    test_pool().parallel_for(rows, 8, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) quantize_row(t, f.data() + r * cols, w.data() + r * rb, cols);
+    });
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       const auto row = random_row(t, cols, rng);

@@ -155,7 +155,7 @@ class CudaMatmul : public GpuKernelTest, public ::testing::WithParamInterface<Gg
 TEST_P(CudaMatmul, MatchesCpuExactAtRealSizes) {
   const GgmlType t = GetParam();
   std::mt19937 rng(100 + static_cast<int>(t));
-  ThreadPool pool(0);
+  ThreadPool& pool = test::test_pool();
   double worst = 0;
   for (MatmulCase c : {MatmulCase{2048, 768}, MatmulCase{768, 2048}, MatmulCase{4096, 2048}})
     worst = std::max(worst, run_case(t, c, {1, 2, 5, 8, 33}, rng, pool));
@@ -166,7 +166,7 @@ TEST_P(CudaMatmul, MatchesCpuExactAtRealSizes) {
 TEST_P(CudaMatmul, UnalignedWeightsAndActivations) {
   const GgmlType t = GetParam();
   std::mt19937 rng(200 + static_cast<int>(t));
-  ThreadPool pool(0);
+  ThreadPool& pool = test::test_pool();
   run_case(t, MatmulCase{130, 1024, 1, 1}, {1, 3, 9}, rng, pool);
 }
 
@@ -175,7 +175,7 @@ INSTANTIATE_TEST_SUITE_P(AllKernelTypes, CudaMatmul, ::testing::ValuesIn(kKernel
 
 TEST_F(CudaQuant, MatmulFloatTypesOddColumns) {  // cols % 8 != 0: the float types' tail
   std::mt19937 rng(11);
-  ThreadPool pool(0);
+  ThreadPool& pool = test::test_pool();
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
     for (int64_t cols : {7, 771})
       for (int64_t n : {1, 9}) {
