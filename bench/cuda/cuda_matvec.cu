@@ -6,6 +6,9 @@
 // 50 MB L2. Times are CUDA events on the compute stream around many calls (mean per call).
 // (Named cuda_matvec, not bench_matvec: bench/bench_matvec.cpp already owns that target name.)
 //
+// Then one MoE layer's routed experts (moe_gate_up + moe_down, Q4_K gate/up and Q6_K down, 128 experts all
+// resident, k = 8, n = 1) with the token's experts drawn at random per call from 64 precomputed sets.
+//
 // Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +20,7 @@
 
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
+#include "cuda/moe_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "quant/types.h"
@@ -173,6 +177,59 @@ int main(int argc, char** argv) {
                     100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
       }
     }
+  }
+  // ---- one MoE layer: Qwen3-30B-A3B experts (n_embd 2048, n_ff 768, 128 experts, k 8) ----
+  {
+    const int64_t n_embd = 2048, n_ff = 768;
+    const int n_expert = 128, k = 8, n_sets = 64;
+    moe::ExpertLayerView v;
+    v.gate_type = v.up_type = GgmlType::Q4_K, v.down_type = GgmlType::Q6_K;
+    const int64_t gb = int64_t(row_bytes(GgmlType::Q4_K, n_embd)) * n_ff;
+    const int64_t db = int64_t(row_bytes(GgmlType::Q6_K, n_ff)) * n_embd;
+    v.gate_off = 0, v.up_off = gb, v.down_off = 2 * gb;
+    v.slot_bytes = (2 * gb + db + 255) / 256 * 256;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+    DeviceBuffer slots = dev.alloc(size_t(v.slot_bytes) * n_expert, "expert slots");
+    // Arbitrary bytes (some values inf/nan: only the time matters here).
+    init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 16, 16, -1, -1, 11);
+    CUDA_CHECK_LAUNCH();
+    v.slots = slots.as<uint8_t>();
+    std::vector<int32_t> table(n_expert), ids(size_t(n_sets) * k);
+    for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;  // scattered slots
+    uint32_t rs = 12345;
+    for (int q = 0; q < n_sets; ++q)
+      for (int j = 0; j < k; ++j) {
+        int e;
+        bool dup;
+        do {
+          rs = rs * 1664525u + 1013904223u;
+          e = int(rs >> 8) % n_expert;
+          dup = false;
+          for (int i = 0; i < j; ++i) dup |= ids[q * k + i] == e;
+        } while (dup);
+        ids[q * k + j] = e;
+      }
+    std::vector<float> wts(size_t(n_sets) * k, 1.f / k);
+    DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
+                 d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(k) * n_ff * 4, "h"),
+                 d_out = dev.alloc(size_t(n_embd) * 4, "out");
+    xfer.upload(d_table.span(), table.data(), table.size() * 4, cs, {&cs});
+    xfer.upload(d_ids.span(), ids.data(), ids.size() * 4, cs, {&cs});
+    xfer.upload(d_wts.span(), wts.data(), wts.size() * 4, cs, {&cs});
+    auto layer = [&](int i) {
+      const int q = i % n_sets;
+      moe::moe_gate_up(v, d_table.as<int32_t>(), x.as<float>(), d_ids.as<int32_t>() + q * k, 1, k, d_h.as<float>(), s);
+      moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>() + q * k, d_wts.as<float>() + q * k,
+                    1, k, d_out.as<float>(), s);
+    };
+    for (int i = 0; i < 3; ++i) layer(i);
+    timer.start(s);
+    for (int i = 0; i < iters; ++i) layer(i);
+    const double ms = timer.stop_ms(s) / iters;
+    const double bytes = double(k) * (2 * gb + db);
+    const double gbs = bytes / (ms * 1e6);
+    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f | %.0f | %.1f%% | %.1f%% |\n",
+                ms * 1e3, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
   }
   dev.synchronize();
   std::printf("\n(total %.1f s)\n",
