@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   const int64_t at = walk_ranks(
       row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
       [=](double cum) { return ud < cum; }, rc, sh, &key);
-  if (at < 0) key = lo_n;  // u beyond the last cumulative sum: the last candidate, as the CPU
+  if (at < 0) key = rc.get(row, n_vocab, n - 1, sh);  // u beyond the last cumulative sum: the last candidate
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(key));
 }
 
