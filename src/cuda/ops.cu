@@ -179,29 +179,44 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
     q16[j] = d < head_dim ? round_f16(qh[d]) : 0.0f;
     acc[j] = 0.0f;
   }
+  // Positions go in groups of U: the group's K and V rows are loaded (and its dot products reduced)
+  // up front, then the online-softmax updates run one position at a time in order, exactly as on the
+  // CPU. Why: a warp walking one position at a time waits a full memory latency per position.
+  constexpr int U = DPL <= 4 ? 8 : 4;
   float M = -INFINITY, S = 0.0f;
-  for (int32_t p = 0; p <= r.pos; ++p) {
-    float kx[DPL], vx[DPL];
-    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
-    float dot = 0.0f;
+  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
+    float kx[U][DPL], vx[U][DPL], dot[U];
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) dot = fmaf(q16[j], kx[j], dot);
-    dot = warp_reduce(dot, SumOp{});
-    const float s = dot * scale;
-    float ms = 1.0f, vs = 1.0f;
-    if (s > M) {
-      const float m_old = M;
-      M = s;
-      ms = exp_cr(m_old - M);
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) acc[j] = round_f16(acc[j] * ms);
-    } else {
-      vs = exp_cr(s - M);
+    for (int u = 0; u < U; ++u) {
+      const int32_t p = p0 + u <= r.pos ? p0 + u : r.pos;  // past the end: a harmless re-read, unused
+      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx[u]);
+      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx[u]);
     }
-    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[j], vs, acc[j]));
-    S = S * ms + vs;
+    for (int u = 0; u < U; ++u) {
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) d = fmaf(q16[j], kx[u][j], d);
+      dot[u] = warp_reduce(d, SumOp{});
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (p0 + u > r.pos) break;
+      const float s = dot[u] * scale;
+      float ms = 1.0f, vs = 1.0f;
+      if (s > M) {
+        const float m_old = M;
+        M = s;
+        ms = exp_cr(m_old - M);
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[j] = round_f16(acc[j] * ms);
+      } else {
+        vs = exp_cr(s - M);
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[u][j], vs, acc[j]));
+      S = S * ms + vs;
+    }
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   float* oh = out + wi * head_dim_v;
