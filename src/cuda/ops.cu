@@ -242,6 +242,7 @@ int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
 // block's warps take the split's positions round-robin, each keeping an online-softmax state (max m,
 // sum s, acc) per query head in f32; the warps' states are merged and written to
 // part: [n_tok*n_head][n_split][2 + head_dim_v] = (m, s, acc[head_dim_v]).
+// q: [n_tok][n_head][head_dim]; refs: [n_tok]; chunk: positions per split (the last split takes the rest).
 // Why a group tile: the query heads that share a KV head read each K/V row once (GQA).
 // grid: (n_tok * n_head_kv * n_tiles, n_split); block 32*kSplitWarps.
 template <int DPL, int GT>

@@ -550,6 +550,25 @@ TEST_F(GpuOps, SampleMatchesCpuSampler) {
   EXPECT_LE(near, n_rows / 50) << "too many boundary cases to be chance:\n" << report;
 }
 
+// Four equal logits: probabilities exactly 1/4, cumulative sums exactly 0.25, 0.5, 0.75, 1 in the id
+// order; the draw takes the first candidate whose cumulative sum is strictly above u (Sampler's u < cum).
+TEST_F(GpuOps, SampleDrawIsStrictlyBelowTheCumulativeSum) {
+  const std::vector<float> u = {0.0f, 0.2499f, 0.25f, 0.5f, 0.74f, 0.75f, 0.99999994f};
+  const std::vector<int32_t> want = {0, 0, 1, 2, 2, 3, 3};
+  const int64_t rows = int64_t(u.size()), vocab = 4;
+  std::vector<float> logits(size_t(rows * vocab), 1.5f);
+  auto dl = upload(logits, "logits");
+  auto du = upload(u, "u");
+  auto dout = alloc<int32_t>(size_t(rows), "out");
+  ops::sample(dl.as<float>(), rows, vocab, ops::SampleParams{1.0f, 0, 1.0f, 0.0f}, du.as<float>(), nullptr,
+              dout.as<int32_t>(), stream());
+  EXPECT_EQ(download<int32_t>(dout, size_t(rows)), want);
+  // top-k 2 of the same row: probabilities 1/2 over ids 0 and 1.
+  ops::sample(dl.as<float>(), rows, vocab, ops::SampleParams{1.0f, 2, 1.0f, 0.0f}, du.as<float>(), nullptr,
+              dout.as<int32_t>(), stream());
+  EXPECT_EQ(download<int32_t>(dout, size_t(rows)), (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1}));
+}
+
 TEST_F(GpuOps, SampleRejectsBadParams) {
   ops::SampleParams p;
   p.top_p = 0.0f;
