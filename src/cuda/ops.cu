@@ -246,7 +246,7 @@ int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
 // Why a group tile: the query heads that share a KV head read each K/V row once (GQA).
 // grid: (n_tok * n_head_kv * n_tiles, n_split); block 32*kSplitWarps.
 template <int DPL, int GT>
-__global__ void attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv,
+__global__ void __launch_bounds__(32 * kSplitWarps) attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv,
                                   int head_dim, int head_dim_v, float scale, int n_split, int chunk,
                                   float* part) {
   __shared__ float sm_m[kSplitWarps][GT], sm_s[kSplitWarps][GT];
@@ -280,26 +280,49 @@ __global__ void attn_split_kernel(const float* q, const KvRef* refs, int layer, 
       acc[g][j] = 0.0f;
     }
   }
-  for (int p = p_begin + warp; p < p_end; p += kSplitWarps) {
-    float kx[DPL], vx[DPL];
-    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
-    float dot[GT];
+  // Each warp takes U of its positions per step (p, p + kSplitWarps, ...): U K/V rows in flight at
+  // once, then one max update and U accumulations per query head. Why: one row at a time leaves too
+  // few bytes in flight per SM to reach HBM bandwidth.
+  constexpr int U = DPL <= 4 ? 4 : 2;
+  for (int p = p_begin + warp; p < p_end; p += kSplitWarps * U) {
+    float kx[U][DPL], vx[U][DPL], dot[U][GT];
+    bool valid[U];
 #pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      float d = 0.0f;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) d = fmaf(qv[g][j], kx[j], d);
-      dot[g] = warp_reduce(d, SumOp{});
+    for (int u = 0; u < U; ++u) {
+      const int pu = p + u * kSplitWarps;
+      valid[u] = pu < p_end;
+      const int pl = valid[u] ? pu : p;  // past the end: a harmless re-read, unused
+      load_row_f16<DPL>(kb + pl * k_row, lane, head_dim, kx[u]);
+      load_row_f16<DPL>(vb + pl * v_row, lane, head_dim_v, vx[u]);
     }
-    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) d = fmaf(qv[g][j], kx[u][j], d);
+        dot[u][g] = warp_reduce(d, SumOp{});
+      }
+    }
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
-      const float m_new = fmaxf(m[g], dot[g]);
-      const float c = expf(m[g] - m_new);  // 0 while m was -inf
-      const float e = expf(dot[g] - m_new);
-      s[g] = s[g] * c + e;
+      float m_new = m[g];
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) acc[g][j] = fmaf(e, vx[j], acc[g][j] * c);
+      for (int u = 0; u < U; ++u)
+        if (valid[u]) m_new = fmaxf(m_new, dot[u][g]);
+      const float c = expf(m[g] - m_new);  // 0 while m was -inf (position p is always valid)
+      s[g] *= c;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[g][j] *= c;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!valid[u]) continue;
+        const float e = expf(dot[u][g] - m_new);
+        s[g] += e;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[g][j] = fmaf(e, vx[u][j], acc[g][j]);
+      }
       m[g] = m_new;
     }
   }
