@@ -246,9 +246,9 @@ int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
 // Why a group tile: the query heads that share a KV head read each K/V row once (GQA).
 // grid: (n_tok * n_head_kv * n_tiles, n_split); block 32*kSplitWarps.
 template <int DPL, int GT>
-__global__ void __launch_bounds__(32 * kSplitWarps) attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv,
-                                  int head_dim, int head_dim_v, float scale, int n_split, int chunk,
-                                  float* part) {
+__global__ void __launch_bounds__(32 * kSplitWarps)
+    attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv, int head_dim,
+                      int head_dim_v, float scale, int n_split, int chunk, float* part) {
   __shared__ float sm_m[kSplitWarps][GT], sm_s[kSplitWarps][GT];
   __shared__ float sm_acc[kSplitWarps][GT][32 * DPL];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -233,7 +233,8 @@ TEST_F(GpuOps, KvStoreIsBitExactF16) {
     for (size_t r = 0; r < written.size(); ++r) {
       if (written[r]) continue;
       for (int64_t i = 0; i < g.k_row(); ++i)
-        touched_elsewhere += hk[r * size_t(g.k_row()) + size_t(i)] != 0xabab || hv[r * size_t(g.v_row()) + size_t(i)] != 0xabab;
+        touched_elsewhere += hk[r * size_t(g.k_row()) + size_t(i)] != 0xabab ||
+                             hv[r * size_t(g.v_row()) + size_t(i)] != 0xabab;
     }
   }
   EXPECT_EQ(bad, 0u) << bad << " of " << checked << " f16 values differ from cpu::kv_store; first: " << first;
@@ -259,7 +260,8 @@ class GpuAttention : public GpuOps {
     for (size_t i = 0; i < seqs.size(); ++i) {
       Seq& s = seqs[i];
       s.n_ctx = c.seq_ctx[i];
-      const size_t nk = size_t(g.n_layer) * s.n_ctx * size_t(g.k_row()), nv = size_t(g.n_layer) * s.n_ctx * size_t(g.v_row());
+      const size_t nk = size_t(g.n_layer) * s.n_ctx * size_t(g.k_row());
+      const size_t nv = size_t(g.n_layer) * s.n_ctx * size_t(g.v_row());
       s.k.resize(nk);
       s.v.resize(nv);
       for (auto& x : s.k) x = cpu::float_to_half(nd(rng));
