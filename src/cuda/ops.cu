@@ -801,7 +801,7 @@ void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int 
                  "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
   STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
                  "attention: {} query heads not a multiple of {} KV heads", n_head, n_head_kv);
-  STRATA_REQUIRE(max_kv >= 1, "attention: max_kv {} must be >= 1", max_kv);
+  STRATA_REQUIRE(max_kv >= 1 && layer >= 0, "attention: max_kv {} must be >= 1, layer {} >= 0", max_kv, layer);
   if (n_tok <= 0) return;
   switch (lanes_per_dim(head_dim, head_dim_v)) {
     case 1:
