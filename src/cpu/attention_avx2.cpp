@@ -2,7 +2,7 @@
 // (cpu/ops.h AttnMath::GgmlF16): Q rounded to f16, K and V read as f16 values, online softmax with
 // an f16 accumulator rounded after every position. Why: the scalar reference converts every K/V
 // value and every accumulator update through bit manipulation; F16C does 8 at a time. Same math as
-// attend_ggml_f16 in ops.cpp up to the order of the f32 sums in the dot products.
+// attend_ggml_f16 in ops.cpp up to the order of the f32 sums in the dot products (here: ggml's).
 #include <immintrin.h>
 
 #include <cmath>
@@ -27,6 +27,39 @@ inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+// Q.K in the order of ggml's AVX-512 ggml_vec_dot_f16 (what llama.cpp's CPU flash attention calls):
+// steps of 64 values into four 16-lane accumulators (each kept here as two 8-lane halves), reduced
+// as (a0 + a2) + (a1 + a3), then the 16 lanes pairwise (l, l + 8), (l, l + 4), (l, l + 2), (0, 1);
+// a tail of head_dim % 64 values is added in double. Why this exact order: the products of f16
+// values are exact, so the order of the sums is the only rounding, and matching it keeps fast mode's
+// attention scores bit-identical to llama.cpp's (a 1-ulp score difference can flip an f16 rounding of
+// the V accumulator and, in a chaotic MoE, the routing of later tokens).
+float dot_f16_ggml(const __m256* q, const void* k, int64_t kb, int head_dim, KvType type) {
+  const int np = head_dim / 64 * 64;
+  __m256 a[4][2];  // [16-lane accumulator][half]
+  for (auto& r : a) r[0] = r[1] = _mm256_setzero_ps();
+  for (int i = 0; i < np; i += 64)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int o = i + 16 * j + 8 * h;
+        a[j][h] = _mm256_fmadd_ps(q[o / 8], load8(k, kb + o, type), a[j][h]);
+      }
+  float s = 0.0f;
+  if (np > 0) {
+    const __m256 lo = _mm256_add_ps(_mm256_add_ps(a[0][0], a[2][0]), _mm256_add_ps(a[1][0], a[3][0]));
+    const __m256 hi = _mm256_add_ps(_mm256_add_ps(a[0][1], a[2][1]), _mm256_add_ps(a[1][1], a[3][1]));
+    s = hsum(_mm256_add_ps(lo, hi));
+  }
+  if (np == head_dim) return s;
+  double sd = s;
+  alignas(32) float kt[8], qt[8];
+  for (int i = np; i < head_dim; i += 8) {
+    _mm256_store_ps(kt, load8(k, kb + i, type));
+    _mm256_store_ps(qt, q[i / 8]);
+    for (int l = 0; l < 8; ++l) sd += static_cast<double>(qt[l] * kt[l]);
+  }
+  return static_cast<float>(sd);
+}
 }  // namespace
 
 bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t n, int64_t k_row,
@@ -41,15 +74,8 @@ bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t
   for (int i = 0; i < head_dim_v; ++i) acc[i] = 0.0f;
   float M = -INFINITY, S = 0.0f;
   for (int32_t p = 0; p < n; ++p) {
-    __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
     const int64_t kb = p * k_row + k_off;
-    int i = 0;
-    for (; i + 1 < nq; i += 2) {
-      d0 = _mm256_fmadd_ps(q[i], load8(k, kb + 8 * i, type), d0);
-      d1 = _mm256_fmadd_ps(q[i + 1], load8(k, kb + 8 * i + 8, type), d1);
-    }
-    if (i < nq) d0 = _mm256_fmadd_ps(q[i], load8(k, kb + 8 * i, type), d0);
-    const float s = hsum(_mm256_add_ps(d0, d1)) * scale;
+    const float s = dot_f16_ggml(q, k, kb, head_dim, type) * scale;
     float ms = 1.0f, vs = 1.0f;
     if (s > M) {
       const float m_old = M;

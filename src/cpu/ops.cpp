@@ -20,8 +20,8 @@ void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t n, float ep
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;
-    double sum = 0.0;  // ggml sums in double (ggml_float)
-    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    double sum = 0.0;  // ggml sums the f32 squares in double (ggml_float)
+    for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i] * xr[i]);
     const float mean = static_cast<float>(sum / static_cast<double>(n));
     const float scale = 1.0f / std::sqrt(mean + eps);
     for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
@@ -62,8 +62,12 @@ void rope_neox(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head
       for (int i = 0; i < half; ++i) {
         const float x0 = xh[i], x1 = xh[i + half];
         const float c = cs[2 * i], s = cs[2 * i + 1];
-        xh[i] = x0 * c - x1 * s;
-        xh[i + half] = x0 * s + x1 * c;
+        // As llama.cpp's CPU build computes x0*c - x1*s and x0*s + x1*c: its compiler contracts the
+        // first product and the add into one FMA. Why: a last-bit difference in q/k here changes
+        // f16 KV rounding and, in a chaotic MoE, later routing (fixture IQ4_XS: fast-mode KL to
+        // llama.cpp's logits 4.3e-3 without the FMA, 1e-5 with it).
+        xh[i] = std::fma(x0, c, -(x1 * s));
+        xh[i + half] = std::fma(x0, s, x1 * c);
       }
     }
   }
