@@ -1,6 +1,6 @@
 #pragma once
 // The GPU expert cache (issue 7): n_slots device slots, each holding one expert (gate, up, down) of one
-// layer; the residency table int32 [n_layer][n_expert] -> slot or -1 on the host (moe::Residency) and on
+// layer; the residency table int32 [n_layer][n_expert] -> slot or -1 on the host (strata::moe::Residency) and on
 // the device; the pinned host copy of every expert that slots are filled from; adaptation.
 //
 // Ordering, by construction (every copy goes through cuda/transfer.h):
@@ -15,7 +15,7 @@
 //  * The host table changes only in begin_step(), on the forward thread, so within one forward pass the
 //    host (CPU pool: which experts to run on the CPU) and the device (which experts to run from slots)
 //    see the same table.
-// Adaptation planning (moe::Residency::plan over decayed scores) runs on a helper thread, on copies of
+// Adaptation planning (strata::moe::Residency::plan over decayed scores) runs on a helper thread, on copies of
 // the residency and the scores taken under mu_ in end_step(); begin_step() only picks up a finished plan
 // and drops any swap the table has made stale since (in already resident, out no longer in its slot).
 #include <atomic>
@@ -74,7 +74,7 @@ class ExpertCache {
   // how much was asked).
   ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_ff, int n_expert,
               std::vector<LayerExperts> layers, const ExpertCacheConfig& cfg,
-              const moe::ExpertUsage* profile);
+              const strata::moe::ExpertUsage* profile);
   ~ExpertCache();  // stops the helper thread and waits for the copies in flight
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
@@ -89,7 +89,7 @@ class ExpertCache {
   // adapt_every steps.
   void end_step();
 
-  const moe::Residency& residency() const { return res_; }
+  const strata::moe::Residency& residency() const { return res_; }
   moe::ExpertLayerView layer_view(int layer) const;
   const int32_t* device_layer_row(int layer) const;  // [n_expert] of the device table
   DevSpan table_span() const { return table_.span(); }
@@ -110,11 +110,11 @@ class ExpertCache {
 
  private:
   struct Pending {
-    moe::Swap swap;
+    strata::moe::Swap swap;
     Ticket copy;
   };
   void upload_table();
-  void start_swaps(const std::vector<moe::Swap>& plan);
+  void start_swaps(const std::vector<strata::moe::Swap>& plan);
   void planner_loop();
 
   Device& dev_;
@@ -128,15 +128,15 @@ class ExpertCache {
   PinnedBuffer host_;    // [n_layer][n_expert][slot_bytes]
   DeviceBuffer slots_;   // [n_slots][slot_bytes]
   DeviceBuffer table_;   // int32 [n_layer][n_expert]
-  moe::Residency res_;
+  strata::moe::Residency res_;
   std::vector<Pending> pending_;
 
   // adaptation
-  moe::UsageScores scores_;
+  strata::moe::UsageScores scores_;
   std::mutex mu_;  // guards scores_ snapshot hand-off, plan_, flags
   std::condition_variable cv_;
   std::vector<double> snapshot_;
-  std::vector<moe::Swap> plan_;
+  std::vector<strata::moe::Swap> plan_;
   bool plan_ready_ = false, want_plan_ = false, stop_ = false;
   std::thread planner_;
   int64_t steps_ = 0;
