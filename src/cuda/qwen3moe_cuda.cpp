@@ -246,6 +246,7 @@ class CudaQwen3Moe final : public Model {
     r.n_experts_total = hp_.n_layer * hp_.n_expert;
     r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
     r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
+    r.slot_bytes = uint64_t(cache_->slot_bytes());
     return r;
   }
   void reset_cache_stats() const override {
