@@ -1,0 +1,183 @@
+// Routed experts of one MoE layer from expert-cache slots (contract: moe_kernels.cuh).
+// One warp per output row of one (token, expert) pair, as in quant_kernels.cu's matmul; the expert's
+// slot comes from the device residency-table row at run time, so a non-resident expert costs one table
+// read. No atomics: every output element is written by exactly one warp, and moe_down sums the experts
+// of a token in j order inside that warp, so results are deterministic.
+#include "cuda/moe_kernels.cuh"
+
+#include <algorithm>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/dequant_device.cuh"
+#include "cuda/quant_kernels.cuh"
+
+namespace strata::cuda::moe {
+namespace {
+
+constexpr int kWarps = 4;  // output rows per block
+
+// Slot of the expert of pair p, or -1 (not resident, or a negative id).
+__device__ __forceinline__ int slot_of(const int32_t* table, const int32_t* ids, int64_t p) {
+  const int32_t e = ids[p];
+  return e < 0 ? -1 : table[e];
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// Gate and up of the same format: h[p][r] = silu(gate_e[r] . x[t]) * (up_e[r] . x[t]) for p = t*k + j.
+// Grid: x = row blocks of n_ff, y = pairs (grid-stride).
+template <typename F, int A>
+__global__ void __launch_bounds__(32 * kWarps)
+    gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
+                   int64_t row_bytes, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
+                   const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
+                   float* __restrict__ h, bool xvec) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_ff) return;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int slot = slot_of(table, ids, p);
+    if (slot < 0) continue;
+    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
+    const float* xr = x + (p / k) * n_embd;
+    const float g = dq::warp_row_dot<F, A>(base + gate_off + r * row_bytes, n_embd, xr, xvec);
+    const float u = dq::warp_row_dot<F, A>(base + up_off + r * row_bytes, n_embd, xr, xvec);
+    if ((threadIdx.x & 31) == 0) h[p * n_ff + r] = silu(g) * u;
+  }
+}
+
+// Gate and up of different formats, one pass each. Pass 0 (gate): h[p][r] = gate . x. Pass 1 (up):
+// h[p][r] = silu(h[p][r]) * (up . x). Same grid as gate_up_kernel; the passes are ordered on the stream.
+template <typename F, int A, bool kUp>
+__global__ void __launch_bounds__(32 * kWarps)
+    gate_or_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t off, int64_t row_bytes,
+                      int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ x,
+                      const int32_t* __restrict__ ids, int64_t n_pairs, int k, float* __restrict__ h, bool xvec) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_ff) return;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int slot = slot_of(table, ids, p);
+    if (slot < 0) continue;
+    const uint8_t* wr = slots + int64_t(slot) * slot_bytes + off + r * row_bytes;
+    const float d = dq::warp_row_dot<F, A>(wr, n_embd, x + (p / k) * n_embd, xvec);
+    if ((threadIdx.x & 31) == 0) {
+      float* hp = h + p * n_ff + r;
+      *hp = kUp ? silu(*hp) * d : d;
+    }
+  }
+}
+
+// out[t][r] = sum_j (resident) wts[t*k+j] * (down_e[r] . h[t*k+j]), j increasing.
+// Grid: x = row blocks of n_embd, y = tokens (grid-stride).
+template <typename F, int A>
+__global__ void __launch_bounds__(32 * kWarps)
+    down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t row_bytes,
+                int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ h,
+                const int32_t* __restrict__ ids, const float* __restrict__ wts, int64_t n, int k,
+                float* __restrict__ out, bool hvec) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_embd) return;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      const int slot = slot_of(table, ids, p);
+      if (slot < 0) continue;
+      const uint8_t* wr = slots + int64_t(slot) * slot_bytes + down_off + r * row_bytes;
+      acc += wts[p] * dq::warp_row_dot<F, A>(wr, n_ff, h + p * n_ff, hvec);
+    }
+    if ((threadIdx.x & 31) == 0) out[t * n_embd + r] = acc;
+  }
+}
+
+// Every row of a tensor at slots + s*slot_bytes + off (row_bytes apart) is F::kAlign-aligned.
+template <typename F>
+bool slot_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes) {
+  return dq::aligned_for<F>(v.slots + off, row_bytes) && v.slot_bytes % F::kAlign == 0;
+}
+
+void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
+  STRATA_REQUIRE(v.slots != nullptr && v.slot_bytes > 0, "cuda {}: no expert slots", what);
+  STRATA_REQUIRE(v.n_embd > 0 && v.n_ff > 0 && n >= 0 && k > 0, "cuda {}: bad shape n_embd {} n_ff {} n {} k {}",
+                 what, v.n_embd, v.n_ff, n, k);
+  STRATA_REQUIRE(n * k <= int64_t(1) << 40, "cuda {}: {} x {} pairs is too many", what, n, k);
+  for (auto [t, cols, off, rows] : {std::tuple{v.gate_type, v.n_embd, v.gate_off, v.n_ff},
+                                    std::tuple{v.up_type, v.n_embd, v.up_off, v.n_ff},
+                                    std::tuple{v.down_type, v.n_ff, v.down_off, v.n_embd}}) {
+    const TypeTraits* tt = type_traits(static_cast<uint32_t>(t));
+    STRATA_REQUIRE(tt != nullptr && quant::has_kernel(t), "cuda {}: expert type {} has no GPU kernel", what,
+                   tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(t)));
+    STRATA_REQUIRE(cols % tt->block_size == 0, "cuda {}: {} columns is not a multiple of the {} block size {}",
+                   what, cols, tt->name, tt->block_size);
+    STRATA_REQUIRE(off >= 0 && off + int64_t(row_bytes(t, cols)) * rows <= v.slot_bytes,
+                   "cuda {}: a {} tensor at offset {} does not fit in a slot of {} bytes", what, tt->name, off,
+                   v.slot_bytes);
+  }
+}
+
+unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
+
+}  // namespace
+
+void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x, const int32_t* ids, int64_t n,
+                 int k, float* h, cudaStream_t stream) {
+  check_view(v, "moe_gate_up", n, k);
+  if (n == 0) return;
+  const int64_t pairs = n * k;
+  const dim3 grid(unsigned((v.n_ff + kWarps - 1) / kWarps), grid_y(pairs));
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && v.n_embd % 4 == 0;
+  if (v.gate_type == v.up_type) {
+    const int64_t rb = int64_t(row_bytes(v.gate_type, v.n_embd));
+    dq::dispatch(v.gate_type, [&](auto f) {
+      using F = decltype(f);
+      if (slot_rows_aligned<F>(v, v.gate_off, rb) && slot_rows_aligned<F>(v, v.up_off, rb))
+        gate_up_kernel<F, F::kAlign><<<grid, 32 * kWarps, 0, stream>>>(
+            v.slots, v.slot_bytes, v.gate_off, v.up_off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+      else
+        gate_up_kernel<F, 1><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, rb,
+                                                               v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+      CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  auto pass = [&](GgmlType type, int64_t off, auto up) {
+    constexpr bool kUp = decltype(up)::value;
+    const int64_t rb = int64_t(row_bytes(type, v.n_embd));
+    dq::dispatch(type, [&](auto f) {
+      using F = decltype(f);
+      if (slot_rows_aligned<F>(v, off, rb))
+        gate_or_up_kernel<F, F::kAlign, kUp><<<grid, 32 * kWarps, 0, stream>>>(
+            v.slots, v.slot_bytes, off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+      else
+        gate_or_up_kernel<F, 1, kUp><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, off, rb, v.n_embd,
+                                                                       v.n_ff, table, x, ids, pairs, k, h, xvec);
+      CUDA_CHECK_LAUNCH();
+    });
+  };
+  pass(v.gate_type, v.gate_off, std::false_type{});
+  pass(v.up_type, v.up_off, std::true_type{});
+}
+
+void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, const int32_t* ids, const float* wts,
+              int64_t n, int k, float* out, cudaStream_t stream) {
+  check_view(v, "moe_down", n, k);
+  if (n == 0) return;
+  const dim3 grid(unsigned((v.n_embd + kWarps - 1) / kWarps), grid_y(n));
+  const bool hvec = reinterpret_cast<uintptr_t>(h) % 16 == 0 && v.n_ff % 4 == 0;
+  const int64_t rb = int64_t(row_bytes(v.down_type, v.n_ff));
+  dq::dispatch(v.down_type, [&](auto f) {
+    using F = decltype(f);
+    if (slot_rows_aligned<F>(v, v.down_off, rb))
+      down_kernel<F, F::kAlign><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
+                                                                  v.n_ff, table, h, ids, wts, n, k, out, hvec);
+    else
+      down_kernel<F, 1><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd, v.n_ff,
+                                                          table, h, ids, wts, n, k, out, hvec);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace strata::cuda::moe

@@ -1,0 +1,760 @@
+// The small ops of the forward pass on the GPU (declarations and contracts in cuda/ops.cuh). Each kernel
+// follows the arithmetic of its CPU reference in cpu/ops.cpp (engine/sampling.cpp for sample) up to the
+// order of sums; where the CPU calls glibc's expf/logf/cosf/sinf we evaluate in double and round to f32,
+// which gives the correctly rounded value (glibc's are within ~0.5 ulp), so both sides agree bit for bit
+// almost always. No op allocates: scratch comes from the caller.
+#include "cuda/ops.cuh"
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+
+namespace strata::cuda::ops {
+
+namespace {
+
+constexpr int kMaxHeadDimGpu = 256;  // attention: largest head size (8 values per lane)
+
+__device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+__device__ __forceinline__ float h2f(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reduction, result in every thread. sh: [32] shared scratch. Call from all threads.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, T* sh, Op op) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // sh may still be read by a previous call
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  T r = sh[0];
+  for (int w = 1; w < n_warps; ++w) r = op(r, sh[w]);
+  return r;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+
+// ---------------------------------------------------------------- elementwise and norms
+
+// x, y: [n_rows][n]; w: [n]. One block per row; the sum of squares in double as the CPU (ggml_float).
+__global__ void rmsnorm_kernel(const float* x, const float* w, int64_t n, float eps, float* y) {
+  __shared__ double sh[32];
+  const float* xr = x + blockIdx.x * n;   // [n]
+  float* yr = y + blockIdx.x * n;         // [n]
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
+  s = block_reduce(s, sh, SumOp{});
+  const float mean = static_cast<float>(s / static_cast<double>(n));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
+}
+
+// x: [n_tok][n_head][head_dim] in place; pos: [n_tok]. One block per token. The angles are built as the
+// CPU builds them: theta_0 = pos, theta_{i+1} = theta_i * theta_scale in f32 (theta_scale computed on
+// the host with the same std::pow), then cos/sin correctly rounded.
+__global__ void rope_neox_kernel(float* x, const int32_t* pos, int n_head, int head_dim, int n_rot,
+                                 float theta_scale) {
+  __shared__ float cs[cpu::kMaxRot];  // [n_rot/2][cos, sin]
+  const int half = n_rot / 2;
+  const int64_t t = blockIdx.x;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float theta = static_cast<float>(pos[t]);
+    for (int j = 0; j < i; ++j) theta *= theta_scale;
+    cs[2 * i] = static_cast<float>(cos(static_cast<double>(theta)));
+    cs[2 * i + 1] = static_cast<float>(sin(static_cast<double>(theta)));
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < n_head * half; e += blockDim.x) {
+    const int h = e / half, i = e % half;
+    float* xh = x + (t * n_head + h) * head_dim;
+    const float x0 = xh[i], x1 = xh[i + half];
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    xh[i] = x0 * c - x1 * s;
+    xh[i + half] = x0 * s + x1 * c;
+  }
+}
+
+// gate, up, out: [n]
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + exp_cr(-g)) * up[i];
+  }
+}
+
+// x, y: [n]
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] += y[i];
+}
+
+// k: [n_tok][k_row] f32, v: [n_tok][v_row] f32, refs: [n_tok]. grid (ceil(max_row/256), n_tok).
+__global__ void kv_store_kernel(const float* k, const float* v, const KvRef* refs, int layer, int64_t k_row,
+                                int64_t v_row) {
+  const int64_t t = blockIdx.y;
+  const KvRef r = refs[t];
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const int64_t at = static_cast<int64_t>(layer) * r.n_ctx + r.pos;  // row index in [n_layer][n_ctx]
+  if (i < k_row) r.k[at * k_row + i] = __half_as_ushort(__float2half_rn(k[t * k_row + i]));
+  if (i < v_row) r.v[at * v_row + i] = __half_as_ushort(__float2half_rn(v[t * v_row + i]));
+}
+
+// ---------------------------------------------------------------- attention
+
+// Lane `lane` holds dims [lane*DPL, lane*DPL + DPL) of a head row of n f16 values (zeros past n).
+// Vector loads when the row is full width and aligned (the common head_dim = 32*DPL case).
+template <int DPL>
+__device__ __forceinline__ void load_row_f16(const uint16_t* row, int lane, int n, float (&x)[DPL]) {
+  const int d0 = lane * DPL;
+  const bool vec = DPL >= 2 && n == 32 * DPL &&
+                   (reinterpret_cast<uintptr_t>(row) & (2 * DPL - 1)) == 0;
+  if (vec) {
+    if constexpr (DPL == 2) {
+      const __half2 h = *reinterpret_cast<const __half2*>(row + d0);
+      const float2 f = __half22float2(h);
+      x[0] = f.x;
+      x[1] = f.y;
+    } else if constexpr (DPL == 4) {
+      const uint2 u = *reinterpret_cast<const uint2*>(row + d0);
+      const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+      const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+      x[0] = a.x; x[1] = a.y; x[2] = b.x; x[3] = b.y;
+    } else if constexpr (DPL == 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(row + d0);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) x[j] = d0 + j < n ? h2f(row[d0 + j]) : 0.0f;
+  }
+}
+
+constexpr int kGgmlWarps = 4;  // warps per block of the GgmlF16 kernel
+
+// llama.cpp's CPU flash-attention arithmetic (cpu::attention GgmlF16), one warp per (token, head),
+// positions in order. q: [n_tok][n_head][head_dim]; refs: [n_tok]; out: [n_tok][n_head][head_dim_v].
+// grid: ceil(n_tok*n_head / kGgmlWarps) blocks of 32*kGgmlWarps threads.
+template <int DPL>
+__global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head,
+                                     int n_head_kv, int head_dim, int head_dim_v, float scale, float* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t wi = blockIdx.x * int64_t(kGgmlWarps) + (threadIdx.x >> 5);
+  if (wi >= n_tok * n_head) return;
+  const int64_t t = wi / n_head;
+  const int h = static_cast<int>(wi % n_head), hk = h / (n_head / n_head_kv);
+  const KvRef r = refs[t];
+  const int64_t k_row = int64_t(n_head_kv) * head_dim, v_row = int64_t(n_head_kv) * head_dim_v;
+  const uint16_t* kb = r.k + int64_t(layer) * r.n_ctx * k_row + int64_t(hk) * head_dim;    // + p*k_row
+  const uint16_t* vb = r.v + int64_t(layer) * r.n_ctx * v_row + int64_t(hk) * head_dim_v;  // + p*v_row
+  const float* qh = q + wi * head_dim;
+  float q16[DPL], acc[DPL];
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) {
+    const int d = lane * DPL + j;
+    q16[j] = d < head_dim ? round_f16(qh[d]) : 0.0f;
+    acc[j] = 0.0f;
+  }
+  float M = -INFINITY, S = 0.0f;
+  for (int32_t p = 0; p <= r.pos; ++p) {
+    float kx[DPL], vx[DPL];
+    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) dot = fmaf(q16[j], kx[j], dot);
+    dot = warp_reduce(dot, SumOp{});
+    const float s = dot * scale;
+    float ms = 1.0f, vs = 1.0f;
+    if (s > M) {
+      const float m_old = M;
+      M = s;
+      ms = exp_cr(m_old - M);
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[j] = round_f16(acc[j] * ms);
+    } else {
+      vs = exp_cr(s - M);
+    }
+    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[j], vs, acc[j]));
+    S = S * ms + vs;
+  }
+  const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+  float* oh = out + wi * head_dim_v;
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) {
+    const int d = lane * DPL + j;
+    if (d < head_dim_v) oh[d] = acc[j] * inv;
+  }
+}
+
+constexpr int kSplitWarps = 4;     // warps per block of the flash-decoding kernel
+constexpr int kMaxSplits = 128;    // positions of a sequence are split over at most this many blocks
+constexpr int kMinSplitLen = 64;   // positions per split at least (4 warps x 16)
+
+// The split count: enough blocks to fill the GPU for decode (few tokens), one split for a large prefill.
+int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
+  const int64_t by_len = (std::max<int64_t>(max_kv, 1) + kMinSplitLen - 1) / kMinSplitLen;
+  const int64_t by_work = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_tok * n_head));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_len, by_work, int64_t(kMaxSplits)})));
+}
+
+// Flash-decoding, phase 1. One block per (token, KV head, group tile of GT query heads, split): the
+// block's warps take the split's positions round-robin, each keeping an online-softmax state (max m,
+// sum s, acc) per query head in f32; the warps' states are merged and written to
+// part: [n_tok*n_head][n_split][2 + head_dim_v] = (m, s, acc[head_dim_v]).
+// Why a group tile: the query heads that share a KV head read each K/V row once (GQA).
+// grid: (n_tok * n_head_kv * n_tiles, n_split); block 32*kSplitWarps.
+template <int DPL, int GT>
+__global__ void attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv,
+                                  int head_dim, int head_dim_v, float scale, int n_split, int chunk,
+                                  float* part) {
+  __shared__ float sm_m[kSplitWarps][GT], sm_s[kSplitWarps][GT];
+  __shared__ float sm_acc[kSplitWarps][GT][32 * DPL];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = n_head / n_head_kv, n_tiles = (group + GT - 1) / GT;
+  const int64_t bx = blockIdx.x;
+  const int64_t t = bx / (int64_t(n_head_kv) * n_tiles);
+  const int hk = static_cast<int>((bx / n_tiles) % n_head_kv), g0 = static_cast<int>(bx % n_tiles) * GT;
+  const int ng = min(GT, group - g0);
+  const int split = blockIdx.y;
+  const KvRef r = refs[t];
+  const int n_kv = r.pos + 1;
+  const int p_begin = split * chunk;
+  // The last split also takes any positions past n_split*chunk (a token beyond max_kv): correct, slower.
+  const int p_end = split == n_split - 1 ? n_kv : min(n_kv, p_begin + chunk);
+  const int64_t k_row = int64_t(n_head_kv) * head_dim, v_row = int64_t(n_head_kv) * head_dim_v;
+  const uint16_t* kb = r.k + int64_t(layer) * r.n_ctx * k_row + int64_t(hk) * head_dim;
+  const uint16_t* vb = r.v + int64_t(layer) * r.n_ctx * v_row + int64_t(hk) * head_dim_v;
+  const int h0 = hk * group + g0;  // first query head of the tile
+
+  float qv[GT][DPL], acc[GT][DPL], m[GT], s[GT];
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    m[g] = -INFINITY;
+    s[g] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) {
+      const int d = lane * DPL + j;
+      qv[g][j] = g < ng && d < head_dim ? q[(t * n_head + h0 + g) * head_dim + d] * scale : 0.0f;
+      acc[g][j] = 0.0f;
+    }
+  }
+  for (int p = p_begin + warp; p < p_end; p += kSplitWarps) {
+    float kx[DPL], vx[DPL];
+    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
+    float dot[GT];
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) d = fmaf(qv[g][j], kx[j], d);
+      dot[g] = warp_reduce(d, SumOp{});
+    }
+    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
+#pragma unroll
+    for (int g = 0; g < GT; ++g) {
+      const float m_new = fmaxf(m[g], dot[g]);
+      const float c = expf(m[g] - m_new);  // 0 while m was -inf
+      const float e = expf(dot[g] - m_new);
+      s[g] = s[g] * c + e;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[g][j] = fmaf(e, vx[j], acc[g][j] * c);
+      m[g] = m_new;
+    }
+  }
+  // Merge the warps' states.
+#pragma unroll
+  for (int g = 0; g < GT; ++g) {
+    if (lane == 0) {
+      sm_m[warp][g] = m[g];
+      sm_s[warp][g] = s[g];
+    }
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) sm_acc[warp][g][lane * DPL + j] = acc[g][j];
+  }
+  __syncthreads();
+  const int row = 2 + head_dim_v;
+  for (int e = threadIdx.x; e < ng * (head_dim_v + 2); e += blockDim.x) {
+    const int g = e / (head_dim_v + 2), i = e % (head_dim_v + 2);  // i: 0 = m, 1 = s, 2.. = acc
+    float M = -INFINITY;
+    for (int w = 0; w < kSplitWarps; ++w) M = fmaxf(M, sm_m[w][g]);
+    float v = 0.0f;
+    if (i == 0) {
+      v = M;
+    } else if (M != -INFINITY) {
+      for (int w = 0; w < kSplitWarps; ++w) {
+        if (sm_m[w][g] == -INFINITY) continue;  // a warp without positions
+        const float c = expf(sm_m[w][g] - M);
+        v += c * (i == 1 ? sm_s[w][g] : sm_acc[w][g][i - 2]);
+      }
+    }
+    part[((t * n_head + h0 + g) * n_split + split) * row + i] = v;
+  }
+}
+
+// Flash-decoding, phase 2: merges the n_split partial states of each (token, head).
+// part: [n_tok*n_head][n_split][2 + head_dim_v]; out: [n_tok][n_head][head_dim_v]. One block per row.
+__global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out) {
+  __shared__ float w[kMaxSplits];
+  __shared__ float s_total;
+  const int row = 2 + head_dim_v;
+  const float* pr = part + blockIdx.x * int64_t(n_split) * row;
+  if (threadIdx.x < 32) {
+    float M = -INFINITY;
+    for (int i = threadIdx.x; i < n_split; i += 32) M = fmaxf(M, pr[i * row]);
+    M = warp_reduce(M, MaxOp{});
+    float S = 0.0f;
+    for (int i = threadIdx.x; i < n_split; i += 32) {
+      const float mi = pr[i * row];
+      const float c = mi == -INFINITY ? 0.0f : expf(mi - M);
+      w[i] = c;
+      S += c * pr[i * row + 1];
+    }
+    S = warp_reduce(S, SumOp{});
+    if (threadIdx.x == 0) s_total = S;
+  }
+  __syncthreads();
+  const float inv = s_total == 0.0f ? 0.0f : 1.0f / s_total;
+  for (int d = threadIdx.x; d < head_dim_v; d += blockDim.x) {
+    float a = 0.0f;
+    for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
+    out[blockIdx.x * int64_t(head_dim_v) + d] = a * inv;
+  }
+}
+
+int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane covering both head sizes
+  const int d = std::max(head_dim, head_dim_v);
+  return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
+}
+
+template <int DPL>
+void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                      int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
+                      float* scratch, float* out, cudaStream_t stream) {
+  if (math == cpu::AttnMath::GgmlF16) {
+    const int64_t warps = n_tok * n_head;
+    const unsigned blocks = static_cast<unsigned>((warps + kGgmlWarps - 1) / kGgmlWarps);
+    attn_ggml_f16_kernel<DPL><<<blocks, 32 * kGgmlWarps, 0, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv,
+                                                                      head_dim, head_dim_v, scale, out);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
+  const int n_split = attn_splits(n_tok, n_head, max_kv);
+  const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
+  const int group = n_head / n_head_kv, n_tiles = (group + GT - 1) / GT;
+  const dim3 grid(static_cast<unsigned>(n_tok * n_head_kv * n_tiles), static_cast<unsigned>(n_split));
+  attn_split_kernel<DPL, GT><<<grid, 32 * kSplitWarps, 0, stream>>>(q, refs, layer, n_head, n_head_kv, head_dim,
+                                                                   head_dim_v, scale, n_split, chunk, scratch);
+  CUDA_CHECK_LAUNCH();
+  attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, n_split, head_dim_v,
+                                                                                 out);
+  CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- routing and sampling
+
+// A total order for (value desc, id asc) as one unsigned 64-bit key, larger = earlier: the f32 bits
+// mapped to a monotonic unsigned (with -0 taken as +0, as the CPU's == does) in the high half, ~id in the
+// low half. Keys are unique per id.
+__device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
+  if (f == 0.0f) f = 0.0f;
+  uint32_t u = __float_as_uint(f);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(u) << 32) | (0xffffffffu - id);
+}
+__device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
+
+constexpr int kRouteWarps = 4;  // tokens per block of moe_route
+
+// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One warp per token; probabilities in shared.
+__global__ void moe_route_kernel(const float* logits, int64_t n_tok, int n_expert, int k, bool norm,
+                                 int32_t* ids, float* weights) {
+  __shared__ float p_sh[kRouteWarps][cpu::kMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x * int64_t(kRouteWarps) + warp;
+  if (t >= n_tok) return;
+  const float* lr = logits + t * n_expert;  // [n_expert]
+  float* p = p_sh[warp];
+  float mx = -INFINITY;
+  for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, lr[e]);
+  mx = warp_reduce(mx, MaxOp{});
+  double sum = 0.0;
+  for (int e = lane; e < n_expert; e += 32) {
+    const float x = exp_cr(lr[e] - mx);
+    p[e] = x;
+    sum += x;
+  }
+  sum = warp_reduce(sum, SumOp{});
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int e = lane; e < n_expert; e += 32) p[e] *= inv;
+  __syncwarp();
+  float wsum = 0.0f;  // lane 0: the chosen weights summed in rank order, as the CPU
+  for (int j = 0; j < k; ++j) {
+    uint64_t best = 0;
+    for (int e = lane; e < n_expert; e += 32)
+      if (p[e] >= 0.0f) best = MaxOp{}(best, order_key(p[e], static_cast<uint32_t>(e)));
+    best = warp_reduce(best, MaxOp{});
+    const uint32_t id = key_id(best);
+    const float pw = p[id];
+    __syncwarp();
+    if (lane == 0) {
+      ids[t * k + j] = static_cast<int32_t>(id);
+      weights[t * k + j] = pw;
+      wsum += pw;
+      p[id] = -1.0f;  // taken
+    }
+    __syncwarp();
+  }
+  if (norm && lane == 0) {
+    wsum = fmaxf(wsum, 6.103515625e-5f);
+    for (int j = 0; j < k; ++j) weights[t * k + j] /= wsum;
+  }
+}
+
+constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
+
+// logits: [n_tok][n_vocab]; out: [n_tok]. One block per row.
+__global__ void argmax_kernel(const float* logits, int64_t n_vocab, int32_t* out) {
+  __shared__ uint64_t sh[32];
+  const float* row = logits + blockIdx.x * n_vocab;
+  uint64_t best = 0;
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+    best = MaxOp{}(best, order_key(row[i], static_cast<uint32_t>(i)));
+  best = block_reduce(best, sh, MaxOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(best));
+}
+
+// ---- sample: the CPU Sampler's filters over the whole vocabulary, without sorting it.
+// The candidates in the CPU's sorted order are the row's order keys in descending order. A radix select
+// (8 passes of 8 bits over the row, histogram in shared memory) finds the key of any rank; the walks
+// over ranks (cumulative probabilities for top-p and for the draw) go in chunks of kChunk ranks: the
+// chunk's keys are gathered, bitonic-sorted in shared memory and prefix-summed in double.
+constexpr int kChunk = 2 * kRowThreads;
+
+struct SampleShared {
+  uint64_t keys[kChunk];
+  unsigned hist[256];
+  typename cub::BlockScan<double, kRowThreads>::TempStorage scan;
+  uint64_t red_u64[32];
+  double red_d[32];
+  long long red_i[32];
+  uint64_t sel_prefix;
+  long long sel_rank;
+  int count;
+  int first;
+};
+
+__device__ __forceinline__ uint64_t row_key(const float* row, int64_t i) {
+  return order_key(row[i], static_cast<uint32_t>(i));
+}
+
+// The key of rank r (0 = first in the CPU's order) among the n_vocab keys of the row. All threads.
+__device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, SampleShared& sh) {
+  uint64_t prefix = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    const uint64_t hi_mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint64_t key = row_key(row, i);
+      if ((key & hi_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      long long rr = r;
+      int b = 255;
+      for (; b > 0; --b) {
+        if (rr < static_cast<long long>(sh.hist[b])) break;
+        rr -= sh.hist[b];
+      }
+      sh.sel_prefix = prefix | (static_cast<uint64_t>(b) << shift);
+      sh.sel_rank = rr;
+    }
+    __syncthreads();
+    prefix = sh.sel_prefix;
+    r = sh.sel_rank;
+    __syncthreads();  // sel_* are rewritten in the next pass
+  }
+  return prefix;
+}
+
+// Remembers the last selections (block-uniform registers): the walks ask for the same ranks again.
+struct RankCache {
+  int64_t rank[4] = {-1, -1, -1, -1};
+  uint64_t key[4] = {0, 0, 0, 0};
+  int next = 0;
+  __device__ uint64_t get(const float* row, int64_t n_vocab, int64_t r, SampleShared& sh) {
+    for (int i = 0; i < 4; ++i)
+      if (rank[i] == r) return key[i];
+    const uint64_t k = select_rank(row, n_vocab, r, sh);
+    rank[next] = r;
+    key[next] = k;
+    next = (next + 1) & 3;
+    return k;
+  }
+};
+
+// Walks ranks [0, n) in the CPU's order accumulating cum += prob(logit) in double; returns the first
+// rank whose cumulative value satisfies stop(cum) and its key in *key_out, or -1 when none does.
+template <typename Prob, typename Stop>
+__device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob prob, Stop stop, RankCache& rc,
+                              SampleShared& sh, uint64_t* key_out) {
+  double cum = 0.0;
+  uint64_t upper = 0;  // keys of earlier chunks are >= upper (exclusive bound), once has_upper
+  bool has_upper = false;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t end = start + kChunk < n ? start + kChunk : n;
+    const uint64_t lo = end < n_vocab ? rc.get(row, n_vocab, end - 1, sh) : 0ull;
+    if (threadIdx.x == 0) {
+      sh.count = 0;
+      sh.first = kChunk;
+    }
+    for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sh.keys[i] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint64_t key = row_key(row, i);
+      if (key >= lo && (!has_upper || key < upper)) {
+        const int slot = atomicAdd(&sh.count, 1);
+        if (slot < kChunk) sh.keys[slot] = key;
+      }
+    }
+    __syncthreads();
+    for (int k2 = 2; k2 <= kChunk; k2 <<= 1) {  // bitonic sort, descending
+      for (int j = k2 >> 1; j > 0; j >>= 1) {
+        for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
+          const int ixj = i ^ j;
+          if (ixj > i) {
+            const uint64_t a = sh.keys[i], b = sh.keys[ixj];
+            const bool desc = (i & k2) == 0;
+            if (desc ? a < b : a > b) {
+              sh.keys[i] = b;
+              sh.keys[ixj] = a;
+            }
+          }
+        }
+        __syncthreads();
+      }
+    }
+    const int c = static_cast<int>(end - start);
+    double v[2];
+    for (int j = 0; j < 2; ++j) {
+      const int idx = 2 * threadIdx.x + j;
+      v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
+    }
+    double total;
+    cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, total);
+    for (int j = 0; j < 2; ++j) {
+      const int idx = 2 * threadIdx.x + j;
+      if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
+    }
+    __syncthreads();
+    const int first = sh.first;
+    if (first < c) {
+      *key_out = sh.keys[first];
+      __syncthreads();
+      return start + first;
+    }
+    cum += total;
+    upper = lo;
+    has_upper = true;
+    __syncthreads();
+  }
+  return -1;
+}
+
+// logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
+__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P,
+                                                             const float* u, int32_t* out) {
+  __shared__ SampleShared sh;
+  const float* row = logits + blockIdx.x * n_vocab;
+  uint64_t kmax = 0;
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) kmax = MaxOp{}(kmax, row_key(row, i));
+  kmax = block_reduce(kmax, sh.red_u64, MaxOp{});
+  const int32_t best = static_cast<int32_t>(key_id(kmax));
+  if (P.temperature <= 0.0f) {
+    if (threadIdx.x == 0) out[blockIdx.x] = best;
+    return;
+  }
+  const float mx = row[best];
+  RankCache rc;
+  // top-k: ranks [0, m).
+  const int64_t m = P.top_k > 0 && P.top_k < n_vocab ? P.top_k : n_vocab;
+  int64_t n = m;
+  uint64_t key_unused = 0;
+  // top-p over the softmax (temperature 1) of the m candidates.
+  if (P.top_p < 1.0f) {
+    const uint64_t lo_m = m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
+    double s1 = 0.0;
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+      if (row_key(row, i) >= lo_m) s1 += exp_cr((row[i] - mx) / 1.0f);
+    s1 = block_reduce(s1, sh.red_d, SumOp{});
+    const double top_p = P.top_p;
+    const int64_t at = walk_ranks(
+        row, n_vocab, m, [=](float l) { return static_cast<float>(exp_cr((l - mx) / 1.0f) / s1); },
+        [=](double cum) { return cum >= top_p; }, rc, sh, &key_unused);
+    if (at >= 0) n = at + 1;
+  }
+  // min-p: the candidates with logit >= max + log(min_p) are a prefix of the order (at least one).
+  if (P.min_p > 0.0f) {
+    const float thresh = mx + static_cast<float>(log(static_cast<double>(P.min_p)));
+    long long cnt = 0;
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) cnt += row[i] >= thresh;
+    cnt = block_reduce(cnt, sh.red_i, SumOp{});
+    n = cnt < n ? static_cast<int64_t>(cnt) : n;
+    if (n < 1) n = 1;
+  }
+  // temperature softmax over ranks [0, n), then the draw.
+  const uint64_t lo_n = n < n_vocab ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
+  const float temp = P.temperature;
+  double s2 = 0.0;
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+    if (row_key(row, i) >= lo_n) s2 += exp_cr((row[i] - mx) / temp);
+  s2 = block_reduce(s2, sh.red_d, SumOp{});
+  const double ud = u[blockIdx.x];
+  uint64_t key = 0;
+  const int64_t at = walk_ranks(
+      row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
+      [=](double cum) { return ud < cum; }, rc, sh, &key);
+  if (at < 0) key = lo_n;  // u beyond the last cumulative sum: the last candidate, as the CPU
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(key));
+}
+
+unsigned grid_1d(int64_t n, int threads) {
+  return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535 * 16));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- host wrappers
+
+void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y, cudaStream_t stream) {
+  STRATA_REQUIRE(n >= 1, "rmsnorm: row length {} must be >= 1", n);
+  if (n_rows <= 0) return;
+  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, w, n, eps, y);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rope_neox(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, int n_rot, float base,
+               cudaStream_t stream) {
+  STRATA_REQUIRE(n_rot >= 2 && n_rot % 2 == 0 && n_rot <= head_dim && n_rot <= cpu::kMaxRot,
+                 "rope: n_rot {} must be even, <= head_dim {} and <= {}", n_rot, head_dim, cpu::kMaxRot);
+  if (n_tok <= 0) return;
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(n_rot));  // as cpu::rope_neox
+  rope_neox_kernel<<<static_cast<unsigned>(n_tok), 256, 0, stream>>>(x, pos, n_head, head_dim, n_rot, theta_scale);
+  CUDA_CHECK_LAUNCH();
+}
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  swiglu_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(gate, up, n, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  add_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(x, y, n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, int layer, int64_t k_row,
+              int64_t v_row, cudaStream_t stream) {
+  STRATA_REQUIRE(k_row >= 1 && v_row >= 1 && layer >= 0, "kv_store: rows {}/{} layer {}", k_row, v_row, layer);
+  STRATA_REQUIRE(n_tok <= 65535, "kv_store: {} tokens in one call (at most 65535)", n_tok);
+  if (n_tok <= 0) return;
+  const int64_t n = std::max(k_row, v_row);
+  const dim3 grid(static_cast<unsigned>((n + 255) / 256), static_cast<unsigned>(n_tok));
+  kv_store_kernel<<<grid, 256, 0, stream>>>(k, v, refs, layer, k_row, v_row);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv) {
+  const int n_split = attn_splits(n_tok, n_head, max_kv);
+  return static_cast<size_t>(n_tok) * static_cast<size_t>(n_head) * static_cast<size_t>(n_split) *
+         static_cast<size_t>(head_dim_v + 2);
+}
+
+void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+               float* out, cudaStream_t stream) {
+  STRATA_REQUIRE(head_dim >= 1 && head_dim_v >= 1 && head_dim <= kMaxHeadDimGpu && head_dim_v <= kMaxHeadDimGpu,
+                 "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
+  STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
+                 "attention: {} query heads not a multiple of {} KV heads", n_head, n_head_kv);
+  STRATA_REQUIRE(max_kv >= 1, "attention: max_kv {} must be >= 1", max_kv);
+  if (n_tok <= 0) return;
+  switch (lanes_per_dim(head_dim, head_dim_v)) {
+    case 1:
+      return launch_attention<1>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
+                                 max_kv, scratch, out, stream);
+    case 2:
+      return launch_attention<2>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
+                                 max_kv, scratch, out, stream);
+    case 4:
+      return launch_attention<4>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
+                                 max_kv, scratch, out, stream);
+    default:
+      return launch_attention<8>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
+                                 max_kv, scratch, out, stream);
+  }
+}
+
+void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,
+               cudaStream_t stream) {
+  STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
+                 "moe_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
+                 n_expert, k, cpu::kMaxExperts);
+  if (n_tok <= 0) return;
+  const unsigned blocks = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);
+  moe_route_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(logits, n_tok, n_expert, k, norm, ids, weights);
+  CUDA_CHECK_LAUNCH();
+}
+
+void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "argmax: vocabulary size {}", n_vocab);
+  if (n_tok <= 0) return;
+  argmax_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
+  return 0;  // the kernel re-reads the row (L2-resident) instead of sorting a copy
+}
+
+void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
+            void* /*scratch*/, int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+  STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
+  STRATA_REQUIRE(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: top-p must be in (0, 1], got {}", p.top_p);
+  STRATA_REQUIRE(p.min_p >= 0.0f && p.min_p <= 1.0f, "sample: min-p must be in [0, 1], got {}", p.min_p);
+  if (n_tok <= 0) return;
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, u, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace strata::cuda::ops
