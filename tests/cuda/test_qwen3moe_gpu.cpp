@@ -157,7 +157,9 @@ TEST_P(Qwen3MoeGpu, ExpertCacheSizesAgree) {
       EXPECT_GT(d.hits, 0);
       EXPECT_GT(d.misses, 0);
     }
-    if (c.adapt_every > 0) EXPECT_GT(r.prefill.swaps + d.swaps, 0) << "adaptation every step never swapped";
+    if (c.adapt_every > 0) {
+      EXPECT_GT(r.prefill.swaps + d.swaps, 0) << "adaptation every step never swapped";
+    }
   }
 }
 
