@@ -549,6 +549,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     t_ids.wait();
     t_wts.wait();
     t_xn.wait();
+    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
+    ws.wts_h.note_host_access(strata::stream_check::Access::Read);
+    ws.xn_h.note_host_access(strata::stream_check::Access::Read);
     const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
     const int32_t* row = res.layer_row(il);
     int64_t n_cpu = 0;
@@ -580,6 +583,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     mm(*out_w_, ws.xn, n_out, ws.logits);
     const size_t lb = size_t(n_out) * size_t(V) * 4;
     xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
+    ws.logits_h.note_host_access(strata::stream_check::Access::Read);
     std::memcpy(logits, ws.logits_h.data(), lb);
   } else {
     cs.synchronize();
@@ -591,6 +595,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     t.wait();
     t = Ticket();
     if (ws.layer_recorded[size_t(il)]) continue;
+    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
     const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
     cache_->record(il, hid, nk);
     if (opt.usage) opt.usage->add(il, hid, n);
