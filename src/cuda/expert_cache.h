@@ -93,7 +93,14 @@ class ExpertCache {
   moe::ExpertLayerView layer_view(int layer) const;
   const int32_t* device_layer_row(int layer) const;  // [n_expert] of the device table
   DevSpan table_span() const { return table_.span(); }
+  // The whole slot allocation (for kernel pointers). For the stream-order checker every slot is its own
+  // buffer (a Region): note a kernel's slot reads with note_expert_reads, or slot_span(s) for one slot.
   DevSpan slots_span() const { return slots_.span(); }
+  DevSpan slot_span(int32_t slot) const;  // slot in [0, n_slots)
+  // For the checker, next to a launch on `s` that reads layer `layer`'s experts through the device table
+  // (moe_gate_up / moe_down): notes reads of the table and of every slot the layer's row points to now.
+  // The table is changed only in begin_step(), so this is what the kernel may read.
+  void note_expert_reads(const Stream& s, int layer, Site site = Site::here()) const;
   int64_t slot_bytes() const { return slot_bytes_; }
   size_t device_bytes() const { return slots_.bytes() + table_.bytes(); }
   size_t host_bytes() const { return host_.bytes(); }
@@ -128,6 +135,7 @@ class ExpertCache {
   PinnedBuffer host_;    // [n_layer][n_expert][slot_bytes]
   DeviceBuffer slots_;   // [n_slots][slot_bytes]
   DeviceBuffer table_;   // int32 [n_layer][n_expert]
+  std::vector<Region> slot_regions_;  // [n_slots]: each slot is its own checked buffer
   strata::moe::Residency res_;
   std::vector<Pending> pending_;
 
@@ -136,6 +144,7 @@ class ExpertCache {
   std::mutex mu_;  // guards scores_ snapshot hand-off, plan_, flags
   std::condition_variable cv_;
   std::vector<double> snapshot_;
+  strata::moe::Residency res_snapshot_;  // the table the planner plans against (copied with snapshot_)
   std::vector<strata::moe::Swap> plan_;
   bool plan_ready_ = false, want_plan_ = false, stop_ = false;
   std::thread planner_;

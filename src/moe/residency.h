@@ -7,6 +7,7 @@
 //   owner: [n_slots] -> (layer, expert) or free
 // Invariants (checked by check_invariants(), used by tests and debug builds): table and owner are inverse
 // maps; no slot holds two experts; a slot in `evicting` state is owned by nobody and not free.
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -89,5 +90,12 @@ class UsageScores {
   int n_layer_, n_expert_;
   std::vector<double> scores_;
 };
+
+// Sizing for `--expert-cache auto`: how many slots of slot_bytes fit in free_bytes (the GPU's free memory
+// before the cache is allocated) after reserve_bytes (--vram-reserve-mib) and other_bytes (dense weights,
+// KV, workspace still to be allocated) are set aside; 0 when nothing fits; at most max_slots
+// (n_layer * n_expert). Throws strata::Error for slot_bytes <= 0 or max_slots < 0.
+int auto_expert_slots(size_t free_bytes, size_t reserve_bytes, size_t other_bytes, int64_t slot_bytes,
+                      int max_slots);
 
 }  // namespace strata::moe

@@ -1,0 +1,424 @@
+// The GPU expert cache (see expert_cache.h for the ordering protocol). Plain C++: every CUDA call goes
+// through cuda::Device / Stream / Event / Transfer, so every copy is ordered by the transfer module and
+// seen by the stream-order checker.
+#include "cuda/expert_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "common/checked_math.h"
+#include "common/error.h"
+#include "cuda/quant_kernels.cuh"
+#include "quant/blocks.h"
+#include "quant/dequant.h"
+
+namespace strata::cuda {
+
+namespace sc = strata::stream_check;
+
+namespace {
+
+constexpr int64_t kAlign = 256;  // every matrix in a slot starts 256-byte aligned (vector loads)
+
+int64_t align_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// The slot layout of one layer: gate | up | down, each in its GPU storage type.
+struct Layout {
+  GgmlType gate{}, up{}, down{};            // storage types
+  int64_t gate_off = 0, up_off = 0, down_off = 0;
+  int64_t gate_bytes = 0, up_bytes = 0, down_bytes = 0;
+  int64_t bytes = 0;  // aligned end of down
+};
+
+GgmlType checked_type(GgmlType t, int layer, const char* what) {
+  STRATA_REQUIRE(type_traits(uint32_t(t)) != nullptr, "expert cache: layer {} {} has unknown type id {}", layer,
+                 what, uint32_t(t));
+  return t;
+}
+
+// The type a file type is kept in inside a slot.
+GgmlType slot_type(GgmlType t, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(t); }
+
+// Bytes of one expert matrix [rows][cols] of type t; validates cols against the block size.
+int64_t matrix_bytes(GgmlType t, int64_t rows, int64_t cols, int layer, const char* what) {
+  const auto& tt = type_traits(t);
+  STRATA_REQUIRE(cols % tt.block_size == 0, "expert cache: layer {} {}: {} columns is not a multiple of {}'s block of {}",
+                 layer, what, cols, tt.name, tt.block_size);
+  auto b = checked_mul(row_bytes(t, uint64_t(cols)), uint64_t(rows));
+  STRATA_REQUIRE(b && *b < (uint64_t(1) << 40), "expert cache: layer {} {} is too large", layer, what);
+  return int64_t(*b);
+}
+
+Layout layout_of(int64_t n_embd, int64_t n_ff, const LayerExperts& le, int layer, bool exact) {
+  Layout L;
+  const GgmlType fg = checked_type(le.gate.type, layer, "ffn_gate_exps");
+  const GgmlType fu = checked_type(le.up.type, layer, "ffn_up_exps");
+  const GgmlType fd = checked_type(le.down.type, layer, "ffn_down_exps");
+  // The file's own layout must be valid too (we read whole experts from it).
+  matrix_bytes(fg, n_ff, n_embd, layer, "ffn_gate_exps");
+  matrix_bytes(fu, n_ff, n_embd, layer, "ffn_up_exps");
+  matrix_bytes(fd, n_embd, n_ff, layer, "ffn_down_exps");
+  for (GgmlType t : {fg, fu, fd}) {
+    const GgmlType st = slot_type(t, exact);
+    STRATA_REQUIRE(st == t || can_dequantize(t), "expert cache: layer {}: {} experts cannot be converted to {}",
+                   layer, type_name(t), type_name(st));
+  }
+  L.gate = slot_type(fg, exact);
+  L.up = slot_type(fu, exact);
+  L.down = slot_type(fd, exact);
+  L.gate_bytes = matrix_bytes(L.gate, n_ff, n_embd, layer, "ffn_gate_exps (slot)");
+  L.up_bytes = matrix_bytes(L.up, n_ff, n_embd, layer, "ffn_up_exps (slot)");
+  L.down_bytes = matrix_bytes(L.down, n_embd, n_ff, layer, "ffn_down_exps (slot)");
+  L.gate_off = 0;
+  L.up_off = align_up(L.gate_bytes);
+  L.down_off = align_up(L.up_off + L.up_bytes);
+  L.bytes = align_up(L.down_off + L.down_bytes);
+  return L;
+}
+
+// Expert `e` of a file tensor [n_expert][rows][cols] of type `from`, written into `dst` as type `to`.
+void convert_expert(const ExpertTensor& t, int64_t e, int64_t rows, int64_t cols, GgmlType to, uint8_t* dst,
+                    std::vector<float>& tmp) {
+  const int64_t src_row = int64_t(row_bytes(t.type, uint64_t(cols)));
+  const uint8_t* src = static_cast<const uint8_t*>(t.data) + e * rows * src_row;
+  if (to == t.type) {
+    std::memcpy(dst, src, size_t(rows * src_row));
+  } else if (to == GgmlType::F32) {
+    dequantize_row(t.type, src, reinterpret_cast<float*>(dst), rows * cols);
+  } else if (to == GgmlType::F16) {
+    // Why F16: the type has no GPU kernel; F16 keeps every value of the common formats' grids.
+    tmp.resize(size_t(cols));
+    uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(t.type, src + r * src_row, tmp.data(), cols);
+      for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = q::fp32_to_fp16(tmp[size_t(c)]);
+    }
+  } else {
+    fail("expert cache: no conversion from {} to {}", type_name(t.type), type_name(to));
+  }
+}
+
+std::vector<LayerExperts> validated(std::vector<LayerExperts> layers, int64_t n_embd, int64_t n_ff, int n_expert,
+                                    const ExpertCacheConfig& cfg) {
+  STRATA_REQUIRE(!layers.empty(), "expert cache: no MoE layers");
+  STRATA_REQUIRE(n_embd > 0 && n_ff > 0 && n_expert > 0, "expert cache: bad geometry n_embd {} n_ff {} n_expert {}",
+                 n_embd, n_ff, n_expert);
+  STRATA_REQUIRE(cfg.n_slots >= 0, "expert cache: --expert-cache must be >= 0, got {}", cfg.n_slots);
+  STRATA_REQUIRE(cfg.adapt_every >= 0 && cfg.max_swaps >= 0, "expert cache: adapt_every ({}) and max_swaps ({}) must be >= 0",
+                 cfg.adapt_every, cfg.max_swaps);
+  STRATA_REQUIRE(cfg.decay >= 0 && cfg.decay <= 1, "expert cache: decay {} must be in [0, 1]", cfg.decay);
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (const ExpertTensor* t : {&layers[l].gate, &layers[l].up, &layers[l].down})
+      STRATA_REQUIRE(t->data != nullptr, "expert cache: layer {} has no expert weights", l);
+  return layers;
+}
+
+constexpr double kHysteresis = 0.25;  // a newcomer must be 25% hotter than the expert it replaces
+constexpr double kMinGain = 1.0;      // ... and used at least once more (no churn on noise)
+
+}  // namespace
+
+int64_t ExpertCache::slot_bytes_for(int64_t n_embd, int64_t n_ff, const std::vector<LayerExperts>& layers,
+                                    bool exact) {
+  STRATA_REQUIRE(n_embd > 0 && n_ff > 0, "expert cache: bad geometry n_embd {} n_ff {}", n_embd, n_ff);
+  int64_t b = 0;
+  for (size_t l = 0; l < layers.size(); ++l) b = std::max(b, layout_of(n_embd, n_ff, layers[l], int(l), exact).bytes);
+  return b;
+}
+
+ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_ff, int n_expert,
+                         std::vector<LayerExperts> layers, const ExpertCacheConfig& cfg,
+                         const strata::moe::ExpertUsage* profile)
+    : dev_(dev),
+      xfer_(xfer),
+      n_embd_(n_embd),
+      n_ff_(n_ff),
+      n_expert_(n_expert),
+      layers_(validated(std::move(layers), n_embd, n_ff, n_expert, cfg)),
+      cfg_(cfg),
+      res_(int(layers_.size()), n_expert, cfg.n_slots),
+      scores_(int(layers_.size()), n_expert),
+      res_snapshot_(int(layers_.size()), n_expert, cfg.n_slots) {
+  const int n_layer = int(layers_.size());
+  const int n_slots = res_.n_slots();
+  if (cfg_.max_swaps == 0) cfg_.max_swaps = std::max(1, n_slots / 16);
+
+  // Layouts and the views the kernels get.
+  std::vector<Layout> lay;
+  for (int l = 0; l < n_layer; ++l) {
+    lay.push_back(layout_of(n_embd, n_ff, layers_[size_t(l)], l, cfg_.exact));
+    slot_bytes_ = std::max(slot_bytes_, lay.back().bytes);
+  }
+
+  // Pinned host copy of every expert in slot layout: [n_layer][n_expert][slot_bytes].
+  auto host_total = checked_mul(uint64_t(n_layer) * uint64_t(n_expert), uint64_t(slot_bytes_));
+  STRATA_REQUIRE(host_total.has_value(), "expert cache: host copy size overflows");
+  host_ = dev_.alloc_pinned(size_t(*host_total), "expert cache host copy");
+  host_.note_host_access(sc::Access::Write);
+  {
+    // Layers in parallel: repacking (F16, exact f32) dequantizes every weight.
+    std::atomic<int> next{0};
+    std::exception_ptr err;
+    std::mutex err_mu;
+    auto work = [&] {
+      std::vector<float> tmp;
+      for (int l; (l = next.fetch_add(1)) < n_layer;) {
+        try {
+          const LayerExperts& le = layers_[size_t(l)];
+          const Layout& L = lay[size_t(l)];
+          for (int e = 0; e < n_expert; ++e) {
+            uint8_t* dst = const_cast<uint8_t*>(host_expert(l, e));
+            std::memset(dst, 0, size_t(slot_bytes_));  // padding is deterministic
+            convert_expert(le.gate, e, n_ff, n_embd, L.gate, dst + L.gate_off, tmp);
+            convert_expert(le.up, e, n_ff, n_embd, L.up, dst + L.up_off, tmp);
+            convert_expert(le.down, e, n_embd, n_ff, L.down, dst + L.down_off, tmp);
+          }
+        } catch (...) {
+          std::lock_guard<std::mutex> lk(err_mu);
+          if (!err) err = std::current_exception();
+        }
+      }
+    };
+    const int n_thr = std::clamp(int(std::thread::hardware_concurrency()), 1, std::min(n_layer, 16));
+    std::vector<std::thread> thr;
+    for (int i = 1; i < n_thr; ++i) thr.emplace_back(work);
+    work();
+    for (auto& t : thr) t.join();
+    if (err) std::rethrow_exception(err);
+  }
+
+  // Device side: slots (each its own checked region) and the table.
+  auto dev_total = checked_mul(uint64_t(n_slots), uint64_t(slot_bytes_));
+  STRATA_REQUIRE(dev_total.has_value(), "expert cache: slot memory size overflows");
+  slots_ = dev_.alloc(size_t(*dev_total), "expert slots (" + std::to_string(n_slots) + " x " +
+                                               std::to_string(slot_bytes_) + " bytes)");
+  slot_regions_.reserve(size_t(n_slots));
+  for (int s = 0; s < n_slots; ++s)
+    slot_regions_.push_back(slots_.region(size_t(s) * size_t(slot_bytes_), size_t(slot_bytes_),
+                                          "expert slot " + std::to_string(s)));
+  table_ = dev_.alloc(size_t(n_layer) * size_t(n_expert) * sizeof(int32_t), "residency table");
+
+  for (int l = 0; l < n_layer; ++l) {
+    const Layout& L = lay[size_t(l)];
+    moe::ExpertLayerView v;
+    v.slots = slots_.as<const uint8_t>();
+    v.slot_bytes = slot_bytes_;
+    v.gate_type = L.gate;
+    v.up_type = L.up;
+    v.down_type = L.down;
+    v.gate_off = L.gate_off;
+    v.up_off = L.up_off;
+    v.down_off = L.down_off;
+    v.n_embd = n_embd;
+    v.n_ff = n_ff;
+    views_.push_back(v);
+  }
+
+  if (profile != nullptr)
+    res_.place_from_profile(*profile);
+  else
+    res_.place_evenly();
+  for (int32_t s = 0; s < n_slots; ++s) {
+    const strata::moe::ExpertId id = res_.owner(s);
+    if (id.layer < 0) continue;
+    const HostSpan src{const_cast<uint8_t*>(host_expert(id.layer, id.expert)), size_t(slot_bytes_),
+                       host_.span().check_id, true};
+    xfer_.upload(slot_regions_[size_t(s)].span(), src, dev_.compute(), {&dev_.compute()});
+    stats_.bytes_uploaded += uint64_t(slot_bytes_);
+  }
+  upload_table();
+
+  if (cfg_.adapt_every > 0) planner_ = std::thread([this] { planner_loop(); });
+}
+
+ExpertCache::~ExpertCache() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (planner_.joinable()) planner_.join();
+  // The DMA of a pending swap reads host_: it must finish before host_ is freed.
+  for (const Pending& p : pending_) p.copy.wait();
+}
+
+void ExpertCache::upload_table() {
+  // Producer = consumer = compute: after every kernel that read the old table, before every one that
+  // reads the new one.
+  xfer_.upload(table_.span(), res_.table(), size_t(res_.n_layer()) * size_t(n_expert_) * sizeof(int32_t),
+               dev_.compute(), {&dev_.compute()});
+}
+
+void ExpertCache::start_swaps(const std::vector<strata::moe::Swap>& plan) {
+  // Drop what the table made stale since the plan was made (the planner saw a snapshot).
+  std::vector<strata::moe::Swap> live;
+  auto in_range = [&](const strata::moe::ExpertId& id) {
+    return id.layer >= 0 && id.layer < res_.n_layer() && id.expert >= 0 && id.expert < n_expert_;
+  };
+  for (const strata::moe::Swap& sw : plan) {
+    if (!in_range(sw.in) || !in_range(sw.out)) continue;
+    if (res_.resident(sw.in.layer, sw.in.expert)) continue;               // already in
+    if (sw.slot < 0 || res_.slot(sw.out.layer, sw.out.expert) != sw.slot) continue;  // out moved/left
+    bool dup = std::any_of(live.begin(), live.end(),
+                           [&](const strata::moe::Swap& o) { return o.in == sw.in || o.slot == sw.slot; });
+    bool in_flight = std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) {
+      return p.swap.in == sw.in || p.swap.slot == sw.slot;
+    });
+    if (!dup && !in_flight) live.push_back(sw);
+  }
+  if (live.empty()) return;
+  // Phase 1: evict (host and device table), so no kernel enqueued from now on reads these slots. The
+  // table goes first on the copy stream so the compute stream never waits behind the expert copies.
+  for (const strata::moe::Swap& sw : live) res_.evict(sw.out);
+  upload_table();
+  // The new experts' copies: producer = compute, so each starts only after every kernel enqueued so far
+  // (the only ones that may still read the old expert from the slot) has finished. No consumer: the
+  // compute stream waits on the copy only when the swap is admitted (begin_step).
+  for (const strata::moe::Swap& sw : live) {
+    const HostSpan src{const_cast<uint8_t*>(host_expert(sw.in.layer, sw.in.expert)), size_t(slot_bytes_),
+                       host_.span().check_id, true};
+    Ticket t = xfer_.upload(slot_regions_[size_t(sw.slot)].span(), src, dev_.compute(), {});
+    stats_.bytes_uploaded += uint64_t(slot_bytes_);
+    pending_.push_back({sw, std::move(t)});
+  }
+}
+
+void ExpertCache::begin_step() {
+  bool dirty = false;
+  if (!pending_.empty()) {
+    // Phase 2: once every started copy is done, admit them all (one table upload). They were enqueued
+    // together on one copy stream, so they finish together.
+    const bool all_done = std::all_of(pending_.begin(), pending_.end(), [](const Pending& p) { return p.copy.done(); });
+    if (!all_done) return;
+    for (const Pending& p : pending_) {
+      res_.admit(p.swap.in, p.swap.slot);
+      dev_.compute().wait(p.copy.event());  // kernels reading the slot from now on run after its copy
+      ++stats_.swaps;
+    }
+    pending_.clear();
+    dirty = true;
+  }
+  std::vector<strata::moe::Swap> plan;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (plan_ready_) {
+      plan.swap(plan_);
+      plan_ready_ = false;
+    }
+  }
+  const size_t before = pending_.size();
+  if (!plan.empty()) start_swaps(plan);  // uploads the table itself when it starts anything
+  if (dirty && pending_.size() == before) upload_table();
+}
+
+void ExpertCache::record(int layer, const int32_t* ids, int64_t n) {
+  STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer(), "expert cache: layer {} out of range [0, {})", layer,
+                 res_.n_layer());
+  STRATA_REQUIRE(n >= 0 && (ids != nullptr || n == 0), "expert cache: bad routing list (n = {})", n);
+  int64_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    STRATA_REQUIRE(ids[i] >= 0 && ids[i] < n_expert_, "expert cache: expert id {} out of range [0, {})", ids[i],
+                   n_expert_);
+    hits += res_.resident(layer, ids[i]);
+  }
+  stats_.hits += hits;
+  stats_.misses += n - hits;
+  if (cfg_.adapt_every > 0) scores_.add(layer, ids, n);
+}
+
+void ExpertCache::end_step() {
+  ++steps_;
+  if (cfg_.adapt_every <= 0 || steps_ % cfg_.adapt_every != 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (want_plan_ || plan_ready_) return;  // the last plan is still being made or not yet picked up
+  auto s = scores_.scores();
+  snapshot_.assign(s.begin(), s.end());
+  res_snapshot_ = res_;
+  scores_.decay(cfg_.decay);
+  want_plan_ = true;
+  cv_.notify_one();
+}
+
+void ExpertCache::planner_loop() {
+  std::unique_lock<std::mutex> lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || want_plan_; });
+    if (stop_) return;
+    std::vector<double> snap = std::move(snapshot_);
+    strata::moe::Residency res = res_snapshot_;
+    lk.unlock();
+    std::vector<strata::moe::Swap> plan;
+    try {
+      plan = res.plan(snap, cfg_.max_swaps, kHysteresis, kMinGain);
+    } catch (const std::exception&) {
+      plan.clear();  // a plan is an optimization: none is always safe
+    }
+    lk.lock();
+    plan_ = std::move(plan);
+    plan_ready_ = true;
+    want_plan_ = false;
+  }
+}
+
+void ExpertCache::adapt_now() {
+  drain();
+  // Synchronous: the same plan the helper thread would make, on the live scores.
+  auto plan = res_.plan(scores_.scores(), cfg_.max_swaps, kHysteresis, kMinGain);
+  scores_.decay(cfg_.decay);
+  start_swaps(plan);
+}
+
+void ExpertCache::drain() {
+  while (!pending_.empty()) {
+    for (const Pending& p : pending_) p.copy.wait();
+    begin_step();
+  }
+}
+
+moe::ExpertLayerView ExpertCache::layer_view(int layer) const {
+  STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer(), "expert cache: layer {} out of range [0, {})", layer,
+                 res_.n_layer());
+  return views_[size_t(layer)];
+}
+
+const int32_t* ExpertCache::device_layer_row(int layer) const {
+  STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer(), "expert cache: layer {} out of range [0, {})", layer,
+                 res_.n_layer());
+  return table_.as<const int32_t>() + size_t(layer) * size_t(n_expert_);
+}
+
+DevSpan ExpertCache::slot_span(int32_t slot) const {
+  STRATA_REQUIRE(slot >= 0 && slot < res_.n_slots(), "expert cache: slot {} out of range [0, {})", slot,
+                 res_.n_slots());
+  return slot_regions_[size_t(slot)].span();
+}
+
+void ExpertCache::note_expert_reads(const Stream& s, int layer, Site site) const {
+  if (!sc::enabled()) return;
+  STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer(), "expert cache: layer {} out of range [0, {})", layer,
+                 res_.n_layer());
+  std::vector<sc::BufferId> reads{table_.span().check_id};
+  const int32_t* row = res_.layer_row(layer);
+  for (int e = 0; e < n_expert_; ++e)
+    if (row[e] >= 0) reads.push_back(slot_regions_[size_t(row[e])].span().check_id);
+  sc::global().on_launch(s.check_id(), reads, {}, site);
+}
+
+const uint8_t* ExpertCache::host_expert(int layer, int expert) const {
+  STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer() && expert >= 0 && expert < n_expert_,
+                 "expert cache: expert ({}, {}) out of range", layer, expert);
+  return host_.as<const uint8_t>() + (size_t(layer) * size_t(n_expert_) + size_t(expert)) * size_t(slot_bytes_);
+}
+
+ExpertCache::Stats ExpertCache::stats() const {
+  Stats s = stats_;
+  s.slots_used = res_.used_slots();
+  s.n_slots = res_.n_slots();
+  return s;
+}
+
+void ExpertCache::reset_stats() { stats_ = Stats{}; }
+
+}  // namespace strata::cuda
