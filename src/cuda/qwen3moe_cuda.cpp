@@ -391,7 +391,6 @@ void CudaQwen3Moe::load() {
   // --- expert cache sizing ---
   const int total = hp.n_layer * hp.n_expert;
   const int64_t slot_bytes = ExpertCache::slot_bytes_for(E, F, lexp, opt_.exact);
-  int64_t avail = 0;
   const int64_t kv_bytes = int64_t(std::max(opt_.kv_sequences, 1)) * hp.n_layer * int64_t(std::max(opt_.n_ctx, 1)) *
                            Hkv * (D + Dv) * 2;
   const int64_t ws_bytes = WsSizes(hp, std::max(opt_.n_batch, 1), std::max(opt_.n_ctx, 1)).device_bytes(hp.n_layer);
@@ -401,8 +400,11 @@ void CudaQwen3Moe::load() {
   int64_t budget = int64_t(free1);
   if (opt_.vram_budget_gib > 0)
     budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
-  avail = budget - kv_bytes - ws_bytes - reserve - int64_t(total) * 4;
-  const int n_slots = expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, avail);
+  const int n_slots =
+      opt_.expert_cache == "auto"
+          ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
+                                           size_t(kv_bytes + ws_bytes + int64_t(total) * 4), slot_bytes, total)
+          : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
   std::fprintf(stderr,
                "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                dev_->info().name.c_str(), double(dev_->info().total_bytes) / kGiB, double(dense_bytes) / kGiB,
@@ -524,8 +526,8 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     const int n_res = res.resident_in_layer(il);
     // The resident experts, from their slots (pairs whose expert is not resident are skipped).
     auto gpu_experts = [&] {
-      note_launch(cs, {cache_->table_span(), cache_->slots_span(), ws.xn.span(), ids.span(), ws.wts.span()},
-                  {ws.h.span(), ws.moe_out.span()});
+      cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
+      note_launch(cs, {ws.xn.span(), ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
       const moe::ExpertLayerView view = cache_->layer_view(il);
       const int32_t* table = cache_->device_layer_row(il);
       moe::moe_gate_up(view, table, xn, ids.as<const int32_t>(), n, k_used, ws.h.as<float>(), s);
