@@ -152,6 +152,12 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
     slot_bytes_ = std::max(slot_bytes_, lay.back().bytes);
   }
 
+  // First placement (before the expensive part, so a profile of another model fails fast).
+  if (profile != nullptr)
+    res_.place_from_profile(*profile);
+  else
+    res_.place_evenly();
+
   // Pinned host copy of every expert in slot layout: [n_layer][n_expert][slot_bytes].
   auto host_total = checked_mul(uint64_t(n_layer) * uint64_t(n_expert), uint64_t(slot_bytes_));
   STRATA_REQUIRE(host_total.has_value(), "expert cache: host copy size overflows");
@@ -216,10 +222,6 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
     views_.push_back(v);
   }
 
-  if (profile != nullptr)
-    res_.place_from_profile(*profile);
-  else
-    res_.place_evenly();
   for (int32_t s = 0; s < n_slots; ++s) {
     const strata::moe::ExpertId id = res_.owner(s);
     if (id.layer < 0) continue;
@@ -325,7 +327,7 @@ void ExpertCache::record(int layer, const int32_t* ids, int64_t n) {
   }
   stats_.hits += hits;
   stats_.misses += n - hits;
-  if (cfg_.adapt_every > 0) scores_.add(layer, ids, n);
+  scores_.add(layer, ids, n);  // also without adapt_every: adapt_now() plans on them
 }
 
 void ExpertCache::end_step() {

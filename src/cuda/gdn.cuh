@@ -24,8 +24,9 @@ void split_qkv(const float* conv, int64_t n_tok, int64_t n_k_heads, int64_t n_v_
                float* q, float* k, float* v, cudaStream_t stream);
 
 // The gated delta rule over n_tok tokens of one sequence, token after token (the recurrent form of
-// cpu/gdn.h; exact up to f32 summation order). One block per value head keeps its [D][D] state slice
-// in registers/shared memory for the whole call.
+// cpu/gdn.h; exact up to f32 summation order). Each block keeps a slice of rows of one value head's
+// [D][D] state in registers for the whole call (state rows are independent; grid = Hv x row slices).
+// head_dim <= 256 (strata::Error otherwise).
 //   q, k: [n_tok][Hk][D]  v: [n_tok][Hv][D]  g, beta: [n_tok][Hv]  state: [Hv][D][D] (in place)
 //   out: [n_tok][Hv][D]
 void delta_rule(int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t head_dim, const float* q,

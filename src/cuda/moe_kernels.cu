@@ -43,8 +43,28 @@ __global__ void __launch_bounds__(32 * kWarps)
     if (slot < 0) continue;
     const uint8_t* base = slots + int64_t(slot) * slot_bytes;
     const float* xr = x + (p / k) * n_embd;
-    const float g = dq::warp_row_dot<F, A>(base + gate_off + r * row_bytes, n_embd, xr, xvec);
-    const float u = dq::warp_row_dot<F, A>(base + up_off + r * row_bytes, n_embd, xr, xvec);
+    const uint8_t* gr = base + gate_off + r * row_bytes;
+    const uint8_t* ur = base + up_off + r * row_bytes;
+    // Gate and up rows in one loop: both rows' loads in flight together, x read once.
+    constexpr int kUnits = F::kVals / 8;
+    const int units = int(n_embd / F::kVals) * kUnits;
+    float ga = 0.f, ua = 0.f;
+#pragma unroll 2
+    for (int u = threadIdx.x & 31; u < units; u += 32) {
+      const int b = u / kUnits, i8 = u % kUnits;
+      float gv[8], uv[8], xv[8];
+      F::template deq8<A>(gr + int64_t(b) * F::kBytes, i8, gv);
+      F::template deq8<A>(ur + int64_t(b) * F::kBytes, i8, uv);
+      dq::load_x8(xr, int64_t(b) * F::kVals + 8 * i8, xvec, xv);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) ga = fmaf(gv[q], xv[q], ga), ua = fmaf(uv[q], xv[q], ua);
+    }
+    if constexpr (F::kFloat)
+      for (int64_t c = int64_t(units) * 8 + (threadIdx.x & 31); c < n_embd; c += 32) {
+        const float xc = __ldg(xr + c);
+        ga = fmaf(F::one(gr, c), xc, ga), ua = fmaf(F::one(ur, c), xc, ua);
+      }
+    const float g = dq::warp_sum(ga), u = dq::warp_sum(ua);
     if ((threadIdx.x & 31) == 0) h[p * n_ff + r] = silu(g) * u;
   }
 }
@@ -71,25 +91,62 @@ __global__ void __launch_bounds__(32 * kWarps)
 }
 
 // out[t][r] = sum_j (resident) wts[t*k+j] * (down_e[r] . h[t*k+j]), j increasing.
-// Grid: x = row blocks of n_embd, y = tokens (grid-stride).
+// Grid: x = row blocks of n_embd, y = tokens (grid-stride). The experts of a token are taken 4 at a time
+// in one loop over the row's units (why: a token's k rows are short, e.g. 768 values; one expert at a
+// time would leave one dependent chain of table read, weight loads and reduction per expert). Each
+// expert's dot is still reduced on its own and added in j order: the same sum, deterministic.
 template <typename F, int A>
 __global__ void __launch_bounds__(32 * kWarps)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t row_bytes,
                 int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ h,
                 const int32_t* __restrict__ ids, const float* __restrict__ wts, int64_t n, int k,
                 float* __restrict__ out, bool hvec) {
+  constexpr int kGroup = 4;
+  const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= n_embd) return;
+  constexpr int kUnits = F::kVals / 8;
+  const int units = int(n_ff / F::kVals) * kUnits;
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t p = t * k + j;
-      const int slot = slot_of(table, ids, p);
-      if (slot < 0) continue;
-      const uint8_t* wr = slots + int64_t(slot) * slot_bytes + down_off + r * row_bytes;
-      acc += wts[p] * dq::warp_row_dot<F, A>(wr, n_ff, h + p * n_ff, hvec);
+    for (int j0 = 0; j0 < k; j0 += kGroup) {
+      const uint8_t* wr[kGroup];
+      const float* hr[kGroup];
+      bool live[kGroup];
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const int64_t p = t * k + j0 + g;
+        const int slot = j0 + g < k ? slot_of(table, ids, p) : -1;
+        live[g] = slot >= 0;
+        wr[g] = slots + int64_t(live[g] ? slot : 0) * slot_bytes + down_off + r * row_bytes;
+        hr[g] = h + p * n_ff;
+      }
+      float part[kGroup] = {0.f, 0.f, 0.f, 0.f};
+      for (int u = lane; u < units; u += 32) {
+        const int b = u / kUnits, i8 = u % kUnits;
+        const int64_t c = int64_t(b) * F::kVals + 8 * i8;
+#pragma unroll
+        for (int g = 0; g < kGroup; ++g) {
+          if (!live[g]) continue;  // warp-uniform
+          float v[8], hv[8];
+          F::template deq8<A>(wr[g] + int64_t(b) * F::kBytes, i8, v);
+          dq::load_x8(hr[g], c, hvec, hv);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) part[g] = fmaf(v[q], hv[q], part[g]);
+        }
+      }
+      if constexpr (F::kFloat)
+        for (int64_t c = int64_t(units) * 8 + lane; c < n_ff; c += 32)
+#pragma unroll
+          for (int g = 0; g < kGroup; ++g)
+            if (live[g]) part[g] = fmaf(F::one(wr[g], c), __ldg(hr[g] + c), part[g]);
+#pragma unroll
+      for (int g = 0; g < kGroup; ++g) {
+        const float d = dq::warp_sum(part[g]);
+        if (live[g]) acc += wts[t * k + j0 + g] * d;
+      }
     }
-    if ((threadIdx.x & 31) == 0) out[t * n_embd + r] = acc;
+    if (lane == 0) out[t * n_embd + r] = acc;
   }
 }
 

@@ -179,29 +179,44 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
     q16[j] = d < head_dim ? round_f16(qh[d]) : 0.0f;
     acc[j] = 0.0f;
   }
+  // Positions go in groups of U: the group's K and V rows are loaded (and its dot products reduced)
+  // up front, then the online-softmax updates run one position at a time in order, exactly as on the
+  // CPU. Why: a warp walking one position at a time waits a full memory latency per position.
+  constexpr int U = DPL <= 4 ? 8 : 4;
   float M = -INFINITY, S = 0.0f;
-  for (int32_t p = 0; p <= r.pos; ++p) {
-    float kx[DPL], vx[DPL];
-    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
-    float dot = 0.0f;
+  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
+    float kx[U][DPL], vx[U][DPL], dot[U];
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) dot = fmaf(q16[j], kx[j], dot);
-    dot = warp_reduce(dot, SumOp{});
-    const float s = dot * scale;
-    float ms = 1.0f, vs = 1.0f;
-    if (s > M) {
-      const float m_old = M;
-      M = s;
-      ms = exp_cr(m_old - M);
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) acc[j] = round_f16(acc[j] * ms);
-    } else {
-      vs = exp_cr(s - M);
+    for (int u = 0; u < U; ++u) {
+      const int32_t p = p0 + u <= r.pos ? p0 + u : r.pos;  // past the end: a harmless re-read, unused
+      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx[u]);
+      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx[u]);
     }
-    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[j], vs, acc[j]));
-    S = S * ms + vs;
+    for (int u = 0; u < U; ++u) {
+      float d = 0.0f;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) d = fmaf(q16[j], kx[u][j], d);
+      dot[u] = warp_reduce(d, SumOp{});
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (p0 + u > r.pos) break;
+      const float s = dot[u] * scale;
+      float ms = 1.0f, vs = 1.0f;
+      if (s > M) {
+        const float m_old = M;
+        M = s;
+        ms = exp_cr(m_old - M);
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[j] = round_f16(acc[j] * ms);
+      } else {
+        vs = exp_cr(s - M);
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[u][j], vs, acc[j]));
+      S = S * ms + vs;
+    }
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   float* oh = out + wi * head_dim_v;
@@ -227,12 +242,13 @@ int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
 // block's warps take the split's positions round-robin, each keeping an online-softmax state (max m,
 // sum s, acc) per query head in f32; the warps' states are merged and written to
 // part: [n_tok*n_head][n_split][2 + head_dim_v] = (m, s, acc[head_dim_v]).
+// q: [n_tok][n_head][head_dim]; refs: [n_tok]; chunk: positions per split (the last split takes the rest).
 // Why a group tile: the query heads that share a KV head read each K/V row once (GQA).
 // grid: (n_tok * n_head_kv * n_tiles, n_split); block 32*kSplitWarps.
 template <int DPL, int GT>
-__global__ void attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv,
-                                  int head_dim, int head_dim_v, float scale, int n_split, int chunk,
-                                  float* part) {
+__global__ void __launch_bounds__(32 * kSplitWarps)
+    attn_split_kernel(const float* q, const KvRef* refs, int layer, int n_head, int n_head_kv, int head_dim,
+                      int head_dim_v, float scale, int n_split, int chunk, float* part) {
   __shared__ float sm_m[kSplitWarps][GT], sm_s[kSplitWarps][GT];
   __shared__ float sm_acc[kSplitWarps][GT][32 * DPL];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -264,26 +280,49 @@ __global__ void attn_split_kernel(const float* q, const KvRef* refs, int layer, 
       acc[g][j] = 0.0f;
     }
   }
-  for (int p = p_begin + warp; p < p_end; p += kSplitWarps) {
-    float kx[DPL], vx[DPL];
-    load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx);
-    float dot[GT];
+  // Each warp takes U of its positions per step (p, p + kSplitWarps, ...): U K/V rows in flight at
+  // once, then one max update and U accumulations per query head. Why: one row at a time leaves too
+  // few bytes in flight per SM to reach HBM bandwidth.
+  constexpr int U = DPL <= 4 ? 4 : 2;
+  for (int p = p_begin + warp; p < p_end; p += kSplitWarps * U) {
+    float kx[U][DPL], vx[U][DPL], dot[U][GT];
+    bool valid[U];
 #pragma unroll
-    for (int g = 0; g < GT; ++g) {
-      float d = 0.0f;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) d = fmaf(qv[g][j], kx[j], d);
-      dot[g] = warp_reduce(d, SumOp{});
+    for (int u = 0; u < U; ++u) {
+      const int pu = p + u * kSplitWarps;
+      valid[u] = pu < p_end;
+      const int pl = valid[u] ? pu : p;  // past the end: a harmless re-read, unused
+      load_row_f16<DPL>(kb + pl * k_row, lane, head_dim, kx[u]);
+      load_row_f16<DPL>(vb + pl * v_row, lane, head_dim_v, vx[u]);
     }
-    load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int g = 0; g < GT; ++g) {
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) d = fmaf(qv[g][j], kx[u][j], d);
+        dot[u][g] = warp_reduce(d, SumOp{});
+      }
+    }
 #pragma unroll
     for (int g = 0; g < GT; ++g) {
-      const float m_new = fmaxf(m[g], dot[g]);
-      const float c = expf(m[g] - m_new);  // 0 while m was -inf
-      const float e = expf(dot[g] - m_new);
-      s[g] = s[g] * c + e;
+      float m_new = m[g];
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) acc[g][j] = fmaf(e, vx[j], acc[g][j] * c);
+      for (int u = 0; u < U; ++u)
+        if (valid[u]) m_new = fmaxf(m_new, dot[u][g]);
+      const float c = expf(m[g] - m_new);  // 0 while m was -inf (position p is always valid)
+      s[g] *= c;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[g][j] *= c;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!valid[u]) continue;
+        const float e = expf(dot[u][g] - m_new);
+        s[g] += e;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[g][j] = fmaf(e, vx[u][j], acc[g][j]);
+      }
       m[g] = m_new;
     }
   }
@@ -466,6 +505,8 @@ struct SampleShared {
   long long red_i[32];
   uint64_t sel_prefix;
   long long sel_rank;
+  bool sel_unique;
+  int cached;  // ranks [0, cached) are in keys[], sorted (0: none)
   int count;
   int first;
 };
@@ -475,6 +516,8 @@ __device__ __forceinline__ uint64_t row_key(const float* row, int64_t i) {
 }
 
 // The key of rank r (0 = first in the CPU's order) among the n_vocab keys of the row. All threads.
+// Once the bucket holding rank r has a single key, one more pass fetches that key (typically after 3-4
+// of the 8 passes for real logits).
 __device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, SampleShared& sh) {
   uint64_t prefix = 0;
   for (int shift = 56; shift >= 0; shift -= 8) {
@@ -495,11 +538,24 @@ __device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, Sa
       }
       sh.sel_prefix = prefix | (static_cast<uint64_t>(b) << shift);
       sh.sel_rank = rr;
+      sh.sel_unique = sh.hist[b] == 1u;
     }
     __syncthreads();
     prefix = sh.sel_prefix;
     r = sh.sel_rank;
-    __syncthreads();  // sel_* are rewritten in the next pass
+    const bool unique = sh.sel_unique;
+    __syncthreads();  // sel_* are rewritten below or in the next pass
+    if (unique && shift > 0) {  // the one key with this prefix is the answer
+      const uint64_t mask = ~0ull << shift;
+      for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+        const uint64_t key = row_key(row, i);
+        if ((key & mask) == prefix) sh.sel_prefix = key;
+      }
+      __syncthreads();
+      prefix = sh.sel_prefix;
+      __syncthreads();
+      break;
+    }
   }
   return prefix;
 }
@@ -520,8 +576,42 @@ struct RankCache {
   }
 };
 
+// Fills sh.keys[0, count) with the row's keys in [lo, upper) (no upper bound unless has_upper), sorted
+// descending; the rest of keys[] is 0. The caller makes sure at most kChunk keys fall in the range.
+__device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bool has_upper, uint64_t upper,
+                              SampleShared& sh) {
+  if (threadIdx.x == 0) sh.count = 0;
+  for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sh.keys[i] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+    const uint64_t key = row_key(row, i);
+    if (key >= lo && (!has_upper || key < upper)) {
+      const int slot = atomicAdd(&sh.count, 1);
+      if (slot < kChunk) sh.keys[slot] = key;
+    }
+  }
+  __syncthreads();
+  for (int k2 = 2; k2 <= kChunk; k2 <<= 1) {  // bitonic sort, descending
+    for (int j = k2 >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const uint64_t a = sh.keys[i], b = sh.keys[ixj];
+          const bool desc = (i & k2) == 0;
+          if (desc ? a < b : a > b) {
+            sh.keys[i] = b;
+            sh.keys[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // Walks ranks [0, n) in the CPU's order accumulating cum += prob(logit) in double; returns the first
 // rank whose cumulative value satisfies stop(cum) and its key in *key_out, or -1 when none does.
+// Chunk 0 comes from sh.keys when they already hold it (sh.cached).
 template <typename Prob, typename Stop>
 __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob prob, Stop stop, RankCache& rc,
                               SampleShared& sh, uint64_t* key_out) {
@@ -530,38 +620,17 @@ __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob
   bool has_upper = false;
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t end = start + kChunk < n ? start + kChunk : n;
-    const uint64_t lo = end < n_vocab ? rc.get(row, n_vocab, end - 1, sh) : 0ull;
-    if (threadIdx.x == 0) {
-      sh.count = 0;
-      sh.first = kChunk;
-    }
-    for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sh.keys[i] = 0;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
-      const uint64_t key = row_key(row, i);
-      if (key >= lo && (!has_upper || key < upper)) {
-        const int slot = atomicAdd(&sh.count, 1);
-        if (slot < kChunk) sh.keys[slot] = key;
-      }
-    }
-    __syncthreads();
-    for (int k2 = 2; k2 <= kChunk; k2 <<= 1) {  // bitonic sort, descending
-      for (int j = k2 >> 1; j > 0; j >>= 1) {
-        for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
-          const int ixj = i ^ j;
-          if (ixj > i) {
-            const uint64_t a = sh.keys[i], b = sh.keys[ixj];
-            const bool desc = (i & k2) == 0;
-            if (desc ? a < b : a > b) {
-              sh.keys[i] = b;
-              sh.keys[ixj] = a;
-            }
-          }
-        }
-        __syncthreads();
-      }
-    }
     const int c = static_cast<int>(end - start);
+    uint64_t lo;  // the key of rank end-1 (0 for the row's last chunk when gathering)
+    if (start == 0 && sh.cached >= end) {
+      lo = sh.keys[c - 1];
+    } else {
+      lo = end < n_vocab ? rc.get(row, n_vocab, end - 1, sh) : 0ull;
+      gather_sorted(row, n_vocab, lo, has_upper, upper, sh);
+      if (threadIdx.x == 0) sh.cached = start == 0 ? c : 0;
+    }
+    if (threadIdx.x == 0) sh.first = kChunk;
+    __syncthreads();
     double v[2];
     for (int j = 0; j < 2; ++j) {
       const int idx = 2 * threadIdx.x + j;
@@ -588,14 +657,31 @@ __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob
   return -1;
 }
 
+// Sum over ranks [0, n) of f(logit), in double: from the sorted keys when they hold those ranks, else one
+// pass over the row keeping keys >= lo (the key of rank n-1; 0 when n is the whole row). All threads.
+template <typename F>
+__device__ double sum_top(const float* row, int64_t n_vocab, int64_t n, uint64_t lo, F f, SampleShared& sh) {
+  double acc = 0.0;
+  if (n <= sh.cached) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += f(row[key_id(sh.keys[i])]);
+  } else {
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+      if (row_key(row, i) >= lo) acc += f(row[i]);
+  }
+  return block_reduce(acc, sh.red_d, SumOp{});
+}
+
 // logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
+// Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
+// sorted once and every later step reads them from shared memory instead of the whole row.
 __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P,
                                                              const float* u, int32_t* out) {
   __shared__ SampleShared sh;
   const float* row = logits + blockIdx.x * n_vocab;
+  if (threadIdx.x == 0) sh.cached = 0;
   uint64_t kmax = 0;
   for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) kmax = MaxOp{}(kmax, row_key(row, i));
-  kmax = block_reduce(kmax, sh.red_u64, MaxOp{});
+  kmax = block_reduce(kmax, sh.red_u64, MaxOp{});  // (its barriers also publish sh.cached)
   const int32_t best = static_cast<int32_t>(key_id(kmax));
   if (P.temperature <= 0.0f) {
     if (threadIdx.x == 0) out[blockIdx.x] = best;
@@ -605,15 +691,17 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   RankCache rc;
   // top-k: ranks [0, m).
   const int64_t m = P.top_k > 0 && P.top_k < n_vocab ? P.top_k : n_vocab;
+  const uint64_t lo_m = m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
+  if (m <= kChunk) {
+    gather_sorted(row, n_vocab, lo_m, false, 0, sh);
+    if (threadIdx.x == 0) sh.cached = static_cast<int>(m);
+    __syncthreads();
+  }
   int64_t n = m;
   uint64_t key_unused = 0;
   // top-p over the softmax (temperature 1) of the m candidates.
   if (P.top_p < 1.0f) {
-    const uint64_t lo_m = m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
-    double s1 = 0.0;
-    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
-      if (row_key(row, i) >= lo_m) s1 += exp_cr((row[i] - mx) / 1.0f);
-    s1 = block_reduce(s1, sh.red_d, SumOp{});
+    const double s1 = sum_top(row, n_vocab, m, lo_m, [=](float l) { return exp_cr((l - mx) / 1.0f); }, sh);
     const double top_p = P.top_p;
     const int64_t at = walk_ranks(
         row, n_vocab, m, [=](float l) { return static_cast<float>(exp_cr((l - mx) / 1.0f) / s1); },
@@ -624,24 +712,31 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   if (P.min_p > 0.0f) {
     const float thresh = mx + static_cast<float>(log(static_cast<double>(P.min_p)));
     long long cnt = 0;
-    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) cnt += row[i] >= thresh;
+    if (n <= sh.cached) {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cnt += row[key_id(sh.keys[i])] >= thresh;
+    } else {
+      for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) cnt += row[i] >= thresh;
+    }
     cnt = block_reduce(cnt, sh.red_i, SumOp{});
     n = cnt < n ? static_cast<int64_t>(cnt) : n;
     if (n < 1) n = 1;
   }
   // temperature softmax over ranks [0, n), then the draw.
-  const uint64_t lo_n = n < n_vocab ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
   const float temp = P.temperature;
-  double s2 = 0.0;
-  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
-    if (row_key(row, i) >= lo_n) s2 += exp_cr((row[i] - mx) / temp);
-  s2 = block_reduce(s2, sh.red_d, SumOp{});
+  const uint64_t lo_n = n < n_vocab && n > sh.cached ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
+  const double s2 = sum_top(row, n_vocab, n, lo_n, [=](float l) { return exp_cr((l - mx) / temp); }, sh);
   const double ud = u[blockIdx.x];
   uint64_t key = 0;
   const int64_t at = walk_ranks(
       row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
       [=](double cum) { return ud < cum; }, rc, sh, &key);
-  if (at < 0) key = lo_n;  // u beyond the last cumulative sum: the last candidate, as the CPU
+  if (at < 0) {  // u beyond the last cumulative sum: the last candidate, as the CPU
+    if (n <= sh.cached) {
+      key = sh.keys[n - 1];
+    } else {
+      key = rc.get(row, n_vocab, n - 1, sh);
+    }
+  }
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(key));
 }
 
@@ -706,7 +801,7 @@ void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int 
                  "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
   STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
                  "attention: {} query heads not a multiple of {} KV heads", n_head, n_head_kv);
-  STRATA_REQUIRE(max_kv >= 1, "attention: max_kv {} must be >= 1", max_kv);
+  STRATA_REQUIRE(max_kv >= 1 && layer >= 0, "attention: max_kv {} must be >= 1, layer {} >= 0", max_kv, layer);
   if (n_tok <= 0) return;
   switch (lanes_per_dim(head_dim, head_dim_v)) {
     case 1:

@@ -13,7 +13,7 @@ namespace strata::tokenizer {
 namespace {
 
 // Printable form of untrusted text for error messages: short, and no control characters.
-std::string quoted(std::string_view s) {
+std::string in_quotes(std::string_view s) {
   std::string r = "'";
   for (size_t i = 0; i < s.size() && i < 64; ++i) {
     const unsigned char c = s[i];
@@ -60,7 +60,7 @@ Tokenizer Tokenizer::from_data(VocabData d) {
   STRATA_REQUIRE(d.model == "gpt2",
                  "tokenizer.ggml.model = {} is not supported (strata implements byte-level BPE, "
                  "'gpt2', used by Qwen, DeepSeek, Llama 3, Kimi, gpt-oss)",
-                 quoted(d.model));
+                 in_quotes(d.model));
   if (d.pre.empty()) {
     spdlog::warn("tokenizer.ggml.pre is missing: using the 'default' pre-tokenizer; token ids may "
                  "differ from the model's own tokenizer");
@@ -129,19 +129,19 @@ Tokenizer Tokenizer::from_data(VocabData d) {
     const std::string_view m = d.merges[r];
     const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
     STRATA_REQUIRE(sp != std::string_view::npos && sp + 1 < m.size(),
-                   "tokenizer.ggml.merges[{}] = {} is not of the form 'left right'", r, quoted(m));
+                   "tokenizer.ggml.merges[{}] = {} is not of the form 'left right'", r, in_quotes(m));
     const std::string_view a = m.substr(0, sp), b = m.substr(sp + 1);
     const TokenId ia = t.text_to_id.find(a), ib = t.text_to_id.find(b);
     STRATA_REQUIRE(ia != kNoToken, "tokenizer.ggml.merges[{}] = {}: {} is not a token", r,
-                   quoted(m), quoted(a));
+                   in_quotes(m), in_quotes(a));
     STRATA_REQUIRE(ib != kNoToken, "tokenizer.ggml.merges[{}] = {}: {} is not a token", r,
-                   quoted(m), quoted(b));
+                   in_quotes(m), in_quotes(b));
     joined.assign(a);
     joined += b;
     const TokenId ij = t.text_to_id.find(joined);
     STRATA_REQUIRE(ij != kNoToken,
                    "tokenizer.ggml.merges[{}] = {}: the merged token {} is not in the vocabulary",
-                   r, quoted(m), quoted(joined));
+                   r, in_quotes(m), in_quotes(joined));
     // A pair listed twice keeps its first (lowest) rank.
     t.merges.try_emplace(merge_key(ia, ib), {static_cast<int32_t>(r), ij});
   }

@@ -1,0 +1,125 @@
+// Attention kernels of src/cuda/ops.cu on Qwen3-30B-A3B's geometry (32 query heads, 4 KV heads of 128,
+// f16 KV cache): decode (1 token) at contexts 512 / 4096 / 16384 with the F32 flash-decoding kernel and
+// the GgmlF16 exact-mode kernel, plus one causal prefill row (64 tokens). Prints a markdown table with
+// microseconds per call and the achieved KV-read bandwidth (bytes of K and V the call must read / time),
+// and the ratio to the device-to-device copy bandwidth measured in the same run (the HBM baseline).
+//
+// Usage: bench_attention [--reps 200]     (GgmlF16 runs reps/20, at least 3: it is sequential by design)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/half.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/device.h"
+#include "cuda/ops.cuh"
+#include "cuda/transfer.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+
+constexpr int kHead = 32, kHeadKv = 4, kDim = 128;
+
+// Times `fn` (enqueued on `s`) over `reps` calls after 2 warm-up calls; microseconds per call.
+template <typename Fn>
+double time_us(cudaStream_t s, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(b, s));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  return 1000.0 * ms / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 200;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[++i]));
+  if (!device_available()) {
+    std::fprintf(stderr, "bench_attention: no CUDA device\n");
+    return 1;
+  }
+  Device dev(0);
+  Transfer xfer(dev);
+  Stream& cs = dev.compute();
+  const cudaStream_t s = cs.handle();
+
+  // HBM baseline: a 1 GiB device-to-device copy reads and writes every byte once.
+  const size_t copy_bytes = size_t(1) << 30;
+  auto src = dev.alloc(copy_bytes, "copy src"), dst = dev.alloc(copy_bytes, "copy dst");
+  xfer.fill(src.span(), 1, cs, {&cs});
+  double copy_us = 0;
+  {
+    const int n = 10;
+    xfer.copy(dst.span(), src.span(), cs, {&cs}).wait();  // warm-up
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) xfer.copy(dst.span(), src.span(), cs, {&cs}).wait();
+    copy_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+  }
+  const double hbm_gbs = 2.0 * double(copy_bytes) / copy_us * 1e-3;  // read + write
+  std::printf("HBM baseline (1 GiB device copy, read+write): %.0f GB/s\n\n", hbm_gbs);
+
+  const int max_ctx = 16384;
+  const size_t kv_vals = size_t(max_ctx) * kHeadKv * kDim;  // one layer
+  std::vector<uint16_t> kv(kv_vals);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& x : kv) x = cpu::float_to_half(nd(rng));
+  auto dk = dev.alloc(kv_vals * 2, "k"), dv = dev.alloc(kv_vals * 2, "v");
+  xfer.upload(dk.span(), kv.data(), kv_vals * 2, cs, {&cs});
+  xfer.upload(dv.span(), kv.data(), kv_vals * 2, cs, {&cs});
+  const int max_tok = 64;
+  std::vector<float> q(size_t(max_tok) * kHead * kDim);
+  for (auto& x : q) x = nd(rng);
+  auto dq = dev.alloc(q.size() * 4, "q");
+  xfer.upload(dq.span(), q.data(), q.size() * 4, cs, {&cs});
+  auto dout = dev.alloc(q.size() * 4, "out");
+  auto drefs = dev.alloc(sizeof(ops::KvRef) * max_tok, "refs");
+  const size_t scratch_floats = std::max(ops::attention_scratch_floats(1, kHead, kDim, max_ctx),
+                                         ops::attention_scratch_floats(max_tok, kHead, kDim, max_ctx));
+  auto dscratch = dev.alloc(scratch_floats * 4, "scratch");
+  const float scale = 1.0f / std::sqrt(float(kDim));
+
+  std::printf("| case | maths | tokens | context | us/call | KV bytes read | GB/s | of HBM copy |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
+  auto row = [&](const char* name, cpu::AttnMath math, int n_tok, int ctx, int r) {
+    std::vector<ops::KvRef> refs(static_cast<size_t>(n_tok));
+    for (int t = 0; t < n_tok; ++t)  // a prefill's tokens end at ctx-1
+      refs[size_t(t)] = {dk.as<uint16_t>(), dv.as<uint16_t>(), max_ctx, ctx - n_tok + t};
+    xfer.upload(drefs.span(), refs.data(), refs.size() * sizeof(ops::KvRef), cs, {&cs}).wait();
+    const double us = time_us(s, r, [&] {
+      ops::attention(dq.as<float>(), drefs.as<ops::KvRef>(), n_tok, 0, kHead, kHeadKv, kDim, kDim, scale, math,
+                     ctx, dscratch.as<float>(), dout.as<float>(), s);
+    });
+    // Bytes the call must read at least: K and V of every attended position once (the KV heads'
+    // rows; the query heads of a group share them; a prefill's tokens share their prefix).
+    const double bytes = double(ctx) * kHeadKv * (2.0 * kDim) * 2.0;
+    const double gbs = bytes / us * 1e-3;
+    std::printf("| %s | %s | %d | %d | %.1f | %.1f MB | %.0f | %.1f%% |\n", name,
+                math == cpu::AttnMath::F32 ? "F32" : "GgmlF16", n_tok, ctx, us, bytes * 1e-6, gbs,
+                100.0 * gbs / hbm_gbs);
+  };
+  const int slow_reps = std::max(3, reps / 20);
+  for (int ctx : {512, 4096, 16384}) row("decode", cpu::AttnMath::F32, 1, ctx, reps);
+  for (int ctx : {512, 4096, 16384}) row("decode", cpu::AttnMath::GgmlF16, 1, ctx, slow_reps);
+  row("prefill", cpu::AttnMath::F32, max_tok, 4096, std::max(3, reps / 10));
+  cs.synchronize();
+  return 0;
+}

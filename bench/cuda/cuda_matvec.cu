@@ -1,0 +1,238 @@
+// Decode-speed benchmark of cuda::quant::matmul (issue 7): GB/s of weight bytes at n = 1 and n = 8 for
+// Q4_K, Q4_0, Q8_0, Q6_K at Qwen3-30B-A3B shapes, against two rooflines measured in the same run:
+//   read: a plain kernel that only reads HBM (16-byte loads, grid-stride) - the ceiling of a matvec;
+//   d2d:  a device-to-device copy through cuda::Transfer (bytes read + written / time).
+// Small matrices are rotated through enough copies (>= 512 MiB in all) that every call reads HBM, not the
+// 50 MB L2. Times are CUDA events on the compute stream around many calls (mean per call).
+// (Named cuda_matvec, not bench_matvec: bench/bench_matvec.cpp already owns that target name.)
+//
+// Then one MoE layer's routed experts (moe_gate_up + moe_down, Q4_K gate/up and Q6_K down, 128 experts all
+// resident, k = 8, n = 1) with the token's experts drawn at random per call from 64 precomputed sets.
+//
+// Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/device.h"
+#include "cuda/moe_kernels.cuh"
+#include "cuda/quant_kernels.cuh"
+#include "cuda/transfer.h"
+#include "quant/types.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+
+// w[i] = hash bytes; then every block's f16 scale fields (offsets f0, f1; -1 = none) = 2^-9 so values stay
+// finite. w: [n_blocks][block_bytes].
+__global__ void init_weights(uint8_t* w, int64_t n_blocks, int block_bytes, int f0, int f1, uint32_t seed) {
+  const int64_t bytes = n_blocks * block_bytes;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+    const int in_block = int(i % block_bytes);
+    uint8_t b = uint8_t(h >> 7);
+    if (in_block == f0 || in_block == f1) b = 0x00;          // low byte of 0x1800
+    if (in_block == f0 + 1 || in_block == f1 + 1) b = 0x18;  // high byte
+    w[i] = b;
+  }
+}
+
+// x: [n] f32 in [-1, 1).
+__global__ void init_acts(float* x, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = float(int((uint32_t(i) * 2654435761u) >> 16) % 2001 - 1000) / 1000.f;
+}
+
+// Reads src [n16] uint4 once; out [gridDim.x] keeps the reads alive.
+__global__ void read_only(const uint4* __restrict__ src, int64_t n16, uint32_t* out) {
+  uint32_t acc = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) out[blockIdx.x] = acc;  // practically never: no write traffic
+}
+
+struct Timer {
+  cudaEvent_t a{}, b{};
+  Timer() {
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  void start(cudaStream_t s) { CUDA_CHECK(cudaEventRecord(a, s)); }
+  double stop_ms(cudaStream_t s) {
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    return ms;
+  }
+};
+
+void scale_fields(GgmlType t, int& f0, int& f1) {
+  f0 = f1 = -1;
+  switch (t) {
+    case GgmlType::Q4_K: f0 = 0, f1 = 2; break;
+    case GgmlType::Q6_K: f0 = 208; break;
+    case GgmlType::Q4_0: case GgmlType::Q8_0: f0 = 0; break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int iters = 200;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: cuda_matvec [--iters N]\n");
+      return 2;
+    }
+  }
+  if (!device_available()) {
+    std::fprintf(stderr, "cuda_matvec: no CUDA device\n");
+    return 1;
+  }
+  const auto wall0 = std::chrono::steady_clock::now();
+  Device dev(0);
+  Transfer xfer(dev);
+  Stream& cs = dev.compute();
+  const cudaStream_t s = cs.handle();
+  Timer timer;
+
+  // ---- rooflines ----
+  const size_t big = size_t(1) << 30;
+  DeviceBuffer a = dev.alloc(big, "roofline a"), b = dev.alloc(big, "roofline b");
+  DeviceBuffer sink = dev.alloc(4 << 20, "roofline sink");
+  init_weights<<<4096, 256, 0, s>>>(a.as<uint8_t>(), int64_t(big / 64), 64, -1, -1, 1);
+  CUDA_CHECK_LAUNCH();
+  double read_gbs = 0;
+  for (int rep = 0; rep < 4; ++rep) {  // best of 4, 5 passes each
+    timer.start(s);
+    for (int k = 0; k < 5; ++k) read_only<<<dev.info().sm_count * 8, 512, 0, s>>>(a.as<uint4>(), big / 16, sink.as<uint32_t>());
+    CUDA_CHECK_LAUNCH();
+    read_gbs = std::max(read_gbs, 5.0 * big / (timer.stop_ms(s) * 1e6));
+  }
+  double d2d_gbs = 0;
+  for (int rep = 0; rep < 4; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Ticket tk;
+    for (int k = 0; k < 3; ++k) tk = xfer.copy(b.span(), a.span(), cs, {&cs});
+    tk.wait();
+    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    d2d_gbs = std::max(d2d_gbs, 3.0 * 2.0 * big / (sec * 1e9));  // read + write
+  }
+  b = DeviceBuffer();
+  std::printf("# cuda::quant::matmul on %s (%d SMs)\n\n", dev.info().name.c_str(), dev.info().sm_count);
+  std::printf("rooflines: HBM read-only kernel %.0f GB/s; device-to-device copy (Transfer::copy, read+write) %.0f GB/s\n\n",
+              read_gbs, d2d_gbs);
+  std::printf("| type | rows x cols | n | us/call | weight GB/s | %% of read | %% of d2d |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+  };
+  const Shape shapes[] = {{"expert gate/up", 768, 2048}, {"expert down", 2048, 768}, {"attn q", 4096, 2048},
+                          {"output", 151936, 2048}};
+  DeviceBuffer x = dev.alloc(8 * 2048 * sizeof(float), "x"), y = dev.alloc(8 * 151936 * sizeof(float), "y");
+  init_acts<<<64, 256, 0, s>>>(x.as<float>(), 8 * 2048);
+  CUDA_CHECK_LAUNCH();
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K}) {
+    const auto& tt = type_traits(t);
+    int f0, f1;
+    scale_fields(t, f0, f1);
+    for (const Shape& sh : shapes) {
+      const int64_t bytes = int64_t(row_bytes(t, sh.cols)) * sh.rows;
+      const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / bytes));
+      DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");
+      init_weights<<<4096, 256, 0, s>>>(w.as<uint8_t>(), bytes * copies / tt.type_size, int(tt.type_size), f0, f1, 7);
+      CUDA_CHECK_LAUNCH();
+      for (int64_t n : {1, 8}) {
+        auto call = [&](int i) {
+          quant::matmul(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, x.as<float>(), n,
+                        y.as<float>(), s);
+        };
+        for (int i = 0; i < 3; ++i) call(i);  // warm-up
+        const int it = sh.rows > 100000 ? std::max(1, iters / 10) : iters;
+        timer.start(s);
+        for (int i = 0; i < it; ++i) call(i);
+        const double ms = timer.stop_ms(s) / it;
+        const double gbs = bytes / (ms * 1e6);
+        std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f%% |\n", std::string(tt.name).c_str(),
+                    sh.name, (long long)sh.rows, (long long)sh.cols, (long long)n, ms * 1e3, gbs,
+                    100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
+      }
+    }
+  }
+  // ---- one MoE layer: Qwen3-30B-A3B experts (n_embd 2048, n_ff 768, 128 experts, k 8) ----
+  {
+    const int64_t n_embd = 2048, n_ff = 768;
+    const int n_expert = 128, k = 8, n_sets = 64;
+    moe::ExpertLayerView v;
+    v.gate_type = v.up_type = GgmlType::Q4_K, v.down_type = GgmlType::Q6_K;
+    const int64_t gb = int64_t(row_bytes(GgmlType::Q4_K, n_embd)) * n_ff;
+    const int64_t db = int64_t(row_bytes(GgmlType::Q6_K, n_ff)) * n_embd;
+    v.gate_off = 0, v.up_off = gb, v.down_off = 2 * gb;
+    v.slot_bytes = (2 * gb + db + 255) / 256 * 256;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+    DeviceBuffer slots = dev.alloc(size_t(v.slot_bytes) * n_expert, "expert slots");
+    // Arbitrary bytes (some values inf/nan: only the time matters here).
+    init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 16, 16, -1, -1, 11);
+    CUDA_CHECK_LAUNCH();
+    v.slots = slots.as<uint8_t>();
+    std::vector<int32_t> table(n_expert), ids(size_t(n_sets) * k);
+    for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;  // scattered slots
+    uint32_t rs = 12345;
+    for (int q = 0; q < n_sets; ++q)
+      for (int j = 0; j < k; ++j) {
+        int e;
+        bool dup;
+        do {
+          rs = rs * 1664525u + 1013904223u;
+          e = int(rs >> 8) % n_expert;
+          dup = false;
+          for (int i = 0; i < j; ++i) dup |= ids[q * k + i] == e;
+        } while (dup);
+        ids[q * k + j] = e;
+      }
+    std::vector<float> wts(size_t(n_sets) * k, 1.f / k);
+    DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
+                 d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(k) * n_ff * 4, "h"),
+                 d_out = dev.alloc(size_t(n_embd) * 4, "out");
+    xfer.upload(d_table.span(), table.data(), table.size() * 4, cs, {&cs});
+    xfer.upload(d_ids.span(), ids.data(), ids.size() * 4, cs, {&cs});
+    xfer.upload(d_wts.span(), wts.data(), wts.size() * 4, cs, {&cs});
+    auto layer = [&](int i) {
+      const int q = i % n_sets;
+      moe::moe_gate_up(v, d_table.as<int32_t>(), x.as<float>(), d_ids.as<int32_t>() + q * k, 1, k, d_h.as<float>(), s);
+      moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>() + q * k, d_wts.as<float>() + q * k,
+                    1, k, d_out.as<float>(), s);
+    };
+    for (int i = 0; i < 3; ++i) layer(i);
+    timer.start(s);
+    for (int i = 0; i < iters; ++i) layer(i);
+    const double ms = timer.stop_ms(s) / iters;
+    const double bytes = double(k) * (2 * gb + db);
+    const double gbs = bytes / (ms * 1e6);
+    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f | %.0f | %.1f%% | %.1f%% |\n",
+                ms * 1e3, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
+  }
+  dev.synchronize();
+  std::printf("\n(total %.1f s)\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count());
+  return 0;
+}

@@ -1,0 +1,99 @@
+// The device block decoders of src/cuda/dequant_device.cuh, run on the host (they are __host__
+// __device__): every unit of every zoo tensor (fixtures/formats/zoo.gguf) with a GPU kernel, through both
+// load paths (A = 1 byte loads and the format's aligned loads), bit for bit against strata::dequantize_row.
+// Runs without a GPU: it checks the layouts and the order of float operations; the GPU tests check the
+// device arithmetic on top.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/dequant_device.cuh"
+#include "gguf/gguf.h"
+#include "quant/dequant.h"
+#include "quant/iq_tables.h"
+
+namespace {
+
+using namespace strata;
+namespace dq = strata::cuda::dq;
+
+template <typename F, int A>
+int64_t count_mismatches(const uint8_t* row, int64_t cols, const float* ref, const std::string& what) {
+  int64_t bad = 0;
+  const int64_t units = cols / F::kVals * (F::kVals / 8);
+  for (int64_t u = 0; u < units; ++u) {
+    float v[8];
+    F::template deq8<A>(row + (u / (F::kVals / 8)) * F::kBytes, int(u % (F::kVals / 8)), v);
+    for (int k = 0; k < 8; ++k)
+      if (std::memcmp(&v[k], &ref[u * 8 + k], 4) != 0 && bad++ < 3)
+        ADD_FAILURE() << what << " A=" << A << " value " << u * 8 + k << ": device decoder " << v[k] << ", cpu "
+                      << ref[u * 8 + k];
+  }
+  if constexpr (F::kFloat)
+    for (int64_t c = units * 8; c < cols; ++c) {
+      const float x = F::one(row, c);
+      bad += std::memcmp(&x, &ref[c], 4) != 0;
+    }
+  return bad;
+}
+
+TEST(CudaDequantDecodersOnHost, ZooBitExact) {
+  const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
+  int checked = 0;
+  for (const auto& t : f.tensors()) {
+    const int64_t cols = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.n_elements()) / cols;
+    const int64_t rb = static_cast<int64_t>(row_bytes(t.type, cols));
+    const bool has = dq::dispatch(t.type, [&](auto fmt) {
+      using F = decltype(fmt);
+      std::vector<uint64_t> aligned((rb + 7) / 8 + 2);  // 16-byte aligned copy of a row
+      auto* row = reinterpret_cast<uint8_t*>(aligned.data());
+      ASSERT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u);
+      std::vector<float> ref(cols);
+      int64_t bad = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(row, t.data + r * rb, rb);
+        dequantize_row(t.type, row, ref.data(), cols);
+        bad += count_mismatches<F, 1>(row, cols, ref.data(), t.name);
+        bad += count_mismatches<F, F::kAlign>(row, cols, ref.data(), t.name);
+      }
+      EXPECT_EQ(bad, 0) << t.name << ": values differ";
+    });
+    checked += has;
+  }
+  EXPECT_EQ(checked, 22);  // every format of the zoo
+  std::printf("%d zoo tensors decoded bit-exactly by the device decoders (host run)\n", checked);
+}
+
+// The device grid tables (generated copies) hold exactly quant/iq_tables.cpp's values.
+TEST(CudaDequantDecodersOnHost, DeviceGridTablesMatchQuantTables) {
+#define STRATA_CHECK_TABLE(T, macro, host)                                                     \
+  {                                                                                           \
+    static const T copy[] = macro;                                                            \
+    ASSERT_EQ(sizeof(copy), sizeof(strata::iq::host)) << #host;                               \
+    EXPECT_EQ(std::memcmp(copy, strata::iq::host, sizeof(copy)), 0) << #host << " differs"; \
+  }
+  STRATA_CHECK_TABLE(uint8_t, STRATA_IQ_INIT_IQ2_SIGNS, kIq2Signs)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2XXS_GRID, kIq2xxsGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2XS_GRID, kIq2xsGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ2S_GRID, kIq2sGrid)
+  STRATA_CHECK_TABLE(uint32_t, STRATA_IQ_INIT_IQ3XXS_GRID, kIq3xxsGrid)
+  STRATA_CHECK_TABLE(uint32_t, STRATA_IQ_INIT_IQ3S_GRID, kIq3sGrid)
+  STRATA_CHECK_TABLE(uint64_t, STRATA_IQ_INIT_IQ1S_GRID, kIq1sGrid)
+#undef STRATA_CHECK_TABLE
+}
+
+// A float tail (cols not a multiple of 8) through one().
+TEST(CudaDequantDecodersOnHost, FloatTail) {
+  std::vector<uint16_t> h(13);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<uint16_t>(0x3c00 + 37 * i);
+  std::vector<float> ref(h.size());
+  dequantize_row(GgmlType::F16, h.data(), ref.data(), 13);
+  EXPECT_EQ((count_mismatches<dq::Fmt<GgmlType::F16>, 1>(reinterpret_cast<const uint8_t*>(h.data()), 13, ref.data(),
+                                                         "f16 tail")),
+            0);
+}
+
+}  // namespace

@@ -1,0 +1,583 @@
+// GPU ops (src/cuda/ops.cu) against their CPU references (cpu/ops.h, engine/sampling.h) on random data
+// at the real sizes of Qwen3-30B-A3B (n_embd 2048, 32 query / 4 KV heads of 128, 128 experts top-8,
+// vocab 151936) and a few odd ones. Every failure prints the numbers (max error, where, how many).
+// Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/half.h"
+#include "cpu/ops.h"
+#include "cpu/thread_pool.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/device.h"
+#include "cuda/ops.cuh"
+#include "cuda/transfer.h"
+#include "engine/sampling.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+namespace sc = strata::stream_check;
+
+class GpuOps : public ::testing::Test {
+ public:  // the helpers are used by free functions below too
+  void SetUp() override {
+    if (!device_available()) GTEST_SKIP() << "no CUDA device";
+    sc::global().take_reports();
+    dev = std::make_unique<Device>(0);
+    xfer = std::make_unique<Transfer>(*dev);
+  }
+  void TearDown() override {
+    if (dev) dev->synchronize();
+    if (sc::enabled())
+      for (const auto& r : sc::global().take_reports()) ADD_FAILURE() << "stream-order checker: " << r.message;
+    xfer.reset();
+    dev.reset();
+  }
+  cudaStream_t stream() { return dev->compute().handle(); }
+
+  template <typename T>
+  DeviceBuffer upload(const std::vector<T>& h, const char* name) {
+    const size_t bytes = std::max<size_t>(h.size() * sizeof(T), 16);
+    DeviceBuffer b = dev->alloc(bytes, name);
+    if (!h.empty()) xfer->upload(b.span(), h.data(), h.size() * sizeof(T), dev->compute(), {&dev->compute()});
+    return b;
+  }
+  template <typename T>
+  DeviceBuffer alloc(size_t n, const char* name) {
+    return dev->alloc(std::max<size_t>(n * sizeof(T), 16), name);
+  }
+  template <typename T>
+  std::vector<T> download(const DeviceBuffer& b, size_t n) {
+    std::vector<T> h(n);
+    if (n) xfer->download_sync(h.data(), b.span(), n * sizeof(T), dev->compute());
+    return h;
+  }
+
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<Transfer> xfer;
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Max |a-b| / (atol + rtol*|b|) over the arrays, with where it happened; <= 1 means within tolerance.
+struct Cmp {
+  double worst = 0, max_abs = 0;
+  size_t at = 0, bad = 0;
+  float a_at = 0, b_at = 0;
+};
+Cmp compare(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
+  Cmp c;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const double d = std::fabs(double(a[i]) - double(b[i]));
+    const double r = d / (atol + rtol * std::fabs(double(b[i])));
+    if (!(r <= 1.0)) ++c.bad;
+    c.max_abs = std::max(c.max_abs, d);
+    if (!(r <= c.worst)) {
+      c.worst = r;
+      c.at = i;
+      c.a_at = a[i];
+      c.b_at = b[i];
+    }
+  }
+  return c;
+}
+std::string describe(const Cmp& c, const char* what) {
+  return std::string(what) + ": " + std::to_string(c.bad) + " values out of tolerance; max abs err " +
+         std::to_string(c.max_abs) + "; worst at [" + std::to_string(c.at) + "] gpu " + std::to_string(c.a_at) +
+         " cpu " + std::to_string(c.b_at) + " (err/tol " + std::to_string(c.worst) + ")";
+}
+
+// ------------------------------------------------------------------ elementwise
+
+TEST_F(GpuOps, RmsnormMatchesCpu) {
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 2048}, {3, 2048}, {64, 2048}, {64 * 32, 128},
+                                                                 {5, 1000}}) {
+    auto x = randn(size_t(rows * n), 11 + uint32_t(rows), 3.0f), w = randn(size_t(n), 12);
+    std::vector<float> ref(x.size());
+    cpu::rmsnorm(x.data(), w.data(), rows, n, 1e-6f, ref.data());
+    auto dx = upload(x, "x"), dw = upload(w, "w");
+    auto dy = alloc<float>(x.size(), "y");
+    ops::rmsnorm(dx.as<float>(), dw.as<float>(), rows, n, 1e-6f, dy.as<float>(), stream());
+    ops::rmsnorm(dx.as<float>(), dw.as<float>(), rows, n, 1e-6f, dx.as<float>(), stream());  // in place
+    auto c = compare(download<float>(dy, x.size()), ref, 1e-6, 1e-6);
+    EXPECT_EQ(c.bad, 0u) << describe(c, "rmsnorm") << " rows " << rows << " n " << n;
+    auto ci = compare(download<float>(dx, x.size()), ref, 1e-6, 1e-6);
+    EXPECT_EQ(ci.bad, 0u) << describe(ci, "rmsnorm in place") << " rows " << rows << " n " << n;
+  }
+}
+
+TEST_F(GpuOps, RopeNeoxMatchesCpu) {
+  struct Case { int64_t n_tok; int n_head, head_dim, n_rot; float base; int max_pos; };
+  for (const Case& k : {Case{1, 32, 128, 128, 1e6f, 1000}, Case{3, 4, 128, 128, 1e6f, 1000},
+                        Case{64, 32, 128, 128, 1e6f, 40000}, Case{7, 16, 256, 64, 1e7f, 5000},
+                        Case{5, 2, 80, 80, 10000.0f, 1000}}) {
+    auto x = randn(size_t(k.n_tok * k.n_head * k.head_dim), 21 + uint32_t(k.n_tok));
+    std::vector<int32_t> pos(static_cast<size_t>(k.n_tok));
+    std::mt19937 rng(22);
+    for (auto& p : pos) p = int32_t(rng() % uint32_t(k.max_pos));
+    pos[0] = 0;
+    auto dx = upload(x, "x");
+    auto dpos = upload(pos, "pos");
+    cpu::rope_neox(x.data(), pos.data(), k.n_tok, k.n_head, k.head_dim, k.n_rot, k.base);
+    ops::rope_neox(dx.as<float>(), dpos.as<int32_t>(), k.n_tok, k.n_head, k.head_dim, k.n_rot, k.base, stream());
+    auto c = compare(download<float>(dx, x.size()), x, 1e-5, 1e-5);
+    EXPECT_EQ(c.bad, 0u) << describe(c, "rope_neox") << " n_tok " << k.n_tok << " heads " << k.n_head << " dim "
+                         << k.head_dim << " n_rot " << k.n_rot;
+  }
+  EXPECT_THROW(ops::rope_neox(nullptr, nullptr, 1, 1, 128, 127, 1e4f, stream()), strata::Error);
+}
+
+TEST_F(GpuOps, SwigluAndAddMatchCpu) {
+  for (int64_t n : {int64_t(768), int64_t(3 * 768), int64_t(64 * 6144), int64_t(1)}) {
+    auto g = randn(size_t(n), 31, 4.0f), u = randn(size_t(n), 32);
+    std::vector<float> ref(static_cast<size_t>(n)), sum = g;
+    cpu::swiglu(g.data(), u.data(), n, ref.data());
+    cpu::add_inplace(sum.data(), u.data(), n);
+    auto dg = upload(g, "gate"), du = upload(u, "up");
+    auto dout = alloc<float>(size_t(n), "out");
+    ops::swiglu(dg.as<float>(), du.as<float>(), n, dout.as<float>(), stream());
+    auto c = compare(download<float>(dout, size_t(n)), ref, 1e-7, 1e-6);
+    EXPECT_EQ(c.bad, 0u) << describe(c, "swiglu") << " n " << n;
+    ops::swiglu(dg.as<float>(), du.as<float>(), n, dg.as<float>(), stream());  // out aliases gate
+    c = compare(download<float>(dg, size_t(n)), ref, 1e-7, 1e-6);
+    EXPECT_EQ(c.bad, 0u) << describe(c, "swiglu aliased") << " n " << n;
+    auto dx = upload(g, "x");
+    ops::add_inplace(dx.as<float>(), du.as<float>(), n, stream());
+    auto got = download<float>(dx, size_t(n));
+    EXPECT_EQ(got, sum) << "add_inplace differs (n " << n << ")";
+  }
+}
+
+// ------------------------------------------------------------------ KV cache and attention
+
+// One sequence's device KV cache: [n_layer][n_ctx][n_head_kv][head_dim] f16 for K (V likewise), with a
+// host copy of the same bits for the CPU reference.
+struct Seq {
+  int n_ctx = 0;
+  std::vector<uint16_t> k, v;  // host mirror
+  DeviceBuffer dk, dv;
+};
+
+struct Geometry {
+  int n_layer, n_head, n_head_kv, head_dim, head_dim_v;
+  int64_t k_row() const { return int64_t(n_head_kv) * head_dim; }
+  int64_t v_row() const { return int64_t(n_head_kv) * head_dim_v; }
+};
+
+TEST_F(GpuOps, KvStoreIsBitExactF16) {
+  const Geometry g{3, 32, 4, 128, 128};
+  const int n_ctx = 1000, layer = 2;
+  // Values that exercise rounding: normal, tiny (subnormal halves), huge (overflow to inf), exact ties.
+  const int64_t n_tok = 64;
+  auto k = randn(size_t(n_tok * g.k_row()), 41), v = randn(size_t(n_tok * g.v_row()), 42, 100.0f);
+  for (size_t i = 0; i < k.size(); i += 7) k[i] *= 1e-6f;       // subnormal f16 range
+  for (size_t i = 3; i < v.size(); i += 101) v[i] = 70000.0f;    // rounds to inf
+  for (size_t i = 5; i < k.size(); i += 13) k[i] = 1.0f + 1.0f / 2048.0f;  // tie between two halves
+  for (size_t i = 6; i < k.size(); i += 17) k[i] = -(1.0f + 3.0f / 2048.0f);
+  // Two sequences; tokens alternate between them at scattered positions.
+  Seq s[2];
+  std::vector<ops::KvRef> refs(static_cast<size_t>(n_tok));
+  const size_t cache_vals = size_t(g.n_layer) * n_ctx * size_t(g.k_row());
+  for (auto& q : s) {
+    q.n_ctx = n_ctx;
+    q.dk = dev->alloc(cache_vals * 2, "k cache");
+    q.dv = dev->alloc(cache_vals * 2, "v cache");
+    xfer->fill(q.dk.span(), 0xab, dev->compute(), {&dev->compute()});
+    xfer->fill(q.dv.span(), 0xab, dev->compute(), {&dev->compute()});
+  }
+  for (int64_t t = 0; t < n_tok; ++t)
+    refs[size_t(t)] = {s[t % 2].dk.as<uint16_t>(), s[t % 2].dv.as<uint16_t>(), n_ctx, int32_t((t * 37) % n_ctx)};
+  auto dk = upload(k, "k"), dv = upload(v, "v");
+  auto drefs = upload(refs, "refs");
+  ops::kv_store(dk.as<float>(), dv.as<float>(), drefs.as<ops::KvRef>(), n_tok, layer, g.k_row(), g.v_row(),
+                stream());
+  size_t bad = 0, checked = 0, touched_elsewhere = 0;
+  std::string first;
+  for (int si = 0; si < 2; ++si) {
+    auto hk = download<uint16_t>(s[si].dk, cache_vals), hv = download<uint16_t>(s[si].dv, cache_vals);
+    std::vector<char> written(static_cast<size_t>(g.n_layer) * n_ctx, 0);
+    for (int64_t t = si; t < n_tok; t += 2) {
+      const int64_t row = int64_t(layer) * n_ctx + refs[size_t(t)].pos;
+      written[size_t(row)] = 1;
+      std::vector<uint16_t> ek(static_cast<size_t>(g.k_row())), ev(static_cast<size_t>(g.v_row()));
+      cpu::kv_store(cpu::KvType::F16, k.data() + t * g.k_row(), g.k_row(), ek.data());
+      cpu::kv_store(cpu::KvType::F16, v.data() + t * g.v_row(), g.v_row(), ev.data());
+      for (int64_t i = 0; i < g.k_row(); ++i, ++checked) {
+        const uint16_t gk = hk[size_t(row * g.k_row() + i)], gv = hv[size_t(row * g.v_row() + i)];
+        if (gk != ek[size_t(i)] || gv != ev[size_t(i)]) {
+          if (bad++ == 0)
+            first = "token " + std::to_string(t) + " elem " + std::to_string(i) + ": k " +
+                    std::to_string(k[size_t(t * g.k_row() + i)]) + " gpu " + std::to_string(gk) + " cpu " +
+                    std::to_string(ek[size_t(i)]) + "; v gpu " + std::to_string(gv) + " cpu " +
+                    std::to_string(ev[size_t(i)]);
+        }
+      }
+    }
+    for (size_t r = 0; r < written.size(); ++r) {
+      if (written[r]) continue;
+      for (int64_t i = 0; i < g.k_row(); ++i)
+        touched_elsewhere += hk[r * size_t(g.k_row()) + size_t(i)] != 0xabab ||
+                             hv[r * size_t(g.v_row()) + size_t(i)] != 0xabab;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << bad << " of " << checked << " f16 values differ from cpu::kv_store; first: " << first;
+  EXPECT_EQ(touched_elsewhere, 0u) << "kv_store wrote outside the tokens' rows";
+}
+
+struct AttnCase {
+  const char* name;
+  Geometry g;
+  std::vector<int> seq_ctx;                   // n_ctx of each sequence
+  std::vector<std::pair<int, int>> tokens;    // (sequence, pos)
+  int64_t gpu_max_kv = 0;                     // 0: the largest n_ctx; else what the GPU call is told
+};
+
+class GpuAttention : public GpuOps {
+ protected:
+  void run(const AttnCase& c) {
+    const Geometry& g = c.g;
+    const int layer = g.n_layer - 1;
+    std::vector<Seq> seqs(c.seq_ctx.size());
+    std::mt19937 rng(51);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& s = seqs[i];
+      s.n_ctx = c.seq_ctx[i];
+      const size_t nk = size_t(g.n_layer) * s.n_ctx * size_t(g.k_row());
+      const size_t nv = size_t(g.n_layer) * s.n_ctx * size_t(g.v_row());
+      s.k.resize(nk);
+      s.v.resize(nv);
+      for (auto& x : s.k) x = cpu::float_to_half(nd(rng));
+      for (auto& x : s.v) x = cpu::float_to_half(nd(rng));
+      s.dk = upload(s.k, "k cache");
+      s.dv = upload(s.v, "v cache");
+    }
+    const int64_t n_tok = int64_t(c.tokens.size());
+    auto q = randn(size_t(n_tok * g.n_head * g.head_dim), 52, 1.5f);
+    std::vector<ops::KvRef> refs;
+    std::vector<cpu::AttnKv> kv;
+    int64_t max_kv = 0;
+    for (auto [si, pos] : c.tokens) {
+      Seq& s = seqs[size_t(si)];
+      refs.push_back({s.dk.as<uint16_t>(), s.dv.as<uint16_t>(), s.n_ctx, pos});
+      kv.push_back({s.k.data() + size_t(layer) * s.n_ctx * size_t(g.k_row()),
+                    s.v.data() + size_t(layer) * s.n_ctx * size_t(g.v_row()), pos + 1});
+      max_kv = std::max<int64_t>(max_kv, s.n_ctx);
+    }
+    const float scale = 1.0f / std::sqrt(float(g.head_dim));
+    const size_t n_out = size_t(n_tok * g.n_head * g.head_dim_v);
+    ThreadPool pool(2);
+    std::vector<float> scratch(static_cast<size_t>(pool.size()) * size_t(max_kv));
+    std::vector<float> ref_f32(n_out), ref_f16(n_out);
+    cpu::attention(q.data(), kv.data(), n_tok, g.n_head, g.n_head_kv, g.head_dim, g.head_dim_v, cpu::KvType::F16,
+                   scale, ref_f32.data(), scratch.data(), max_kv, pool, cpu::AttnMath::F32);
+    cpu::attention(q.data(), kv.data(), n_tok, g.n_head, g.n_head_kv, g.head_dim, g.head_dim_v, cpu::KvType::F16,
+                   scale, ref_f16.data(), scratch.data(), max_kv, pool, cpu::AttnMath::GgmlF16);
+
+    const int64_t gpu_max_kv = c.gpu_max_kv ? c.gpu_max_kv : max_kv;
+    auto dq = upload(q, "q");
+    auto drefs = upload(refs, "refs");
+    auto dscratch = alloc<float>(ops::attention_scratch_floats(n_tok, g.n_head, g.head_dim_v, gpu_max_kv), "scratch");
+    auto dout = alloc<float>(n_out, "out");
+    ops::attention(dq.as<float>(), drefs.as<ops::KvRef>(), n_tok, layer, g.n_head, g.n_head_kv, g.head_dim,
+                   g.head_dim_v, scale, cpu::AttnMath::F32, gpu_max_kv, dscratch.as<float>(), dout.as<float>(),
+                   stream());
+    auto got_f32 = download<float>(dout, n_out);
+    ops::attention(dq.as<float>(), drefs.as<ops::KvRef>(), n_tok, layer, g.n_head, g.n_head_kv, g.head_dim,
+                   g.head_dim_v, scale, cpu::AttnMath::GgmlF16, gpu_max_kv, dscratch.as<float>(),
+                   dout.as<float>(), stream());
+    auto got_f16 = download<float>(dout, n_out);
+
+    // F32: same maths up to summation order and expf's last bit.
+    auto c32 = compare(got_f32, ref_f32, 1e-5, 1e-4);
+    EXPECT_EQ(c32.bad, 0u) << c.name << ": " << describe(c32, "attention F32");
+    // GgmlF16: the f16 accumulator is rounded after every position, so a dot product summed in another
+    // order can move one rounding by an f16 ulp; allow a few ulps per value. And the GPU must be far
+    // closer to the CPU's f16 maths than the f16 maths is to f32 (else it is not the same arithmetic).
+    auto c16 = compare(got_f16, ref_f16, 2e-3, 4e-3);
+    size_t same = 0;
+    double err16 = 0, err_maths = 0;
+    for (size_t i = 0; i < n_out; ++i) {
+      same += got_f16[i] == ref_f16[i];
+      err16 += std::fabs(double(got_f16[i]) - double(ref_f16[i]));
+      err_maths += std::fabs(double(ref_f16[i]) - double(ref_f32[i]));
+    }
+    err16 /= double(n_out);
+    err_maths /= double(n_out);
+    EXPECT_EQ(c16.bad, 0u) << c.name << ": " << describe(c16, "attention GgmlF16");
+    int max_pos = 0;
+    for (auto [si, pos] : c.tokens) max_pos = std::max(max_pos, pos);
+    if (max_pos >= 16)
+      EXPECT_LT(err16, 0.25 * err_maths) << c.name << ": GgmlF16 mean abs err vs CPU " << err16
+                                         << " is not well below the f16-vs-f32 maths difference " << err_maths;
+    std::printf("[attention %s] F32: max abs err %.3g | GgmlF16: max abs err %.3g, mean abs err %.3g, identical "
+                "%zu/%zu | CPU f16 vs f32 maths mean abs diff %.3g\n",
+                c.name, c32.max_abs, c16.max_abs, err16, same, n_out, err_maths);
+  }
+};
+
+TEST_F(GpuAttention, DecodeQwen3) {
+  const Geometry g{2, 32, 4, 128, 128};
+  run({"decode pos 0", g, {1}, {{0, 0}}});
+  run({"decode ctx 17", g, {17}, {{0, 16}}});
+  run({"decode ctx 1000", g, {1000}, {{0, 999}}});
+  run({"decode 3 sequences", g, {1000, 300, 700}, {{0, 999}, {1, 5}, {2, 511}}});
+}
+
+TEST_F(GpuAttention, PrefillCausal) {
+  const Geometry g{2, 32, 4, 128, 128};
+  AttnCase c{"prefill 64 tokens", g, {1000}, {}};
+  for (int p = 0; p < 64; ++p) c.tokens.push_back({0, 900 + p});
+  run(c);
+  AttnCase c2{"prefill 64 from 0 + 3 others", g, {128, 1000}, {}};
+  for (int p = 0; p < 64; ++p) c2.tokens.push_back({0, p});
+  for (int p : {3, 400, 999}) c2.tokens.push_back({1, p});
+  run(c2);
+}
+
+TEST_F(GpuAttention, OtherGeometries) {
+  run({"head 256, 16/2 heads", Geometry{1, 16, 2, 256, 256}, {600}, {{0, 599}, {0, 10}, {0, 300}}});
+  run({"head 64, 12/1 heads (two head tiles)", Geometry{1, 12, 1, 64, 64}, {500}, {{0, 499}, {0, 0}}});
+  run({"head 80 (no vector loads)", Geometry{1, 8, 8, 80, 80}, {200}, {{0, 199}, {0, 57}}});
+  run({"head 128 K, 64 V", Geometry{1, 8, 2, 128, 64}, {300}, {{0, 299}}});
+  run({"max_kv below the context (last split takes the rest)", Geometry{1, 32, 4, 128, 128}, {1000},
+       {{0, 999}, {0, 200}}, 100});
+}
+
+TEST_F(GpuOps, AttentionRejectsBadShapes) {
+  EXPECT_THROW(ops::attention(nullptr, nullptr, 1, 0, 32, 4, 512, 128, 1.0f, cpu::AttnMath::F32, 16, nullptr,
+                              nullptr, stream()),
+               strata::Error);
+  EXPECT_THROW(ops::attention(nullptr, nullptr, 1, 0, 30, 4, 128, 128, 1.0f, cpu::AttnMath::F32, 16, nullptr,
+                              nullptr, stream()),
+               strata::Error);
+}
+
+// ------------------------------------------------------------------ routing
+
+TEST_F(GpuOps, MoeRouteMatchesCpu) {
+  struct Case { int64_t n_tok; int n_expert, k; bool norm; bool ties; };
+  for (const Case& c : {Case{1, 128, 8, true, false}, Case{3, 128, 8, true, false}, Case{64, 128, 8, true, false},
+                        Case{512, 128, 8, false, false}, Case{64, 512, 10, true, false},
+                        Case{64, 128, 8, true, true}, Case{7, 1024, 64, true, true}, Case{5, 4, 4, true, false}}) {
+    auto logits = randn(size_t(c.n_tok * c.n_expert), 61 + uint32_t(c.n_expert), 2.0f);
+    if (c.ties)  // few distinct values: many exactly equal probabilities, decided by the lower id
+      for (auto& x : logits) x = std::round(x * 2.0f) / 2.0f;
+    const size_t n_out = size_t(c.n_tok * c.k);
+    std::vector<int32_t> ids(n_out);
+    std::vector<float> w(n_out);
+    cpu::moe_route(logits.data(), c.n_tok, c.n_expert, c.k, c.norm, ids.data(), w.data());
+    auto dl = upload(logits, "logits");
+    auto dids = alloc<int32_t>(n_out, "ids");
+    auto dw = alloc<float>(n_out, "weights");
+    ops::moe_route(dl.as<float>(), c.n_tok, c.n_expert, c.k, c.norm, dids.as<int32_t>(), dw.as<float>(), stream());
+    auto gids = download<int32_t>(dids, n_out);
+    auto gw = download<float>(dw, n_out);
+    size_t id_bad = 0;
+    std::string first;
+    for (size_t i = 0; i < n_out; ++i)
+      if (gids[i] != ids[i] && id_bad++ == 0)
+        first = "token " + std::to_string(i / size_t(c.k)) + " rank " + std::to_string(i % size_t(c.k)) + ": gpu " +
+                std::to_string(gids[i]) + " cpu " + std::to_string(ids[i]);
+    auto cw = compare(gw, w, 1e-6, 0);
+    EXPECT_EQ(id_bad, 0u) << id_bad << " ids differ (" << c.n_tok << " tokens, " << c.n_expert << " experts, top "
+                          << c.k << "); first: " << first;
+    EXPECT_EQ(cw.bad, 0u) << describe(cw, "moe_route weights");
+  }
+  EXPECT_THROW(ops::moe_route(nullptr, 1, 2000, 8, true, nullptr, nullptr, stream()), strata::Error);
+  EXPECT_THROW(ops::moe_route(nullptr, 1, 128, 0, true, nullptr, nullptr, stream()), strata::Error);
+}
+
+// ------------------------------------------------------------------ sampling
+
+constexpr int64_t kVocab = 151936;
+
+TEST_F(GpuOps, ArgmaxMatchesGreedySampler) {
+  const int64_t n_tok = 4;
+  auto logits = randn(size_t(n_tok * kVocab), 71, 3.0f);
+  // Row 1: the maximum twice (lower id wins); row 2: all equal; row 3: the max in the last slot.
+  logits[size_t(kVocab + 1000)] = 50.0f;
+  logits[size_t(kVocab + 900)] = 50.0f;
+  std::fill(logits.begin() + 2 * kVocab, logits.begin() + 3 * kVocab, -1.0f);
+  logits[size_t(4 * kVocab - 1)] = 60.0f;
+  auto dl = upload(logits, "logits");
+  auto dout = alloc<int32_t>(size_t(n_tok), "out");
+  ops::argmax(dl.as<float>(), n_tok, kVocab, dout.as<int32_t>(), stream());
+  auto got = download<int32_t>(dout, size_t(n_tok));
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    Sampler s(sp, int32_t(kVocab));
+    EXPECT_EQ(got[size_t(t)], s.sample(logits.data() + t * kVocab)) << "row " << t;
+  }
+  EXPECT_EQ(got[1], 900);
+  EXPECT_EQ(got[2], 0);
+  EXPECT_EQ(got[3], int32_t(kVocab - 1));
+}
+
+// The CPU Sampler's candidate list and cumulative sums (penalties off), to judge a disagreement: it is
+// allowed only when the result hinges on a comparison closer than 1e-6 (u against a cumulative sum,
+// top-p against one, or a logit against the min-p threshold).
+bool near_boundary(const float* logits, int64_t n_vocab, const ops::SampleParams& p, double u, double eps) {
+  if (p.temperature <= 0.0f) return false;  // greedy: no boundary to be near
+  struct C { int32_t id; float l; float pr; };
+  std::vector<C> c(static_cast<size_t>(n_vocab));
+  for (int64_t i = 0; i < n_vocab; ++i) c[size_t(i)] = {int32_t(i), logits[i], 0};
+  std::sort(c.begin(), c.end(), [](const C& a, const C& b) { return a.l > b.l || (a.l == b.l && a.id < b.id); });
+  size_t n = p.top_k > 0 && p.top_k < n_vocab ? size_t(p.top_k) : size_t(n_vocab);
+  auto softmax = [&](size_t m, float temp) {
+    double s = 0;
+    for (size_t i = 0; i < m; ++i) s += (c[i].pr = std::exp((c[i].l - c[0].l) / temp));
+    for (size_t i = 0; i < m; ++i) c[i].pr = float(c[i].pr / s);
+  };
+  bool near = false;
+  if (p.top_p < 1.0f) {
+    softmax(n, 1.0f);
+    double cum = 0;
+    for (size_t i = 0; i < n; ++i) {
+      cum += c[i].pr;
+      near |= std::fabs(cum - p.top_p) < eps;
+      if (cum >= p.top_p) {
+        n = i + 1;
+        break;
+      }
+    }
+  }
+  if (p.min_p > 0.0f) {
+    const float th = c[0].l + std::log(p.min_p);
+    size_t keep = 1;
+    while (keep < n && c[keep].l >= th) ++keep;
+    for (size_t i = 0; i < std::min(n, keep + 2); ++i) near |= std::fabs(double(c[i].l) - double(th)) < eps;
+    n = keep;
+  }
+  softmax(n, p.temperature);
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += c[i].pr;
+    near |= std::fabs(cum - u) < eps;
+  }
+  return near;
+}
+
+void sample_case(GpuOps& f, int64_t n_vocab, int rows, float logit_sd, bool quantized, const ops::SampleParams& p,
+                 uint64_t seed, int* n_rows, int* n_mismatch_near, int* n_mismatch_far, std::string* report) {
+  auto logits = randn(size_t(rows) * size_t(n_vocab), uint32_t(seed), logit_sd);
+  if (quantized)
+    for (auto& x : logits) x = std::round(x * 4.0f) / 4.0f;
+  std::vector<float> u(static_cast<size_t>(rows));
+  std::vector<int32_t> want(static_cast<size_t>(rows));
+  std::vector<double> ud(static_cast<size_t>(rows));
+  SamplingParams sp;
+  sp.temperature = p.temperature;
+  sp.top_k = p.top_k;
+  sp.top_p = p.top_p;
+  sp.min_p = p.min_p;
+  sp.repeat_penalty = 1.0f;
+  for (int r = 0; r < rows; ++r) {
+    sp.seed = seed * 1000 + uint64_t(r);
+    Sampler s(sp, int32_t(n_vocab));
+    want[size_t(r)] = s.sample(logits.data() + size_t(r) * size_t(n_vocab));
+    Rng rng(sp.seed);  // the draw the Sampler made
+    ud[size_t(r)] = rng.uniform();
+    u[size_t(r)] = float(ud[size_t(r)]);
+  }
+  auto dl = f.upload(logits, "logits");
+  auto du = f.upload(u, "u");
+  auto dout = f.alloc<int32_t>(size_t(rows), "out");
+  auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, n_vocab), "scratch");
+  ops::sample(dl.as<float>(), rows, n_vocab, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), f.stream());
+  auto got = f.download<int32_t>(dout, size_t(rows));
+  for (int r = 0; r < rows; ++r) {
+    ++*n_rows;
+    if (got[size_t(r)] == want[size_t(r)]) continue;
+    // float(u) may differ from u by 3e-8: within the same 1e-6 allowance.
+    const bool near = near_boundary(logits.data() + size_t(r) * size_t(n_vocab), n_vocab, p, ud[size_t(r)], 1e-6);
+    ++*(near ? n_mismatch_near : n_mismatch_far);
+    *report += "  vocab " + std::to_string(n_vocab) + " T " + std::to_string(p.temperature) + " top_k " +
+               std::to_string(p.top_k) + " top_p " + std::to_string(p.top_p) + " min_p " + std::to_string(p.min_p) +
+               " sd " + std::to_string(logit_sd) + (quantized ? " (ties)" : "") + " row " + std::to_string(r) +
+               ": gpu " + std::to_string(got[size_t(r)]) + " cpu " + std::to_string(want[size_t(r)]) + " u " +
+               std::to_string(ud[size_t(r)]) + (near ? " [near a boundary: allowed]" : " [NOT near a boundary]") + "\n";
+  }
+}
+
+TEST_F(GpuOps, SampleMatchesCpuSampler) {
+  int n_rows = 0, near = 0, far = 0;
+  std::string report;
+  std::mt19937 rng(81);
+  const float temps[] = {0.0f, 0.3f, 0.8f, 1.0f, 1.7f};
+  const int32_t top_ks[] = {0, 1, 40, 100, 3000};
+  const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.999f};
+  const float min_ps[] = {0.0f, 0.05f, 0.2f};
+  const float sds[] = {0.3f, 1.0f, 3.0f, 8.0f};
+  uint64_t seed = 1;
+  for (int i = 0; i < 40; ++i) {  // random parameter sets, 6 rows each, at the real vocabulary size
+    ops::SampleParams p;
+    p.temperature = temps[rng() % 5];
+    p.top_k = top_ks[rng() % 5];
+    p.top_p = top_ps[rng() % 4];
+    p.min_p = min_ps[rng() % 3];
+    sample_case(*this, kVocab, 6, sds[rng() % 4], i % 5 == 4, p, seed++, &n_rows, &near, &far, &report);
+  }
+  // The defaults, the everything-off case (the draw over the whole sorted vocabulary), small vocabularies.
+  sample_case(*this, kVocab, 8, 1.0f, false, ops::SampleParams{}, seed++, &n_rows, &near, &far, &report);
+  sample_case(*this, kVocab, 4, 0.5f, false, ops::SampleParams{1.0f, 0, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
+              &report);
+  sample_case(*this, kVocab, 4, 2.0f, false, ops::SampleParams{0.7f, 0, 0.9f, 0.0f}, seed++, &n_rows, &near, &far,
+              &report);
+  sample_case(*this, 5, 16, 1.0f, false, ops::SampleParams{1.0f, 40, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
+              &report);
+  sample_case(*this, 3000, 16, 1.0f, true, ops::SampleParams{1.2f, 0, 0.97f, 0.01f}, seed++, &n_rows, &near, &far,
+              &report);
+  std::printf("[sample] %d rows: %d identical, %d differ near a 1e-6 boundary (allowed), %d differ otherwise\n%s",
+              n_rows, n_rows - near - far, near, far, report.c_str());
+  EXPECT_EQ(far, 0) << "GPU and CPU sampler picked different tokens away from any boundary:\n" << report;
+  EXPECT_LE(near, n_rows / 50) << "too many boundary cases to be chance:\n" << report;
+}
+
+// Four equal logits: probabilities exactly 1/4, cumulative sums exactly 0.25, 0.5, 0.75, 1 in the id
+// order; the draw takes the first candidate whose cumulative sum is strictly above u (Sampler's u < cum).
+TEST_F(GpuOps, SampleDrawIsStrictlyBelowTheCumulativeSum) {
+  const std::vector<float> u = {0.0f, 0.2499f, 0.25f, 0.5f, 0.74f, 0.75f, 0.99999994f};
+  const std::vector<int32_t> want = {0, 0, 1, 2, 2, 3, 3};
+  const int64_t rows = int64_t(u.size()), vocab = 4;
+  std::vector<float> logits(size_t(rows * vocab), 1.5f);
+  auto dl = upload(logits, "logits");
+  auto du = upload(u, "u");
+  auto dout = alloc<int32_t>(size_t(rows), "out");
+  ops::sample(dl.as<float>(), rows, vocab, ops::SampleParams{1.0f, 0, 1.0f, 0.0f}, du.as<float>(), nullptr,
+              dout.as<int32_t>(), stream());
+  EXPECT_EQ(download<int32_t>(dout, size_t(rows)), want);
+  // top-k 2 of the same row: probabilities 1/2 over ids 0 and 1.
+  ops::sample(dl.as<float>(), rows, vocab, ops::SampleParams{1.0f, 2, 1.0f, 0.0f}, du.as<float>(), nullptr,
+              dout.as<int32_t>(), stream());
+  EXPECT_EQ(download<int32_t>(dout, size_t(rows)), (std::vector<int32_t>{0, 0, 0, 1, 1, 1, 1}));
+}
+
+TEST_F(GpuOps, SampleRejectsBadParams) {
+  ops::SampleParams p;
+  p.top_p = 0.0f;
+  EXPECT_THROW(ops::sample(nullptr, 1, 10, p, nullptr, nullptr, nullptr, stream()), strata::Error);
+  p = {};
+  p.min_p = 1.5f;
+  EXPECT_THROW(ops::sample(nullptr, 1, 10, p, nullptr, nullptr, nullptr, stream()), strata::Error);
+}
+
+}  // namespace
