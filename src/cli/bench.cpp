@@ -21,7 +21,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1,
                  "-p and -n must be >= 0 and --reps >= 1");
   auto t_load0 = std::chrono::steady_clock::now();
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  std::shared_ptr<const Model> model = load_model_for(ef);
   Engine eng(model, ef.options(std::max(a.n_prompt, a.n_gen) + 1));
   auto seq = eng.new_sequence();
   const double load_s =
@@ -32,19 +32,23 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   auto rand_tok = [&] { return static_cast<int32_t>(rng.next() % V); };
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
   double pp_best = 0, tg_best = 0;
+  ExpertCacheReport pp_cache, tg_cache;  // of the last repetition of each phase
   for (int r = 0; r < a.reps; ++r) {
     if (a.n_prompt > 0) {
       for (auto& t : prompt) t = rand_tok();
       seq->reset();
+      model->reset_cache_stats();
       auto t0 = std::chrono::steady_clock::now();
       eng.prefill(*seq, prompt, logits.data());
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       pp_best = std::max(pp_best, a.n_prompt / s);
+      pp_cache = model->cache_report();
     }
     if (a.n_gen > 0) {
       seq->reset();
       SequenceState* sp = seq.get();
       int32_t tok = rand_tok();
+      model->reset_cache_stats();
       auto t0 = std::chrono::steady_clock::now();
       for (int i = 0; i < a.n_gen; ++i) {
         eng.decode({&sp, 1}, {&tok, 1}, logits.data());
@@ -52,6 +56,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       tg_best = std::max(tg_best, a.n_gen / s);
+      tg_cache = model->cache_report();
     }
   }
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -60,17 +65,25 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
         "\"pp\": %d, \"pp_tok_s\": %.3f, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
-        "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f}\n",
+        "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f, "
+        "\"backend\": \"%s\", \"pp_hit_rate\": %s, \"tg_hit_rate\": %s, \"slots_used\": %d, \"n_slots\": %d, "
+        "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
         eng.options().n_batch, a.n_prompt, pp_best, a.n_gen, tg_best, model->weight_bytes(),
-        seq->memory_bytes(), eng.workspace_bytes(), (unsigned long long)peak_rss_bytes(), load_s);
+        seq->memory_bytes(), eng.workspace_bytes(), (unsigned long long)peak_rss_bytes(), load_s,
+        model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
+        tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,
+        tg_cache.n_slots, (unsigned long long)tg_cache.bytes_h2d, (unsigned long long)tg_cache.bytes_d2h);
   } else {
     std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
                 hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
+    std::printf("backend    %s\n", model->backend_name().c_str());
     std::printf("threads    %d   mode %s   batch %d   reps %d\n", eng.options().n_threads,
                 ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps);
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
     if (a.n_gen > 0) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
+    if (pp_cache.present && a.n_prompt > 0) print_cache_report(pp_cache, model->backend_name(), "pp");
+    if (tg_cache.present && a.n_gen > 0) print_cache_report(tg_cache, model->backend_name(), "tg");
     std::printf("memory     weights %.3f GiB (mapped), KV %.3f GiB, workspace %.3f GiB, peak RSS %.3f GiB\n",
                 model->weight_bytes() / gib, seq->memory_bytes() / gib, eng.workspace_bytes() / gib,
                 peak_rss_bytes() / gib);

@@ -1,6 +1,7 @@
 #pragma once
-// Flags shared by the subcommands that run a model (run, eval, bench): model path, context, batch,
-// threads, exact mode, KV type; and the sampling flags of run. Header-only: each subcommand file
+// Flags shared by the subcommands that run a model (run, eval, bench, perplexity, profile, serve): model
+// path, context, batch, threads, exact mode, KV type, the backend (cpu or cuda) and its GPU flags; and the
+// sampling flags of run. load_model_for() (cli/backend.cpp) loads the model on the chosen backend. Header-only: each subcommand file
 // includes it and adds the flags to its own CLI11 app.
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
@@ -24,8 +25,19 @@ struct EngineFlags {
   bool exact = false;
   std::string kv_type = "f32";
   std::string attn = "ggml";
+  // backend
+  std::string backend = "cpu";
+  int gpu = 0;
+  std::string expert_cache = "auto";
+  double vram_budget_gib = 0;
+  int64_t vram_reserve_mib = 1024;
+  std::string expert_profile;
+  int adapt_every = 32;
+  int32_t ctx_hint = 4096;  // the subcommand's default context (sizes --expert-cache auto)
+  int kv_sequences = 1;     // sequences the subcommand keeps at once (serve: --parallel)
 
   void add(CLI::App& app, int32_t default_ctx_hint = 4096) {
+    ctx_hint = default_ctx_hint > 0 ? default_ctx_hint : 4096;
     app.add_option("-m,--model", model, "GGUF model file")->required();
     app.add_option("--ctx", n_ctx, "context size in tokens (KV cache allocated up front)")
         ->default_str(std::to_string(default_ctx_hint));
@@ -36,6 +48,23 @@ struct EngineFlags {
     app.add_option("--attn", attn,
                    "attention arithmetic: ggml (llama.cpp's flash attention: f16 K/V/accumulator, "
                    "what the references use) or f32")
+        ->capture_default_str();
+    app.add_option("--backend", backend, "cpu, or cuda (GPU with an expert cache; the CPU runs the experts "
+                   "that are not resident)")
+        ->capture_default_str();
+    app.add_option("--gpu", gpu, "GPU ordinal for --backend cuda")->capture_default_str();
+    app.add_option("--expert-cache", expert_cache,
+                   "GPU expert-cache slots: N, N% of all experts, or auto (what fits in --vram-budget after "
+                   "dense weights, KV, workspace and --vram-reserve-mib)")
+        ->capture_default_str();
+    app.add_option("--vram-budget", vram_budget_gib, "GiB of GPU memory strata may use (0: all free memory)")
+        ->capture_default_str();
+    app.add_option("--vram-reserve-mib", vram_reserve_mib, "MiB of GPU memory --expert-cache auto leaves free")
+        ->capture_default_str();
+    app.add_option("--expert-profile", expert_profile,
+                   "expert-usage JSON from `strata profile`: which experts start resident (default: spread evenly)");
+    app.add_option("--adapt-every", adapt_every,
+                   "forward passes between expert-cache adaptations (hot experts replace cold ones; 0: off)")
         ->capture_default_str();
   }
 
@@ -94,6 +123,17 @@ struct SamplingFlags {
     return q;
   }
 };
+
+// Loads ef.model on ef.backend (cli/backend.cpp): cpu -> load_model; cuda -> the CUDA backend, or a
+// clear error when strata was built without CUDA.
+std::shared_ptr<const Model> load_model_for(const EngineFlags& ef);
+
+// "expert cache: decode hit rate 87.5% (...), slots 96/192 used, moved h2d 1.2 GiB d2h 3.4 MiB" on stderr
+// when the model has an expert cache (nothing on the CPU backend). `what` names the phase.
+void print_cache_report(const ExpertCacheReport& r, const std::string& backend, const char* what);
+inline void print_cache_report(const Model& m, const char* what) {
+  print_cache_report(m.cache_report(), m.backend_name(), what);
+}
 
 // Peak resident memory of this process (VmHWM), bytes; 0 when unknown.
 inline uint64_t peak_rss_bytes() {

@@ -37,13 +37,15 @@ int run_eval(const EngineFlags& ef, const std::string& tokens_arg, const std::st
   const std::vector<int32_t> ids = parse_ids(tokens_arg);
   STRATA_REQUIRE(!ids.empty(), "empty prompt: --tokens holds no token ids");
   STRATA_REQUIRE(n_greedy >= 0, "--greedy must be >= 0, got {}", n_greedy);
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  std::shared_ptr<const Model> model = load_model_for(ef);
   const int32_t need = static_cast<int32_t>(ids.size()) + n_greedy;
   Engine eng(model, ef.options(need));
   auto seq = eng.new_sequence();
   const size_t V = static_cast<size_t>(eng.n_vocab());
   std::vector<float> logits(ids.size() * V);
   eng.prefill(*seq, ids, logits.data(), /*all_logits=*/true);
+  print_cache_report(*model, "prefill");
+  model->reset_cache_stats();
   if (!logits_path.empty()) {
     std::FILE* f = std::fopen(logits_path.c_str(), "wb");
     STRATA_REQUIRE(f, "cannot open {} for writing: {}", logits_path, std::strerror(errno));
@@ -63,6 +65,7 @@ int run_eval(const EngineFlags& ef, const std::string& tokens_arg, const std::st
       if (i + 1 < n_greedy) eng.decode({&s, 1}, {&t, 1}, last.data());
     }
     std::printf("\n");
+    print_cache_report(*model, "decode");
   }
   return 0;
 }

@@ -15,7 +15,7 @@ namespace strata::cli {
 namespace {
 
 int run_perplexity(const EngineFlags& ef, const std::string& path, int64_t max_chunks, bool json) {
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  std::shared_ptr<const Model> model = load_model_for(ef);
   const std::vector<int32_t> ids = tokenize_file(*model, path);
   const int32_t ctx = ef.n_ctx > 0 ? ef.n_ctx : std::min<int32_t>(512, model->hparams().n_ctx_train);
   EngineOptions o = ef.options(ctx);

@@ -16,7 +16,7 @@ namespace {
 
 int run_profile(const EngineFlags& ef, const std::string& path, const std::string& json_out,
                 bool counts) {
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  std::shared_ptr<const Model> model = load_model_for(ef);
   const HParams& hp = model->hparams();
   STRATA_REQUIRE(hp.arch == "qwen3moe", "profile: {} is a {} model; expert usage is counted for qwen3moe",
                  ef.model, hp.arch);

@@ -27,7 +27,7 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
   STRATA_REQUIRE(a.n_predict >= 0, "-n must be >= 0, got {}", a.n_predict);
   const SamplingParams sp = sf.params();
   auto t0 = std::chrono::steady_clock::now();
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  std::shared_ptr<const Model> model = load_model_for(ef);
   const auto tok = tokenizer::Tokenizer::from_gguf(model->file());
 
   std::vector<int32_t> ids;
@@ -57,6 +57,8 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
   std::vector<float> logits(static_cast<size_t>(eng.n_vocab()));
   auto tp = std::chrono::steady_clock::now();
   eng.prefill(*seq, ids, logits.data());
+  if (!a.quiet_timing) print_cache_report(*model, "prompt");
+  model->reset_cache_stats();  // the decode numbers below are this request's decode alone
   const double prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
 
   tokenizer::StreamDecoder dec(tok, /*render_special=*/false);
@@ -98,6 +100,7 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
                  load_s, ids.size(), prompt_s, ids.size() / std::max(prompt_s, 1e-9), n_gen,
                  decode_s, n_gen > 1 ? (n_gen - 1) / std::max(decode_s, 1e-9) : 0.0, why,
                  eng.options().n_threads, ef.exact ? "exact" : "fast");
+    print_cache_report(*model, "decode");
   }
   return 0;
 }

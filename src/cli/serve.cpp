@@ -52,7 +52,9 @@ int run_serve(const EngineFlags& ef, ServeArgs a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  std::shared_ptr<const Model> model = load_model(ef.model);
+  EngineFlags ef_load = ef;
+  ef_load.kv_sequences = a.parallel;  // --expert-cache auto leaves room for every slot's KV
+  std::shared_ptr<const Model> model = load_model_for(ef_load);
   EngineOptions eo = ef.options(std::max<int32_t>(std::min<int32_t>(model->hparams().n_ctx_train, 4096), 16));
   STRATA_REQUIRE(eo.n_ctx >= 16, "--ctx must be at least 16 (got {})", eo.n_ctx);
   eo.n_batch = std::max<int32_t>(ef.n_batch, a.parallel);  // one decode step holds every sequence

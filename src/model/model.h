@@ -50,6 +50,7 @@ struct ExpertCacheReport {
   int64_t swaps = 0;             // adaptation admissions
   int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
   uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module
+  uint64_t slot_bytes = 0;                // bytes of one slot (capacity = n_slots * slot_bytes)
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 

@@ -34,19 +34,25 @@ void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32
                  k, s.max_tokens, s.k);
   // Group (token, slot) pairs by expert: counting sort.
   std::fill(s.offset.begin(), s.offset.end(), 0);
+  // A negative id is a pair another worker runs (the GPU expert cache): skipped here.
   for (int64_t i = 0; i < n * k; ++i) {
-    STRATA_REQUIRE(ids[i] >= 0 && ids[i] < n_expert, "moe: expert id {} out of range", ids[i]);
-    ++s.offset[static_cast<size_t>(ids[i]) + 1];
+    STRATA_REQUIRE(ids[i] < n_expert, "moe: expert id {} out of range", ids[i]);
+    if (ids[i] >= 0) ++s.offset[static_cast<size_t>(ids[i]) + 1];
   }
   for (int e = 0; e < n_expert; ++e) s.offset[e + 1] += s.offset[e];
   std::copy(s.offset.begin(), s.offset.end() - 1, s.fill.begin());
+  const int64_t n_rows = s.offset[static_cast<size_t>(n_expert)];  // pairs run here
   for (int64_t i = 0; i < n * k; ++i) {
+    if (ids[i] < 0) {
+      s.row_of[static_cast<size_t>(i)] = -1;
+      continue;
+    }
     const int32_t r = s.fill[static_cast<size_t>(ids[i])]++;
     s.row_of[static_cast<size_t>(i)] = r;
     s.tok_of[static_cast<size_t>(r)] = static_cast<int32_t>(i / k);
   }
   // Gather the inputs in grouped order: xe [n*k][n_embd].
-  for (int64_t r = 0; r < n * k; ++r)
+  for (int64_t r = 0; r < n_rows; ++r)
     std::memcpy(s.xe.data() + r * n_embd, x + s.tok_of[static_cast<size_t>(r)] * n_embd,
                 static_cast<size_t>(n_embd) * 4);
   // gate and up of every active expert in one job.
@@ -60,7 +66,7 @@ void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32
             s.u.data() + r0 * n_ff});
   }
   mb.run(mode, pool);
-  const int64_t n_act = n * k * n_ff;
+  const int64_t n_act = n_rows * n_ff;
   pool.parallel_for(n_act, 4096, [&](int64_t b, int64_t e, int) {
     cpu::swiglu(s.g.data() + b, s.u.data() + b, e - b, s.g.data() + b);
   });
@@ -73,17 +79,22 @@ void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32
             s.d.data() + r0 * n_embd});
   }
   mb.run(mode, pool);
-  // Weighted sum in slot order (as ggml adds the expert views).
+  // Weighted sum in slot order (as ggml adds the expert views); a token with no pair run here gets 0.
   for (int64_t t = 0; t < n; ++t) {
     float* o = out + t * n_embd;
+    bool first = true;
     for (int j = 0; j < k; ++j) {
+      const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
+      if (row < 0) continue;
       const float wj = w[t * k + j];
-      const float* dr = s.d.data() + static_cast<int64_t>(s.row_of[static_cast<size_t>(t * k + j)]) * n_embd;
-      if (j == 0)
+      const float* dr = s.d.data() + static_cast<int64_t>(row) * n_embd;
+      if (first)
         for (int64_t i = 0; i < n_embd; ++i) o[i] = wj * dr[i];
       else
         for (int64_t i = 0; i < n_embd; ++i) o[i] += wj * dr[i];
+      first = false;
     }
+    if (first) std::fill(o, o + n_embd, 0.0f);
   }
 }
 

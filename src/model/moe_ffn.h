@@ -34,6 +34,8 @@ class MoeScratch {
 };
 
 // x: [n][n_embd]; ids, w: [n][k]; out: [n][n_embd] (overwritten).
+// A negative id means "not here" (the GPU backend sets the pairs its expert cache runs to -1 and gives
+// this the rest): the pair is skipped, so out[t] sums only the non-negative ones (0 when none).
 void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
                  const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
                  ThreadPool& pool, MatmulMode mode);

@@ -71,7 +71,7 @@ EngineBackend::EngineBackend(std::shared_ptr<const Model> model, const EngineOpt
   info_.n_ctx = eo.n_ctx;
   info_.n_vocab = model->n_vocab();
   info_.can_truncate = !recurrent;
-  info_.device = opt.device;
+  info_.device = opt.device == "cpu" ? model->backend_name() : opt.device;
 }
 
 EngineBackend::~EngineBackend() = default;
@@ -79,7 +79,16 @@ EngineBackend::~EngineBackend() = default;
 BackendStats EngineBackend::stats() const {
   BackendStats s;
   s.weights_bytes = impl_->model->weight_bytes();
-  return s;  // the CPU engine has no expert cache: its figures stay 0
+  // A GPU model's expert cache (the CPU model has none: its figures stay 0). Counted since the model
+  // was loaded (nothing here resets them), so hits/lookups are the server's totals.
+  const ExpertCacheReport r = impl_->model->cache_report();
+  if (r.present) {
+    s.expert_cache_bytes = uint64_t(r.n_slots) * r.slot_bytes;
+    s.expert_cache_used = uint64_t(r.slots_used) * r.slot_bytes;
+    s.expert_cache_hits = uint64_t(r.hits);
+    s.expert_cache_lookups = uint64_t(r.hits + r.misses);
+  }
+  return s;
 }
 
 std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool templated) const {

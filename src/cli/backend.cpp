@@ -1,0 +1,43 @@
+// load_model_for: the one place the CLI picks a backend.
+#include <cstdio>
+
+#include "cli/engine_flags.h"
+#ifdef STRATA_HAVE_CUDA
+#include "cuda/backend.h"
+#endif
+
+namespace strata::cli {
+
+std::shared_ptr<const Model> load_model_for(const EngineFlags& ef) {
+  if (ef.backend == "cpu") return load_model(ef.model);
+  STRATA_REQUIRE(ef.backend == "cuda", "--backend must be cpu or cuda, got '{}'", ef.backend);
+#ifdef STRATA_HAVE_CUDA
+  cuda::CudaOptions co;
+  co.gpu = ef.gpu;
+  co.expert_cache = ef.expert_cache;
+  co.vram_budget_gib = ef.vram_budget_gib;
+  co.vram_reserve_mib = ef.vram_reserve_mib;
+  co.expert_profile = ef.expert_profile;
+  co.adapt_every = ef.adapt_every;
+  co.exact = ef.exact;
+  co.n_ctx = ef.n_ctx > 0 ? ef.n_ctx : ef.ctx_hint;
+  co.n_batch = std::max<int32_t>(ef.n_batch, ef.kv_sequences);
+  co.kv_sequences = ef.kv_sequences;
+  return cuda::load_model_cuda(ef.model, co);
+#else
+  fail("--backend cuda: this strata was built without CUDA (rebuild with -DSTRATA_CUDA=ON where nvcc is)");
+#endif
+}
+
+void print_cache_report(const ExpertCacheReport& r, const std::string& backend, const char* what) {
+  if (!r.present) return;
+  const double mib = 1024.0 * 1024.0;
+  std::fprintf(stderr,
+               "strata: %s expert cache (%s): hit rate %.1f%% (%lld from GPU slots, %lld on the CPU pool), "
+               "slots %d/%d used of %d experts, %lld swaps, moved h2d %.1f MiB d2h %.1f MiB\n",
+               what, backend.c_str(), 100.0 * r.hit_rate(), (long long)r.hits, (long long)r.misses,
+               r.slots_used, r.n_slots, r.n_experts_total, (long long)r.swaps, double(r.bytes_h2d) / mib,
+               double(r.bytes_d2h) / mib);
+}
+
+}  // namespace strata::cli

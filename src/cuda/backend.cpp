@@ -1,0 +1,17 @@
+#include "cuda/backend.h"
+
+#include "common/error.h"
+
+namespace strata::cuda {
+
+std::unique_ptr<Model> load_model_cuda(const std::string& path, const CudaOptions& opt) {
+  gguf::File file = gguf::File::open(path);
+  const gguf::Value* a = file.find("general.architecture");
+  STRATA_REQUIRE(a && a->type == gguf::ValueType::STRING, "{}: missing string metadata 'general.architecture'",
+                 path);
+  const std::string arch = a->str;
+  if (arch == "qwen3moe") return make_qwen3moe_cuda(std::move(file), opt);
+  fail("{}: the CUDA backend does not support architecture {} yet; use --backend cpu", path, arch);
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,31 @@
+#pragma once
+// The CUDA backend's entry point (issue 7): loads a GGUF model onto one GPU with an expert cache and
+// the CPU pool for the experts that are not resident. Free of CUDA headers (the CLI includes it).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace strata::cuda {
+
+struct CudaOptions {
+  int gpu = 0;
+  std::string expert_cache = "auto";  // N slots, N% of n_layer * n_expert, or auto (what fits)
+  double vram_budget_gib = 0;         // 0: all free memory of the GPU
+  int64_t vram_reserve_mib = 1024;    // left free by auto sizing
+  std::string expert_profile;         // strata profile JSON: first residency (optional)
+  int adapt_every = 32;               // forward passes between adaptation plans; 0: off
+  bool exact = false;                 // dense weights and slots in f32 (the exact mode)
+  int32_t n_ctx = 4096, n_batch = 512;  // for auto sizing: KV per sequence, workspace tokens
+  int kv_sequences = 1;                 // sequences whose KV auto sizing leaves room for
+};
+
+// Dispatches on general.architecture; an architecture without a CUDA implementation is a
+// strata::Error that names it and says to use --backend cpu.
+std::unique_ptr<Model> load_model_cuda(const std::string& path, const CudaOptions& opt);
+
+// The qwen3moe implementation (qwen3moe_cuda.cpp).
+std::unique_ptr<Model> make_qwen3moe_cuda(gguf::File file, const CudaOptions& opt);
+
+}  // namespace strata::cuda

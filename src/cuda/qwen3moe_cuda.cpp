@@ -1,0 +1,620 @@
+// qwen3moe on one GPU (issue 7): the forward pass of model/qwen3moe.cpp op for op, on the compute
+// stream, with the routed experts split between the GPU expert cache (resident experts, from slots) and
+// the CPU pool (the others, on CPU threads from the mapped file, at the same time). docs/gpu.md has the
+// design: stream roles, the per-layer flow, why every cross-stream access is ordered.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "common/error.h"
+#include "cpu/half.h"
+#include "cpu/matmul_batch.h"
+#include "cuda/backend.h"
+#include "cuda/device.h"
+#include "cuda/expert_cache.h"
+#include "cuda/host/slot_spec.h"
+#include "cuda/moe_kernels.cuh"
+#include "cuda/ops.cuh"
+#include "cuda/quant_kernels.cuh"
+#include "cuda/transfer.h"
+#include "model/moe_ffn.h"
+#include "model/weights.h"
+#include "moe/expert_usage.h"
+#include "quant/dequant.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = kMiB * 1024.0;
+
+// The first `bytes` of a device / pinned buffer (transfers copy src.bytes).
+DevSpan head(const DeviceBuffer& b, size_t bytes) {
+  DevSpan s = b.span();
+  STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of the {}-byte buffer {}", bytes, s.bytes, b.name());
+  s.bytes = bytes;
+  return s;
+}
+HostSpan head(const PinnedBuffer& b, size_t bytes) {
+  HostSpan s = b.span();
+  STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of a {}-byte pinned buffer", bytes, s.bytes);
+  s.bytes = bytes;
+  return s;
+}
+
+// A dense weight on the GPU: [rows][cols] in `type` (the file's type when it has a kernel, else its
+// storage type; F32 in exact mode).
+struct DevWeight {
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer buf;
+  const float* f32() const { return static_cast<const float*>(buf.data()); }
+};
+
+struct Layer {
+  DevWeight attn_norm;  // [n_embd] f32
+  DevWeight wq;         // [n_head * head_dim][n_embd]
+  DevWeight wk;         // [n_head_kv * head_dim][n_embd]
+  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd]
+  DevWeight q_norm;     // [head_dim] f32
+  DevWeight k_norm;     // [head_dim] f32
+  DevWeight wo;         // [n_embd][n_head * head_dim_v]
+  DevWeight ffn_norm;   // [n_embd] f32
+  DevWeight router;     // [n_expert][n_embd]
+  ExpertWeights experts;  // host, the mapped file: what the CPU pool reads
+};
+
+// A sequence's KV cache on the GPU. Always f16 (what llama.cpp's flash attention stores, and what the
+// exact mode needs to match the references), whatever the sequence's KvType says.
+class DeviceKv final : public BackendState {
+ public:
+  DeviceBuffer k;  // [n_layer][n_ctx][n_head_kv][head_dim]   f16
+  DeviceBuffer v;  // [n_layer][n_ctx][n_head_kv][head_dim_v] f16
+  size_t memory_bytes() const override { return k.bytes() + v.bytes(); }
+};
+
+// Sizes (in values) of the device activations of a workspace: one formula for the workspace and for
+// --expert-cache auto.
+struct WsSizes {
+  int64_t n, E, q, k, v, att, router, ids, h, logits, scratch;
+  WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
+      : n(n_tok),
+        E(n_tok * hp.n_embd),
+        q(n_tok * hp.n_head * hp.head_dim),
+        k(n_tok * hp.n_head_kv * hp.head_dim),
+        v(n_tok * hp.n_head_kv * hp.head_dim_v),
+        att(n_tok * hp.n_head * hp.head_dim_v),
+        router(n_tok * hp.n_expert),
+        ids(n_tok * hp.n_expert_used),
+        h(n_tok * hp.n_expert_used * hp.n_ff_exp),
+        logits(n_tok * hp.n_vocab),
+        scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))) {}
+  // x, xn, tmp, moe_out, partial; q k v att router; ids per layer + wts; h; logits; scratch;
+  // tokens, pos, out_rows (int32) and refs.
+  int64_t device_bytes(int n_layer) const {
+    return 4 * (5 * E + q + k + v + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
+           n * int64_t(sizeof(ops::KvRef));
+  }
+};
+
+class CudaWorkspace final : public Workspace {
+ public:
+  CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads)
+      : n_tok_max(max_tok),
+        n_ctx_max(n_ctx),
+        moe(max_tok, hp.n_expert_used, hp.n_expert, hp.n_embd, hp.n_ff_exp),
+        mb(n_threads, max_tok) {
+    const WsSizes z(hp, max_tok, n_ctx);
+    const size_t n = size_t(max_tok);
+    x = dev.alloc(size_t(z.E) * 4, "ws.x");
+    xn = dev.alloc(size_t(z.E) * 4, "ws.xn");
+    tmp = dev.alloc(size_t(z.E) * 4, "ws.tmp");
+    q = dev.alloc(size_t(z.q) * 4, "ws.q");
+    k = dev.alloc(size_t(z.k) * 4, "ws.k");
+    v = dev.alloc(size_t(z.v) * 4, "ws.v");
+    att = dev.alloc(size_t(z.att) * 4, "ws.att");
+    router = dev.alloc(size_t(z.router) * 4, "ws.router");
+    for (int il = 0; il < hp.n_layer; ++il) {
+      ids.push_back(dev.alloc(size_t(z.ids) * 4, "ws.ids[" + std::to_string(il) + "]"));
+      ids_h.push_back(dev.alloc_pinned(size_t(z.ids) * 4, "ws.ids_h[" + std::to_string(il) + "]"));
+    }
+    ids_ticket.resize(size_t(hp.n_layer));
+    layer_recorded.resize(size_t(hp.n_layer));
+    wts = dev.alloc(size_t(z.ids) * 4, "ws.wts");
+    h = dev.alloc(size_t(z.h) * 4, "ws.h");
+    moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
+    partial = dev.alloc(size_t(z.E) * 4, "ws.partial");
+    tokens = dev.alloc(n * 4, "ws.tokens");
+    pos = dev.alloc(n * 4, "ws.pos");
+    out_rows = dev.alloc(n * 4, "ws.out_rows");
+    refs = dev.alloc(n * sizeof(ops::KvRef), "ws.refs");
+    attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
+    logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
+    wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
+    xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
+    partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
+    logits_h = dev.alloc_pinned(size_t(z.logits) * 4, "ws.logits_h");
+    tok_host.resize(n);
+    pos_host.resize(n);
+    rows_host.resize(n);
+    refs_host.resize(n);
+    ids_cpu.resize(size_t(z.ids));
+  }
+  int32_t max_tokens() const override { return n_tok_max; }
+  size_t memory_bytes() const override {
+    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + att.bytes() +
+               router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
+               tokens.bytes() + pos.bytes() + out_rows.bytes() + refs.bytes() + attn_scratch.bytes() +
+               logits.bytes() + wts_h.bytes() + xn_h.bytes() + partial_h.bytes() + logits_h.bytes() +
+               moe.memory_bytes();
+    for (size_t i = 0; i < ids.size(); ++i) b += ids[i].bytes() + ids_h[i].bytes();
+    return b;
+  }
+
+  int32_t n_tok_max, n_ctx_max;
+  // device, f32 unless said
+  DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
+  DeviceBuffer q;              // [n_tok][n_head][head_dim]
+  DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
+  DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
+  DeviceBuffer router;         // [n_tok][n_expert]
+  std::vector<DeviceBuffer> ids;  // [n_layer] x [n_tok][k] int32: one per layer, so layer l's
+                                  // asynchronous download never races layer l+1's router
+  DeviceBuffer wts;            // [n_tok][k]
+  DeviceBuffer h;              // [n_tok * k][n_ff] resident experts' silu(gate) * up
+  DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
+  DeviceBuffer partial;        // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
+  DeviceBuffer tokens, pos;    // [n_tok] int32
+  DeviceBuffer out_rows;       // [n_out] int32: batch rows that want logits
+  DeviceBuffer refs;           // [n_tok] ops::KvRef
+  DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
+  DeviceBuffer logits;         // [n_tok][n_vocab]
+  // pinned host
+  std::vector<PinnedBuffer> ids_h;  // [n_layer] x [n_tok][k] int32
+  PinnedBuffer wts_h;               // [n_tok][k]
+  PinnedBuffer xn_h;                // [n_tok][n_embd]
+  PinnedBuffer partial_h;           // [n_tok][n_embd] written by the CPU pool
+  PinnedBuffer logits_h;            // [n_tok][n_vocab]
+  // host
+  std::vector<int32_t> tok_host, pos_host, rows_host;  // [n_tok]
+  std::vector<ops::KvRef> refs_host;                   // [n_tok]
+  std::vector<int32_t> ids_cpu;  // [n_tok][k]: expert id, or -1 where the GPU runs the pair
+  std::vector<Ticket> ids_ticket;       // [n_layer] pending download of ids_h[l] (fully resident layers)
+  std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
+  Ticket partial_ticket;                // last upload that reads partial_h
+  MoeScratch moe;
+  cpu::MatmulBatch mb;
+};
+
+struct RepackLog {
+  int n = 0;
+  double file_bytes = 0, gpu_bytes = 0;
+  std::string types;  // "Q5_K->F16 (3) ..."
+  void add(GgmlType from, GgmlType to, size_t fb, size_t gb) {
+    ++n;
+    file_bytes += double(fb);
+    gpu_bytes += double(gb);
+    const std::string t = std::string(type_name(from)) + "->" + std::string(type_name(to));
+    if (types.find(t) == std::string::npos) types += (types.empty() ? "" : ", ") + t;
+  }
+};
+
+class CudaQwen3Moe final : public Model {
+ public:
+  CudaQwen3Moe(gguf::File file, HParams hp, const CudaOptions& opt)
+      : Model(std::move(file), std::move(hp)), opt_(opt) {
+    load();
+  }
+  ~CudaQwen3Moe() override {
+    if (dev_) dev_->make_current();
+  }
+
+  std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {
+    STRATA_REQUIRE(n_ctx >= 1, "new sequence: context {} must be >= 1", n_ctx);
+    dev_->make_current();
+    auto seq = std::make_unique<SequenceState>(n_ctx, kv_type, std::vector<bool>(size_t(hp_.n_layer), false),
+                                               hp_.n_head_kv, hp_.head_dim, hp_.head_dim_v);
+    auto kv = std::make_unique<DeviceKv>();
+    const size_t per_pos = size_t(hp_.n_layer) * size_t(n_ctx) * size_t(hp_.n_head_kv) * 2;
+    kv->k = dev_->alloc(per_pos * size_t(hp_.head_dim), "kv.k");
+    kv->v = dev_->alloc(per_pos * size_t(hp_.head_dim_v), "kv.v");
+    seq->set_backend_state(std::move(kv));
+    return seq;
+  }
+  std::unique_ptr<Workspace> new_workspace(int32_t max_tokens, int32_t n_ctx, int n_threads) const override {
+    STRATA_REQUIRE(max_tokens >= 1 && n_ctx >= 1 && n_threads >= 1,
+                   "workspace: batch {}, context {}, threads {} must all be >= 1", max_tokens, n_ctx,
+                   n_threads);
+    dev_->make_current();
+    return std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads);
+  }
+  size_t weight_bytes() const override { return weight_bytes_; }
+  std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
+  ExpertCacheReport cache_report() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ExpertCache::Stats s = cache_->stats();
+    ExpertCacheReport r;
+    r.present = true;
+    r.hits = s.hits;
+    r.misses = s.misses;
+    r.swaps = s.swaps;
+    r.slots_used = s.slots_used;
+    r.n_slots = s.n_slots;
+    r.n_experts_total = hp_.n_layer * hp_.n_expert;
+    r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
+    r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
+    r.slot_bytes = uint64_t(cache_->slot_bytes());
+    return r;
+  }
+  void reset_cache_stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cache_->reset_stats();
+    h2d_base_ = xfer_->bytes_h2d();
+    d2h_base_ = xfer_->bytes_d2h();
+  }
+  void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
+               const ForwardOptions& opt) const override;
+
+ private:
+  void load();
+  DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
+  DevWeight upload_f32(const Weight& w, const std::string& name);
+  // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
+  void mm(const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
+          Site site = Site::here()) const {
+    note_launch(dev_->compute(), {w.buf.span(), x.span()}, {y.span()}, site);
+    quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream());
+  }
+  cudaStream_t stream() const { return dev_->compute().handle(); }
+
+  CudaOptions opt_;
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<Transfer> xfer_;
+  DevWeight tok_embd_;     // [n_vocab][n_embd]
+  DevWeight output_norm_;  // [n_embd] f32
+  DevWeight output_;       // [n_vocab][n_embd]; empty when tied (out_w_ = &tok_embd_)
+  const DevWeight* out_w_ = nullptr;
+  std::vector<Layer> layers_;
+  std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
+  size_t weight_bytes_ = 0;
+  mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
+  mutable uint64_t h2d_base_ = 0, d2h_base_ = 0;
+};
+
+DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
+  DevWeight d;
+  d.cols = w.ne[0];
+  d.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = d.rows * d.cols;
+  const size_t file_bytes = row_bytes(w.type, d.cols) * size_t(d.rows);
+  d.type = opt_.exact ? GgmlType::F32 : quant::storage_type(w.type);
+  Stream& cs = dev_->compute();
+  if (d.type == w.type) {
+    d.buf = dev_->alloc(file_bytes, name);
+    xfer_->upload(d.buf.span(), w.data, file_bytes, cs, {&cs});
+    return d;
+  }
+  // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
+  STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
+                 name, type_name(w.type));
+  std::vector<float> f(static_cast<size_t>(n_values));
+  dequantize_row(w.type, w.data, f.data(), n_values);
+  if (d.type == GgmlType::F32) {
+    d.buf = dev_->alloc(f.size() * 4, name);
+    xfer_->upload(d.buf.span(), f.data(), f.size() * 4, cs, {&cs});
+  } else if (d.type == GgmlType::F16) {
+    std::vector<uint16_t> hb(f.size());
+    for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
+    d.buf = dev_->alloc(hb.size() * 2, name);
+    xfer_->upload(d.buf.span(), hb.data(), hb.size() * 2, cs, {&cs});
+  } else {
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(d.type));
+  }
+  log.add(w.type, d.type, file_bytes, d.buf.bytes());
+  return d;
+}
+
+DevWeight CudaQwen3Moe::upload_f32(const Weight& w, const std::string& name) {
+  DevWeight d;
+  d.type = GgmlType::F32;
+  d.cols = w.ne[0];
+  d.rows = 1;
+  const size_t bytes = size_t(w.ne[0]) * 4;
+  d.buf = dev_->alloc(bytes, name);
+  Stream& cs = dev_->compute();
+  xfer_->upload(d.buf.span(), w.data, bytes, cs, {&cs});
+  return d;
+}
+
+void CudaQwen3Moe::load() {
+  HParams& hp = hp_;
+  check_moe_hparams_and_vocab(hp, file_);
+  STRATA_REQUIRE(hp.n_expert <= cpu::kMaxExperts && hp.n_expert_used <= 64,
+                 "{}: {} experts ({} used) is more than the GPU router handles ({}, 64)", file_.path(),
+                 hp.n_expert, hp.n_expert_used, cpu::kMaxExperts);
+  const int count = device_count();
+  STRATA_REQUIRE(count > 0, "--backend cuda: no CUDA GPU found (no driver or no device); use --backend cpu");
+  STRATA_REQUIRE(opt_.gpu >= 0 && opt_.gpu < count, "--gpu {}: this machine has {} GPU(s) (0..{})", opt_.gpu,
+                 count, count - 1);
+  dev_ = std::make_unique<Device>(opt_.gpu);
+  dev_->make_current();
+  xfer_ = std::make_unique<Transfer>(*dev_);
+
+  const int64_t E = hp.n_embd, V = hp.n_vocab, D = hp.head_dim, Dv = hp.head_dim_v;
+  const int64_t H = hp.n_head, Hkv = hp.n_head_kv, X = hp.n_expert, F = hp.n_ff_exp;
+  WeightLoader L(file_);
+  RepackLog log;
+  const size_t free0 = dev_->free_bytes();
+  tok_embd_ = upload_matrix(L.matrix("token_embd.weight", {E, V}), "token_embd", log);
+  output_norm_ = upload_f32(L.f32("output_norm.weight", {E}), "output_norm");
+  const Weight out = L.optional_matrix("output.weight", {E, V});
+  if (out) {
+    output_ = upload_matrix(out, "output", log);
+    out_w_ = &output_;
+  } else {
+    out_w_ = &tok_embd_;  // tied embeddings
+  }
+  layers_.resize(size_t(hp.n_layer));
+  std::vector<LayerExperts> lexp(size_t(hp.n_layer));
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const std::string p = "blk." + std::to_string(il) + ".";
+    Layer& l = layers_[size_t(il)];
+    l.attn_norm = upload_f32(L.f32(p + "attn_norm.weight", {E}), p + "attn_norm");
+    l.wq = upload_matrix(L.matrix(p + "attn_q.weight", {E, H * D}), p + "attn_q", log);
+    l.wk = upload_matrix(L.matrix(p + "attn_k.weight", {E, Hkv * D}), p + "attn_k", log);
+    l.wv = upload_matrix(L.matrix(p + "attn_v.weight", {E, Hkv * Dv}), p + "attn_v", log);
+    l.q_norm = upload_f32(L.f32(p + "attn_q_norm.weight", {D}), p + "attn_q_norm");
+    l.k_norm = upload_f32(L.f32(p + "attn_k_norm.weight", {D}), p + "attn_k_norm");
+    l.wo = upload_matrix(L.matrix(p + "attn_output.weight", {H * Dv, E}), p + "attn_output", log);
+    l.ffn_norm = upload_f32(L.f32(p + "ffn_norm.weight", {E}), p + "ffn_norm");
+    l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log);
+    l.experts.gate = L.matrix(p + "ffn_gate_exps.weight", {E, F, X});
+    l.experts.up = L.matrix(p + "ffn_up_exps.weight", {E, F, X});
+    l.experts.down = L.matrix(p + "ffn_down_exps.weight", {F, E, X});
+    lexp[size_t(il)] = {{l.experts.gate.type, l.experts.gate.data},
+                        {l.experts.up.type, l.experts.up.data},
+                        {l.experts.down.type, l.experts.down.data}};
+  }
+  for (const auto& t : file_.tensors()) weight_bytes_ += t.nbytes;
+  const size_t free1 = dev_->free_bytes();
+  const int64_t dense_bytes = int64_t(free0) - int64_t(free1);
+  if (opt_.exact)
+    std::fprintf(stderr, "strata: cuda: exact mode: %d dense tensors dequantized to F32 on the CPU (%.1f MiB in the file -> %.1f MiB on the GPU)\n",
+                 log.n, log.file_bytes / kMiB, log.gpu_bytes / kMiB);
+  else if (log.n > 0)
+    std::fprintf(stderr, "strata: cuda: repacked %d dense tensors without a GPU kernel (%s): %.1f MiB in the file -> %.1f MiB on the GPU\n",
+                 log.n, log.types.c_str(), log.file_bytes / kMiB, log.gpu_bytes / kMiB);
+
+  // --- expert cache sizing ---
+  const int total = hp.n_layer * hp.n_expert;
+  const int64_t slot_bytes = ExpertCache::slot_bytes_for(E, F, lexp, opt_.exact);
+  const int64_t kv_bytes = int64_t(std::max(opt_.kv_sequences, 1)) * hp.n_layer * int64_t(std::max(opt_.n_ctx, 1)) *
+                           Hkv * (D + Dv) * 2;
+  const int64_t ws_bytes = WsSizes(hp, std::max(opt_.n_batch, 1), std::max(opt_.n_ctx, 1)).device_bytes(hp.n_layer);
+  const int64_t reserve = opt_.vram_reserve_mib * (int64_t(1) << 20);
+  STRATA_REQUIRE(opt_.vram_reserve_mib >= 0, "--vram-reserve-mib must be >= 0, got {}", opt_.vram_reserve_mib);
+  STRATA_REQUIRE(opt_.vram_budget_gib >= 0, "--vram-budget must be >= 0 GiB, got {}", opt_.vram_budget_gib);
+  int64_t budget = int64_t(free1);
+  if (opt_.vram_budget_gib > 0)
+    budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
+  const int n_slots =
+      opt_.expert_cache == "auto"
+          ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
+                                           size_t(kv_bytes + ws_bytes + int64_t(total) * 4), slot_bytes, total)
+          : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
+  std::fprintf(stderr,
+               "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
+               dev_->info().name.c_str(), double(dev_->info().total_bytes) / kGiB, double(dense_bytes) / kGiB,
+               n_slots, total, double(slot_bytes) / kMiB, double(slot_bytes) * n_slots / kGiB);
+  if (opt_.expert_cache == "auto")
+    std::fprintf(stderr, " = what fits in %.2f GiB after KV %.2f GiB (%d x %d tokens), workspace %.2f GiB, reserve %.2f GiB",
+                 double(budget) / kGiB, double(kv_bytes) / kGiB, std::max(opt_.kv_sequences, 1), opt_.n_ctx,
+                 double(ws_bytes) / kGiB, double(reserve) / kGiB);
+  std::fprintf(stderr, "\n");
+
+  std::unique_ptr<strata::moe::ExpertUsage> profile;
+  if (!opt_.expert_profile.empty()) {
+    std::ifstream f(opt_.expert_profile, std::ios::binary);
+    STRATA_REQUIRE(f.good(), "--expert-profile {}: cannot open", opt_.expert_profile);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    profile = std::make_unique<strata::moe::ExpertUsage>(strata::moe::ExpertUsage::from_json(ss.str()));
+    STRATA_REQUIRE(profile->n_layer() == hp.n_layer && profile->n_expert() == hp.n_expert,
+                   "--expert-profile {}: made for {} layers x {} experts, the model has {} x {}",
+                   opt_.expert_profile, profile->n_layer(), profile->n_expert(), hp.n_layer, hp.n_expert);
+  }
+  STRATA_REQUIRE(opt_.adapt_every >= 0, "--adapt-every must be >= 0, got {}", opt_.adapt_every);
+  ExpertCacheConfig cfg;
+  cfg.n_slots = n_slots;
+  cfg.exact = opt_.exact;
+  cfg.adapt_every = opt_.adapt_every;
+  cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
+  std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
+  dev_->compute().synchronize();  // weights and first slots in place before the first forward
+  h2d_base_ = xfer_->bytes_h2d();
+  d2h_base_ = xfer_->bytes_d2h();
+}
+
+void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
+                           const ForwardOptions& opt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  dev_->make_current();
+  auto& ws = static_cast<CudaWorkspace&>(wsb);
+  const HParams& hp = hp_;
+  const int64_t n = static_cast<int64_t>(batch.tokens.size());
+  STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
+                 ws.n_tok_max);
+  const int64_t E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
+  const int64_t Dv = hp.head_dim_v, V = hp.n_vocab;
+  const int k_used = hp.n_expert_used;
+  const int64_t nk = n * k_used;
+  STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp.n_layer && opt.usage->n_expert() == hp.n_expert &&
+                                opt.usage->n_expert_used() == hp.n_expert_used),
+                 "forward: expert-usage counter shaped for another model");
+  int64_t n_out = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const BatchToken& bt = batch.tokens[size_t(t)];
+    STRATA_REQUIRE(bt.seq >= 0 && size_t(bt.seq) < batch.seqs.size(), "forward: bad sequence index");
+    SequenceState& seq = *batch.seqs[size_t(bt.seq)];
+    STRATA_REQUIRE(bt.pos >= 0 && bt.pos < seq.n_ctx() && bt.pos < ws.n_ctx_max,
+                   "forward: position {} outside the context", bt.pos);
+    STRATA_REQUIRE(bt.token >= 0 && bt.token < hp.n_vocab,
+                   "token id {} is out of range: the vocabulary has {} tokens (0..{})", bt.token, hp.n_vocab,
+                   hp.n_vocab - 1);
+    auto* kv = dynamic_cast<DeviceKv*>(seq.backend_state());
+    STRATA_REQUIRE(kv != nullptr, "forward: sequence {} was not made by this CUDA model", bt.seq);
+    ws.tok_host[size_t(t)] = bt.token;
+    ws.pos_host[size_t(t)] = bt.pos;
+    ws.refs_host[size_t(t)] = {kv->k.as<uint16_t>(), kv->v.as<uint16_t>(), seq.n_ctx(), bt.pos};
+    if (bt.logits) ws.rows_host[size_t(n_out++)] = int32_t(t);
+  }
+  Stream& cs = dev_->compute();
+  const cudaStream_t s = stream();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const strata::moe::Residency& res = cache_->residency();
+
+  // Leftovers of a forward pass that threw half-way: its copies must be done before buffers are reused.
+  for (Ticket& t : ws.ids_ticket)
+    if (t.valid()) t.wait(), t = Ticket();
+  if (ws.partial_ticket.valid()) ws.partial_ticket.wait(), ws.partial_ticket = Ticket();
+  cache_->begin_step();  // host and device tables fixed from here to end_step()
+  xfer_->upload(ws.tokens.span(), ws.tok_host.data(), size_t(n) * 4, cs, {&cs});
+  xfer_->upload(ws.pos.span(), ws.pos_host.data(), size_t(n) * 4, cs, {&cs});
+  xfer_->upload(ws.refs.span(), ws.refs_host.data(), size_t(n) * sizeof(ops::KvRef), cs, {&cs});
+  if (n_out > 0) xfer_->upload(ws.out_rows.span(), ws.rows_host.data(), size_t(n_out) * 4, cs, {&cs});
+  std::fill(ws.layer_recorded.begin(), ws.layer_recorded.end(), uint8_t(0));
+
+  float* x = ws.x.as<float>();
+  float* xn = ws.xn.as<float>();
+  float* q = ws.q.as<float>();
+  float* k = ws.k.as<float>();
+  float* tmp = ws.tmp.as<float>();
+  const int32_t* pos = ws.pos.as<const int32_t>();
+  const auto* refs = ws.refs.as<const ops::KvRef>();
+
+  note_launch(cs, {tok_embd_.buf.span(), ws.tokens.span()}, {ws.x.span()});
+  quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), E, ws.tokens.as<const int32_t>(), n, x, s);
+  for (int il = 0; il < hp.n_layer; ++il) {
+    const Layer& l = layers_[size_t(il)];
+    // --- attention ---
+    ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, xn, s);
+    mm(l.wq, ws.xn, n, ws.q);
+    mm(l.wk, ws.xn, n, ws.k);
+    mm(l.wv, ws.xn, n, ws.v);
+    ops::rmsnorm(q, l.q_norm.f32(), n * H, D, hp.rms_eps, q, s);
+    ops::rmsnorm(k, l.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s);
+    note_launch(cs, {ws.pos.span()}, {ws.q.span(), ws.k.span()});
+    ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s);
+    ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s);
+    note_launch(cs, {ws.refs.span(), ws.k.span(), ws.v.span()}, {});
+    ops::kv_store(k, ws.v.as<const float>(), refs, n, il, Hkv * D, Hkv * Dv, s);
+    note_launch(cs, {ws.refs.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
+    ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, opt.attn, ws.n_ctx_max,
+                   ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
+    mm(l.wo, ws.att, n, ws.tmp);
+    ops::add_inplace(x, tmp, n * E, s);
+    // --- MoE FFN ---
+    ops::rmsnorm(x, l.ffn_norm.f32(), n, E, hp.rms_eps, xn, s);
+    mm(l.router, ws.xn, n, ws.router);
+    const DeviceBuffer& ids = ws.ids[size_t(il)];
+    note_launch(cs, {ws.router.span()}, {ids.span(), ws.wts.span()});
+    ops::moe_route(ws.router.as<const float>(), n, hp.n_expert, k_used, hp.expert_weights_norm,
+                   ids.as<int32_t>(), ws.wts.as<float>(), s);
+    const int n_res = res.resident_in_layer(il);
+    // The resident experts, from their slots (pairs whose expert is not resident are skipped).
+    auto gpu_experts = [&] {
+      cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
+      note_launch(cs, {ws.xn.span(), ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
+      const moe::ExpertLayerView view = cache_->layer_view(il);
+      const int32_t* table = cache_->device_layer_row(il);
+      moe::moe_gate_up(view, table, xn, ids.as<const int32_t>(), n, k_used, ws.h.as<float>(), s);
+      moe::moe_down(view, table, ws.h.as<const float>(), ids.as<const int32_t>(), ws.wts.as<const float>(), n,
+                    k_used, ws.moe_out.as<float>(), s);
+    };
+    if (n_res == hp.n_expert) {
+      // Every expert of the layer is resident: all on the GPU. The ids still go to the host (stats,
+      // adaptation), read after the end-of-forward sync.
+      gpu_experts();
+      ws.ids_ticket[size_t(il)] = xfer_->download(head(ws.ids_h[size_t(il)], size_t(nk) * 4),
+                                                  head(ids, size_t(nk) * 4), cs);
+      ops::add_inplace(x, ws.moe_out.as<const float>(), n * E, s);
+      continue;
+    }
+    // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
+    const Ticket t_ids = xfer_->download(head(ws.ids_h[size_t(il)], size_t(nk) * 4), head(ids, size_t(nk) * 4), cs);
+    const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
+    const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
+    if (n_res > 0) gpu_experts();
+    t_ids.wait();
+    t_wts.wait();
+    t_xn.wait();
+    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
+    ws.wts_h.note_host_access(strata::stream_check::Access::Read);
+    ws.xn_h.note_host_access(strata::stream_check::Access::Read);
+    const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
+    const int32_t* row = res.layer_row(il);
+    int64_t n_cpu = 0;
+    for (int64_t i = 0; i < nk; ++i) {
+      STRATA_REQUIRE(hid[i] >= 0 && hid[i] < hp.n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
+      const bool on_gpu = row[hid[i]] >= 0;
+      ws.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
+      n_cpu += !on_gpu;
+    }
+    cache_->record(il, hid, nk);
+    if (opt.usage) opt.usage->add(il, hid, n);
+    ws.layer_recorded[size_t(il)] = 1;
+    if (n_res > 0) ops::add_inplace(x, ws.moe_out.as<const float>(), n * E, s);
+    if (n_cpu == 0) continue;  // this batch only picked resident experts
+    if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
+    ws.partial_h.note_host_access(strata::stream_check::Access::Write);
+    moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
+                ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
+    ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
+                                      cs, {&cs});
+    note_launch(cs, {ws.partial.span()}, {ws.x.span()});
+    ops::add_inplace(x, ws.partial.as<const float>(), n * E, s);
+  }
+  // --- output: only the rows that want logits, gathered ---
+  if (n_out > 0) {
+    note_launch(cs, {ws.x.span(), ws.out_rows.span()}, {ws.xn.span()});
+    quant::get_rows(GgmlType::F32, x, E, ws.out_rows.as<const int32_t>(), n_out, xn, s);
+    ops::rmsnorm(xn, output_norm_.f32(), n_out, E, hp.rms_eps, xn, s);
+    mm(*out_w_, ws.xn, n_out, ws.logits);
+    const size_t lb = size_t(n_out) * size_t(V) * 4;
+    xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
+    ws.logits_h.note_host_access(strata::stream_check::Access::Read);
+    std::memcpy(logits, ws.logits_h.data(), lb);
+  } else {
+    cs.synchronize();
+  }
+  // Routing of the fully resident layers: statistics and adaptation.
+  for (int il = 0; il < hp.n_layer; ++il) {
+    Ticket& t = ws.ids_ticket[size_t(il)];
+    if (!t.valid()) continue;
+    t.wait();
+    t = Ticket();
+    if (ws.layer_recorded[size_t(il)]) continue;
+    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
+    const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
+    cache_->record(il, hid, nk);
+    if (opt.usage) opt.usage->add(il, hid, n);
+  }
+  if (ws.partial_ticket.valid()) {
+    ws.partial_ticket.wait();
+    ws.partial_ticket = Ticket();
+  }
+  cache_->end_step();
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_qwen3moe_cuda(gguf::File file, const CudaOptions& opt) {
+  HParams hp = read_common_hparams(file);
+  STRATA_REQUIRE(hp.arch == "qwen3moe", "{}: architecture '{}' is not qwen3moe", file.path(), hp.arch);
+  return std::make_unique<CudaQwen3Moe>(std::move(file), std::move(hp), opt);
+}
+
+}  // namespace strata::cuda
