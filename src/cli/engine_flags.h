@@ -24,7 +24,7 @@ struct EngineFlags {
   int n_threads = 0;
   bool exact = false;
   std::string kv_type = "f32";
-  std::string attn = "ggml";
+  std::string attn = "auto";
   // backend
   std::string backend = "cpu";
   int gpu = 0;
@@ -47,7 +47,8 @@ struct EngineFlags {
     app.add_option("--kv-type", kv_type, "KV cache type: f32 or f16")->capture_default_str();
     app.add_option("--attn", attn,
                    "attention arithmetic: ggml (llama.cpp's flash attention: f16 K/V/accumulator, "
-                   "what the references use) or f32")
+                   "what the references use), f32, or auto (ggml on the CPU and with --exact; f32 on the "
+                   "GPU otherwise, where the ggml emulation walks positions one by one and is slow)")
         ->capture_default_str();
     app.add_option("--backend", backend, "cpu, or cuda (GPU with an expert cache; the CPU runs the experts "
                    "that are not resident)")
@@ -82,12 +83,14 @@ struct EngineFlags {
       o.kv_type = KvType::F16;
     else
       fail("--kv-type must be f32 or f16, got '{}'", kv_type);
-    if (attn == "ggml")
+    if (attn == "auto")
+      o.attn = backend == "cuda" && !exact ? cpu::AttnMath::F32 : cpu::AttnMath::GgmlF16;
+    else if (attn == "ggml")
       o.attn = cpu::AttnMath::GgmlF16;
     else if (attn == "f32")
       o.attn = cpu::AttnMath::F32;
     else
-      fail("--attn must be ggml or f32, got '{}'", attn);
+      fail("--attn must be auto, ggml or f32, got '{}'", attn);
     return o;
   }
 };
