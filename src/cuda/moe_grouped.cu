@@ -257,6 +257,12 @@ bool rows_aligned(GgmlType t, const ExpertLayerView& v, int64_t off, int64_t col
 
 }  // namespace
 
+bool moe_grouped_supported(const ExpertLayerView& v) {
+  check_expert_view(v, "moe_grouped_supported", 0, 1);
+  return v.n_embd % kKc == 0 && v.n_ff % kKc == 0 && rows_aligned(v.gate_type, v, v.gate_off, v.n_embd) &&
+         rows_aligned(v.up_type, v, v.up_off, v.n_embd) && rows_aligned(v.down_type, v, v.down_off, v.n_ff);
+}
+
 size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t max_n, int k) {
   STRATA_REQUIRE(n_expert > 0 && max_n >= 0 && k > 0 && v.n_embd > 0 && v.n_ff > 0,
                  "moe grouped scratch: bad sizes n_expert {} max_n {} k {} n_embd {} n_ff {}", n_expert, max_n, k,
@@ -285,10 +291,7 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
   auto* h = reinterpret_cast<float*>(s + L.h);  // [P][n_ff]
   auto* y = reinterpret_cast<float*>(s + L.y);  // [P][n_embd]
 
-  const bool grouped = v.n_embd % kKc == 0 && v.n_ff % kKc == 0 && rows_aligned(v.gate_type, v, v.gate_off, v.n_embd) &&
-                       rows_aligned(v.up_type, v, v.up_off, v.n_embd) &&
-                       rows_aligned(v.down_type, v, v.down_off, v.n_ff);
-  if (!grouped) {  // odd shapes or unaligned slots: the per-pair kernels (h indexed by pair)
+  if (!moe_grouped_supported(v)) {  // odd shapes or unaligned slots: the per-pair kernels (h indexed by pair)
     moe_gate_up(v, table, x, ids, n, k, h, stream);
     moe_down(v, table, h, ids, wts, n, k, out, stream);
     return;

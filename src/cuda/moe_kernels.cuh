@@ -47,6 +47,11 @@ void check_expert_view(const ExpertLayerView& v, const char* what, int64_t n, in
 // Worth it from about this many tokens (to be measured: bench/cuda/cuda_gemm.cu).
 constexpr int64_t kMoeGroupedMinTokens = 32;
 
+// True when moe_experts_grouped takes the grouped GEMM path for this view (n_embd and n_ff multiples of 32,
+// every tensor's rows aligned to its format's block alignment in every slot); false: it falls back to
+// moe_gate_up + moe_down. Throws like check_expert_view for a bad view.
+bool moe_grouped_supported(const ExpertLayerView& v);
+
 // Device scratch bytes moe_experts_grouped needs for up to max_n tokens (allocate once at load).
 size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t max_n, int k);
 

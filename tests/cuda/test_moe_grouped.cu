@@ -71,6 +71,8 @@ class CudaMoeGrouped : public test::GpuKernelTest {
     auto d_slots = upload_vec(slots);
     auto d_table = upload_vec(table);
     v.slots = d_slots.ptr<uint8_t>();
+    // Aligned cases must take the grouped path (else this test would only check the fallback).
+    EXPECT_EQ(cm::moe_grouped_supported(v), mc.extra_offset % 2 == 0);
     const int64_t max_n = *std::max_element(ns.begin(), ns.end());
     const size_t scratch_bytes = cm::moe_grouped_scratch_bytes(v, n_expert, max_n, k);
     auto scratch = output(scratch_bytes, 0xFF);
