@@ -191,9 +191,12 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
   }
-  for (int s = 0; s < (dual ? 2 : 1); ++s)
+  // Constant fragment indices only (a runtime index would put the accumulators in local memory).
 #pragma unroll
-    for (int m = 0; m < 2; ++m) wm::store_matrix_sync(&Cs[s][16 * m][warp * 16], acc[s][m], kLdc, wm::mem_row_major);
+  for (int m = 0; m < 2; ++m) {
+    wm::store_matrix_sync(&Cs[0][16 * m][warp * 16], acc[0][m], kLdc, wm::mem_row_major);
+    if (dual) wm::store_matrix_sync(&Cs[1][16 * m][warp * 16], acc[1][m], kLdc, wm::mem_row_major);
+  }
   __syncthreads();
   for (int q = threadIdx.x; q < kMt * kNt; q += kThreads) {
     const int i = q / kNt, j = q % kNt;
