@@ -8,6 +8,7 @@
 // slot s starts at slots + s * slot_bytes.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "quant/types.h"
