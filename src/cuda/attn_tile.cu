@@ -1,0 +1,333 @@
+// The tiled F32 attention kernel (declarations and contract in cuda/attn_tile.cuh).
+//
+// One block takes a tile of query rows — TQ consecutive tokens of the call x HG query heads of one KV
+// head's group — and one split of the positions. It walks that split's K/V positions in tiles of
+// kTileKv rows copied into shared memory (cp.async, double buffered), and every query row of the block
+// reads them from there: K and V cross HBM once per block instead of once per query head and token.
+// Why rows = tokens x heads: for decode the heads of a group share the KV rows (GQA); for a prefill the
+// tokens of a sequence share them too (their prefixes overlap).
+//
+// Inside a tile each warp owns RPW query rows. Scores: lane i computes the full dot products of
+// positions i and i+32 (no cross-lane reduction per position: the shuffles were what bounded the older
+// one-warp-per-position kernel). Softmax: per row a warp max per tile, the online rescale, the weights
+// to shared memory. P.V: lane i owns dims [i*D/32, (i+1)*D/32) and walks the tile's positions.
+//
+// Tokens of a tile may belong to different sequences (any KvRef per token): the block takes the runs of
+// consecutive tokens that share a cache (same k, v, n_ctx) one after the other, each run walking the
+// positions up to its largest position with per-row causal masks (a row attends p <= its own pos). A
+// tile of one sequence — a prefill's tokens — is one run; decode tiles hold one token. So no separate
+// fallback path is needed for mixed batches; they cost one pass per run.
+#include "cuda/attn_tile.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+
+namespace strata::cuda::attn_tile {
+
+namespace {
+
+constexpr int KT = kTileKv;
+
+// Dynamic shared memory of one block, in this order (every part 16-byte aligned):
+//   q:    [R][D] f32, already multiplied by the scale
+//   k:    [2][KT][D + 8] f16, double buffered; 8 halves of padding per row so that the 8 lanes of a
+//         quarter warp reading 16 bytes each from 8 different rows hit 8 distinct groups of banks
+//   v:    [2][KT][D] f16 (read along a row: no padding needed)
+//   p:    [W][RPW][KT] f32, each warp's softmax weights of the current tile
+//   refs: [R] KvRef, the tile's tokens (TQ <= R)
+template <int D, int RPW, int W>
+struct Layout {
+  static constexpr int R = RPW * W;
+  static constexpr int KS = D + 8;
+  static constexpr size_t q_off = 0;
+  static constexpr size_t k_off = q_off + size_t(R) * D * 4;
+  static constexpr size_t v_off = k_off + size_t(2) * KT * KS * 2;
+  static constexpr size_t p_off = v_off + size_t(2) * KT * D * 2;
+  static constexpr size_t r_off = p_off + size_t(W) * RPW * KT * 4;
+  static constexpr size_t bytes = r_off + size_t(R) * sizeof(ops::KvRef);
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float2 h2_to_f2(uint32_t w) {
+  __half2 h;
+  static_assert(sizeof(h) == sizeof(w));
+  memcpy(&h, &w, sizeof(w));
+  return __half22float2(h);
+}
+
+// N consecutive f16 values at p (aligned to 2N bytes) as floats. N: 2, 4 or 8.
+template <int N>
+__device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
+  if constexpr (N == 2) {
+    const float2 a = h2_to_f2(*reinterpret_cast<const uint32_t*>(p));
+    f[0] = a.x;
+    f[1] = a.y;
+  } else if constexpr (N == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = h2_to_f2(u.x), b = h2_to_f2(u.y);
+    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+  } else {
+    static_assert(N == 8);
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = h2_to_f2(w[j]);
+      f[2 * j] = a.x;
+      f[2 * j + 1] = a.y;
+    }
+  }
+}
+
+// q: [n_tok][n_head][D] f32; refs: [n_tok] device; out: [n_tok][n_head][D] f32 (n_split == 1) or
+// part: [n_tok*n_head][n_split][2 + D] (n_split > 1). hg: query heads per block (<= R), n_hchunk:
+// ceil(group / hg), tq: tokens per tile (R / hg). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
+// blockIdx.x = (tile * n_head_kv + hk) * n_hchunk + hc; block 32*W threads; Layout::bytes of shared memory.
+template <int D, int RPW, int W>
+__global__ void __launch_bounds__(32 * W)
+    attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
+                     int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
+                     float* __restrict__ part, float* __restrict__ out) {
+  using L = Layout<D, RPW, W>;
+  constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = reinterpret_cast<float*>(smem + L::q_off);               // [R][D]
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L::k_off);         // [2][KT][KS]
+  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + L::v_off);         // [2][KT][D]
+  float* ps = reinterpret_cast<float*>(smem + L::p_off);               // [W][RPW][KT]
+  ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);     // [R]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = n_head / n_head_kv;
+  const int64_t bx = blockIdx.x;
+  const int hc = static_cast<int>(bx % n_hchunk);
+  const int hk = static_cast<int>((bx / n_hchunk) % n_head_kv);
+  const int64_t t0 = bx / (int64_t(n_hchunk) * n_head_kv) * tq;  // first token of the tile
+  const int split = blockIdx.y;
+  const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);  // tokens in this tile (>= 1)
+  const int h_first = hk * group + hc * hg;                        // query head of row r: h_first + r % hg
+
+  for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
+  for (int e = threadIdx.x; e < R * D; e += NT) {
+    const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
+    qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
+  }
+  __syncthreads();
+
+  float acc[RPW][DPL], m[RPW], l[RPW];  // per row: output sum, running max, this lane's part of the sum
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[rr][j] = 0.0f;
+  }
+  const int64_t row_len = int64_t(n_head_kv) * D;  // halves per position in the cache (K and V alike)
+
+  for (int seg = 0; seg < n_t;) {  // runs of tokens sharing a cache; block-uniform
+    const ops::KvRef r0 = rs[seg];
+    int end = seg + 1, hi = r0.pos;
+    while (end < n_t && rs[end].k == r0.k && rs[end].v == r0.v && rs[end].n_ctx == r0.n_ctx) {
+      hi = max(hi, rs[end].pos);
+      ++end;
+    }
+    int posr[RPW];  // the row's last attended position in this run, -1 when the row is not in the run
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr, tt = r / hg;
+      posr[rr] = tt >= seg && tt < end && hc * hg + r % hg < group ? rs[tt].pos : -1;
+    }
+    const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;  // + p*row_len
+    const uint16_t* vb = r0.v + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+    // Rows are 16-byte multiples (D % 8 == 0); only the cache base could be misaligned.
+    const bool aligned = ((reinterpret_cast<uintptr_t>(r0.k) | reinterpret_cast<uintptr_t>(r0.v)) & 15u) == 0;
+    const int lo = split * chunk;
+    const int hi_x = split == n_split - 1 ? hi + 1 : min(hi + 1, lo + chunk);  // positions [lo, hi_x)
+
+    auto issue = [&](int kv0, int buf) {  // K/V rows [kv0, kv0 + nt) into buffer buf, one commit group
+      const int nt = min(KT, hi_x - kv0);
+      uint16_t* kd = ks + buf * KT * KS;
+      uint16_t* vd = vs + buf * KT * D;
+      for (int e = threadIdx.x; e < nt * C8; e += NT) {
+        const int p = e / C8, c = (e % C8) * 8;
+        const uint16_t* kg = kb + int64_t(kv0 + p) * row_len + c;
+        const uint16_t* vg = vb + int64_t(kv0 + p) * row_len + c;
+        if (aligned) {
+          __pipeline_memcpy_async(kd + p * KS + c, kg, 16);
+          __pipeline_memcpy_async(vd + p * D + c, vg, 16);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            kd[p * KS + c + j] = kg[j];
+            vd[p * D + c + j] = vg[j];
+          }
+        }
+      }
+      __pipeline_commit();
+    };
+
+    if (lo < hi_x) issue(lo, 0);
+    int buf = 0;
+    for (int kv0 = lo; kv0 < hi_x; kv0 += KT, buf ^= 1) {
+      // Why double buffering: the next tile's loads are in flight while this one is computed.
+      const bool more = kv0 + KT < hi_x;
+      if (more) {
+        issue(kv0 + KT, buf ^ 1);  // that buffer was last read before the previous iteration's barrier
+        __pipeline_wait_prior(1);
+      } else {
+        __pipeline_wait_prior(0);
+      }
+      __syncthreads();
+      const int nt = min(KT, hi_x - kv0);
+      const uint16_t* kt = ks + buf * KT * KS;
+      const uint16_t* vt = vs + buf * KT * D;
+
+      // Scores of positions kv0 + lane and kv0 + lane + 32 (rows past nt hold stale data: masked below).
+      float sc[RPW][2];
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) sc[rr][0] = sc[rr][1] = 0.0f;
+#pragma unroll 4
+      for (int c = 0; c < C8; ++c) {
+        float ka[8], kb2[8];
+        load_f16<8>(kt + lane * KS + c * 8, ka);
+        load_f16<8>(kt + (lane + 32) * KS + c * 8, kb2);
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          const float* qr = qs + (warp * RPW + rr) * D + c * 8;
+          const float4 q0 = *reinterpret_cast<const float4*>(qr), q1 = *reinterpret_cast<const float4*>(qr + 4);
+          const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            sc[rr][0] = fmaf(qv[j], ka[j], sc[rr][0]);
+            sc[rr][1] = fmaf(qv[j], kb2[j], sc[rr][1]);
+          }
+        }
+      }
+      // Online softmax per row.
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) {
+        const int a0 = kv0 + lane, a1 = kv0 + lane + 32;
+        const float s0 = lane < nt && a0 <= posr[rr] ? sc[rr][0] : -INFINITY;
+        const float s1 = lane + 32 < nt && a1 <= posr[rr] ? sc[rr][1] : -INFINITY;
+        const float mn = fmaxf(m[rr], warp_max(fmaxf(s0, s1)));
+        float c = 1.0f, e0 = 0.0f, e1 = 0.0f;
+        if (mn != -INFINITY) {  // warp-uniform; -inf: no position of the row seen yet
+          c = expf(m[rr] - mn);  // 0 while m was -inf
+          e0 = expf(s0 - mn);
+          e1 = expf(s1 - mn);
+        }
+        m[rr] = mn;
+        l[rr] = l[rr] * c + e0 + e1;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[rr][j] *= c;
+        float* pw = ps + (warp * RPW + rr) * KT;
+        pw[lane] = e0;
+        pw[lane + 32] = e1;
+      }
+      __syncwarp();
+      // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
+      // by 0 (an inf in V must not turn rows that do not attend it into NaN).
+      for (int p = 0; p < nt; ++p) {
+        float vv[DPL];
+        load_f16<DPL>(vt + p * D + lane * DPL, vv);
+        const int a = kv0 + p;
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          if (a > posr[rr]) continue;
+          const float w = ps[(warp * RPW + rr) * KT + p];
+#pragma unroll
+          for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
+        }
+      }
+      __syncthreads();  // the buffer and p are rewritten next
+    }
+    seg = end;
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr, tt = r / hg, g = hc * hg + r % hg;
+    const float lt = warp_sum(l[rr]);
+    if (tt >= n_t || g >= group) continue;  // warp-uniform
+    const int64_t row = (t0 + tt) * n_head + h_first + r % hg;
+    if (part == nullptr) {
+      const float inv = lt == 0.0f ? 0.0f : 1.0f / lt;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) out[row * D + lane * DPL + j] = acc[rr][j] * inv;
+    } else {
+      float* pp = part + (row * n_split + split) * (D + 2);
+      if (lane == 0) {
+        pp[0] = m[rr];
+        pp[1] = lt;
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) pp[2 + lane * DPL + j] = acc[rr][j];
+    }
+  }
+}
+
+template <int D, int RPW, int W>
+void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+  using L = Layout<D, RPW, W>;
+  const int group = n_head / n_head_kv;
+  const int hg = std::min(group, L::R), n_hchunk = (group + hg - 1) / hg, tq = std::max(1, L::R / hg);
+  const int64_t n_tiles = (n_tok + tq - 1) / tq;
+  const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
+  STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
+  auto kernel = attn_tile_kernel<D, RPW, W>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes)));
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
+  kernel<<<grid, 32 * W, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale,
+                                             n_split, chunk, n_split > 1 ? part : nullptr, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool supported(int head_dim, int head_dim_v) {
+  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+  STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
+                 "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
+  const bool prefill = rows_per_block(n_tok) == kPrefillRows;
+  // Shapes: decode = 4 warps x 2 rows (one token's 8 heads of a Qwen3 group); prefill = 8 warps x 8 rows
+  // (8 tokens x 8 heads), 8 warps x 4 rows at head size 256 (registers: 8 values per lane per row).
+  switch (head_dim) {
+    case 64:
+      return prefill ? launch_shape<64, 8, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk, part,
+                                              out, stream)
+                     : launch_shape<64, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk, part,
+                                              out, stream);
+    case 128:
+      return prefill ? launch_shape<128, 8, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
+                                               part, out, stream)
+                     : launch_shape<128, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
+                                               part, out, stream);
+    default:
+      return prefill ? launch_shape<256, 4, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
+                                               part, out, stream)
+                     : launch_shape<256, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
+                                               part, out, stream);
+  }
+}
+
+}  // namespace strata::cuda::attn_tile
