@@ -183,16 +183,22 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
   // Positions go in groups of U: the group's K and V rows are loaded (and its dot products reduced)
   // up front, then the online-softmax updates run one position at a time in order, exactly as on the
   // CPU. Why: a warp walking one position at a time waits a full memory latency per position.
+  // Why the prefetch: the next group's rows are requested before this group's sequential updates run,
+  // so their latency hides behind the exp/round chain (the arithmetic and its order are unchanged).
   constexpr int U = DPL <= 4 ? 8 : 4;
   float M = -INFINITY, S = 0.0f;
-  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
-    float kx[U][DPL], vx[U][DPL], dot[U];
+  float kx[U][DPL], vx[U][DPL];
+  auto load_group = [&](int32_t p0, float (&kd)[U][DPL], float (&vd)[U][DPL]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int32_t p = p0 + u <= r.pos ? p0 + u : r.pos;  // past the end: a harmless re-read, unused
-      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx[u]);
-      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx[u]);
+      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kd[u]);
+      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vd[u]);
     }
+  };
+  load_group(0, kx, vx);
+  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
+    float dot[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float d = 0.0f;
@@ -200,6 +206,9 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
       for (int j = 0; j < DPL; ++j) d = fmaf(q16[j], kx[u][j], d);
       dot[u] = warp_reduce(d, SumOp{});
     }
+    const bool more = p0 + U <= r.pos;
+    float kn[U][DPL], vn[U][DPL];
+    if (more) load_group(p0 + U, kn, vn);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (p0 + u > r.pos) break;
@@ -217,6 +226,15 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
 #pragma unroll
       for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[u][j], vs, acc[j]));
       S = S * ms + vs;
+    }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+          kx[u][j] = kn[u][j];
+          vx[u][j] = vn[u][j];
+        }
     }
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
