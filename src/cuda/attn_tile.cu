@@ -99,7 +99,7 @@ __device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
 // ceil(group / hg), tq: tokens per tile (R / hg). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
 // blockIdx.x = (tile * n_head_kv + hk) * n_hchunk + hc; block 32*W threads; Layout::bytes of shared memory.
 template <int D, int RPW, int W>
-__global__ void __launch_bounds__(32 * W)
+__global__ void __launch_bounds__(32 * W, 1)
     attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
                      int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
                      float* __restrict__ part, float* __restrict__ out) {
@@ -242,14 +242,36 @@ __global__ void __launch_bounds__(32 * W)
       __syncwarp();
       // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
       // by 0 (an inf in V must not turn rows that do not attend it into NaN).
-      for (int p = 0; p < nt; ++p) {
+      // Positions go 4 at a time: one 16-byte broadcast read of a row's 4 weights instead of 4 reads.
+      const float* pw0 = ps + warp * RPW * KT;  // [RPW][KT]
+      int p = 0;
+      for (; p + 4 <= nt; p += 4) {
+        float vv[4][DPL];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) load_f16<DPL>(vt + (p + i) * D + lane * DPL, vv[i]);
+        const int a = kv0 + p;
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          if (a > posr[rr]) continue;  // none of the 4 attended by this row
+          const float4 w4 = *reinterpret_cast<const float4*>(pw0 + rr * KT + p);
+          const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+          const bool all = a + 3 <= posr[rr];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (!all && a + i > posr[rr]) break;
+#pragma unroll
+            for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w[i], vv[i][j], acc[rr][j]);
+          }
+        }
+      }
+      for (; p < nt; ++p) {
         float vv[DPL];
         load_f16<DPL>(vt + p * D + lane * DPL, vv);
         const int a = kv0 + p;
 #pragma unroll
         for (int rr = 0; rr < RPW; ++rr) {
           if (a > posr[rr]) continue;
-          const float w = ps[(warp * RPW + rr) * KT + p];
+          const float w = pw0[rr * KT + p];
 #pragma unroll
           for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
         }
