@@ -35,6 +35,8 @@ namespace {
 
 constexpr int KT = kTileKv;
 
+enum class Select : int { All, OneCache, Mixed };
+
 // Dynamic shared memory of one block, in this order (every part 16-byte aligned):
 //   q:    [R][D] f32, already multiplied by the scale
 //   k:    [2][KT][D + 8] f16, double buffered; 8 halves of padding per row so that the 8 lanes of a
@@ -96,13 +98,16 @@ __device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
 
 // q: [n_tok][n_head][D] f32; refs: [n_tok] device; out: [n_tok][n_head][D] f32 (n_split == 1) or
 // part: [n_tok*n_head][n_split][2 + D] (n_split > 1). hg: query heads per block (<= R), n_hchunk:
-// ceil(group / hg), tq: tokens per tile (R / hg). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
+// ceil(group / hg), tq: tokens per tile (tq * hg <= R). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
 // blockIdx.x = (tile * n_head_kv + hk) * n_hchunk + hc; block 32*W threads; Layout::bytes of shared memory.
+// select / cls: which tiles this launch takes, by the "class tile" of cls tokens holding the block's tile
+// (cls a multiple of tq): all, only class tiles of one cache (the prefill shape), or only the others
+// (the decode shape, for the tokens of mixed tiles).
 template <int D, int RPW, int W>
 __global__ void __launch_bounds__(32 * W, 1)
     attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
                      int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
-                     float* __restrict__ part, float* __restrict__ out) {
+                     Select select, int cls, float* __restrict__ part, float* __restrict__ out) {
   using L = Layout<D, RPW, W>;
   constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -121,6 +126,22 @@ __global__ void __launch_bounds__(32 * W, 1)
   const int split = blockIdx.y;
   const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);  // tokens in this tile (>= 1)
   const int h_first = hk * group + hc * hg;                        // query head of row r: h_first + r % hg
+  if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
+    __shared__ int s_one_cache;
+    if (warp == 0) {
+      const int64_t c0 = t0 / cls * cls, nc = n_tok - c0 < cls ? n_tok - c0 : cls;
+      const ops::KvRef a = refs[c0];
+      bool same = true;
+      for (int64_t i = lane; i < nc; i += 32) {
+        const ops::KvRef b = refs[c0 + i];
+        same = same && b.k == a.k && b.v == a.v && b.n_ctx == a.n_ctx;
+      }
+      same = __all_sync(0xffffffffu, same);
+      if (lane == 0) s_one_cache = same;
+    }
+    __syncthreads();
+    if ((select == Select::OneCache) != (s_one_cache != 0)) return;  // block-uniform: the other launch's tile
+  }
 
   for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
   for (int e = threadIdx.x; e < R * D; e += NT) {
@@ -303,12 +324,13 @@ __global__ void __launch_bounds__(32 * W, 1)
   }
 }
 
+// hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel.
 template <int D, int RPW, int W>
 void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-                  float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+                  int hg, int tq, Select select, int cls, float scale, int n_split, int chunk, float* part,
+                  float* out, cudaStream_t stream) {
   using L = Layout<D, RPW, W>;
-  const int group = n_head / n_head_kv;
-  const int hg = std::min(group, L::R), n_hchunk = (group + hg - 1) / hg, tq = std::max(1, L::R / hg);
+  const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
@@ -316,7 +338,7 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes)));
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
   kernel<<<grid, 32 * W, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale,
-                                             n_split, chunk, n_split > 1 ? part : nullptr, out);
+                                             n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -330,26 +352,35 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
   STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
+  const int group = n_head / n_head_kv;
+  // Decode shape: 4 warps x 2 rows = one token's heads of a group of 8 (tq tokens when the group is smaller).
+  const int hg_d = std::min(group, kDecodeRows), tq_d = std::max(1, kDecodeRows / hg_d);
+  // Prefill shape: 8 warps x 8 rows (8 tokens x 8 heads); 8 x 4 at head size 256 (8 values per lane per
+  // row). Its token tile is a multiple of the decode shape's so that every decode tile lies in one.
+  const int rp = head_dim == 256 ? 32 : 64;
+  const int hg_p = std::min(group, rp), tq_p = std::max(tq_d, rp / hg_p / tq_d * tq_d);
   const bool prefill = rows_per_block(n_tok) == kPrefillRows;
-  // Shapes: decode = 4 warps x 2 rows (one token's 8 heads of a Qwen3 group); prefill = 8 warps x 8 rows
-  // (8 tokens x 8 heads), 8 warps x 4 rows at head size 256 (registers: 8 values per lane per row).
+  // Why two launches for a prefill-sized call: tiles whose tokens share one cache (a prefill's) take the
+  // prefill shape; the tokens of mixed tiles (a batch of decodes from many sequences) would each cost a
+  // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
+  const Select sel_p = Select::OneCache, sel_d = prefill ? Select::Mixed : Select::All;
+#define STRATA_TILE_ARGS(hg, tq, sel) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, scale, n_split, \
+                                      chunk, part, out, stream
   switch (head_dim) {
     case 64:
-      return prefill ? launch_shape<64, 8, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk, part,
-                                              out, stream)
-                     : launch_shape<64, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk, part,
-                                              out, stream);
+      if (prefill) launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
     case 128:
-      return prefill ? launch_shape<128, 8, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
-                                               part, out, stream)
-                     : launch_shape<128, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
-                                               part, out, stream);
+      if (prefill) launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
     default:
-      return prefill ? launch_shape<256, 4, 8>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
-                                               part, out, stream)
-                     : launch_shape<256, 2, 4>(q, refs, n_tok, layer, n_head, n_head_kv, scale, n_split, chunk,
-                                               part, out, stream);
+      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
   }
+#undef STRATA_TILE_ARGS
 }
 
 }  // namespace strata::cuda::attn_tile

@@ -389,6 +389,18 @@ TEST_F(GpuAttention, PrefillTiles) {
   for (int p = 300; p < 333; ++p) c4.tokens.push_back({0, p});
   run(c4);
   run({"decode, cache not 16-byte aligned", g, {333}, {{0, 332}}, 0, true});
+  // A batch of decodes from 9 sequences: every tile mixed, all tokens go to the decode shape.
+  AttnCase c5{"batched decode of 9 sequences", g, {}, {}};
+  for (int i = 0; i < 9; ++i) {
+    c5.seq_ctx.push_back(100 + 97 * i);
+    c5.tokens.push_back({i, 99 + 97 * i - 3 * i});
+  }
+  run(c5);
+  // Group of 4: decode tiles of 2 tokens, prefill tiles of 16; one mixed class tile, one single-cache one.
+  AttnCase c6{"group 4: mixed and single-cache tiles", Geometry{1, 16, 4, 128, 128}, {90, 40}, {}};
+  for (int p = 0; p < 10; ++p) c6.tokens.push_back({0, 70 + p});
+  for (int p = 0; p < 13; ++p) c6.tokens.push_back({1, 20 + p});
+  run(c6);
 }
 
 TEST_F(GpuAttention, PrefillTilesOtherHeadSizes) {
