@@ -1,7 +1,7 @@
 // Attention kernels of src/cuda/ops.cu on Qwen3-30B-A3B's geometry (32 query heads, 4 KV heads of 128,
 // f16 KV cache): decode (1 token) at contexts 512 / 4096 / 16384 with the F32 flash-decoding kernel and
 // the GgmlF16 exact-mode kernel, plus causal prefill rows (64 tokens at context 4096, 512 tokens at 4096
-// and 512 tokens from position 0). Prints a markdown table with microseconds per call, the achieved
+// and 512 tokens from position 0; each with the CUDA-core and the tensor-core prefill kernel). Prints a markdown table with microseconds per call, the achieved
 // KV-read bandwidth (bytes of K and V the call must read / time) and its ratio to the device-to-device
 // copy bandwidth measured in the same run (the HBM baseline), and the attention arithmetic rate
 // (Q.K and P.V multiply-adds of the causal positions, 2 flops each) for the compute-bound prefill rows.
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cpu/half.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/ops.cuh"
@@ -124,9 +125,14 @@ int main(int argc, char** argv) {
   const int slow_reps = std::max(3, reps / 20);
   for (int ctx : {512, 4096, 16384}) row("decode", cpu::AttnMath::F32, 1, ctx, reps);
   for (int ctx : {512, 4096, 16384}) row("decode", cpu::AttnMath::GgmlF16, 1, ctx, slow_reps);
-  row("prefill", cpu::AttnMath::F32, 64, 4096, std::max(3, reps / 10));
-  row("prefill", cpu::AttnMath::F32, 512, 4096, std::max(3, reps / 20));
-  row("prefill", cpu::AttnMath::F32, 512, 512, std::max(3, reps / 20));
+  for (bool mma : {false, true}) {  // the CUDA-core prefill kernel (default), then the tensor-core one
+    attn_tile::set_prefill_mma(mma);
+    const char* name = mma ? "prefill (tensor cores)" : "prefill";
+    row(name, cpu::AttnMath::F32, 64, 4096, std::max(3, reps / 10));
+    row(name, cpu::AttnMath::F32, 512, 4096, std::max(3, reps / 20));
+    row(name, cpu::AttnMath::F32, 512, 512, std::max(3, reps / 20));
+  }
+  attn_tile::set_prefill_mma(false);
   cs.synchronize();
   return 0;
 }

@@ -18,6 +18,13 @@ constexpr int kPrefillMinTok = 8; // from this many tokens in a call the prefill
 // Head sizes the tiled kernel takes: K and V of the same size, 64, 128 or 256.
 bool supported(int head_dim, int head_dim_v);
 
+// The prefill shape on the tensor cores (wmma f16 with f32 accumulate, Q and P split into two f16 halves
+// to keep ~22 bits): off by default until measured against the CUDA-core prefill kernel on the H200
+// (bench_attention prints both; tests run both). Head sizes 64 and 128; 256 stays on the CUDA cores.
+// Process-wide switch.
+void set_prefill_mma(bool on);
+bool prefill_mma();
+
 // Query rows one block handles for a call of n_tok tokens (what the split count is computed from).
 inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPrefillRows : kDecodeRows; }
 
