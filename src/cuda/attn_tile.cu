@@ -579,6 +579,18 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device, once per device (done: one
+// bit per device id). Why once: the attribute call costs host time on every decode step otherwise.
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
 template <int D>
 void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv, int hg,
                 int tq, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
@@ -587,7 +599,8 @@ void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer
   const int64_t blocks = (n_tok + tq - 1) / tq * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
   auto kernel = attn_mma_kernel<D>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes)));
+  static std::atomic<uint64_t> shared_set{0};
+  allow_shared(kernel, L::bytes, shared_set);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
   kernel<<<grid, 256, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale, n_split,
                                           chunk, tq, n_split > 1 ? part : nullptr, out);
@@ -607,7 +620,8 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
   auto kernel = attn_tile_kernel<D, RPW, W>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes)));
+  static std::atomic<uint64_t> shared_set{0};
+  allow_shared(kernel, L::bytes, shared_set);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
   kernel<<<grid, 32 * W, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale,
                                              n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
