@@ -12,11 +12,14 @@
 // one-warp-per-position kernel). Softmax: per row a warp max per tile, the online rescale, the weights
 // to shared memory. P.V: lane i owns dims [i*D/32, (i+1)*D/32) and walks the tile's positions.
 //
-// Tokens of a tile may belong to different sequences (any KvRef per token): the block takes the runs of
-// consecutive tokens that share a cache (same k, v, n_ctx) one after the other, each run walking the
-// positions up to its largest position with per-row causal masks (a row attends p <= its own pos). A
-// tile of one sequence — a prefill's tokens — is one run; decode tiles hold one token. So no separate
-// fallback path is needed for mixed batches; they cost one pass per run.
+// Tokens of a call may belong to different sequences at any positions (a KvRef per token). A call of 8
+// tokens or more is cut into "class tiles" of the prefill shape's token count: those whose tokens share
+// one cache (same k, v, n_ctx: a prefill's) go to the prefill shape (64 rows per block, or the tensor-core
+// kernel below when switched on); the tokens of the other tiles go to the decode shape (one token's group
+// heads per block), each launch skipping the other's tiles. Inside a block, rows walk the positions up to
+// the tile's largest position with per-row causal masks (a row attends p <= its own pos), so positions
+// need not be consecutive. A decode-shape tile of several tokens (groups smaller than 8) may still span
+// two caches: the block then takes the runs of tokens sharing a cache one after the other.
 #include "cuda/attn_tile.cuh"
 
 #include <cuda_fp16.h>

@@ -50,9 +50,9 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 //   cuda/attn_tile.cu — a block takes a tile of query rows (one token's group heads for decode; 8 tokens x
 //   8 heads once a call has >= 8 tokens, i.e. a causal prefill tile) and walks K/V tiles in shared memory
 //   with online softmax; positions are split over blocks when the rows alone do not fill the GPU (partial
-//   states merged by a combine kernel; one split writes out directly). Tokens of one tile may come from
-//   different sequences and positions (handled run by run). Other head sizes: the older per-warp
-//   flash-decoding kernel.
+//   states merged by a combine kernel; one split writes out directly). Prefill tiles whose tokens share a
+//   cache take the 64-row shape; tokens of mixed tiles (batched decodes) the decode shape. Other head
+//   sizes: the older per-warp flash-decoding kernel.
 // max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
