@@ -1,8 +1,10 @@
 // Routed experts of one MoE layer from expert-cache slots (contract: moe_kernels.cuh).
-// One warp per output row of one (token, expert) pair, as in quant_kernels.cu's matmul; the expert's
+// One warp per output row of one (token, expert) pair, as in quant_kernels.cu's matmul (fast_dot.cuh's
+// formats through the fast_* kernels, the others through the generic ones); the expert's
 // slot comes from the device residency-table row at run time, so a non-resident expert costs one table
 // read. No atomics: every output element is written by exactly one warp, and moe_down sums the experts
-// of a token in j order inside that warp, so results are deterministic.
+// of a token inside that warp in a fixed order (generic: j order; fast: per lane, then a warp tree), so
+// results are deterministic.
 #include "cuda/moe_kernels.cuh"
 
 #include <algorithm>
@@ -298,7 +300,8 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
     bool fast = false;
     fd::dispatch(v.gate_type, [&](auto kf) {
       using K = decltype(kf);
-      if (!fast_rows_aligned<K>(v, v.gate_off, rb) || !fast_rows_aligned<K>(v, v.up_off, rb)) return;
+      if (quant::generic_only() || !fast_rows_aligned<K>(v, v.gate_off, rb) || !fast_rows_aligned<K>(v, v.up_off, rb))
+        return;
       fast = true;
       fast_gate_up_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, rb,
                                                                v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
@@ -323,7 +326,7 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
     bool fast = false;
     fd::dispatch(type, [&](auto kf) {
       using K = decltype(kf);
-      if (!fast_rows_aligned<K>(v, off, rb)) return;
+      if (quant::generic_only() || !fast_rows_aligned<K>(v, off, rb)) return;
       fast = true;
       fast_gate_or_up_kernel<K, kUp><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, off, rb, v.n_embd,
                                                                        v.n_ff, table, x, ids, pairs, k, h, xvec);
@@ -355,7 +358,7 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
   bool fast = false;
   fd::dispatch(v.down_type, [&](auto kf) {
     using K = decltype(kf);
-    if (!fast_rows_aligned<K>(v, v.down_off, rb)) return;
+    if (quant::generic_only() || !fast_rows_aligned<K>(v, v.down_off, rb)) return;
     fast = true;
     fast_down_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd, v.n_ff,
                                                           table, h, ids, wts, n, k, out, hvec);

@@ -7,9 +7,12 @@
 // (blockIdx.y = token tile): each weight row is read from memory once per tile of tokens. Why this shape:
 // at decode (n = 1) the product is bound by the weight bytes; a warp per row keeps every SM's load units
 // busy with independent rows and needs no shared memory or block-wide synchronisation.
+// Fast path: Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 with rows aligned for its loads go through fast_matmul_kernel
+// (fast_dot.cuh says why); every other type or alignment takes matmul_kernel.
 #include "cuda/quant_kernels.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "common/error.h"
@@ -187,9 +190,12 @@ void launch_fast(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const
 // The fast path when the type has one and the rows are aligned for its loads; false: use the generic one.
 // R = 2 rows per warp only from 4096 rows: below that, 2 rows per warp leave too few warps to fill 132 SMs
 // (a 768-row expert matrix would get 96 blocks).
+std::atomic<bool> g_generic_only{false};
+
 bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x,
                      int64_t n, float* y, bool xvec, cudaStream_t stream) {
   bool done = false;
+  if (g_generic_only.load(std::memory_order_relaxed)) return false;
   fd::dispatch(type, [&](auto k) {
     using K = decltype(k);
     if (!fd::rows_aligned<K>(w, rb)) return;
@@ -206,6 +212,9 @@ bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols
 }
 
 }  // namespace
+
+void set_generic_only(bool on) { g_generic_only.store(on); }
+bool generic_only() { return g_generic_only.load(std::memory_order_relaxed); }
 
 bool has_kernel(GgmlType t) {
   return dq::dispatch(t, [](auto) {});
