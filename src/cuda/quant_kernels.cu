@@ -197,6 +197,9 @@ bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols
                      int64_t n, float* y, bool xvec, cudaStream_t stream) {
   bool done = false;
   if (g_generic_only.load(std::memory_order_relaxed)) return false;
+  // Q4_0 and Q8_0 stay on the generic kernel: on the H200 the fast path was slower for them at n = 1
+  // (0.74-0.91x on three of the four Qwen3-30B-A3B shapes; bench/results/2026-11-29-gpu-kernels-h200.md).
+  if (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) return false;
   fd::dispatch(type, [&](auto k) {
     using K = decltype(k);
     if (!fd::rows_aligned<K>(w, rb)) return;
