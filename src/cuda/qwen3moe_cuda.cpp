@@ -2,12 +2,15 @@
 // stream, with the routed experts split between the GPU expert cache (resident experts, from slots) and
 // the CPU pool (the others, on CPU threads from the mapped file, at the same time). docs/gpu.md has the
 // design: stream roles, the per-layer flow, why every cross-stream access is ordered.
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "cpu/half.h"
@@ -15,6 +18,7 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/expert_cache.h"
+#include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
@@ -30,6 +34,10 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = kMiB * 1024.0;
+// Batches of up to this many tokens (decode of up to 8 sequences, short verify windows) run as a CUDA
+// graph when no layer needs the CPU pool. Larger batches are prefill: few forwards, long kernels, and
+// quant::matmul may take a cuBLAS path there; their launch overhead does not matter.
+constexpr int64_t kMaxGraphTokens = 8;
 
 // The first `bytes` of a device / pinned buffer (transfers copy src.bytes).
 DevSpan head(const DeviceBuffer& b, size_t bytes) {
@@ -206,6 +214,17 @@ class CudaWorkspace final : public Workspace {
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
   Ticket partial_ticket;                // last upload that reads partial_h
+  // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math):
+  // they bake in this workspace's buffer addresses, so they live and die with it.
+  struct GraphKey {
+    int64_t n, n_out;
+    int attn;
+    bool operator<(const GraphKey& o) const { return std::tie(n, n_out, attn) < std::tie(o.n, o.n_out, o.attn); }
+  };
+  std::map<GraphKey, Graph> graphs;
+  uint64_t graphs_model = 0;            // CudaQwen3Moe::model_id_ of the model that captured them
+  const void* graphs_slots = nullptr;   // the expert cache's slot and table allocations they read
+  const void* graphs_table = nullptr;
   MoeScratch moe;
   cpu::MatmulBatch mb;
 };
@@ -226,7 +245,10 @@ struct RepackLog {
 class CudaQwen3Moe final : public Model {
  public:
   CudaQwen3Moe(gguf::File file, HParams hp, const CudaOptions& opt)
-      : Model(std::move(file), std::move(hp)), opt_(opt) {
+      : Model(std::move(file), std::move(hp)),
+        opt_(opt),
+        graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
+        model_id_(next_model_id()) {
     load();
   }
   ~CudaQwen3Moe() override {
@@ -268,6 +290,12 @@ class CudaQwen3Moe final : public Model {
     r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
     r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
     r.slot_bytes = uint64_t(cache_->slot_bytes());
+    r.graphs_enabled = graphs_;
+    r.forwards = int64_t(work_.forwards);
+    r.graph_forwards = int64_t(work_.graph_forwards);
+    r.graph_captures = int64_t(work_.captures);
+    r.op_calls = int64_t(work_.op_calls);
+    r.transfers = int64_t(work_.transfers);
     return r;
   }
   void reset_cache_stats() const override {
@@ -314,6 +342,7 @@ class CudaQwen3Moe final : public Model {
   void add_moe_out(const Pass& p) const;
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
+  void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
 
   void load();
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
@@ -326,7 +355,14 @@ class CudaQwen3Moe final : public Model {
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
 
+  static uint64_t next_model_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
   CudaOptions opt_;
+  const bool graphs_;        // CUDA graphs for passes without the CPU pool (CudaOptions, STRATA_CUDA_GRAPHS)
+  const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
   DevWeight tok_embd_;     // [n_vocab][n_embd]
@@ -604,6 +640,50 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
   output(p);
 }
 
+// Why a captured graph stays valid, and what invalidates it. A graph bakes in every kernel argument of
+// compute_resident() for one (n, n_out, attention math):
+//  * the workspace's buffers (x, q, ..., logits, ids, step_in at StepLayout(n) offsets): the graphs live
+//    in the workspace, so a new workspace starts with none;
+//  * the model's weights: fixed after load(); a workspace used with another model drops its graphs
+//    (model_id_);
+//  * the expert cache's slot allocation and layer views (base pointer, slot size, types and offsets) and
+//    the address of each layer's row of the device residency table: fixed for the cache's lifetime;
+//    checked anyway (graphs_slots / graphs_table), so a cache that ever reallocates recaptures;
+//  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
+//    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count is derived.
+// Everything that changes per step is read from device memory by the kernels: tokens, positions, the
+// KvRef array (each sequence's K/V pointers, n_ctx, pos; attention's n_kv = pos + 1), the logit rows, and
+// which slot holds each expert (the table's contents). So residency changes do not invalidate a graph:
+// begin_step() admits/evicts by uploading the table with producer = consumer = compute and copies into a
+// slot only with producer = compute, i.e. ordered before/after a graph launch on compute exactly like
+// before/after direct launches; a replay reads the new table as a direct launch would. The graph path is
+// taken only when every layer is fully resident this step (the CPU pool needs copies mid-pass, which a
+// graph may not contain), and the kernels skip a non-resident pair whatever path launched them.
+void CudaQwen3Moe::run_graph(const Pass& p) const {
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const void* slots = cache_->slots_span().ptr;
+  const void* table = cache_->table_span().ptr;
+  if (ws.graphs_model != model_id_ || ws.graphs_slots != slots || ws.graphs_table != table) {
+    ws.graphs.clear();
+    ws.graphs_model = model_id_;
+    ws.graphs_slots = slots;
+    ws.graphs_table = table;
+  }
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn)};
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    // The checker's notes are taken while capturing: the launch below follows them on the same stream.
+    Graph g = Graph::capture(cs, [&] { compute_resident(p); });
+    ++work_.captures;
+    it = ws.graphs.emplace(key, std::move(g)).first;
+  } else if (strata::stream_check::enabled()) {
+    compute_resident(Pass{ws, p.n, p.n_out, p.attn, false});  // the replayed launches' notes, no kernel
+  }
+  it->second.launch(cs);
+  ++work_.graph_forwards;
+}
+
 void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
                            const ForwardOptions& opt) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -660,7 +740,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   const Pass p{ws, n, n_out, opt.attn, true};
   bool all_resident = true;
   for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
-  if (all_resident) {
+  if (all_resident && graphs_ && n <= kMaxGraphTokens) {
+    run_graph(p);
+  } else if (all_resident) {
     compute_resident(p);
   } else {
     embed(p);
