@@ -41,10 +41,12 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
   if (r.forwards > 0)
     std::fprintf(stderr,
                  "strata: %s host work (%s): CUDA graphs %s, %lld of %lld forward passes replayed a graph (%lld "
-                 "captured); per pass %.1f kernel-launcher calls, %.1f transfers\n",
+                 "captured); per pass %.1f kernel-launcher calls, %.1f transfers, host %.1f us + waiting for "
+                 "the GPU %.1f us\n",
                  what, backend.c_str(), r.graphs_enabled ? "on" : "off", (long long)r.graph_forwards,
                  (long long)r.forwards, (long long)r.graph_captures, double(r.op_calls) / double(r.forwards),
-                 double(r.transfers) / double(r.forwards));
+                 double(r.transfers) / double(r.forwards), 1e6 * r.host_s / double(r.forwards),
+                 1e6 * r.wait_s / double(r.forwards));
 }
 
 }  // namespace strata::cli

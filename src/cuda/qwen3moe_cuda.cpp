@@ -3,6 +3,7 @@
 // the CPU pool (the others, on CPU threads from the mapped file, at the same time). docs/gpu.md has the
 // design: stream roles, the per-layer flow, why every cross-stream access is ordered.
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -296,6 +297,8 @@ class CudaQwen3Moe final : public Model {
     r.graph_captures = int64_t(work_.captures);
     r.op_calls = int64_t(work_.op_calls);
     r.transfers = int64_t(work_.transfers);
+    r.host_s = std::chrono::duration<double>(work_.host).count();
+    r.wait_s = std::chrono::duration<double>(work_.wait).count();
     return r;
   }
   void reset_cache_stats() const override {
@@ -327,6 +330,10 @@ class CudaQwen3Moe final : public Model {
     uint64_t forwards = 0, graph_forwards = 0, captures = 0;
     uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
     uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
+    // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
+    // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
+    // bottleneck.
+    std::chrono::steady_clock::duration host{}, wait{};
   };
   template <typename F>
   void op(const Pass& p, F&& f) const {
@@ -687,6 +694,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
 void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
                            const ForwardOptions& opt) const {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto t_start = std::chrono::steady_clock::now();
   dev_->make_current();
   auto& ws = static_cast<CudaWorkspace&>(wsb);
   const HParams& hp = hp_;
@@ -809,6 +817,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     ws.ids_ticket = xfer_->download(head(ws.ids_h, ib), head(ws.ids, ib), cs);
     ++work_.transfers;
   }
+  const auto t_wait = std::chrono::steady_clock::now();
   if (n_out > 0) {
     const size_t lb = size_t(n_out) * size_t(V) * 4;
     xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
@@ -818,6 +827,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   } else {
     cs.synchronize();
   }
+  const auto t_waited = std::chrono::steady_clock::now();
   if (ws.ids_ticket.valid()) {
     ws.ids_ticket.wait();
     ws.ids_ticket = Ticket();
@@ -834,6 +844,8 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     ws.partial_ticket = Ticket();
   }
   cache_->end_step();
+  work_.wait += t_waited - t_wait;
+  work_.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
 }
 
 }  // namespace

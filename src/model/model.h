@@ -55,6 +55,7 @@ struct ExpertCacheReport {
   // into kernel launchers and the transfer module the host made for them.
   bool graphs_enabled = false;
   int64_t forwards = 0, graph_forwards = 0, graph_captures = 0, op_calls = 0, transfers = 0;
+  double host_s = 0, wait_s = 0;  // wall time in forward(): blocked on the end-of-pass wait / the rest
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 
