@@ -1,6 +1,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <cublas_v2.h>
+
 #include "cuda/cuda_check.cuh"
 
 namespace strata::cuda {
@@ -10,6 +12,16 @@ void cuda_fail(cudaError_t err, const char* stmt, const char* file, int line) {
   cudaGetDevice(&dev);
   std::fprintf(stderr, "strata: CUDA error on device %d: %s (%s)\n  in %s\n  at %s:%d\n", dev,
                cudaGetErrorString(err), cudaGetErrorName(err), stmt, file, line);
+  std::fflush(stderr);
+  std::abort();
+}
+
+void cublas_fail(int status, const char* stmt, const char* file, int line) {
+  int dev = -1;
+  cudaGetDevice(&dev);
+  const auto st = static_cast<cublasStatus_t>(status);
+  std::fprintf(stderr, "strata: cuBLAS error on device %d: %s (%s, %d)\n  in %s\n  at %s:%d\n", dev,
+               cublasGetStatusString(st), cublasGetStatusName(st), status, stmt, file, line);
   std::fflush(stderr);
   std::abort();
 }

@@ -5,6 +5,8 @@
 
 namespace strata::cuda {
 [[noreturn]] void cuda_fail(cudaError_t err, const char* stmt, const char* file, int line);
+// The same for a cuBLAS call (status: a cublasStatus_t; int here so this header needs no cuBLAS header).
+[[noreturn]] void cublas_fail(int status, const char* stmt, const char* file, int line);
 // True when at least one CUDA device can be used (tests skip otherwise).
 bool device_available();
 }  // namespace strata::cuda
@@ -18,3 +20,11 @@ bool device_available();
 
 // After a kernel launch: catches launch-configuration errors at the launch site.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+// Every cuBLAS call goes through it (include <cublas_v2.h> first).
+#define CUBLAS_CHECK(stmt)                                                             \
+  do {                                                                                 \
+    const int strata_st_ = static_cast<int>(stmt);                                     \
+    if (strata_st_ != 0 /* CUBLAS_STATUS_SUCCESS */)                                   \
+      ::strata::cuda::cublas_fail(strata_st_, #stmt, __FILE__, __LINE__);              \
+  } while (0)

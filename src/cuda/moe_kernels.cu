@@ -179,6 +179,8 @@ unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>
 
 }  // namespace
 
+void check_expert_view(const ExpertLayerView& v, const char* what, int64_t n, int k) { check_view(v, what, n, k); }
+
 void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x, const int32_t* ids, int64_t n,
                  int k, float* h, cudaStream_t stream) {
   check_view(v, "moe_gate_up", n, k);

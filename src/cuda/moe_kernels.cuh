@@ -8,6 +8,7 @@
 // slot s starts at slots + s * slot_bytes.
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "quant/types.h"
@@ -35,5 +36,41 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
 //   wts: [n][k] f32   out: [n][n_embd] f32   (device)
 void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, const int32_t* ids,
               const float* wts, int64_t n, int k, float* out, cudaStream_t stream);
+
+// Throws strata::Error when the view cannot be used by the kernels above for n tokens of k experts
+// (no slots, bad shape, a type without a kernel, a tensor that does not fit in a slot).
+void check_expert_view(const ExpertLayerView& v, const char* what, int64_t n, int k);
+
+// ---- prefill: experts as grouped GEMMs (moe_grouped.cu) ----
+// Why: moe_gate_up/moe_down read an expert's weights once per (token, expert) pair; at prefill an expert
+// is routed to by ~n*k/n_expert tokens, so the grouped path sorts the pairs by expert on the GPU and
+// multiplies each expert once per tile of 32 of its pairs on the tensor cores (bf16 inputs, f32 accumulate).
+// Worth it from about this many tokens (to be measured: bench/cuda/cuda_gemm.cu).
+constexpr int64_t kMoeGroupedMinTokens = 32;
+
+// True when moe_experts_grouped takes the grouped GEMM path for this view (n_embd and n_ff multiples of 32,
+// every tensor's rows aligned to its format's block alignment in every slot); false: it falls back to
+// moe_gate_up + moe_down. Throws like check_expert_view for a bad view.
+bool moe_grouped_supported(const ExpertLayerView& v);
+
+// Device scratch bytes moe_experts_grouped needs for up to max_n tokens (allocate once at load).
+size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t max_n, int k);
+
+// out = what moe_gate_up followed by moe_down give (same contract: only resident experts, j order per
+// token, zeros for a token without a resident expert; out [n][n_embd] is overwritten), computed as:
+//   1. counting sort of the resident (t, j) pairs by expert (device only, no host sync; stable: pairs of an
+//      expert in increasing t*k+j), and a list of 32-pair tiles per expert;
+//   2. per (expert, tile, 64 output rows): gathered x rows and dequantized gate/up rows in bf16, WMMA
+//      products, h = silu(gate) * up in f32;  3. the same for down, one f32 row per pair;
+//   4. out[t] = sum over j in order of wts[t*k+j] * that pair's row (deterministic, no atomics).
+// Inputs are rounded to bf16 before each product (error ~1e-2 of sum|w x| at worst, ~1e-3 typical), so
+// results differ from moe_gate_up/moe_down by that rounding. Slots whose tensors are not aligned to their
+// format's block alignment, or n_embd / n_ff not multiples of 32, take moe_gate_up + moe_down instead
+// (same scratch). table: [n_expert] device int32 (ids outside [0, n_expert) count as not resident).
+//   x: [n][n_embd] f32   ids, wts: [n][k]   out: [n][n_embd] f32   scratch: device, >= scratch_bytes
+// Throws strata::Error for a bad view or when n exceeds what the scratch was sized for.
+void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_expert, const float* x,
+                         const int32_t* ids, const float* wts, int64_t n, int k, float* out, void* scratch,
+                         size_t scratch_bytes, cudaStream_t stream);
 
 }  // namespace strata::cuda::moe

@@ -13,6 +13,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "common/error.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
 
 namespace strata::cuda::ops {
@@ -182,16 +183,22 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
   // Positions go in groups of U: the group's K and V rows are loaded (and its dot products reduced)
   // up front, then the online-softmax updates run one position at a time in order, exactly as on the
   // CPU. Why: a warp walking one position at a time waits a full memory latency per position.
+  // Why the prefetch: the next group's rows are requested before this group's sequential updates run,
+  // so their latency hides behind the exp/round chain (the arithmetic and its order are unchanged).
   constexpr int U = DPL <= 4 ? 8 : 4;
   float M = -INFINITY, S = 0.0f;
-  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
-    float kx[U][DPL], vx[U][DPL], dot[U];
+  float kx[U][DPL], vx[U][DPL];
+  auto load_group = [&](int32_t p0, float (&kd)[U][DPL], float (&vd)[U][DPL]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int32_t p = p0 + u <= r.pos ? p0 + u : r.pos;  // past the end: a harmless re-read, unused
-      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kx[u]);
-      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vx[u]);
+      load_row_f16<DPL>(kb + p * k_row, lane, head_dim, kd[u]);
+      load_row_f16<DPL>(vb + p * v_row, lane, head_dim_v, vd[u]);
     }
+  };
+  load_group(0, kx, vx);
+  for (int32_t p0 = 0; p0 <= r.pos; p0 += U) {
+    float dot[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float d = 0.0f;
@@ -199,6 +206,9 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
       for (int j = 0; j < DPL; ++j) d = fmaf(q16[j], kx[u][j], d);
       dot[u] = warp_reduce(d, SumOp{});
     }
+    const bool more = p0 + U <= r.pos;
+    float kn[U][DPL], vn[U][DPL];
+    if (more) load_group(p0 + U, kn, vn);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (p0 + u > r.pos) break;
@@ -217,6 +227,15 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
       for (int j = 0; j < DPL; ++j) acc[j] = round_f16(fmaf(vx[u][j], vs, acc[j]));
       S = S * ms + vs;
     }
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) {
+          kx[u][j] = kn[u][j];
+          vx[u][j] = vn[u][j];
+        }
+    }
   }
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   float* oh = out + wi * head_dim_v;
@@ -227,14 +246,20 @@ __global__ void attn_ggml_f16_kernel(const float* q, const KvRef* refs, int64_t 
   }
 }
 
-constexpr int kSplitWarps = 4;     // warps per block of the flash-decoding kernel
+constexpr int kSplitWarps = 4;     // warps per block of the per-warp flash-decoding kernel
 constexpr int kMaxSplits = 128;    // positions of a sequence are split over at most this many blocks
-constexpr int kMinSplitLen = 64;   // positions per split at least (4 warps x 16)
+constexpr int kTargetBlocks = 264; // blocks a call aims at: two per SM of an H200 (132 SMs)
 
-// The split count: enough blocks to fill the GPU for decode (few tokens), one split for a large prefill.
+// The split count: enough blocks to fill the GPU (about kTargetBlocks) counting the blocks the tokens
+// already give (n_tok * n_head query rows, attn_tile::rows_per_block of them per block), and never a
+// split shorter than one K/V tile. Why: a short context split over 128 blocks of a few positions spends
+// its time in launch, partial writes and the combine; a long prefill needs no split at all.
+// Depends only on (n_tok, n_head, max_kv) so attention_scratch_floats() sizes exactly what attention() uses.
 int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
-  const int64_t by_len = (std::max<int64_t>(max_kv, 1) + kMinSplitLen - 1) / kMinSplitLen;
-  const int64_t by_work = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, n_tok * n_head));
+  const int64_t rows = std::max<int64_t>(1, n_tok) * n_head;
+  const int64_t base = (rows + attn_tile::rows_per_block(n_tok) - 1) / attn_tile::rows_per_block(n_tok);
+  const int64_t by_work = (kTargetBlocks + base - 1) / base;
+  const int64_t by_len = (std::max<int64_t>(max_kv, 1) + attn_tile::kTileKv - 1) / attn_tile::kTileKv;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_len, by_work, int64_t(kMaxSplits)})));
 }
 
@@ -403,8 +428,21 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
     CUDA_CHECK_LAUNCH();
     return;
   }
-  constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int n_split = attn_splits(n_tok, n_head, max_kv);
+  if (attn_tile::supported(head_dim, head_dim_v)) {
+    // The tiled kernel (K/V through shared memory, shared by all query rows of a block). Splits are whole
+    // K/V tiles, so fewer than n_split may be needed; one split writes `out` itself (no combine launch).
+    const int64_t per = (max_kv + n_split - 1) / n_split;
+    const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
+    const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
+    attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream);
+    if (used > 1) {
+      attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, used, head_dim_v, out);
+      CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
+  constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
   const int group = n_head / n_head_kv, n_tiles = (group + GT - 1) / GT;
   const dim3 grid(static_cast<unsigned>(n_tok * n_head_kv * n_tiles), static_cast<unsigned>(n_split));

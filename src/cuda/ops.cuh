@@ -46,8 +46,13 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 // math = GgmlF16: llama.cpp's CPU flash-attention arithmetic, like cpu::attention with GgmlF16 (Q rounded
 //   to f16, f16 K.Q products summed in f32, online softmax, V accumulated in an f16 accumulator rounded
 //   after each position); one warp per (token, head) walks the positions in order. The exact mode.
-// math = F32: the fast kernel: flash-decoding (positions split over blocks, partial softmax states
-//   combined), f32 throughout; also used for prefill (causal).
+// math = F32: the fast path, f32 throughout. Head sizes 64/128/256 (K and V alike): the tiled kernel of
+//   cuda/attn_tile.cu — a block takes a tile of query rows (one token's group heads for decode; 8 tokens x
+//   8 heads once a call has >= 8 tokens, i.e. a causal prefill tile) and walks K/V tiles in shared memory
+//   with online softmax; positions are split over blocks when the rows alone do not fill the GPU (partial
+//   states merged by a combine kernel; one split writes out directly). Prefill tiles whose tokens share a
+//   cache take the 64-row shape; tokens of mixed tiles (batched decodes) the decode shape. Other head
+//   sizes: the older per-warp flash-decoding kernel.
 // max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,

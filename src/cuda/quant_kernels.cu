@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
+#include "cuda/gemm_context.h"
 
 namespace strata::cuda::quant {
 namespace {
@@ -140,7 +141,11 @@ bool has_kernel(GgmlType t) {
 GgmlType storage_type(GgmlType t) { return has_kernel(t) ? t : GgmlType::F16; }
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-            cudaStream_t stream) {
+            cudaStream_t stream, const GemmContext* gemm) {
+  if (gemm != nullptr && n >= kGemmMinTokens) {  // prefill: tensor cores (why: gemm_context.h)
+    matmul_gemm(*gemm, type, w, rows, cols, x, n, y, stream);
+    return;
+  }
   const TypeTraits& tt = checked_traits(type, "matmul");
   STRATA_REQUIRE(rows >= 0 && cols >= 0 && n >= 0, "cuda matmul: negative shape {}x{} n {}", rows, cols, n);
   STRATA_REQUIRE(cols % tt.block_size == 0, "cuda matmul: {} columns is not a multiple of the {} block size {}",

@@ -19,6 +19,10 @@
 
 #include "quant/types.h"
 
+namespace strata::cuda {
+class GemmContext;  // cuda/gemm_context.h
+}
+
 namespace strata::cuda::quant {
 
 // True when `t` has direct GPU kernels (matmul, get_rows, dequantize). At least: F32, F16, BF16, Q8_0,
@@ -31,8 +35,11 @@ GgmlType storage_type(GgmlType t);
 // y[i][r] = sum_c W[r][c] * x[i][c] for i < n. Any n >= 1 (decode: n = 1..few; prefill: n up to the
 // batch): tokens are processed in tiles so each weight row is read once per tile. Throws strata::Error
 // for a type without a kernel or cols not a multiple of the block size.
+// gemm: when given and n >= kGemmMinTokens (gemm_context.h), the product goes through the 16-bit +
+// cuBLAS path instead (cuda::matmul_gemm: inputs rounded to bf16/f16, so not the arithmetic above);
+// nullptr = always the kernels above.
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-            cudaStream_t stream);
+            cudaStream_t stream, const GemmContext* gemm = nullptr);
 
 // dst[i][:] = row ids[i] of W dequantized to f32 (embedding lookup). ids: [n] device int32, each in
 // [0, rows) (checked by the caller). dst: [n][cols] device.

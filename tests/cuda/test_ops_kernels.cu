@@ -17,6 +17,7 @@
 #include "cpu/half.h"
 #include "cpu/ops.h"
 #include "cpu/thread_pool.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/ops.cuh"
@@ -247,6 +248,7 @@ struct AttnCase {
   std::vector<int> seq_ctx;                   // n_ctx of each sequence
   std::vector<std::pair<int, int>> tokens;    // (sequence, pos)
   int64_t gpu_max_kv = 0;                     // 0: the largest n_ctx; else what the GPU call is told
+  bool misaligned = false;  // caches start 2 bytes past a 16-byte boundary (the tile kernel's scalar loads)
 };
 
 class GpuAttention : public GpuOps {
@@ -266,9 +268,18 @@ class GpuAttention : public GpuOps {
       s.v.resize(nv);
       for (auto& x : s.k) x = cpu::float_to_half(nd(rng));
       for (auto& x : s.v) x = cpu::float_to_half(nd(rng));
-      s.dk = upload(s.k, "k cache");
-      s.dv = upload(s.v, "v cache");
+      if (c.misaligned) {  // one f16 in front: the cache the kernel sees starts at element 1
+        std::vector<uint16_t> k1(1, 0), v1(1, 0);
+        k1.insert(k1.end(), s.k.begin(), s.k.end());
+        v1.insert(v1.end(), s.v.begin(), s.v.end());
+        s.dk = upload(k1, "k cache");
+        s.dv = upload(v1, "v cache");
+      } else {
+        s.dk = upload(s.k, "k cache");
+        s.dv = upload(s.v, "v cache");
+      }
     }
+    const int off = c.misaligned ? 1 : 0;
     const int64_t n_tok = int64_t(c.tokens.size());
     auto q = randn(size_t(n_tok * g.n_head * g.head_dim), 52, 1.5f);
     std::vector<ops::KvRef> refs;
@@ -276,7 +287,7 @@ class GpuAttention : public GpuOps {
     int64_t max_kv = 0;
     for (auto [si, pos] : c.tokens) {
       Seq& s = seqs[size_t(si)];
-      refs.push_back({s.dk.as<uint16_t>(), s.dv.as<uint16_t>(), s.n_ctx, pos});
+      refs.push_back({s.dk.as<uint16_t>() + off, s.dv.as<uint16_t>() + off, s.n_ctx, pos});
       kv.push_back({s.k.data() + size_t(layer) * s.n_ctx * size_t(g.k_row()),
                     s.v.data() + size_t(layer) * s.n_ctx * size_t(g.v_row()), pos + 1});
       max_kv = std::max<int64_t>(max_kv, s.n_ctx);
@@ -342,14 +353,90 @@ TEST_F(GpuAttention, DecodeQwen3) {
 }
 
 TEST_F(GpuAttention, PrefillCausal) {
-  const Geometry g{2, 32, 4, 128, 128};
-  AttnCase c{"prefill 64 tokens", g, {1000}, {}};
-  for (int p = 0; p < 64; ++p) c.tokens.push_back({0, 900 + p});
-  run(c);
-  AttnCase c2{"prefill 64 from 0 + 3 others", g, {128, 1000}, {}};
-  for (int p = 0; p < 64; ++p) c2.tokens.push_back({0, p});
-  for (int p : {3, 400, 999}) c2.tokens.push_back({1, p});
-  run(c2);
+  // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
+  for (bool mma : {false, true}) {
+    SCOPED_TRACE(mma ? "tensor-core prefill kernel" : "CUDA-core prefill kernel");
+    std::printf("[attention] prefill kernel: %s\n", mma ? "tensor cores" : "CUDA cores");
+    attn_tile::set_prefill_mma(mma);
+    const Geometry g{2, 32, 4, 128, 128};
+    AttnCase c{"prefill 64 tokens", g, {1000}, {}};
+    for (int p = 0; p < 64; ++p) c.tokens.push_back({0, 900 + p});
+    run(c);
+    AttnCase c2{"prefill 64 from 0 + 3 others", g, {128, 1000}, {}};
+    for (int p = 0; p < 64; ++p) c2.tokens.push_back({0, p});
+    for (int p : {3, 400, 999}) c2.tokens.push_back({1, p});
+    run(c2);
+  }
+  attn_tile::set_prefill_mma(false);
+}
+
+// The tiled kernel's prefill shape (8 tokens or more in a call): tiles of 8 tokens x 8 heads, runs of
+// tokens from different sequences inside one tile, positions not starting at 0, contexts and token counts
+// that are not multiples of the tile sizes, one split (no combine) and many.
+TEST_F(GpuAttention, PrefillTiles) {
+  // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
+  for (bool mma : {false, true}) {
+    SCOPED_TRACE(mma ? "tensor-core prefill kernel" : "CUDA-core prefill kernel");
+    std::printf("[attention] prefill kernel: %s\n", mma ? "tensor cores" : "CUDA cores");
+    attn_tile::set_prefill_mma(mma);
+    const Geometry g{2, 32, 4, 128, 128};
+    AttnCase c{"prefill 37 tokens at 263..299 (ctx 300)", g, {300}, {}};
+    for (int p = 263; p < 300; ++p) c.tokens.push_back({0, p});
+    run(c);
+    AttnCase c1{"prefill 40 tokens from 0, ctx 50 (one split)", g, {50}, {}};
+    for (int p = 0; p < 40; ++p) c1.tokens.push_back({0, p});
+    run(c1);
+    // Two sequences in one batch, the boundary inside a tile: seq 0 at 100..110, seq 1 at 0..5, seq 0 again
+    // at 111..120, then decode tokens of both.
+    AttnCase c2{"two sequences mixed in tiles", g, {700, 130}, {}};
+    for (int p = 100; p <= 110; ++p) c2.tokens.push_back({0, p});
+    for (int p = 0; p <= 5; ++p) c2.tokens.push_back({1, p});
+    for (int p = 111; p <= 120; ++p) c2.tokens.push_back({0, p});
+    c2.tokens.push_back({1, 129});
+    c2.tokens.push_back({0, 699});
+    run(c2);
+    AttnCase c3{"prefill 530 tokens from 0 (one split from the token count)", g, {600}, {}};
+    for (int p = 0; p < 530; ++p) c3.tokens.push_back({0, p});
+    run(c3);
+    AttnCase c4{"prefill, caches not 16-byte aligned (scalar tile loads)", g, {333}, {}, 0, true};
+    for (int p = 300; p < 333; ++p) c4.tokens.push_back({0, p});
+    run(c4);
+    run({"decode, cache not 16-byte aligned", g, {333}, {{0, 332}}, 0, true});
+    // A batch of decodes from 9 sequences: every tile mixed, all tokens go to the decode shape.
+    AttnCase c5{"batched decode of 9 sequences", g, {}, {}};
+    for (int i = 0; i < 9; ++i) {
+      c5.seq_ctx.push_back(100 + 97 * i);
+      c5.tokens.push_back({i, 99 + 97 * i - 3 * i});
+    }
+    run(c5);
+    // Group of 4: decode tiles of 2 tokens, prefill tiles of 16; one mixed class tile, one single-cache one.
+    AttnCase c6{"group 4: mixed and single-cache tiles", Geometry{1, 16, 4, 128, 128}, {90, 40}, {}};
+    for (int p = 0; p < 10; ++p) c6.tokens.push_back({0, 70 + p});
+    for (int p = 0; p < 13; ++p) c6.tokens.push_back({1, 20 + p});
+    run(c6);
+  }
+  attn_tile::set_prefill_mma(false);
+}
+
+TEST_F(GpuAttention, PrefillTilesOtherHeadSizes) {
+  // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
+  for (bool mma : {false, true}) {
+    SCOPED_TRACE(mma ? "tensor-core prefill kernel" : "CUDA-core prefill kernel");
+    std::printf("[attention] prefill kernel: %s\n", mma ? "tensor cores" : "CUDA cores");
+    attn_tile::set_prefill_mma(mma);
+    AttnCase a{"head 64, 12/1 heads, 21 tokens at 180..200", Geometry{1, 12, 1, 64, 64}, {201}, {}};
+    for (int p = 180; p <= 200; ++p) a.tokens.push_back({0, p});
+    run(a);
+    AttnCase b{"head 256, 16/2 heads, 19 tokens at 70..88", Geometry{1, 16, 2, 256, 256}, {89}, {}};
+    for (int p = 70; p <= 88; ++p) b.tokens.push_back({0, p});
+    run(b);
+    AttnCase c{"head 64, 64/4 heads (group 16 > decode rows)", Geometry{1, 64, 4, 64, 64}, {150}, {{0, 149}, {0, 3}}};
+    run(c);
+    AttnCase d{"head 80 prefill (per-warp fallback kernel)", Geometry{1, 8, 2, 80, 80}, {120}, {}};
+    for (int p = 100; p < 120; ++p) d.tokens.push_back({0, p});
+    run(d);
+  }
+  attn_tile::set_prefill_mma(false);
 }
 
 TEST_F(GpuAttention, OtherGeometries) {

@@ -1,0 +1,686 @@
+// The tiled F32 attention kernel (declarations and contract in cuda/attn_tile.cuh).
+//
+// One block takes a tile of query rows — TQ consecutive tokens of the call x HG query heads of one KV
+// head's group — and one split of the positions. It walks that split's K/V positions in tiles of
+// kTileKv rows copied into shared memory (cp.async, double buffered), and every query row of the block
+// reads them from there: K and V cross HBM once per block instead of once per query head and token.
+// Why rows = tokens x heads: for decode the heads of a group share the KV rows (GQA); for a prefill the
+// tokens of a sequence share them too (their prefixes overlap).
+//
+// Inside a tile each warp owns RPW query rows. Scores: lane i computes the full dot products of
+// positions i and i+32 (no cross-lane reduction per position: the shuffles were what bounded the older
+// one-warp-per-position kernel). Softmax: per row a warp max per tile, the online rescale, the weights
+// to shared memory. P.V: lane i owns dims [i*D/32, (i+1)*D/32) and walks the tile's positions.
+//
+// Tokens of a call may belong to different sequences at any positions (a KvRef per token). A call of 8
+// tokens or more is cut into "class tiles" of the prefill shape's token count: those whose tokens share
+// one cache (same k, v, n_ctx: a prefill's) go to the prefill shape (64 rows per block, or the tensor-core
+// kernel below when switched on); the tokens of the other tiles go to the decode shape (one token's group
+// heads per block), each launch skipping the other's tiles. Inside a block, rows walk the positions up to
+// the tile's largest position with per-row causal masks (a row attends p <= its own pos), so positions
+// need not be consecutive. A decode-shape tile of several tokens (groups smaller than 8) may still span
+// two caches: the block then takes the runs of tokens sharing a cache one after the other.
+#include "cuda/attn_tile.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+
+namespace strata::cuda::attn_tile {
+
+namespace {
+
+constexpr int KT = kTileKv;
+
+enum class Select : int { All, OneCache, Mixed };
+
+// Dynamic shared memory of one block, in this order (every part 16-byte aligned):
+//   q:    [R][D] f32, already multiplied by the scale
+//   k:    [2][KT][D + 8] f16, double buffered; 8 halves of padding per row so that the 8 lanes of a
+//         quarter warp reading 16 bytes each from 8 different rows hit 8 distinct groups of banks
+//   v:    [2][KT][D] f16 (read along a row: no padding needed)
+//   p:    [W][RPW][KT] f32, each warp's softmax weights of the current tile
+//   refs: [R] KvRef, the tile's tokens (TQ <= R)
+template <int D, int RPW, int W>
+struct Layout {
+  static constexpr int R = RPW * W;
+  static constexpr int KS = D + 8;
+  static constexpr size_t q_off = 0;
+  static constexpr size_t k_off = q_off + size_t(R) * D * 4;
+  static constexpr size_t v_off = k_off + size_t(2) * KT * KS * 2;
+  static constexpr size_t p_off = v_off + size_t(2) * KT * D * 2;
+  static constexpr size_t r_off = p_off + size_t(W) * RPW * KT * 4;
+  static constexpr size_t bytes = r_off + size_t(R) * sizeof(ops::KvRef);
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float2 h2_to_f2(uint32_t w) {
+  __half2 h;
+  static_assert(sizeof(h) == sizeof(w));
+  memcpy(&h, &w, sizeof(w));
+  return __half22float2(h);
+}
+
+// N consecutive f16 values at p (aligned to 2N bytes) as floats. N: 2, 4 or 8.
+template <int N>
+__device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
+  if constexpr (N == 2) {
+    const float2 a = h2_to_f2(*reinterpret_cast<const uint32_t*>(p));
+    f[0] = a.x;
+    f[1] = a.y;
+  } else if constexpr (N == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const float2 a = h2_to_f2(u.x), b = h2_to_f2(u.y);
+    f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+  } else {
+    static_assert(N == 8);
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = h2_to_f2(w[j]);
+      f[2 * j] = a.x;
+      f[2 * j + 1] = a.y;
+    }
+  }
+}
+
+// q: [n_tok][n_head][D] f32; refs: [n_tok] device; out: [n_tok][n_head][D] f32 (n_split == 1) or
+// part: [n_tok*n_head][n_split][2 + D] (n_split > 1). hg: query heads per block (<= R), n_hchunk:
+// ceil(group / hg), tq: tokens per tile (tq * hg <= R). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
+// blockIdx.x = (tile * n_head_kv + hk) * n_hchunk + hc; block 32*W threads; Layout::bytes of shared memory.
+// select / cls: which tiles this launch takes, by the "class tile" of cls tokens holding the block's tile
+// (cls a multiple of tq): all, only class tiles of one cache (the prefill shape), or only the others
+// (the decode shape, for the tokens of mixed tiles).
+template <int D, int RPW, int W>
+__global__ void __launch_bounds__(32 * W, 1)
+    attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
+                     int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
+                     Select select, int cls, float* __restrict__ part, float* __restrict__ out) {
+  using L = Layout<D, RPW, W>;
+  constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = reinterpret_cast<float*>(smem + L::q_off);               // [R][D]
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L::k_off);         // [2][KT][KS]
+  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + L::v_off);         // [2][KT][D]
+  float* ps = reinterpret_cast<float*>(smem + L::p_off);               // [W][RPW][KT]
+  ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);     // [R]
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = n_head / n_head_kv;
+  const int64_t bx = blockIdx.x;
+  const int hc = static_cast<int>(bx % n_hchunk);
+  const int hk = static_cast<int>((bx / n_hchunk) % n_head_kv);
+  const int64_t t0 = bx / (int64_t(n_hchunk) * n_head_kv) * tq;  // first token of the tile
+  const int split = blockIdx.y;
+  const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);  // tokens in this tile (>= 1)
+  const int h_first = hk * group + hc * hg;                        // query head of row r: h_first + r % hg
+  if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
+    __shared__ int s_one_cache;
+    if (warp == 0) {
+      const int64_t c0 = t0 / cls * cls, nc = n_tok - c0 < cls ? n_tok - c0 : cls;
+      const ops::KvRef a = refs[c0];
+      bool same = true;
+      for (int64_t i = lane; i < nc; i += 32) {
+        const ops::KvRef b = refs[c0 + i];
+        same = same && b.k == a.k && b.v == a.v && b.n_ctx == a.n_ctx;
+      }
+      same = __all_sync(0xffffffffu, same);
+      if (lane == 0) s_one_cache = same;
+    }
+    __syncthreads();
+    if ((select == Select::OneCache) != (s_one_cache != 0)) return;  // block-uniform: the other launch's tile
+  }
+
+  for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
+  for (int e = threadIdx.x; e < R * D; e += NT) {
+    const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
+    qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
+  }
+  __syncthreads();
+
+  float acc[RPW][DPL], m[RPW], l[RPW];  // per row: output sum, running max, this lane's part of the sum
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) acc[rr][j] = 0.0f;
+  }
+  const int64_t row_len = int64_t(n_head_kv) * D;  // halves per position in the cache (K and V alike)
+
+  for (int seg = 0; seg < n_t;) {  // runs of tokens sharing a cache; block-uniform
+    const ops::KvRef r0 = rs[seg];
+    int end = seg + 1, hi = r0.pos;
+    while (end < n_t && rs[end].k == r0.k && rs[end].v == r0.v && rs[end].n_ctx == r0.n_ctx) {
+      hi = max(hi, rs[end].pos);
+      ++end;
+    }
+    int posr[RPW];  // the row's last attended position in this run, -1 when the row is not in the run
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int r = warp * RPW + rr, tt = r / hg;
+      posr[rr] = tt >= seg && tt < end && hc * hg + r % hg < group ? rs[tt].pos : -1;
+    }
+    const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;  // + p*row_len
+    const uint16_t* vb = r0.v + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+    // Rows are 16-byte multiples (D % 8 == 0); only the cache base could be misaligned.
+    const bool aligned = ((reinterpret_cast<uintptr_t>(r0.k) | reinterpret_cast<uintptr_t>(r0.v)) & 15u) == 0;
+    const int lo = split * chunk;
+    const int hi_x = split == n_split - 1 ? hi + 1 : min(hi + 1, lo + chunk);  // positions [lo, hi_x)
+
+    auto issue = [&](int kv0, int buf) {  // K/V rows [kv0, kv0 + nt) into buffer buf, one commit group
+      const int nt = min(KT, hi_x - kv0);
+      uint16_t* kd = ks + buf * KT * KS;
+      uint16_t* vd = vs + buf * KT * D;
+      for (int e = threadIdx.x; e < nt * C8; e += NT) {
+        const int p = e / C8, c = (e % C8) * 8;
+        const uint16_t* kg = kb + int64_t(kv0 + p) * row_len + c;
+        const uint16_t* vg = vb + int64_t(kv0 + p) * row_len + c;
+        if (aligned) {
+          __pipeline_memcpy_async(kd + p * KS + c, kg, 16);
+          __pipeline_memcpy_async(vd + p * D + c, vg, 16);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            kd[p * KS + c + j] = kg[j];
+            vd[p * D + c + j] = vg[j];
+          }
+        }
+      }
+      __pipeline_commit();
+    };
+
+    if (lo < hi_x) issue(lo, 0);
+    int buf = 0;
+    for (int kv0 = lo; kv0 < hi_x; kv0 += KT, buf ^= 1) {
+      // Why double buffering: the next tile's loads are in flight while this one is computed.
+      const bool more = kv0 + KT < hi_x;
+      if (more) {
+        issue(kv0 + KT, buf ^ 1);  // that buffer was last read before the previous iteration's barrier
+        __pipeline_wait_prior(1);
+      } else {
+        __pipeline_wait_prior(0);
+      }
+      __syncthreads();
+      const int nt = min(KT, hi_x - kv0);
+      const uint16_t* kt = ks + buf * KT * KS;
+      const uint16_t* vt = vs + buf * KT * D;
+
+      // Scores of positions kv0 + lane and kv0 + lane + 32 (rows past nt hold stale data: masked below).
+      float sc[RPW][2];
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) sc[rr][0] = sc[rr][1] = 0.0f;
+#pragma unroll 4
+      for (int c = 0; c < C8; ++c) {
+        float ka[8], kb2[8];
+        load_f16<8>(kt + lane * KS + c * 8, ka);
+        load_f16<8>(kt + (lane + 32) * KS + c * 8, kb2);
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          const float* qr = qs + (warp * RPW + rr) * D + c * 8;
+          const float4 q0 = *reinterpret_cast<const float4*>(qr), q1 = *reinterpret_cast<const float4*>(qr + 4);
+          const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            sc[rr][0] = fmaf(qv[j], ka[j], sc[rr][0]);
+            sc[rr][1] = fmaf(qv[j], kb2[j], sc[rr][1]);
+          }
+        }
+      }
+      // Online softmax per row.
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) {
+        const int a0 = kv0 + lane, a1 = kv0 + lane + 32;
+        const float s0 = lane < nt && a0 <= posr[rr] ? sc[rr][0] : -INFINITY;
+        const float s1 = lane + 32 < nt && a1 <= posr[rr] ? sc[rr][1] : -INFINITY;
+        const float mn = fmaxf(m[rr], warp_max(fmaxf(s0, s1)));
+        float c = 1.0f, e0 = 0.0f, e1 = 0.0f;
+        if (mn != -INFINITY) {  // warp-uniform; -inf: no position of the row seen yet
+          c = expf(m[rr] - mn);  // 0 while m was -inf
+          e0 = expf(s0 - mn);
+          e1 = expf(s1 - mn);
+        }
+        m[rr] = mn;
+        l[rr] = l[rr] * c + e0 + e1;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[rr][j] *= c;
+        float* pw = ps + (warp * RPW + rr) * KT;
+        pw[lane] = e0;
+        pw[lane + 32] = e1;
+      }
+      __syncwarp();
+      // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
+      // by 0 (an inf in V must not turn rows that do not attend it into NaN).
+      // Positions go 4 at a time: one 16-byte broadcast read of a row's 4 weights instead of 4 reads.
+      const float* pw0 = ps + warp * RPW * KT;  // [RPW][KT]
+      int p = 0;
+      for (; p + 4 <= nt; p += 4) {
+        float vv[4][DPL];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) load_f16<DPL>(vt + (p + i) * D + lane * DPL, vv[i]);
+        const int a = kv0 + p;
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          if (a > posr[rr]) continue;  // none of the 4 attended by this row
+          const float4 w4 = *reinterpret_cast<const float4*>(pw0 + rr * KT + p);
+          const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+          const bool all = a + 3 <= posr[rr];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (!all && a + i > posr[rr]) break;
+#pragma unroll
+            for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w[i], vv[i][j], acc[rr][j]);
+          }
+        }
+      }
+      for (; p < nt; ++p) {
+        float vv[DPL];
+        load_f16<DPL>(vt + p * D + lane * DPL, vv);
+        const int a = kv0 + p;
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+          if (a > posr[rr]) continue;
+          const float w = pw0[rr * KT + p];
+#pragma unroll
+          for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
+        }
+      }
+      __syncthreads();  // the buffer and p are rewritten next
+    }
+    seg = end;
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr, tt = r / hg, g = hc * hg + r % hg;
+    const float lt = warp_sum(l[rr]);
+    if (tt >= n_t || g >= group) continue;  // warp-uniform
+    const int64_t row = (t0 + tt) * n_head + h_first + r % hg;
+    if (part == nullptr) {
+      const float inv = lt == 0.0f ? 0.0f : 1.0f / lt;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) out[row * D + lane * DPL + j] = acc[rr][j] * inv;
+    } else {
+      float* pp = part + (row * n_split + split) * (D + 2);
+      if (lane == 0) {
+        pp[0] = m[rr];
+        pp[1] = lt;
+      }
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) pp[2 + lane * DPL + j] = acc[rr][j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- prefill on the tensor cores
+
+// Dynamic shared memory of the tensor-core prefill kernel (R = 64 rows, 8 warps), every part 128-byte
+// aligned at its start and 32-byte aligned at every 16x16 fragment (what wmma loads and stores need):
+//   qh, ql: [64][D + 8] f16  Q*scale split in two halves: qh = f16(x), ql = f16((x - qh) * 2^11)
+//   k, v:   [2][64][D + 8] f16, double buffered
+//   s:      [64][64 + 4] f32  scores of the tile
+//   ph, pl: [64][64 + 8] f16  softmax weights split as Q
+//   o:      [64][D + 4] f32  the rows' output sums (rescaled in place by the online softmax)
+//   refs:   [64] KvRef, then the class flag
+// Why the split in two halves: f16 alone has 11 bits; hi + lo*2^-11 carries 22, so the products match
+// the f32 path to ~1e-6 relative (K and V are f16 already, exact).
+template <int D>
+struct MmaLayout {
+  static constexpr int R = 64, QS = D + 8, SS = KT + 4, PS = KT + 8, OS = D + 4;
+  static constexpr size_t qh_off = 0;
+  static constexpr size_t ql_off = qh_off + size_t(R) * QS * 2;
+  static constexpr size_t k_off = ql_off + size_t(R) * QS * 2;
+  static constexpr size_t v_off = k_off + size_t(2) * KT * QS * 2;
+  static constexpr size_t s_off = v_off + size_t(2) * KT * QS * 2;
+  static constexpr size_t ph_off = s_off + size_t(R) * SS * 4;
+  static constexpr size_t pl_off = ph_off + size_t(R) * PS * 2;
+  static constexpr size_t o_off = pl_off + size_t(R) * PS * 2;
+  static constexpr size_t r_off = o_off + size_t(R) * OS * 4;
+  static constexpr size_t flag_off = r_off + size_t(R) * sizeof(ops::KvRef);
+  static constexpr size_t bytes = flag_off + 16;
+  static_assert(ql_off % 128 == 0 && k_off % 128 == 0 && v_off % 128 == 0 && s_off % 128 == 0 &&
+                ph_off % 128 == 0 && pl_off % 128 == 0 && o_off % 128 == 0 && r_off % 16 == 0);
+};
+
+// Same grid, parameters and outputs as attn_tile_kernel's prefill shape (hg * tq <= 64; select OneCache:
+// tiles of one cache only, so one run per block). D: 64 or 128. Per K/V tile: S = Q.K^T on the tensor
+// cores (each warp a 16-row x 32-position slab, hi and lo halves of Q), the online softmax per row by the
+// row's warp (8 rows per warp, as the CUDA-core kernel), then O += P.V (each warp a 16-row x D/2 slab).
+template <int D>
+__global__ void __launch_bounds__(256, 1)
+    attn_mma_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
+                    int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
+                    int cls, float* __restrict__ part, float* __restrict__ out) {
+  namespace wm = nvcuda::wmma;
+  using L = MmaLayout<D>;
+  constexpr int R = L::R, QS = L::QS, SS = L::SS, PS = L::PS, OS = L::OS, NT = 256, C8 = D / 8, RPW = 8;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __half* qh = reinterpret_cast<__half*>(smem + L::qh_off);      // [R][QS]
+  __half* ql = reinterpret_cast<__half*>(smem + L::ql_off);      // [R][QS]
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem + L::k_off);   // [2][KT][QS]
+  uint16_t* vs = reinterpret_cast<uint16_t*>(smem + L::v_off);   // [2][KT][QS]
+  float* ss = reinterpret_cast<float*>(smem + L::s_off);         // [R][SS]
+  __half* ph = reinterpret_cast<__half*>(smem + L::ph_off);      // [R][PS]
+  __half* pl = reinterpret_cast<__half*>(smem + L::pl_off);      // [R][PS]
+  float* os = reinterpret_cast<float*>(smem + L::o_off);         // [R][OS]
+  ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);
+  int* flag = reinterpret_cast<int*>(smem + L::flag_off);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = n_head / n_head_kv;
+  const int64_t bx = blockIdx.x;
+  const int hc = static_cast<int>(bx % n_hchunk);
+  const int hk = static_cast<int>((bx / n_hchunk) % n_head_kv);
+  const int64_t t0 = bx / (int64_t(n_hchunk) * n_head_kv) * tq;
+  const int split = blockIdx.y;
+  const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);
+  const int h_first = hk * group + hc * hg;
+  if (warp == 0) {  // the class tile: only tiles of one cache are this kernel's (the decode shape takes the rest)
+    const int64_t c0 = t0 / cls * cls, nc = n_tok - c0 < cls ? n_tok - c0 : cls;
+    const ops::KvRef a = refs[c0];
+    bool same = true;
+    for (int64_t i = lane; i < nc; i += 32) {
+      const ops::KvRef b = refs[c0 + i];
+      same = same && b.k == a.k && b.v == a.v && b.n_ctx == a.n_ctx;
+    }
+    same = __all_sync(0xffffffffu, same);
+    if (lane == 0) *flag = same;
+  }
+  __syncthreads();
+  if (*flag == 0) return;  // block-uniform
+
+  for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
+  for (int e = threadIdx.x; e < R * D; e += NT) {
+    const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
+    const float x = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
+    const __half h = __float2half_rn(x);
+    qh[r * QS + d] = h;
+    ql[r * QS + d] = __float2half_rn((x - __half2float(h)) * 2048.0f);
+    os[r * OS + d] = 0.0f;
+  }
+  __syncthreads();
+
+  float m[RPW], l[RPW];
+  int posr[RPW];
+  int hi = rs[0].pos;
+  for (int i = 1; i < n_t; ++i) hi = max(hi, rs[i].pos);
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr, tt = r / hg;
+    m[rr] = -INFINITY;
+    l[rr] = 0.0f;
+    posr[rr] = tt < n_t && hc * hg + r % hg < group ? rs[tt].pos : -1;
+  }
+  const ops::KvRef r0 = rs[0];
+  const int64_t row_len = int64_t(n_head_kv) * D;
+  const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+  const uint16_t* vb = r0.v + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(r0.k) | reinterpret_cast<uintptr_t>(r0.v)) & 15u) == 0;
+  const int lo = split * chunk;
+  const int hi_x = split == n_split - 1 ? hi + 1 : min(hi + 1, lo + chunk);
+
+  auto issue = [&](int kv0, int buf) {  // rows [kv0, kv0 + nt); V rows past nt zeroed (0 * garbage = NaN)
+    const int nt = min(KT, hi_x - kv0);
+    uint16_t* kd = ks + buf * KT * QS;
+    uint16_t* vd = vs + buf * KT * QS;
+    for (int e = threadIdx.x; e < KT * C8; e += NT) {
+      const int p = e / C8, c = (e % C8) * 8;
+      if (p >= nt) {
+        *reinterpret_cast<uint4*>(vd + p * QS + c) = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      const uint16_t* kg = kb + int64_t(kv0 + p) * row_len + c;
+      const uint16_t* vg = vb + int64_t(kv0 + p) * row_len + c;
+      if (aligned) {
+        __pipeline_memcpy_async(kd + p * QS + c, kg, 16);
+        __pipeline_memcpy_async(vd + p * QS + c, vg, 16);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          kd[p * QS + c + j] = kg[j];
+          vd[p * QS + c + j] = vg[j];
+        }
+      }
+    }
+    __pipeline_commit();
+  };
+
+  const int ti = warp >> 1;  // this warp's 16-row slab for both products
+  if (lo < hi_x) issue(lo, 0);
+  int buf = 0;
+  for (int kv0 = lo; kv0 < hi_x; kv0 += KT, buf ^= 1) {
+    const bool more = kv0 + KT < hi_x;
+    if (more) {
+      issue(kv0 + KT, buf ^ 1);
+      __pipeline_wait_prior(1);
+    } else {
+      __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+    const int nt = min(KT, hi_x - kv0);
+    const __half* kt = reinterpret_cast<const __half*>(ks + buf * KT * QS);
+    const __half* vt = reinterpret_cast<const __half*>(vs + buf * KT * QS);
+    {  // S[ti*16 .. +16][(warp&1)*32 .. +32] = Q . K^T
+      wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> a_hi, a_lo;
+      wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::col_major> b;
+      wm::fragment<wm::accumulator, 16, 16, 16, float> c_hi[2], c_lo[2];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        wm::fill_fragment(c_hi[jj], 0.0f);
+        wm::fill_fragment(c_lo[jj], 0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < D / 16; ++k) {
+        wm::load_matrix_sync(a_hi, qh + ti * 16 * QS + k * 16, QS);
+        wm::load_matrix_sync(a_lo, ql + ti * 16 * QS + k * 16, QS);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+          const int j = (warp & 1) * 2 + jj;  // 16-position column tile
+          wm::load_matrix_sync(b, kt + j * 16 * QS + k * 16, QS);  // K rows = columns of K^T
+          wm::mma_sync(c_hi[jj], a_hi, b, c_hi[jj]);
+          wm::mma_sync(c_lo[jj], a_lo, b, c_lo[jj]);
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int e = 0; e < c_hi[jj].num_elements; ++e) c_hi[jj].x[e] += c_lo[jj].x[e] * (1.0f / 2048.0f);
+        wm::store_matrix_sync(ss + ti * 16 * SS + ((warp & 1) * 2 + jj) * 16, c_hi[jj], SS, wm::mem_row_major);
+      }
+    }
+    __syncthreads();
+    // Online softmax: this warp's 8 rows; rows of stale positions (>= nt) or past the row's pos masked.
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+      const int row = warp * RPW + rr;
+      const int a0 = kv0 + lane, a1 = kv0 + lane + 32;
+      const float s0 = lane < nt && a0 <= posr[rr] ? ss[row * SS + lane] : -INFINITY;
+      const float s1 = lane + 32 < nt && a1 <= posr[rr] ? ss[row * SS + lane + 32] : -INFINITY;
+      const float mn = fmaxf(m[rr], warp_max(fmaxf(s0, s1)));
+      float c = 1.0f, e0 = 0.0f, e1 = 0.0f;
+      if (mn != -INFINITY) {
+        c = expf(m[rr] - mn);
+        e0 = expf(s0 - mn);
+        e1 = expf(s1 - mn);
+      }
+      m[rr] = mn;
+      l[rr] = l[rr] * c + e0 + e1;
+      if (c != 1.0f)  // warp-uniform
+        for (int d = lane; d < D; d += 32) os[row * OS + d] *= c;
+      const __half h0 = __float2half_rn(e0), h1 = __float2half_rn(e1);
+      ph[row * PS + lane] = h0;
+      ph[row * PS + lane + 32] = h1;
+      pl[row * PS + lane] = __float2half_rn((e0 - __half2float(h0)) * 2048.0f);
+      pl[row * PS + lane + 32] = __float2half_rn((e1 - __half2float(h1)) * 2048.0f);
+    }
+    __syncthreads();
+    {  // O[ti*16 .. +16][(warp&1)*D/2 .. +D/2] += P . V
+      constexpr int NJ = D / 32;  // 16-dim column tiles per warp
+      wm::fragment<wm::matrix_a, 16, 16, 16, __half, wm::row_major> a_hi, a_lo;
+      wm::fragment<wm::matrix_b, 16, 16, 16, __half, wm::row_major> b;
+      wm::fragment<wm::accumulator, 16, 16, 16, float> o_hi[NJ], o_lo[NJ];
+#pragma unroll
+      for (int jj = 0; jj < NJ; ++jj) {
+        wm::load_matrix_sync(o_hi[jj], os + ti * 16 * OS + ((warp & 1) * NJ + jj) * 16, OS, wm::mem_row_major);
+        wm::fill_fragment(o_lo[jj], 0.0f);
+      }
+#pragma unroll
+      for (int k = 0; k < KT / 16; ++k) {
+        wm::load_matrix_sync(a_hi, ph + ti * 16 * PS + k * 16, PS);
+        wm::load_matrix_sync(a_lo, pl + ti * 16 * PS + k * 16, PS);
+#pragma unroll
+        for (int jj = 0; jj < NJ; ++jj) {
+          wm::load_matrix_sync(b, vt + k * 16 * QS + ((warp & 1) * NJ + jj) * 16, QS);
+          wm::mma_sync(o_hi[jj], a_hi, b, o_hi[jj]);
+          wm::mma_sync(o_lo[jj], a_lo, b, o_lo[jj]);
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < NJ; ++jj) {
+#pragma unroll
+        for (int e = 0; e < o_hi[jj].num_elements; ++e) o_hi[jj].x[e] += o_lo[jj].x[e] * (1.0f / 2048.0f);
+        wm::store_matrix_sync(os + ti * 16 * OS + ((warp & 1) * NJ + jj) * 16, o_hi[jj], OS, wm::mem_row_major);
+      }
+    }
+    __syncthreads();  // buffers, s, p and o are rewritten next
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int r = warp * RPW + rr, tt = r / hg, g = hc * hg + r % hg;
+    const float lt = warp_sum(l[rr]);
+    if (tt >= n_t || g >= group) continue;
+    const int64_t row = (t0 + tt) * n_head + h_first + r % hg;
+    if (part == nullptr) {
+      const float inv = lt == 0.0f ? 0.0f : 1.0f / lt;
+      for (int d = lane; d < D; d += 32) out[row * D + d] = os[r * OS + d] * inv;
+    } else {
+      float* pp = part + (row * n_split + split) * (D + 2);
+      if (lane == 0) {
+        pp[0] = m[rr];
+        pp[1] = lt;
+      }
+      for (int d = lane; d < D; d += 32) pp[2 + d] = os[r * OS + d];
+    }
+  }
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device, once per device (done: one
+// bit per device id). Why once: the attribute call costs host time on every decode step otherwise.
+template <typename Kernel>
+void allow_shared(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  done.fetch_or(bit, std::memory_order_release);
+}
+
+template <int D>
+void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv, int hg,
+                int tq, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+  using L = MmaLayout<D>;
+  const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
+  const int64_t blocks = (n_tok + tq - 1) / tq * n_head_kv * n_hchunk;
+  STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
+  auto kernel = attn_mma_kernel<D>;
+  static std::atomic<uint64_t> shared_set{0};
+  allow_shared(kernel, L::bytes, shared_set);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
+  kernel<<<grid, 256, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale, n_split,
+                                          chunk, tq, n_split > 1 ? part : nullptr, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+std::atomic<bool> g_prefill_mma{false};
+
+// hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel.
+template <int D, int RPW, int W>
+void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int hg, int tq, Select select, int cls, float scale, int n_split, int chunk, float* part,
+                  float* out, cudaStream_t stream) {
+  using L = Layout<D, RPW, W>;
+  const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
+  const int64_t n_tiles = (n_tok + tq - 1) / tq;
+  const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
+  STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
+  auto kernel = attn_tile_kernel<D, RPW, W>;
+  static std::atomic<uint64_t> shared_set{0};
+  allow_shared(kernel, L::bytes, shared_set);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
+  kernel<<<grid, 32 * W, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale,
+                                             n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void set_prefill_mma(bool on) { g_prefill_mma.store(on); }
+bool prefill_mma() { return g_prefill_mma.load(); }
+
+bool supported(int head_dim, int head_dim_v) {
+  return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+  STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
+                 "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
+  const int group = n_head / n_head_kv;
+  // Decode shape: 4 warps x 2 rows = one token's heads of a group of 8 (tq tokens when the group is smaller).
+  const int hg_d = std::min(group, kDecodeRows), tq_d = std::max(1, kDecodeRows / hg_d);
+  // Prefill shape: 8 warps x 8 rows (8 tokens x 8 heads); 8 x 4 at head size 256 (8 values per lane per
+  // row). Its token tile is a multiple of the decode shape's so that every decode tile lies in one.
+  const int rp = head_dim == 256 ? 32 : 64;
+  const int hg_p = std::min(group, rp), tq_p = std::max(tq_d, rp / hg_p / tq_d * tq_d);
+  const bool prefill = rows_per_block(n_tok) == kPrefillRows;
+  // Why two launches for a prefill-sized call: tiles whose tokens share one cache (a prefill's) take the
+  // prefill shape; the tokens of mixed tiles (a batch of decodes from many sequences) would each cost a
+  // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
+  const Select sel_p = Select::OneCache, sel_d = prefill ? Select::Mixed : Select::All;
+  const bool use_mma = prefill_mma() && head_dim <= 128;  // the mma kernel's shared memory: head size <= 128
+#define STRATA_TILE_ARGS(hg, tq, sel) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, scale, n_split, \
+                                      chunk, part, out, stream
+  switch (head_dim) {
+    case 64:
+      if (prefill && use_mma)
+        launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
+      else if (prefill)
+        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
+    case 128:
+      if (prefill && use_mma)
+        launch_mma<128>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out,
+                        stream);
+      else if (prefill)
+        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
+    default:
+      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
+      launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      break;
+  }
+#undef STRATA_TILE_ARGS
+}
+
+}  // namespace strata::cuda::attn_tile

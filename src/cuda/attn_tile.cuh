@@ -1,0 +1,40 @@
+#pragma once
+// The tiled F32 attention kernel behind cuda::ops::attention (math F32), declarations only. Internal to
+// src/cuda: ops.cu picks it (or its older per-warp kernel for head sizes this one does not take), sizes
+// the position splits and merges them with its combine kernel.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/ops.cuh"
+
+namespace strata::cuda::attn_tile {
+
+constexpr int kTileKv = 64;       // K/V positions per shared-memory tile; splits are multiples of it
+constexpr int kPrefillRows = 64;  // query rows per block of the prefill shape (tokens x heads of a group)
+constexpr int kDecodeRows = 8;    // query rows per block of the decode shape (one token's group heads)
+constexpr int kPrefillMinTok = 8; // from this many tokens in a call the prefill shape is used
+
+// Head sizes the tiled kernel takes: K and V of the same size, 64, 128 or 256.
+bool supported(int head_dim, int head_dim_v);
+
+// The prefill shape on the tensor cores (wmma f16 with f32 accumulate, Q and P split into two f16 halves
+// to keep ~22 bits): off by default until measured against the CUDA-core prefill kernel on the H200
+// (bench_attention prints both; tests run both). Head sizes 64 and 128; 256 stays on the CUDA cores.
+// Process-wide switch.
+void set_prefill_mma(bool on);
+bool prefill_mma();
+
+// Query rows one block handles for a call of n_tok tokens (what the split count is computed from).
+inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPrefillRows : kDecodeRows; }
+
+// Causal attention, F32 maths, for every token of the call (see ops::attention for q/refs/out).
+// Positions [split*chunk, split*chunk + chunk) of each sequence go to split `split` (the last split also
+// takes anything beyond n_split*chunk); chunk is a multiple of kTileKv.
+// n_split == 1: writes out [n_tok][n_head][head_dim] directly (part unused, may be null).
+// n_split  > 1: writes part [n_tok*n_head][n_split][2 + head_dim] = (max m, sum s, acc[head_dim]) for
+//   ops.cu's combine kernel.
+void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream);
+
+}  // namespace strata::cuda::attn_tile

@@ -1,0 +1,336 @@
+// Routed experts of one MoE layer as grouped GEMMs for prefill (contract and why: moe_kernels.cuh,
+// moe_experts_grouped). Every step runs on the device from the residency table and the routing, so the
+// host enqueues a fixed list of launches and never waits:
+//   count_kernel   counts[e]     = resident pairs routed to e                    (block per expert)
+//   scan_kernel    offsets[e]    = first sorted position of e's pairs; tile_start[e] = its first 32-pair tile
+//   place_kernel   perm[pos] = p, inv[p] = pos, stable (pairs of an expert in increasing p)
+//   grouped_kernel one block per (tile, 64 output rows): A = 32 gathered input rows, B = 64 weight rows
+//                  dequantized in registers, both as bf16 in shared memory, WMMA 16x16x16, f32 accumulate
+//   combine_kernel out[t] = sum_j in order wts * y[inv[t*k+j]]
+// The grid of grouped_kernel has the most tiles any routing can need (ceil(P/32) + min(n_expert, P) for P
+// pairs); blocks past the routing's real tile count return at once.
+#include <mma.h>
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/dequant_device.cuh"
+#include "cuda/moe_kernels.cuh"
+
+namespace strata::cuda::moe {
+namespace {
+
+constexpr int kMt = 32;        // pairs per tile (rows of A)
+constexpr int kNt = 64;        // output rows per block (weight rows)
+constexpr int kKc = 32;        // columns per shared-memory step
+constexpr int kLd = kKc + 8;   // bf16 row pitch in shared memory (80 bytes: rows of 16 stay 32-byte aligned)
+constexpr int kLdc = kNt + 4;  // f32 pitch of the accumulator staging
+constexpr int kThreads = 128;  // 4 warps: warp w owns output rows [16w, 16w+16) of the block's 64
+
+enum Mode : int { kGateUp = 0, kGateOnly = 1, kUpApply = 2, kDown = 3 };
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+__device__ __forceinline__ bool resident(const int32_t* table, int n_expert, int32_t e) {
+  return e >= 0 && e < n_expert && table[e] >= 0;
+}
+
+// counts[e] = number of pairs p < n_pairs with ids[p] == e, 0 when e is not resident. Grid: n_expert blocks.
+__global__ void count_kernel(const int32_t* __restrict__ table, const int32_t* __restrict__ ids, int64_t n_pairs,
+                             int32_t* __restrict__ counts) {
+  const int e = blockIdx.x;
+  if (table[e] < 0) {  // block-uniform
+    if (threadIdx.x == 0) counts[e] = 0;
+    return;
+  }
+  int c = 0;
+  for (int64_t p0 = 0; p0 < n_pairs; p0 += blockDim.x) {
+    const int64_t p = p0 + threadIdx.x;
+    c += __syncthreads_count(p < n_pairs && ids[p] == e);
+  }
+  if (threadIdx.x == 0) counts[e] = c;
+}
+
+// Exclusive prefix sums of counts (offsets) and of tiles per expert (tile_start), both [n_expert + 1].
+// One thread: n_expert is at most a few hundred.
+__global__ void scan_kernel(const int32_t* __restrict__ counts, int n_expert, int32_t* __restrict__ offsets,
+                            int32_t* __restrict__ tile_start) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  int32_t o = 0, t = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    offsets[e] = o, tile_start[e] = t;
+    o += counts[e];
+    t += (counts[e] + kMt - 1) / kMt;
+  }
+  offsets[n_expert] = o, tile_start[n_expert] = t;
+}
+
+// perm[offsets[e] + rank] = p and inv[p] = that position, rank = number of earlier pairs of e. Grid:
+// n_expert blocks of 256 threads; chunks of 256 pairs ranked with warp ballots.
+__global__ void __launch_bounds__(256) place_kernel(const int32_t* __restrict__ table, const int32_t* __restrict__ ids,
+                                                    int64_t n_pairs, const int32_t* __restrict__ offsets,
+                                                    int32_t* __restrict__ perm, int32_t* __restrict__ inv) {
+  const int e = blockIdx.x;
+  if (table[e] < 0) return;
+  __shared__ int warp_count[8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int base = offsets[e];
+  for (int64_t p0 = 0; p0 < n_pairs; p0 += 256) {
+    const int64_t p = p0 + threadIdx.x;
+    const bool mine = p < n_pairs && ids[p] == e;
+    const unsigned m = __ballot_sync(0xffffffffu, mine);
+    if (lane == 0) warp_count[warp] = __popc(m);
+    __syncthreads();
+    int before = 0, total = 0;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) before += w < warp ? warp_count[w] : 0, total += warp_count[w];
+    if (mine) {
+      const int pos = base + before + __popc(m & ((1u << lane) - 1u));
+      perm[pos] = int32_t(p);
+      inv[p] = pos;
+    }
+    base += total;
+    __syncthreads();
+  }
+}
+
+// One block: tile `blockIdx.x` of the routing (expert e, pairs at sorted positions pos0 .. pos0+cnt) times
+// weight rows [r0, r0 + 64) of the expert's tensor(s) at off0 (and off1 for kGateUp), W: [rows][K].
+//   kGateUp/kGateOnly/kUpApply: A row i = x[perm[pos0+i] / k]  (in = x: [n][K]),  out = h: [P][rows]
+//   kDown:                      A row i = h[pos0 + i]          (in = h: [P][K]),  out = y: [P][rows]
+// Writes: kGateUp h = silu(gate)*up; kGateOnly h = gate; kUpApply h = silu(h)*up; kDown y = down.
+template <typename F>
+__global__ void __launch_bounds__(kThreads)
+    grouped_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t off0, int64_t off1,
+                   int64_t row_bytes, int64_t K, int64_t rows, const int32_t* __restrict__ table, int n_expert,
+                   const int32_t* __restrict__ counts, const int32_t* __restrict__ offsets,
+                   const int32_t* __restrict__ tile_start, const int32_t* __restrict__ perm, int k,
+                   const float* __restrict__ in, bool invec, float* __restrict__ out, int mode) {
+  namespace wm = nvcuda::wmma;
+  constexpr int A = F::kAlign;
+  __shared__ __align__(128) __nv_bfloat16 As[kMt][kLd];
+  __shared__ __align__(128) __nv_bfloat16 Bs[2][kNt][kLd];
+  __shared__ __align__(128) float Cs[2][kMt][kLdc];
+  __shared__ int64_t src_row[kMt];
+
+  const int tile = blockIdx.x;
+  if (tile >= tile_start[n_expert]) return;
+  int lo = 0, hi = n_expert - 1;  // e = the largest with tile_start[e] <= tile (it owns the tile)
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const int e = lo;
+  const int t_in = tile - tile_start[e];
+  const int pos0 = offsets[e] + t_in * kMt;
+  const int cnt = min(kMt, counts[e] - t_in * kMt);
+  const int64_t r0 = int64_t(blockIdx.y) * kNt;
+  const uint8_t* base = slots + int64_t(table[e]) * slot_bytes;
+  const bool dual = mode == kGateUp;
+  if (threadIdx.x < kMt) {
+    const int i = threadIdx.x;
+    src_row[i] = i < cnt ? (mode == kDown ? int64_t(pos0 + i) : int64_t(perm[pos0 + i] / k)) : -1;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5;
+  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[2][2];  // [tensor][16-row half of the tile]
+#pragma unroll
+  for (int a = 0; a < 2; ++a)
+#pragma unroll
+    for (int m = 0; m < 2; ++m) wm::fill_fragment(acc[a][m], 0.f);
+
+  for (int64_t k0 = 0; k0 < K; k0 += kKc) {
+    {  // A: 32 rows x 32 columns, 8 values per thread
+      const int i = threadIdx.x >> 2, c8 = (threadIdx.x & 3) * 8;
+      const int64_t sr = src_row[i];
+      float v[8];
+      if (sr >= 0) dq::load_x8(in + sr * K, k0 + c8, invec, v);
+      else
+#pragma unroll
+        for (int q = 0; q < 8; ++q) v[q] = 0.f;
+#pragma unroll
+      for (int q = 0; q < 8; ++q) As[i][c8 + q] = __float2bfloat16_rn(v[q]);
+    }
+    // B: 64 weight rows x 32 columns = 256 units of 8 values, 2 per thread (per tensor)
+    for (int uu = threadIdx.x; uu < kNt * (kKc / 8); uu += kThreads) {
+      const int i = uu / (kKc / 8), c8 = (uu % (kKc / 8)) * 8;
+      const int64_t r = r0 + i, c = k0 + c8;
+      const int64_t blk = c / F::kVals;
+      const int i8 = int((c % F::kVals) / 8);
+      for (int s = 0; s < (dual ? 2 : 1); ++s) {
+        float v[8];
+        if (r < rows) F::template deq8<A>(base + (s ? off1 : off0) + r * row_bytes + blk * F::kBytes, i8, v);
+        else
+#pragma unroll
+          for (int q = 0; q < 8; ++q) v[q] = 0.f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) Bs[s][i][c8 + q] = __float2bfloat16_rn(v[q]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kKc; kk += 16) {
+      wm::fragment<wm::matrix_a, 16, 16, 16, __nv_bfloat16, wm::row_major> a0, a1;
+      wm::fragment<wm::matrix_b, 16, 16, 16, __nv_bfloat16, wm::col_major> b;
+      wm::load_matrix_sync(a0, &As[0][kk], kLd);
+      wm::load_matrix_sync(a1, &As[16][kk], kLd);
+      wm::load_matrix_sync(b, &Bs[0][warp * 16][kk], kLd);
+      wm::mma_sync(acc[0][0], a0, b, acc[0][0]);
+      wm::mma_sync(acc[0][1], a1, b, acc[0][1]);
+      if (dual) {
+        wm::load_matrix_sync(b, &Bs[1][warp * 16][kk], kLd);
+        wm::mma_sync(acc[1][0], a0, b, acc[1][0]);
+        wm::mma_sync(acc[1][1], a1, b, acc[1][1]);
+      }
+    }
+    __syncthreads();
+  }
+  // Constant fragment indices only (a runtime index would put the accumulators in local memory).
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    wm::store_matrix_sync(&Cs[0][16 * m][warp * 16], acc[0][m], kLdc, wm::mem_row_major);
+    if (dual) wm::store_matrix_sync(&Cs[1][16 * m][warp * 16], acc[1][m], kLdc, wm::mem_row_major);
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < kMt * kNt; q += kThreads) {
+    const int i = q / kNt, j = q % kNt;
+    const int64_t r = r0 + j;
+    if (i >= cnt || r >= rows) continue;
+    float* o = out + int64_t(pos0 + i) * rows + r;
+    const float a = Cs[0][i][j];
+    if (mode == kGateUp) *o = silu(a) * Cs[1][i][j];
+    else if (mode == kUpApply) *o = silu(*o) * a;
+    else *o = a;  // kGateOnly, kDown
+  }
+}
+
+// out[t][c] = sum over j < k (resident, increasing j) of wts[t*k+j] * y[inv[t*k+j]][c].
+// Grid: x = column blocks of 256, y = tokens (grid-stride).
+__global__ void combine_kernel(const int32_t* __restrict__ table, int n_expert, const int32_t* __restrict__ ids,
+                               const float* __restrict__ wts, const int32_t* __restrict__ inv,
+                               const float* __restrict__ y, int64_t n, int k, int64_t n_embd, float* __restrict__ out) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= n_embd) return;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float acc = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int64_t p = t * k + j;
+      if (resident(table, n_expert, ids[p])) acc += wts[p] * y[int64_t(inv[p]) * n_embd + c];
+    }
+    out[t * n_embd + c] = acc;
+  }
+}
+
+// Scratch regions, each 256-byte aligned, for P = n * k pairs.
+struct Layout {
+  size_t counts, offsets, tile_start, perm, inv, h, y, total;
+};
+Layout layout(const ExpertLayerView& v, int n_expert, int64_t n, int k) {
+  const size_t P = size_t(n) * size_t(k);
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  Layout L{};
+  size_t at = 0;
+  L.counts = at, at += up(size_t(n_expert) * 4);
+  L.offsets = at, at += up(size_t(n_expert + 1) * 4);
+  L.tile_start = at, at += up(size_t(n_expert + 1) * 4);
+  L.perm = at, at += up(P * 4);
+  L.inv = at, at += up(P * 4);
+  L.h = at, at += up(P * size_t(v.n_ff) * 4);
+  L.y = at, at += up(P * size_t(v.n_embd) * 4);
+  L.total = at;
+  return L;
+}
+
+// The tensor at `off` of every slot has rows aligned to its format's block alignment.
+bool rows_aligned(GgmlType t, const ExpertLayerView& v, int64_t off, int64_t cols) {
+  bool ok = false;
+  const int64_t rb = int64_t(row_bytes(t, cols));
+  dq::dispatch(t, [&](auto f) {
+    using F = decltype(f);
+    ok = dq::aligned_for<F>(v.slots + off, rb) && v.slot_bytes % F::kAlign == 0;
+  });
+  return ok;
+}
+
+}  // namespace
+
+bool moe_grouped_supported(const ExpertLayerView& v) {
+  check_expert_view(v, "moe_grouped_supported", 0, 1);
+  return v.n_embd % kKc == 0 && v.n_ff % kKc == 0 && rows_aligned(v.gate_type, v, v.gate_off, v.n_embd) &&
+         rows_aligned(v.up_type, v, v.up_off, v.n_embd) && rows_aligned(v.down_type, v, v.down_off, v.n_ff);
+}
+
+size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t max_n, int k) {
+  STRATA_REQUIRE(n_expert > 0 && max_n >= 0 && k > 0 && v.n_embd > 0 && v.n_ff > 0,
+                 "moe grouped scratch: bad sizes n_expert {} max_n {} k {} n_embd {} n_ff {}", n_expert, max_n, k,
+                 v.n_embd, v.n_ff);
+  return layout(v, n_expert, max_n, k).total;
+}
+
+void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_expert, const float* x,
+                         const int32_t* ids, const float* wts, int64_t n, int k, float* out, void* scratch,
+                         size_t scratch_bytes, cudaStream_t stream) {
+  check_expert_view(v, "moe_experts_grouped", n, k);
+  STRATA_REQUIRE(n_expert > 0 && n_expert <= (1 << 20), "cuda moe_experts_grouped: bad n_expert {}", n_expert);
+  STRATA_REQUIRE(n * k < (int64_t(1) << 31) - int64_t(kMt) * n_expert,
+                 "cuda moe_experts_grouped: {} x {} pairs is too many", n, k);
+  const Layout L = layout(v, n_expert, n, k);
+  STRATA_REQUIRE(scratch != nullptr && L.total <= scratch_bytes,
+                 "cuda moe_experts_grouped: {} tokens need {} scratch bytes, {} given (moe_grouped_scratch_bytes)", n,
+                 L.total, scratch_bytes);
+  if (n == 0) return;
+  auto* s = static_cast<uint8_t*>(scratch);
+  auto* counts = reinterpret_cast<int32_t*>(s + L.counts);
+  auto* offsets = reinterpret_cast<int32_t*>(s + L.offsets);
+  auto* tile_start = reinterpret_cast<int32_t*>(s + L.tile_start);
+  auto* perm = reinterpret_cast<int32_t*>(s + L.perm);
+  auto* inv = reinterpret_cast<int32_t*>(s + L.inv);
+  auto* h = reinterpret_cast<float*>(s + L.h);  // [P][n_ff]
+  auto* y = reinterpret_cast<float*>(s + L.y);  // [P][n_embd]
+
+  if (!moe_grouped_supported(v)) {  // odd shapes or unaligned slots: the per-pair kernels (h indexed by pair)
+    moe_gate_up(v, table, x, ids, n, k, h, stream);
+    moe_down(v, table, h, ids, wts, n, k, out, stream);
+    return;
+  }
+  const int64_t pairs = n * k;
+  count_kernel<<<n_expert, 256, 0, stream>>>(table, ids, pairs, counts);
+  CUDA_CHECK_LAUNCH();
+  scan_kernel<<<1, 32, 0, stream>>>(counts, n_expert, offsets, tile_start);
+  CUDA_CHECK_LAUNCH();
+  place_kernel<<<n_expert, 256, 0, stream>>>(table, ids, pairs, offsets, perm, inv);
+  CUDA_CHECK_LAUNCH();
+
+  const unsigned max_tiles = unsigned((pairs + kMt - 1) / kMt + std::min<int64_t>(n_expert, pairs));
+  auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const float* in, bool invec,
+                  float* dst, Mode mode) {
+    const int64_t rb = int64_t(row_bytes(type, K));
+    const dim3 grid(max_tiles, unsigned((rows + kNt - 1) / kNt));
+    dq::dispatch(type, [&](auto f) {
+      using F = decltype(f);
+      grouped_kernel<F><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, off0, off1, rb, K, rows, table,
+                                                       n_expert, counts, offsets, tile_start, perm, k, in, invec, dst,
+                                                       int(mode));
+      CUDA_CHECK_LAUNCH();
+    });
+  };
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && v.n_embd % 4 == 0;
+  if (v.gate_type == v.up_type) {
+    gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, x, xvec, h, kGateUp);
+  } else {
+    gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, x, xvec, h, kGateOnly);
+    gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, x, xvec, h, kUpApply);
+  }
+  gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, h, v.n_ff % 4 == 0, y, kDown);
+  const dim3 cgrid(unsigned((v.n_embd + 255) / 256), unsigned(std::min<int64_t>(n, 65535)));
+  combine_kernel<<<cgrid, 256, 0, stream>>>(table, n_expert, ids, wts, inv, y, n, k, v.n_embd, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace strata::cuda::moe

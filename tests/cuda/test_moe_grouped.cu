@@ -1,0 +1,210 @@
+// moe_experts_grouped (cuda/moe_kernels.cuh, the prefill path) vs a CPU reference from matmul Exact and
+// vs the per-pair kernels moe_gate_up + moe_down on the same data: 16 experts, 10 resident in scattered
+// slots, k 8, n 1 / 40 / 300 (up to 150 pairs per expert: several 32-pair tiles), token 1 routed only to
+// non-resident experts (two of them twice), so its output must be exact zeros.
+// Error: max |gpu - ref| over a token's outputs / max |ref| of that token. The grouped path rounds x, the
+// weights and h to bf16 (unit roundoff 2^-9 = 2e-3) before each product; a dot of random-signed terms
+// then errs by a few u of its magnitude, through gate/up and down: tolerance 3e-2 (the per-pair kernels
+// are f32 and stay below 1e-4 in test_moe_kernels). Also: bit-identical on a second run, scratch-size
+// errors, and the fallback for unaligned slots equals moe_gate_up + moe_down bit for bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/thread_pool.h"
+#include "cuda/moe_kernels.cuh"
+#include "gpu_test_util.h"
+#include "quant/matmul.h"
+
+namespace {
+
+using namespace strata;
+namespace cm = strata::cuda::moe;
+
+struct GroupedCase {
+  GgmlType gate, up, down;
+  int64_t extra_offset;  // added to the tensors' offsets and the slot size (odd: the fallback path)
+};
+
+class CudaMoeGrouped : public test::GpuKernelTest {
+ protected:
+  void run(const GroupedCase& mc, std::initializer_list<int64_t> ns, double tol) {
+    const int64_t n_embd = 2048, n_ff = 768;
+    const int n_expert = 16, n_slots = 12, k = 8;
+    std::mt19937 rng(4321 + 7 * static_cast<int>(mc.down) + static_cast<int>(mc.extra_offset));
+    ThreadPool& pool = test::test_pool();
+    const int64_t gb = int64_t(row_bytes(mc.gate, n_embd)) * n_ff, ub = int64_t(row_bytes(mc.up, n_embd)) * n_ff,
+                  db = int64_t(row_bytes(mc.down, n_ff)) * n_embd;
+    cm::ExpertLayerView v;
+    v.gate_type = mc.gate, v.up_type = mc.up, v.down_type = mc.down;
+    v.gate_off = mc.extra_offset, v.up_off = v.gate_off + gb + mc.extra_offset, v.down_off = v.up_off + ub;
+    v.slot_bytes = v.down_off + db + mc.extra_offset;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+
+    std::vector<std::vector<uint8_t>> G(n_expert), U(n_expert), D(n_expert);
+    for (int e = 0; e < n_expert; ++e) {
+      G[e] = test::random_weights(mc.gate, n_ff, n_embd, rng);
+      U[e] = test::random_weights(mc.up, n_ff, n_embd, rng);
+      D[e] = test::random_weights(mc.down, n_embd, n_ff, rng);
+    }
+    std::vector<int32_t> table(n_expert, -1);
+    const int resident[] = {0, 2, 3, 5, 8, 9, 11, 12, 14, 15};
+    const int slot_of[] = {7, 0, 11, 3, 9, 1, 5, 10, 2, 6};
+    std::vector<uint8_t> slots(v.slot_bytes * n_slots);
+    for (auto& b : slots) b = static_cast<uint8_t>(rng());
+    for (int i = 0; i < 10; ++i) {
+      const int e = resident[i], s = slot_of[i];
+      table[e] = s;
+      uint8_t* base = slots.data() + s * v.slot_bytes;
+      std::copy(G[e].begin(), G[e].end(), base + v.gate_off);
+      std::copy(U[e].begin(), U[e].end(), base + v.up_off);
+      std::copy(D[e].begin(), D[e].end(), base + v.down_off);
+    }
+    auto d_slots = upload_vec(slots);
+    auto d_table = upload_vec(table);
+    v.slots = d_slots.ptr<uint8_t>();
+    // Aligned cases must take the grouped path (else this test would only check the fallback).
+    EXPECT_EQ(cm::moe_grouped_supported(v), mc.extra_offset % 2 == 0);
+    const int64_t max_n = *std::max_element(ns.begin(), ns.end());
+    const size_t scratch_bytes = cm::moe_grouped_scratch_bytes(v, n_expert, max_n, k);
+    auto scratch = output(scratch_bytes, 0xFF);
+
+    for (int64_t n : ns) {
+      std::vector<int32_t> ids(n * k);
+      std::vector<float> wts(n * k);
+      const int non_resident[] = {1, 4, 6, 7, 10, 13};
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<int32_t> perm(n_expert);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int j = 0; j < k; ++j) ids[t * k + j] = t == 1 ? non_resident[j % 6] : perm[j];
+        float sum = 0;
+        for (int j = 0; j < k; ++j) sum += (wts[t * k + j] = 0.1f + float(rng() % 1000) / 1000.f);
+        for (int j = 0; j < k; ++j) wts[t * k + j] /= sum;
+      }
+      const auto x = test::random_acts(n * n_embd, rng);
+
+      // CPU reference (as in test_moe_kernels), pairs in parallel, summed per token in j order.
+      std::vector<float> d_ref(n * k * n_embd, 0.f), out_ref(n * n_embd, 0.f);
+      pool.parallel_for(n * k, 8, [&](int64_t p0, int64_t p1, int) {
+        std::vector<float> g(n_ff), u(n_ff), hr(n_ff);
+        ThreadPool serial(1);
+        for (int64_t p = p0; p < p1; ++p) {
+          const int e = ids[p];
+          if (table[e] < 0) continue;
+          const float* xr = x.data() + (p / k) * n_embd;
+          matmul(mc.gate, G[e].data(), n_ff, n_embd, xr, 1, g.data(), MatmulMode::Exact, serial);
+          matmul(mc.up, U[e].data(), n_ff, n_embd, xr, 1, u.data(), MatmulMode::Exact, serial);
+          for (int64_t r = 0; r < n_ff; ++r) hr[r] = g[r] / (1.f + std::exp(-g[r])) * u[r];
+          matmul(mc.down, D[e].data(), n_embd, n_ff, hr.data(), 1, d_ref.data() + p * n_embd, MatmulMode::Exact,
+                 serial);
+        }
+      });
+      for (int64_t p = 0; p < n * k; ++p)
+        if (table[ids[p]] >= 0)
+          for (int64_t r = 0; r < n_embd; ++r) out_ref[(p / k) * n_embd + r] += wts[p] * d_ref[p * n_embd + r];
+
+      auto d_ids = upload_vec(ids);
+      auto d_wts = upload_vec(wts);
+      auto d_x = upload_vec(x);
+      auto d_out = output(n * n_embd * 4, 0xFF);
+      auto d_out2 = output(n * n_embd * 4, 0x00);
+      auto d_old = output(n * n_embd * 4, 0xFF);
+      auto d_h = output(n * k * n_ff * 4, 0xFF);
+      for (auto* o : {&d_out, &d_out2}) {
+        cm::moe_experts_grouped(v, d_table.ptr<int32_t>(), n_expert, d_x.ptr<float>(), d_ids.ptr<int32_t>(),
+                                d_wts.ptr<float>(), n, k, o->ptr<float>(), scratch.ptr(), scratch_bytes, stream());
+        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_x.span(), d_ids.span(), d_wts.span()},
+                          {o->span(), scratch.span()});
+      }
+      cm::moe_gate_up(v, d_table.ptr<int32_t>(), d_x.ptr<float>(), d_ids.ptr<int32_t>(), n, k, d_h.ptr<float>(),
+                      stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_x.span(), d_ids.span()}, {d_h.span()});
+      cm::moe_down(v, d_table.ptr<int32_t>(), d_h.ptr<float>(), d_ids.ptr<int32_t>(), d_wts.ptr<float>(), n, k,
+                   d_old.ptr<float>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_h.span(), d_ids.span(), d_wts.span()},
+                        {d_old.span()});
+      const auto out = download<float>(d_out, n * n_embd);
+      const auto out2 = download<float>(d_out2, n * n_embd);
+      const auto old = download<float>(d_old, n * n_embd);
+
+      const std::string what = std::string(type_name(mc.gate)) + "/" + std::string(type_name(mc.up)) + "/" +
+                               std::string(type_name(mc.down)) + " offset+" + std::to_string(mc.extra_offset) +
+                               " n " + std::to_string(n);
+      auto token_err = [&](const std::vector<float>& a, const std::vector<float>& b, int64_t t) {
+        double scale = 0, err = 0;
+        for (int64_t r = 0; r < n_embd; ++r) {
+          const double u = a[t * n_embd + r], w = b[t * n_embd + r];
+          scale = std::max(scale, std::fabs(w));
+          err = std::max(err, std::isfinite(u) ? std::fabs(u - w) : 1e30);
+        }
+        return std::pair{err, scale};
+      };
+      double worst_ref = 0, worst_old = 0;
+      int64_t worst_t = 0;
+      for (int64_t t = 0; t < n; ++t) {
+        const auto [er, sr] = token_err(out, out_ref, t);
+        const auto [eo, so] = token_err(out, old, t);
+        if (t == 1) {
+          EXPECT_EQ(er, 0.0) << what << ": token 1 has no resident expert, max |out| " << er;
+          continue;
+        }
+        const double rr = er / std::max(sr, 1e-30), ro = eo / std::max(so, 1e-30);
+        if (rr > worst_ref) worst_ref = rr, worst_t = t;
+        worst_old = std::max(worst_old, ro);
+      }
+      EXPECT_LT(worst_ref, tol) << what << ": vs CPU, max err / max |out| of token " << worst_t;
+      EXPECT_LT(worst_old, tol) << what << ": vs moe_gate_up + moe_down";
+      EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0) << what << ": not deterministic";
+      if (mc.extra_offset % 2 == 1)  // unaligned slots: the fallback is the per-pair kernels themselves
+        EXPECT_EQ(std::memcmp(out.data(), old.data(), out.size() * 4), 0) << what << ": fallback != per-pair kernels";
+      std::printf("moe grouped %s: err vs CPU %.3g, vs per-pair kernels %.3g (tol %.1g)\n", what.c_str(), worst_ref,
+                  worst_old, tol);
+    }
+  }
+};
+
+TEST_F(CudaMoeGrouped, Q4KGateUpQ6KDown) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0}, {1, 40, 300}, 3e-2); }
+
+TEST_F(CudaMoeGrouped, Q4KAll) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 0}, {33, 128}, 3e-2); }
+
+TEST_F(CudaMoeGrouped, DifferentGateAndUpTypes) {  // gate pass then up pass
+  run({GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, 0}, {7, 64}, 3e-2);
+}
+
+TEST_F(CudaMoeGrouped, FloatExperts) { run({GgmlType::F32, GgmlType::F16, GgmlType::BF16, 0}, {50}, 3e-2); }
+
+TEST_F(CudaMoeGrouped, UnalignedSlotsFallBack) {  // odd offsets: per-pair kernels, bit-identical
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 1}, {20}, 1e-4);
+}
+
+TEST_F(CudaMoeGrouped, ScratchAndViewErrors) {
+  auto buf = output(1 << 20);
+  cm::ExpertLayerView v;
+  v.slots = buf.ptr<uint8_t>();
+  v.n_embd = 256, v.n_ff = 256;
+  v.gate_type = v.up_type = v.down_type = GgmlType::Q4_K;
+  v.slot_bytes = 3 * 36864;
+  v.up_off = 36864, v.down_off = 2 * 36864;
+  const int32_t* ip = buf.ptr<int32_t>();
+  float* fp = buf.ptr<float>();
+  const size_t need = cm::moe_grouped_scratch_bytes(v, 8, 4, 2);
+  EXPECT_GT(need, size_t(4 * 2 * (256 + 256) * 4));
+  // scratch sized for 4 tokens, asked for 5
+  EXPECT_THROW(cm::moe_experts_grouped(v, ip, 8, fp, ip, fp, 5, 2, fp, buf.ptr(), need, stream()), Error);
+  EXPECT_THROW(cm::moe_experts_grouped(v, ip, 8, fp, ip, fp, 4, 2, fp, nullptr, need, stream()), Error);
+  EXPECT_THROW(cm::moe_experts_grouped(v, ip, 0, fp, ip, fp, 4, 2, fp, buf.ptr(), need, stream()), Error);
+  v.down_type = GgmlType::TQ1_0;  // no GPU kernel
+  EXPECT_THROW(cm::moe_experts_grouped(v, ip, 8, fp, ip, fp, 4, 2, fp, buf.ptr(), need, stream()), Error);
+  EXPECT_THROW(cm::moe_grouped_scratch_bytes(v, 0, 4, 2), Error);
+}
+
+}  // namespace
