@@ -18,6 +18,7 @@
 #include "cpu/matmul_batch.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
 #include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
@@ -215,12 +216,15 @@ class CudaWorkspace final : public Workspace {
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
   Ticket partial_ticket;                // last upload that reads partial_h
-  // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math):
-  // they bake in this workspace's buffer addresses, so they live and die with it.
+  // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math,
+  // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
   struct GraphKey {
     int64_t n, n_out;
     int attn;
-    bool operator<(const GraphKey& o) const { return std::tie(n, n_out, attn) < std::tie(o.n, o.n_out, o.attn); }
+    bool mma;  // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
+    bool operator<(const GraphKey& o) const {
+      return std::tie(n, n_out, attn, mma) < std::tie(o.n, o.n_out, o.attn, o.mma);
+    }
   };
   std::map<GraphKey, Graph> graphs;
   uint64_t graphs_model = 0;            // CudaQwen3Moe::model_id_ of the model that captured them
@@ -657,7 +661,10 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
 //    the address of each layer's row of the device residency table: fixed for the cache's lifetime;
 //    checked anyway (graphs_slots / graphs_table), so a cache that ever reallocates recaptures;
 //  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
-//    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count is derived.
+//    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count and chunk are
+//    derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
+//    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on (in the key too).
+//    Which tokens of a tile share a cache is decided in the kernel from refs, not on the host.
 // Everything that changes per step is read from device memory by the kernels: tokens, positions, the
 // KvRef array (each sequence's K/V pointers, n_ctx, pos; attention's n_kv = pos + 1), the logit rows, and
 // which slot holds each expert (the table's contents). So residency changes do not invalidate a graph:
@@ -677,7 +684,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
     ws.graphs_slots = slots;
     ws.graphs_table = table;
   }
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn)};
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma()};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
