@@ -1,5 +1,5 @@
-// Decode-speed benchmark of cuda::quant::matmul (issue 7): GB/s of weight bytes at n = 1 and n = 8 for
-// Q4_K, Q4_0, Q8_0, Q6_K at Qwen3-30B-A3B shapes, against two rooflines measured in the same run:
+// Decode-speed benchmark of cuda::quant::matmul (issue 7): GB/s of weight bytes at n = 1, 2, 4, 8 for
+// Q4_K, Q4_0, Q8_0, Q6_K, Q5_K at Qwen3-30B-A3B shapes, against two rooflines measured in the same run:
 //   read: a plain kernel that only reads HBM (16-byte loads, grid-stride) - the ceiling of a matvec;
 //   d2d:  a device-to-device copy through cuda::Transfer (bytes read + written / time).
 // Small matrices are rotated through enough copies (>= 512 MiB in all) that every call reads HBM, not the
@@ -8,6 +8,9 @@
 //
 // Then one MoE layer's routed experts (moe_gate_up + moe_down, Q4_K gate/up and Q6_K down, 128 experts all
 // resident, k = 8, n = 1) with the token's experts drawn at random per call from 64 precomputed sets.
+//
+// Every case is timed twice in the same process: the default path (fast_dot.cuh for these formats) and the
+// generic per-8-values kernels (quant::set_generic_only): the last column is the speed-up.
 //
 // Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
 #include <algorithm>
@@ -84,7 +87,7 @@ struct Timer {
 void scale_fields(GgmlType t, int& f0, int& f1) {
   f0 = f1 = -1;
   switch (t) {
-    case GgmlType::Q4_K: f0 = 0, f1 = 2; break;
+    case GgmlType::Q4_K: case GgmlType::Q5_K: f0 = 0, f1 = 2; break;
     case GgmlType::Q6_K: f0 = 208; break;
     case GgmlType::Q4_0: case GgmlType::Q8_0: f0 = 0; break;
     default: break;
@@ -139,8 +142,9 @@ int main(int argc, char** argv) {
   std::printf("# cuda::quant::matmul on %s (%d SMs)\n\n", dev.info().name.c_str(), dev.info().sm_count);
   std::printf("rooflines: HBM read-only kernel %.0f GB/s; device-to-device copy (Transfer::copy, read+write) %.0f GB/s\n\n",
               read_gbs, d2d_gbs);
-  std::printf("| type | rows x cols | n | us/call | weight GB/s | %% of read | %% of d2d |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| type | rows x cols | n | us/call | us/token | weight GB/s | %% of read | %% of d2d | generic us/call | "
+              "fast/generic speed-up |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
 
   struct Shape {
     const char* name;
@@ -151,7 +155,7 @@ int main(int argc, char** argv) {
   DeviceBuffer x = dev.alloc(8 * 2048 * sizeof(float), "x"), y = dev.alloc(8 * 151936 * sizeof(float), "y");
   init_acts<<<64, 256, 0, s>>>(x.as<float>(), 8 * 2048);
   CUDA_CHECK_LAUNCH();
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K}) {
     const auto& tt = type_traits(t);
     int f0, f1;
     scale_fields(t, f0, f1);
@@ -161,20 +165,28 @@ int main(int argc, char** argv) {
       DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");
       init_weights<<<4096, 256, 0, s>>>(w.as<uint8_t>(), bytes * copies / tt.type_size, int(tt.type_size), f0, f1, 7);
       CUDA_CHECK_LAUNCH();
-      for (int64_t n : {1, 8}) {
+      for (int64_t n : {1, 2, 4, 8}) {
         auto call = [&](int i) {
           quant::matmul(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, x.as<float>(), n,
                         y.as<float>(), s);
         };
-        for (int i = 0; i < 3; ++i) call(i);  // warm-up
-        const int it = sh.rows > 100000 ? std::max(1, iters / 10) : iters;
-        timer.start(s);
-        for (int i = 0; i < it; ++i) call(i);
-        const double ms = timer.stop_ms(s) / it;
+        // Mean us per call of the current path (fast by default; generic with set_generic_only(true)).
+        auto time_calls = [&] {
+          for (int i = 0; i < 3; ++i) call(i);  // warm-up
+          const int it = sh.rows > 100000 ? std::max(1, iters / 10) : iters;
+          timer.start(s);
+          for (int i = 0; i < it; ++i) call(i);
+          return timer.stop_ms(s) / it;
+        };
+        const double ms = time_calls();
+        quant::set_generic_only(true);
+        const double ms_generic = time_calls();
+        quant::set_generic_only(false);
         const double gbs = bytes / (ms * 1e6);
-        std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f%% |\n", std::string(tt.name).c_str(),
-                    sh.name, (long long)sh.rows, (long long)sh.cols, (long long)n, ms * 1e3, gbs,
-                    100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
+        std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.2f | %.0f | %.1f%% | %.1f%% | %.1f | %.2fx |\n",
+                    std::string(tt.name).c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, (long long)n,
+                    ms * 1e3, ms * 1e3 / n, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs, ms_generic * 1e3,
+                    ms_generic / ms);
       }
     }
   }
@@ -222,14 +234,22 @@ int main(int argc, char** argv) {
       moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>() + q * k, d_wts.as<float>() + q * k,
                     1, k, d_out.as<float>(), s);
     };
-    for (int i = 0; i < 3; ++i) layer(i);
-    timer.start(s);
-    for (int i = 0; i < iters; ++i) layer(i);
-    const double ms = timer.stop_ms(s) / iters;
+    auto time_layers = [&] {
+      for (int i = 0; i < 3; ++i) layer(i);
+      timer.start(s);
+      for (int i = 0; i < iters; ++i) layer(i);
+      return timer.stop_ms(s) / iters;
+    };
+    const double ms = time_layers();
+    quant::set_generic_only(true);
+    const double ms_generic = time_layers();
+    quant::set_generic_only(false);
     const double bytes = double(k) * (2 * gb + db);
     const double gbs = bytes / (ms * 1e6);
-    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f | %.0f | %.1f%% | %.1f%% |\n",
-                ms * 1e3, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs);
+    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f | %.2f | %.0f | %.1f%% | "
+                "%.1f%% | %.1f | %.2fx |\n",
+                ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs, ms_generic * 1e3,
+                ms_generic / ms);
   }
   dev.synchronize();
   std::printf("\n(total %.1f s)\n",

@@ -610,7 +610,7 @@ void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer
   CUDA_CHECK_LAUNCH();
 }
 
-std::atomic<bool> g_prefill_mma{false};
+std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and ran 2.5-3x faster than the CUDA-core kernel on the H200 (bench/results/2026-11-29-gpu-kernels-h200.md)
 
 // hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel.
 template <int D, int RPW, int W>

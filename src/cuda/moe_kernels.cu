@@ -1,8 +1,10 @@
 // Routed experts of one MoE layer from expert-cache slots (contract: moe_kernels.cuh).
-// One warp per output row of one (token, expert) pair, as in quant_kernels.cu's matmul; the expert's
+// One warp per output row of one (token, expert) pair, as in quant_kernels.cu's matmul (fast_dot.cuh's
+// formats through the fast_* kernels, the others through the generic ones); the expert's
 // slot comes from the device residency-table row at run time, so a non-resident expert costs one table
 // read. No atomics: every output element is written by exactly one warp, and moe_down sums the experts
-// of a token in j order inside that warp, so results are deterministic.
+// of a token inside that warp in a fixed order (generic: j order; fast: per lane, then a warp tree), so
+// results are deterministic.
 #include "cuda/moe_kernels.cuh"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
+#include "cuda/fast_dot.cuh"
 #include "cuda/quant_kernels.cuh"
 
 namespace strata::cuda::moe {
@@ -150,6 +153,112 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
+// ---- Fast path (fast_dot.cuh formats, rows aligned for their loads) ----
+
+// Gate and up of the same fast format: the warp's gate row and up row are the R = 2 rows of
+// fd::chunk_dot, so each x load serves both. Grid as gate_up_kernel.
+template <typename K>
+__global__ void __launch_bounds__(32 * kWarps)
+    fast_gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
+                        int64_t row_bytes, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
+                        const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
+                        float* __restrict__ h, bool xvec) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_ff) return;
+  const int chunks = int(n_embd / K::kVals) * K::kChunks;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int slot = slot_of(table, ids, p);
+    if (slot < 0) continue;
+    const uint8_t* base = slots + int64_t(slot) * slot_bytes + r * row_bytes;
+    const float* xr = x + (p / k) * n_embd;
+    float acc[2][1] = {{0.f}, {0.f}};
+#pragma unroll 2
+    for (int c = threadIdx.x & 31; c < chunks; c += 32) {
+      const int64_t bo = int64_t(c / K::kChunks) * K::kBytes;
+      const uint8_t* blk[2] = {base + gate_off + bo, base + up_off + bo};
+      fd::chunk_dot<K, 2, 1>(blk, c % K::kChunks, xr + int64_t(c / K::kChunks) * K::kVals, 0, 1, xvec, acc);
+    }
+    const float g = dq::warp_sum(acc[0][0]), u = dq::warp_sum(acc[1][0]);
+    if ((threadIdx.x & 31) == 0) h[p * n_ff + r] = silu(g) * u;
+  }
+}
+
+// One fast-format row dot of a warp (every lane gets the total). wr: [cols] in K, xr: [cols].
+template <typename K>
+__device__ __forceinline__ float fast_warp_dot(const uint8_t* wr, int64_t cols, const float* xr, bool xvec) {
+  const int chunks = int(cols / K::kVals) * K::kChunks;
+  float acc[1][1] = {{0.f}};
+#pragma unroll 2
+  for (int c = threadIdx.x & 31; c < chunks; c += 32) {
+    const uint8_t* blk[1] = {wr + int64_t(c / K::kChunks) * K::kBytes};
+    fd::chunk_dot<K, 1, 1>(blk, c % K::kChunks, xr + int64_t(c / K::kChunks) * K::kVals, 0, 1, xvec, acc);
+  }
+  return dq::warp_sum(acc[0][0]);
+}
+
+// gate_or_up_kernel with a fast format.
+template <typename K, bool kUp>
+__global__ void __launch_bounds__(32 * kWarps)
+    fast_gate_or_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t off, int64_t row_bytes,
+                           int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
+                           const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
+                           float* __restrict__ h, bool xvec) {
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_ff) return;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int slot = slot_of(table, ids, p);
+    if (slot < 0) continue;
+    const uint8_t* wr = slots + int64_t(slot) * slot_bytes + off + r * row_bytes;
+    const float d = fast_warp_dot<K>(wr, n_embd, x + (p / k) * n_embd, xvec);
+    if ((threadIdx.x & 31) == 0) {
+      float* hp = h + p * n_ff + r;
+      *hp = kUp ? silu(*hp) * d : d;
+    }
+  }
+}
+
+// down_kernel with a fast format: the lanes share out the (expert j, chunk) pairs of all k experts of the
+// token (why: a down row is short, 768 values = 24 chunks, so one expert leaves lanes idle and one expert
+// after another is a chain of k dependent memory round trips; here all k experts' loads are in flight
+// together). Each lane adds wts[j] * (its chunk's dot) in a fixed order, then one warp sum: a fixed
+// summation order, so the result is deterministic (not the same order as down_kernel's).
+template <typename K>
+__global__ void __launch_bounds__(32 * kWarps)
+    fast_down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t row_bytes,
+                     int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ h,
+                     const int32_t* __restrict__ ids, const float* __restrict__ wts, int64_t n, int k,
+                     float* __restrict__ out, bool hvec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= n_embd) return;
+  const int chunks = int(n_ff / K::kVals) * K::kChunks;
+  const int tasks = k * chunks;
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    float acc = 0.f;
+#pragma unroll 2
+    for (int i = lane; i < tasks; i += 32) {
+      const int j = i / chunks, c = i % chunks;
+      const int64_t p = t * k + j;
+      const int slot = slot_of(table, ids, p);
+      if (slot >= 0) {
+        const int64_t b = c / K::kChunks;
+        const uint8_t* blk[1] = {slots + int64_t(slot) * slot_bytes + down_off + r * row_bytes + b * K::kBytes};
+        float a[1][1] = {{0.f}};
+        fd::chunk_dot<K, 1, 1>(blk, c % K::kChunks, h + p * n_ff + b * K::kVals, 0, 1, hvec, a);
+        acc = fmaf(wts[p], a[0][0], acc);
+      }
+    }
+    const float s = dq::warp_sum(acc);
+    if (lane == 0) out[t * n_embd + r] = s;
+  }
+}
+
+// Every row of a slot tensor at slots + s*slot_bytes + off is K::kAlign-aligned (the fast path's loads).
+template <typename K>
+bool fast_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes) {
+  return fd::rows_aligned<K>(v.slots + off, row_bytes) && v.slot_bytes % K::kAlign == 0;
+}
+
 // Every row of a tensor at slots + s*slot_bytes + off (row_bytes apart) is F::kAlign-aligned.
 template <typename F>
 bool slot_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes) {
@@ -190,6 +299,17 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && v.n_embd % 4 == 0;
   if (v.gate_type == v.up_type) {
     const int64_t rb = int64_t(row_bytes(v.gate_type, v.n_embd));
+    bool fast = false;
+    fd::dispatch(v.gate_type, [&](auto kf) {
+      using K = decltype(kf);
+      if (quant::generic_only() || !fast_rows_aligned<K>(v, v.gate_off, rb) || !fast_rows_aligned<K>(v, v.up_off, rb))
+        return;
+      fast = true;
+      fast_gate_up_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, rb,
+                                                               v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+      CUDA_CHECK_LAUNCH();
+    });
+    if (fast) return;
     dq::dispatch(v.gate_type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, v.gate_off, rb) && slot_rows_aligned<F>(v, v.up_off, rb))
@@ -205,6 +325,16 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
   auto pass = [&](GgmlType type, int64_t off, auto up) {
     constexpr bool kUp = decltype(up)::value;
     const int64_t rb = int64_t(row_bytes(type, v.n_embd));
+    bool fast = false;
+    fd::dispatch(type, [&](auto kf) {
+      using K = decltype(kf);
+      if (quant::generic_only() || !fast_rows_aligned<K>(v, off, rb)) return;
+      fast = true;
+      fast_gate_or_up_kernel<K, kUp><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, off, rb, v.n_embd,
+                                                                       v.n_ff, table, x, ids, pairs, k, h, xvec);
+      CUDA_CHECK_LAUNCH();
+    });
+    if (fast) return;
     dq::dispatch(type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, off, rb))
@@ -227,6 +357,16 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
   const dim3 grid(unsigned((v.n_embd + kWarps - 1) / kWarps), grid_y(n));
   const bool hvec = reinterpret_cast<uintptr_t>(h) % 16 == 0 && v.n_ff % 4 == 0;
   const int64_t rb = int64_t(row_bytes(v.down_type, v.n_ff));
+  bool fast = false;
+  fd::dispatch(v.down_type, [&](auto kf) {
+    using K = decltype(kf);
+    if (quant::generic_only() || !fast_rows_aligned<K>(v, v.down_off, rb)) return;
+    fast = true;
+    fast_down_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd, v.n_ff,
+                                                          table, h, ids, wts, n, k, out, hvec);
+    CUDA_CHECK_LAUNCH();
+  });
+  if (fast) return;
   dq::dispatch(v.down_type, [&](auto f) {
     using F = decltype(f);
     if (slot_rows_aligned<F>(v, v.down_off, rb))

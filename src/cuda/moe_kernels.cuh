@@ -32,7 +32,8 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
                  int64_t n, int k, float* h, cudaStream_t stream);
 
 // out[t][:] = sum over j < k with expert ids[t*k+j] resident of  wts[t*k+j] * (down_e . h[t*k+j]),
-// j in increasing order; a token with no resident expert gets zeros. out is overwritten.
+// summed in a fixed order (deterministic, not necessarily j order); a token with no resident expert gets
+// zeros. out is overwritten.
 //   wts: [n][k] f32   out: [n][n_embd] f32   (device)
 void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, const int32_t* ids,
               const float* wts, int64_t n, int k, float* out, cudaStream_t stream);

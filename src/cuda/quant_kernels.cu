@@ -7,14 +7,18 @@
 // (blockIdx.y = token tile): each weight row is read from memory once per tile of tokens. Why this shape:
 // at decode (n = 1) the product is bound by the weight bytes; a warp per row keeps every SM's load units
 // busy with independent rows and needs no shared memory or block-wide synchronisation.
+// Fast path: Q4_K, Q5_K, Q6_K, Q4_0 and Q8_0 with rows aligned for its loads go through fast_matmul_kernel
+// (fast_dot.cuh says why); every other type or alignment takes matmul_kernel.
 #include "cuda/quant_kernels.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
+#include "cuda/fast_dot.cuh"
 #include "cuda/gemm_context.h"
 
 namespace strata::cuda::quant {
@@ -71,6 +75,50 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __re
     const float s = dq::warp_sum(acc[t]);
     if (lane == 0 && t < nt) y[(t0 + t) * rows + r] = s;
   }
+}
+
+// Fast path (fast_dot.cuh: Q4_K, Q5_K, Q6_K, Q4_0, Q8_0). Warp = R consecutive rows (they share every
+// x load), lane = one 32-value chunk of a block per step (chunks c = lane, lane+32, ...: a warp step reads
+// whole consecutive blocks with 16-byte or 2-byte loads), blockIdx.y = tile of NT tokens (they share every
+// weight load). Why: see fast_dot.cuh; R = 2 halves the L1 traffic of x, which at n = 1 is 7x the weight
+// bytes of Q4_K; two chunk steps are unrolled so a 2048-column row has all its loads in flight at once.
+// w: [rows][row_bytes] (row starts K::kAlign-aligned)  x: [n][cols]  y: [n][rows].
+template <typename K, int R, int NT>
+__global__ void __launch_bounds__(32 * kWarps) fast_matmul_kernel(const uint8_t* __restrict__ w, int64_t rows,
+                                                                  int64_t cols, int64_t row_bytes,
+                                                                  const float* __restrict__ x, int64_t n,
+                                                                  float* __restrict__ y, bool xvec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (r0 >= rows) return;
+  const int64_t t0 = int64_t(blockIdx.y) * NT;
+  const int nt = n - t0 < NT ? int(n - t0) : NT;
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = w + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;  // past the end: row
+                                                                                             // rows-1 again, unused
+  const float* xt = x + t0 * cols;
+  const int chunks = int(cols / K::kVals) * K::kChunks;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.f;
+#pragma unroll 2
+  for (int c = lane; c < chunks; c += 32) {
+    const int b = c / K::kChunks, ch = c % K::kChunks;
+    const uint8_t* blk[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) blk[r] = wr[r] + int64_t(b) * K::kBytes;
+    fd::chunk_dot<K, R, NT>(blk, ch, xt + int64_t(b) * K::kVals, cols, nt, xvec, acc);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float s = dq::warp_sum(acc[r][t]);
+      if (lane == 0 && t < nt && r0 + r < rows) y[(t0 + t) * rows + r0 + r] = s;
+    }
 }
 
 // Rows of W gathered: dst[i][c] for c in the units of blockIdx.x's threads; rows ids[i], i over blockIdx.y
@@ -132,7 +180,42 @@ void launch_matmul(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, con
   CUDA_CHECK_LAUNCH();
 }
 
+template <typename K, int R, int NT>
+void launch_fast(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x, int64_t n, float* y,
+                 bool xvec, cudaStream_t stream) {
+  const dim3 grid(unsigned((rows + kWarps * R - 1) / (kWarps * R)), unsigned((n + NT - 1) / NT));
+  fast_matmul_kernel<K, R, NT><<<grid, 32 * kWarps, 0, stream>>>(w, rows, cols, rb, x, n, y, xvec);
+  CUDA_CHECK_LAUNCH();
+}
+
+// The fast path when the type has one and the rows are aligned for its loads; false: use the generic one.
+// R = 2 rows per warp only from 4096 rows: below that, 2 rows per warp leave too few warps to fill 132 SMs
+// (a 768-row expert matrix would get 96 blocks).
+std::atomic<bool> g_generic_only{false};
+
+bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x,
+                     int64_t n, float* y, bool xvec, cudaStream_t stream) {
+  bool done = false;
+  if (g_generic_only.load(std::memory_order_relaxed)) return false;
+  fd::dispatch(type, [&](auto k) {
+    using K = decltype(k);
+    if (!fd::rows_aligned<K>(w, rb)) return;
+    done = true;
+    const bool two = rows >= 4096;
+    if (n == 1)
+      two ? launch_fast<K, 2, 1>(w, rows, cols, rb, x, n, y, xvec, stream)
+          : launch_fast<K, 1, 1>(w, rows, cols, rb, x, n, y, xvec, stream);
+    else
+      two ? launch_fast<K, 2, kTile>(w, rows, cols, rb, x, n, y, xvec, stream)
+          : launch_fast<K, 1, kTile>(w, rows, cols, rb, x, n, y, xvec, stream);
+  });
+  return done;
+}
+
 }  // namespace
+
+void set_generic_only(bool on) { g_generic_only.store(on); }
+bool generic_only() { return g_generic_only.load(std::memory_order_relaxed); }
 
 bool has_kernel(GgmlType t) {
   return dq::dispatch(t, [](auto) {});
@@ -157,6 +240,7 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const floa
   const int64_t rb = static_cast<int64_t>(row_bytes(type, cols));
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;
   const auto* wb = static_cast<const uint8_t*>(w);
+  if (try_fast_matmul(type, wb, rows, cols, rb, x, n, y, xvec, stream)) return;
   dq::dispatch(type, [&](auto f) {
     using F = decltype(f);
     if (n == 1)

@@ -50,4 +50,10 @@ void get_rows(GgmlType type, const void* w, int64_t cols, const int32_t* ids, in
 // strata::dequantize on the CPU.
 void dequantize(GgmlType type, const void* w, int64_t n_values, float* dst, cudaStream_t stream);
 
+// Benchmarks only: when on, matmul and the MoE kernels skip the fast decode path (fast_dot.cuh) and use
+// the generic per-8-values kernels, so a benchmark can report the fast path against the previous one in
+// the same process. Default off. Not for concurrent use with running launches from other threads.
+void set_generic_only(bool on);
+bool generic_only();
+
 }  // namespace strata::cuda::quant

@@ -182,6 +182,15 @@ TEST_F(CudaMoe, UnalignedSlotOffsets) {  // odd offsets and slot size: byte load
   run({GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::F16, 3}, {3});
 }
 
+// The fast path (fast_dot.cuh) for the other formats: Q5_K gate/up as one pass, Q8_0 down; then slots at
+// +2 bytes: Q8_0 gate/up and Q6_K down stay on the fast path with 2-byte loads, Q4_K needs 16 and falls
+// back to the generic kernels.
+TEST_F(CudaMoe, FastPathFormatsAndTwoByteAlignment) {
+  run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::Q8_0, 0}, {1, 3});
+  run({GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q6_K, 2}, {2});
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_0, 2}, {1});
+}
+
 TEST_F(CudaMoe, BadViewsAreErrors) {
   auto buf = output(4096);
   cm::ExpertLayerView v;

@@ -1,7 +1,8 @@
 // GPU quantized kernels (cuda/quant_kernels.cuh) vs their CPU references:
 //  * dequantize: every has_kernel tensor of fixtures/formats/zoo.gguf, bit for bit with
 //    strata::dequantize_row, from an aligned and from an odd (byte-load path) address;
-//  * matmul vs strata::matmul Exact on random weights at real sizes, n = 1, 2, 5, 8, 33:
+//  * matmul vs strata::matmul Exact on random weights at real sizes, n = 1, 2, 5, 8, 33, and on the fast
+//    path's edges (odd row counts, odd x offsets, 2-byte aligned weights):
 //    max |gpu - cpu| / sum_c |w x| per output below 1e-5 (only the summation order differs);
 //  * get_rows vs cpu::get_rows (bit for bit); errors for types without a kernel and bad shapes.
 #include <gtest/gtest.h>
@@ -168,6 +169,22 @@ TEST_P(CudaMatmul, UnalignedWeightsAndActivations) {
   std::mt19937 rng(200 + static_cast<int>(t));
   ThreadPool& pool = test::test_pool();
   run_case(t, MatmulCase{130, 1024, 1, 1}, {1, 3, 9}, rng, pool);
+}
+
+// The fast path's edges (src/cuda/fast_dot.cuh; other types take the generic path on the same shapes):
+// row counts not a multiple of the rows per block (4 warps x 1 row below 4096 rows, x 2 rows from 4096),
+// x at an odd float offset (scalar x loads), weights at +2 bytes (Q6_K/Q4_0/Q8_0 keep the fast path with
+// 2-byte loads; Q4_K/Q5_K fall back to the generic kernel), a column count that leaves lanes idle.
+TEST_P(CudaMatmul, FastPathEdgeShapes) {
+  const GgmlType t = GetParam();
+  std::mt19937 rng(300 + static_cast<int>(t));
+  ThreadPool& pool = test::test_pool();
+  double worst = 0;
+  worst = std::max(worst, run_case(t, MatmulCase{130, 512, 0, 0}, {1, 3, 8, 9}, rng, pool));
+  worst = std::max(worst, run_case(t, MatmulCase{4099, 256, 0, 1}, {1, 2, 8}, rng, pool));
+  worst = std::max(worst, run_case(t, MatmulCase{4103, 768, 2, 0}, {1, 5}, rng, pool));
+  worst = std::max(worst, run_case(t, MatmulCase{37, 1280, 2, 3}, {1, 8}, rng, pool));
+  std::printf("%-7s matmul edge shapes worst |gpu-cpu|/sum|wx| = %.3g\n", std::string(type_name(t)).c_str(), worst);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllKernelTypes, CudaMatmul, ::testing::ValuesIn(kKernelTypes),

@@ -1,0 +1,112 @@
+// The fast decode path's chunk decoders (src/cuda/fast_dot.cuh: Q4_K, Q5_K, Q6_K, Q4_0, Q8_0) run on the
+// host, without a GPU:
+//  * layout: every chunk and group of every row of the zoo tensors (llama.cpp's data) and of random
+//    weights gives back, through K::deq, exactly strata::dequantize_row's values at K::col's columns
+//    (each column covered once);
+//  * arithmetic: fd::row_dot_serial (the factored sums of the kernels, chunks in sequence) against
+//    strata::matmul Exact: max |fast - cpu| / sum|w x| below 1e-5, the GPU tests' bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/fast_dot.cuh"
+#include "gguf/gguf.h"
+#include "gpu_test_util.h"
+#include "quant/dequant.h"
+#include "quant/matmul.h"
+
+namespace {
+
+using namespace strata;
+namespace fd = strata::cuda::fd;
+
+const GgmlType kFastTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q8_0};
+
+// Mismatches of the chunk decoders against dequantize_row on rows x cols weights (16-byte aligned copy
+// of each row, as the fast path requires for Q4_K/Q5_K).
+int64_t layout_mismatches(GgmlType t, const uint8_t* w, int64_t rows, int64_t cols, const std::string& what) {
+  const int64_t rb = static_cast<int64_t>(row_bytes(t, cols));
+  int64_t bad = 0;
+  const bool has = fd::dispatch(t, [&](auto kf) {
+    using K = decltype(kf);
+    std::vector<uint64_t> aligned((rb + 7) / 8 + 2);
+    auto* row = reinterpret_cast<uint8_t*>(aligned.data());
+    std::vector<float> ref(cols);
+    std::vector<int> seen(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(row, w + r * rb, rb);
+      dequantize_row(t, row, ref.data(), cols);
+      std::fill(seen.begin(), seen.end(), 0);
+      for (int64_t b = 0; b < cols / K::kVals; ++b)
+        for (int ch = 0; ch < K::kChunks; ++ch) {
+          typename K::Chunk c;
+          K::load(row + b * K::kBytes, ch, c);
+          for (int g = 0; g < 4; ++g) {
+            float q[8];
+            K::q8(c, g, q);
+            const int64_t col = b * K::kVals + K::col(ch, g);
+            for (int k = 0; k < 8; ++k) {
+              ++seen[col + k];
+              const float v = K::deq(c, g / (4 / K::kParts), q[k]);
+              if (!test::same_bits(v, ref[col + k]) && bad++ < 3)
+                ADD_FAILURE() << what << " row " << r << " col " << col + k << ": chunk " << ch << " group " << g
+                              << " gives " << v << ", dequantize " << ref[col + k];
+            }
+          }
+        }
+      for (int64_t i = 0; i < cols; ++i)
+        if (seen[i] != 1 && bad++ < 3) ADD_FAILURE() << what << ": column " << i << " covered " << seen[i] << " times";
+    }
+  });
+  EXPECT_TRUE(has) << what;
+  return bad;
+}
+
+TEST(CudaFastDotOnHost, ZooLayoutBitExact) {
+  const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
+  int checked = 0;
+  for (const auto& t : f.tensors()) {
+    if (std::find(std::begin(kFastTypes), std::end(kFastTypes), t.type) == std::end(kFastTypes)) continue;
+    const int64_t cols = static_cast<int64_t>(t.ne[0]), rows = static_cast<int64_t>(t.n_elements()) / cols;
+    EXPECT_EQ(layout_mismatches(t.type, t.data, rows, cols, t.name), 0) << t.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 5);
+}
+
+TEST(CudaFastDotOnHost, RandomLayoutAndDotMatchCpuExact) {
+  std::mt19937 rng(77);
+  ThreadPool& pool = test::test_pool();
+  for (GgmlType t : kFastTypes)
+    for (int64_t cols : {768, 2048}) {
+      const int64_t rows = 64;
+      const auto w = test::random_weights(t, rows, cols, rng);
+      const std::string what = std::string(type_name(t)) + " " + std::to_string(cols);
+      EXPECT_EQ(layout_mismatches(t, w.data(), rows, cols, what), 0) << what;
+      const auto x = test::random_acts(cols, rng);
+      std::vector<float> ref(rows), wf(cols);
+      matmul(t, w.data(), rows, cols, x.data(), 1, ref.data(), MatmulMode::Exact, pool);
+      const int64_t rb = static_cast<int64_t>(row_bytes(t, cols));
+      double worst = 0;
+      fd::dispatch(t, [&](auto kf) {
+        using K = decltype(kf);
+        for (int64_t r = 0; r < rows; ++r) {
+          dequantize_row(t, w.data() + r * rb, wf.data(), cols);
+          double mag = 0;
+          for (int64_t c = 0; c < cols; ++c) mag += std::fabs(double(wf[c]) * x[c]);
+          const float got = fd::row_dot_serial<K>(w.data() + r * rb, cols, x.data());
+          worst = std::max(worst, std::fabs(double(got) - ref[r]) / std::max(mag, 1e-30));
+        }
+      });
+      EXPECT_LT(worst, 1e-5) << what << ": max |fast - cpu exact| / sum|wx|";
+      std::printf("fast dot %-12s worst |fast-cpu|/sum|wx| = %.3g\n", what.c_str(), worst);
+    }
+}
+
+}  // namespace
