@@ -221,9 +221,10 @@ class CudaWorkspace final : public Workspace {
   struct GraphKey {
     int64_t n, n_out;
     int attn;
-    bool mma;  // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
+    bool mma;      // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
+    bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma) < std::tie(o.n, o.n_out, o.attn, o.mma);
+      return std::tie(n, n_out, attn, mma, generic) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -663,7 +664,9 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
 //  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
 //    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count and chunk are
 //    derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
-//    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on (in the key too).
+//    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on, and
+//    quant::generic_only() (benchmarks: fast dot kernels off), both in the key too; the fast-dot choice
+//    otherwise depends on n, the weights' and slots' alignment and types: fixed.
 //    Which tokens of a tile share a cache is decided in the kernel from refs, not on the host.
 // Everything that changes per step is read from device memory by the kernels: tokens, positions, the
 // KvRef array (each sequence's K/V pointers, n_ctx, pos; attention's n_kv = pos + 1), the logit rows, and
@@ -684,7 +687,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
     ws.graphs_slots = slots;
     ws.graphs_table = table;
   }
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma()};
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only()};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
