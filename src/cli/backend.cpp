@@ -38,6 +38,15 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                what, backend.c_str(), 100.0 * r.hit_rate(), (long long)r.hits, (long long)r.misses,
                r.slots_used, r.n_slots, r.n_experts_total, (long long)r.swaps, double(r.bytes_h2d) / mib,
                double(r.bytes_d2h) / mib);
+  if (r.forwards > 0)
+    std::fprintf(stderr,
+                 "strata: %s host work (%s): CUDA graphs %s, %lld of %lld forward passes replayed a graph (%lld "
+                 "captured); per pass %.1f kernel-launcher calls, %.1f transfers, host %.1f us + waiting for "
+                 "the GPU %.1f us\n",
+                 what, backend.c_str(), r.graphs_enabled ? "on" : "off", (long long)r.graph_forwards,
+                 (long long)r.forwards, (long long)r.graph_captures, double(r.op_calls) / double(r.forwards),
+                 double(r.transfers) / double(r.forwards), 1e6 * r.host_s / double(r.forwards),
+                 1e6 * r.wait_s / double(r.forwards));
 }
 
 }  // namespace strata::cli

@@ -19,6 +19,8 @@ struct CudaOptions {
   bool exact = false;                 // dense weights and slots in f32 (the exact mode)
   int32_t n_ctx = 4096, n_batch = 512;  // for auto sizing: KV per sequence, workspace tokens
   int kv_sequences = 1;                 // sequences whose KV auto sizing leaves room for
+  bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
+                            // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
 };
 
 // Dispatches on general.architecture; an architecture without a CUDA implementation is a

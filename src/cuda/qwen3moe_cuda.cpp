@@ -2,19 +2,25 @@
 // stream, with the routed experts split between the GPU expert cache (resident experts, from slots) and
 // the CPU pool (the others, on CPU threads from the mapped file, at the same time). docs/gpu.md has the
 // design: stream roles, the per-layer flow, why every cross-stream access is ordered.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "cpu/half.h"
 #include "cpu/matmul_batch.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
+#include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
@@ -30,6 +36,10 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = kMiB * 1024.0;
+// Batches of up to this many tokens (decode of up to 8 sequences, short verify windows) run as a CUDA
+// graph when no layer needs the CPU pool. Larger batches are prefill: few forwards, long kernels, and
+// quant::matmul may take a cuBLAS path there; their launch overhead does not matter.
+constexpr int64_t kMaxGraphTokens = 8;
 
 // The first `bytes` of a device / pinned buffer (transfers copy src.bytes).
 DevSpan head(const DeviceBuffer& b, size_t bytes) {
@@ -41,6 +51,23 @@ DevSpan head(const DeviceBuffer& b, size_t bytes) {
 HostSpan head(const PinnedBuffer& b, size_t bytes) {
   HostSpan s = b.span();
   STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of a {}-byte pinned buffer", bytes, s.bytes);
+  s.bytes = bytes;
+  return s;
+}
+// Bytes [offset, offset + bytes) of a buffer; the checker still sees the whole buffer.
+DevSpan slice(const DeviceBuffer& b, size_t offset, size_t bytes) {
+  STRATA_REQUIRE(offset <= b.bytes() && bytes <= b.bytes() - offset, "cuda: bytes [{}, +{}) of the {}-byte buffer {}",
+                 offset, bytes, b.bytes(), b.name());
+  DevSpan s = b.span();
+  s.ptr = static_cast<char*>(s.ptr) + offset;
+  s.bytes = bytes;
+  return s;
+}
+HostSpan slice(const PinnedBuffer& b, size_t offset, size_t bytes) {
+  STRATA_REQUIRE(offset <= b.bytes() && bytes <= b.bytes() - offset, "cuda: bytes [{}, +{}) of a {}-byte pinned buffer",
+                 offset, bytes, b.bytes());
+  HostSpan s = b.span();
+  s.ptr = static_cast<char*>(s.ptr) + offset;
   s.bytes = bytes;
   return s;
 }
@@ -76,6 +103,23 @@ class DeviceKv final : public BackendState {
   size_t memory_bytes() const override { return k.bytes() + v.bytes(); }
 };
 
+// The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
+//   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)
+//   int32 tokens[n]      after refs
+//   int32 pos[n]         after tokens
+//   int32 out_rows[n]    after pos (the first n_out entries: batch rows that want logits)
+// Offsets depend on n only, so a graph captured for n tokens reads the same places every step.
+struct StepLayout {
+  size_t refs, tokens, pos, rows, bytes;
+  explicit StepLayout(int64_t n)
+      : refs(0),
+        tokens(size_t(n) * sizeof(ops::KvRef)),
+        pos(tokens + size_t(n) * 4),
+        rows(pos + size_t(n) * 4),
+        bytes(rows + size_t(n) * 4) {}
+};
+static_assert(sizeof(ops::KvRef) % 8 == 0, "the int32 arrays after refs[] must not misalign a later KvRef");
+
 // Sizes (in values) of the device activations of a workspace: one formula for the workspace and for
 // --expert-cache auto.
 struct WsSizes {
@@ -105,10 +149,10 @@ class CudaWorkspace final : public Workspace {
   CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads)
       : n_tok_max(max_tok),
         n_ctx_max(n_ctx),
+        k_used(hp.n_expert_used),
         moe(max_tok, hp.n_expert_used, hp.n_expert, hp.n_embd, hp.n_ff_exp),
         mb(n_threads, max_tok) {
     const WsSizes z(hp, max_tok, n_ctx);
-    const size_t n = size_t(max_tok);
     x = dev.alloc(size_t(z.E) * 4, "ws.x");
     xn = dev.alloc(size_t(z.E) * 4, "ws.xn");
     tmp = dev.alloc(size_t(z.E) * 4, "ws.tmp");
@@ -117,74 +161,76 @@ class CudaWorkspace final : public Workspace {
     v = dev.alloc(size_t(z.v) * 4, "ws.v");
     att = dev.alloc(size_t(z.att) * 4, "ws.att");
     router = dev.alloc(size_t(z.router) * 4, "ws.router");
-    for (int il = 0; il < hp.n_layer; ++il) {
-      ids.push_back(dev.alloc(size_t(z.ids) * 4, "ws.ids[" + std::to_string(il) + "]"));
-      ids_h.push_back(dev.alloc_pinned(size_t(z.ids) * 4, "ws.ids_h[" + std::to_string(il) + "]"));
-    }
-    ids_ticket.resize(size_t(hp.n_layer));
+    ids = dev.alloc(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids");
+    ids_h = dev.alloc_pinned(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids_h");
     layer_recorded.resize(size_t(hp.n_layer));
     wts = dev.alloc(size_t(z.ids) * 4, "ws.wts");
     h = dev.alloc(size_t(z.h) * 4, "ws.h");
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
     partial = dev.alloc(size_t(z.E) * 4, "ws.partial");
-    tokens = dev.alloc(n * 4, "ws.tokens");
-    pos = dev.alloc(n * 4, "ws.pos");
-    out_rows = dev.alloc(n * 4, "ws.out_rows");
-    refs = dev.alloc(n * sizeof(ops::KvRef), "ws.refs");
+    step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
     wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
     xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
     partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
     logits_h = dev.alloc_pinned(size_t(z.logits) * 4, "ws.logits_h");
-    tok_host.resize(n);
-    pos_host.resize(n);
-    rows_host.resize(n);
-    refs_host.resize(n);
+    step_host.resize(StepLayout(max_tok).bytes);
     ids_cpu.resize(size_t(z.ids));
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
     size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + att.bytes() +
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
-               tokens.bytes() + pos.bytes() + out_rows.bytes() + refs.bytes() + attn_scratch.bytes() +
-               logits.bytes() + wts_h.bytes() + xn_h.bytes() + partial_h.bytes() + logits_h.bytes() +
-               moe.memory_bytes();
-    for (size_t i = 0; i < ids.size(); ++i) b += ids[i].bytes() + ids_h[i].bytes();
+               step_in.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
+               partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes();
     return b;
   }
 
   int32_t n_tok_max, n_ctx_max;
+  int k_used;  // experts per token
   // device, f32 unless said
   DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
   DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
   DeviceBuffer router;         // [n_tok][n_expert]
-  std::vector<DeviceBuffer> ids;  // [n_layer] x [n_tok][k] int32: one per layer, so layer l's
-                                  // asynchronous download never races layer l+1's router
+  DeviceBuffer ids;             // [n_layer][n][k] int32 for a batch of n tokens (layer stride n*k, so
+                                // one download of n_layer*n*k values takes every layer's routing)
   DeviceBuffer wts;            // [n_tok][k]
   DeviceBuffer h;              // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer partial;        // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
-  DeviceBuffer tokens, pos;    // [n_tok] int32
-  DeviceBuffer out_rows;       // [n_out] int32: batch rows that want logits
-  DeviceBuffer refs;           // [n_tok] ops::KvRef
+  DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;         // [n_tok][n_vocab]
   // pinned host
-  std::vector<PinnedBuffer> ids_h;  // [n_layer] x [n_tok][k] int32
+  PinnedBuffer ids_h;               // [n_layer][n][k] int32, as ids
   PinnedBuffer wts_h;               // [n_tok][k]
   PinnedBuffer xn_h;                // [n_tok][n_embd]
   PinnedBuffer partial_h;           // [n_tok][n_embd] written by the CPU pool
   PinnedBuffer logits_h;            // [n_tok][n_vocab]
   // host
-  std::vector<int32_t> tok_host, pos_host, rows_host;  // [n_tok]
-  std::vector<ops::KvRef> refs_host;                   // [n_tok]
+  std::vector<uint8_t> step_host;  // StepLayout(n), filled by forward() and uploaded in one copy
   std::vector<int32_t> ids_cpu;  // [n_tok][k]: expert id, or -1 where the GPU runs the pair
-  std::vector<Ticket> ids_ticket;       // [n_layer] pending download of ids_h[l] (fully resident layers)
+  Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
   Ticket partial_ticket;                // last upload that reads partial_h
+  // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math,
+  // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
+  struct GraphKey {
+    int64_t n, n_out;
+    int attn;
+    bool mma;      // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
+    bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
+    bool operator<(const GraphKey& o) const {
+      return std::tie(n, n_out, attn, mma, generic) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic);
+    }
+  };
+  std::map<GraphKey, Graph> graphs;
+  uint64_t graphs_model = 0;            // CudaQwen3Moe::model_id_ of the model that captured them
+  const void* graphs_slots = nullptr;   // the expert cache's slot and table allocations they read
+  const void* graphs_table = nullptr;
   MoeScratch moe;
   cpu::MatmulBatch mb;
 };
@@ -205,7 +251,10 @@ struct RepackLog {
 class CudaQwen3Moe final : public Model {
  public:
   CudaQwen3Moe(gguf::File file, HParams hp, const CudaOptions& opt)
-      : Model(std::move(file), std::move(hp)), opt_(opt) {
+      : Model(std::move(file), std::move(hp)),
+        opt_(opt),
+        graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
+        model_id_(next_model_id()) {
     load();
   }
   ~CudaQwen3Moe() override {
@@ -247,11 +296,20 @@ class CudaQwen3Moe final : public Model {
     r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
     r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
     r.slot_bytes = uint64_t(cache_->slot_bytes());
+    r.graphs_enabled = graphs_;
+    r.forwards = int64_t(work_.forwards);
+    r.graph_forwards = int64_t(work_.graph_forwards);
+    r.graph_captures = int64_t(work_.captures);
+    r.op_calls = int64_t(work_.op_calls);
+    r.transfers = int64_t(work_.transfers);
+    r.host_s = std::chrono::duration<double>(work_.host).count();
+    r.wait_s = std::chrono::duration<double>(work_.wait).count();
     return r;
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_->reset_stats();
+    work_ = HostWork();
     h2d_base_ = xfer_->bytes_h2d();
     d2h_base_ = xfer_->bytes_d2h();
   }
@@ -259,18 +317,64 @@ class CudaQwen3Moe final : public Model {
                const ForwardOptions& opt) const override;
 
  private:
+  // One forward's compute-only section: the parameters every kernel launch of it depends on. launch =
+  // false walks the same sequence for the stream-order checker's notes only (no kernel enqueued).
+  struct Pass {
+    CudaWorkspace& ws;
+    int64_t n, n_out;  // tokens in the batch, rows that want logits
+    cpu::AttnMath attn;
+    bool launch;
+    template <typename T>
+    T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
+      return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
+    }
+    int32_t* ids(int il) const;  // layer il's [n][k] in ws.ids
+  };
+  // Host work of the forward passes (for `strata bench`): counted, never timed.
+  struct HostWork {
+    uint64_t forwards = 0, graph_forwards = 0, captures = 0;
+    uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
+    uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
+    // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
+    // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
+    // bottleneck.
+    std::chrono::steady_clock::duration host{}, wait{};
+  };
+  template <typename F>
+  void op(const Pass& p, F&& f) const {
+    if (!p.launch) return;
+    f();
+    ++work_.op_calls;
+  }
+  // The pieces of a forward pass, all on the compute stream, no copies (so they can be captured).
+  void embed(const Pass& p) const;
+  void attention_block(const Pass& p, int il) const;
+  void route(const Pass& p, int il) const;        // ffn rmsnorm, router, top-k -> ids(il), ws.wts
+  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out
+  void add_moe_out(const Pass& p) const;
+  void output(const Pass& p) const;               // rows that want logits -> ws.logits
+  void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
+  void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
+
   void load();
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
   DevWeight upload_f32(const Weight& w, const std::string& name);
   // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
-  void mm(const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
+  void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
           Site site = Site::here()) const {
     note_launch(dev_->compute(), {w.buf.span(), x.span()}, {y.span()}, site);
-    quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream());
+    op(p, [&] { quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream()); });
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
 
+  static uint64_t next_model_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
+
   CudaOptions opt_;
+  const bool graphs_;        // CUDA graphs for passes without the CPU pool (CudaOptions, STRATA_CUDA_GRAPHS)
+  const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
   DevWeight tok_embd_;     // [n_vocab][n_embd]
@@ -282,7 +386,12 @@ class CudaQwen3Moe final : public Model {
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
   mutable uint64_t h2d_base_ = 0, d2h_base_ = 0;
+  mutable HostWork work_;  // since the last reset_cache_stats()
 };
+
+int32_t* CudaQwen3Moe::Pass::ids(int il) const {
+  return ws.ids.as<int32_t>() + size_t(il) * size_t(n) * size_t(ws.k_used);
+}
 
 DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
   DevWeight d;
@@ -438,22 +547,181 @@ void CudaQwen3Moe::load() {
   d2h_base_ = xfer_->bytes_d2h();
 }
 
+void CudaQwen3Moe::embed(const Pass& p) const {
+  const StepLayout sl(p.n);
+  note_launch(dev_->compute(), {tok_embd_.buf.span(), p.ws.step_in.span()}, {p.ws.x.span()});
+  op(p, [&] {
+    quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
+                    p.ws.x.as<float>(), stream());
+  });
+}
+
+void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
+  const HParams& hp = hp_;
+  const Layer& l = layers_[size_t(il)];
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const cudaStream_t s = stream();
+  const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
+  const StepLayout sl(n);
+  const auto* refs = p.step<const ops::KvRef>(sl.refs);
+  const auto* pos = p.step<const int32_t>(sl.pos);
+  float* x = ws.x.as<float>();
+  float* q = ws.q.as<float>();
+  float* k = ws.k.as<float>();
+  op(p, [&] { ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), s); });
+  mm(p, l.wq, ws.xn, n, ws.q);
+  mm(p, l.wk, ws.xn, n, ws.k);
+  mm(p, l.wv, ws.xn, n, ws.v);
+  op(p, [&] { ops::rmsnorm(q, l.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
+  op(p, [&] { ops::rmsnorm(k, l.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
+  note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.k.span()});
+  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
+  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
+  note_launch(cs, {ws.step_in.span(), ws.k.span(), ws.v.span()}, {});
+  op(p, [&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, il, Hkv * D, Hkv * Dv, s); });
+  // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
+  // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
+  note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  op(p, [&] {
+    ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                   ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
+  });
+  mm(p, l.wo, ws.att, n, ws.tmp);
+  op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+}
+
+void CudaQwen3Moe::route(const Pass& p, int il) const {
+  const HParams& hp = hp_;
+  const Layer& l = layers_[size_t(il)];
+  CudaWorkspace& ws = p.ws;
+  const int64_t n = p.n;
+  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.ffn_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
+  mm(p, l.router, ws.xn, n, ws.router);
+  note_launch(dev_->compute(), {ws.router.span()}, {ws.ids.span(), ws.wts.span()});
+  op(p, [&] {
+    ops::moe_route(ws.router.as<const float>(), n, hp.n_expert, hp.n_expert_used, hp.expert_weights_norm,
+                   p.ids(il), ws.wts.as<float>(), stream());
+  });
+}
+
+void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
+  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
+  // Kernel arguments: the slots' base pointer and layout (fixed for the cache's lifetime) and this layer's
+  // row of the device table (a fixed address); which slot holds an expert is read from the table when
+  // the kernel runs. See forward() for why a graph of these launches survives residency changes.
+  const moe::ExpertLayerView view = cache_->layer_view(il);
+  const int32_t* table = cache_->device_layer_row(il);
+  const int k_used = hp_.n_expert_used;
+  op(p, [&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
+  op(p, [&] {
+    moe::moe_down(view, table, ws.h.as<const float>(), p.ids(il), ws.wts.as<const float>(), p.n, k_used,
+                  ws.moe_out.as<float>(), stream());
+  });
+}
+
+void CudaQwen3Moe::add_moe_out(const Pass& p) const {
+  op(p, [&] { ops::add_inplace(p.ws.x.as<float>(), p.ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
+}
+
+void CudaQwen3Moe::output(const Pass& p) const {
+  if (p.n_out == 0) return;
+  CudaWorkspace& ws = p.ws;
+  const StepLayout sl(p.n);
+  note_launch(dev_->compute(), {ws.x.span(), ws.step_in.span()}, {ws.xn.span()});
+  op(p, [&] {
+    quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out,
+                    ws.xn.as<float>(), stream());
+  });
+  op(p, [&] { ops::rmsnorm(ws.xn.as<const float>(), output_norm_.f32(), p.n_out, hp_.n_embd, hp_.rms_eps, ws.xn.as<float>(), stream()); });
+  mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
+}
+
+void CudaQwen3Moe::compute_resident(const Pass& p) const {
+  embed(p);
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    attention_block(p, il);
+    route(p, il);
+    gpu_experts(p, il);
+    add_moe_out(p);
+  }
+  output(p);
+}
+
+// Why a captured graph stays valid, and what invalidates it. A graph bakes in every kernel argument of
+// compute_resident() for one (n, n_out, attention math):
+//  * the workspace's buffers (x, q, ..., logits, ids, step_in at StepLayout(n) offsets): the graphs live
+//    in the workspace, so a new workspace starts with none;
+//  * the model's weights: fixed after load(); a workspace used with another model drops its graphs
+//    (model_id_);
+//  * the expert cache's slot allocation and layer views (base pointer, slot size, types and offsets) and
+//    the address of each layer's row of the device residency table: fixed for the cache's lifetime;
+//    checked anyway (graphs_slots / graphs_table), so a cache that ever reallocates recaptures;
+//  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
+//    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count and chunk are
+//    derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
+//    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on, and
+//    quant::generic_only() (benchmarks: fast dot kernels off), both in the key too; the fast-dot choice
+//    otherwise depends on n, the weights' and slots' alignment and types: fixed.
+//    Which tokens of a tile share a cache is decided in the kernel from refs, not on the host.
+// Everything that changes per step is read from device memory by the kernels: tokens, positions, the
+// KvRef array (each sequence's K/V pointers, n_ctx, pos; attention's n_kv = pos + 1), the logit rows, and
+// which slot holds each expert (the table's contents). So residency changes do not invalidate a graph:
+// begin_step() admits/evicts by uploading the table with producer = consumer = compute and copies into a
+// slot only with producer = compute, i.e. ordered before/after a graph launch on compute exactly like
+// before/after direct launches; a replay reads the new table as a direct launch would. The graph path is
+// taken only when every layer is fully resident this step (the CPU pool needs copies mid-pass, which a
+// graph may not contain), and the kernels skip a non-resident pair whatever path launched them.
+void CudaQwen3Moe::run_graph(const Pass& p) const {
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const void* slots = cache_->slots_span().ptr;
+  const void* table = cache_->table_span().ptr;
+  if (ws.graphs_model != model_id_ || ws.graphs_slots != slots || ws.graphs_table != table) {
+    ws.graphs.clear();
+    ws.graphs_model = model_id_;
+    ws.graphs_slots = slots;
+    ws.graphs_table = table;
+  }
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only()};
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    // The checker's notes are taken while capturing: the launch below follows them on the same stream.
+    Graph g = Graph::capture(cs, [&] { compute_resident(p); });
+    ++work_.captures;
+    it = ws.graphs.emplace(key, std::move(g)).first;
+  } else if (strata::stream_check::enabled()) {
+    compute_resident(Pass{ws, p.n, p.n_out, p.attn, false});  // the replayed launches' notes, no kernel
+  }
+  it->second.launch(cs);
+  ++work_.graph_forwards;
+}
+
 void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
                            const ForwardOptions& opt) const {
   std::lock_guard<std::mutex> lock(mu_);
+  const auto t_start = std::chrono::steady_clock::now();
   dev_->make_current();
   auto& ws = static_cast<CudaWorkspace&>(wsb);
   const HParams& hp = hp_;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
                  ws.n_tok_max);
-  const int64_t E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim;
-  const int64_t Dv = hp.head_dim_v, V = hp.n_vocab;
+  const int64_t E = hp.n_embd, V = hp.n_vocab;
   const int k_used = hp.n_expert_used;
   const int64_t nk = n * k_used;
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),
                  "forward: expert-usage counter shaped for another model");
+  const StepLayout sl(n);
+  auto* refs_host = reinterpret_cast<ops::KvRef*>(ws.step_host.data() + sl.refs);
+  auto* tok_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.tokens);
+  auto* pos_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.pos);
+  auto* rows_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.rows);
   int64_t n_out = 0;
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = batch.tokens[size_t(t)];
@@ -466,147 +734,128 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
                    hp.n_vocab - 1);
     auto* kv = dynamic_cast<DeviceKv*>(seq.backend_state());
     STRATA_REQUIRE(kv != nullptr, "forward: sequence {} was not made by this CUDA model", bt.seq);
-    ws.tok_host[size_t(t)] = bt.token;
-    ws.pos_host[size_t(t)] = bt.pos;
-    ws.refs_host[size_t(t)] = {kv->k.as<uint16_t>(), kv->v.as<uint16_t>(), seq.n_ctx(), bt.pos};
-    if (bt.logits) ws.rows_host[size_t(n_out++)] = int32_t(t);
+    tok_host[t] = bt.token;
+    pos_host[t] = bt.pos;
+    refs_host[t] = {kv->k.as<uint16_t>(), kv->v.as<uint16_t>(), seq.n_ctx(), bt.pos};
+    if (bt.logits) rows_host[n_out++] = int32_t(t);
   }
+  for (int64_t t = n_out; t < n; ++t) rows_host[t] = 0;  // unused entries: defined bytes
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const strata::moe::Residency& res = cache_->residency();
 
   // Leftovers of a forward pass that threw half-way: its copies must be done before buffers are reused.
-  for (Ticket& t : ws.ids_ticket)
-    if (t.valid()) t.wait(), t = Ticket();
+  if (ws.ids_ticket.valid()) ws.ids_ticket.wait(), ws.ids_ticket = Ticket();
   if (ws.partial_ticket.valid()) ws.partial_ticket.wait(), ws.partial_ticket = Ticket();
   cache_->begin_step();  // host and device tables fixed from here to end_step()
-  xfer_->upload(ws.tokens.span(), ws.tok_host.data(), size_t(n) * 4, cs, {&cs});
-  xfer_->upload(ws.pos.span(), ws.pos_host.data(), size_t(n) * 4, cs, {&cs});
-  xfer_->upload(ws.refs.span(), ws.refs_host.data(), size_t(n) * sizeof(ops::KvRef), cs, {&cs});
-  if (n_out > 0) xfer_->upload(ws.out_rows.span(), ws.rows_host.data(), size_t(n_out) * 4, cs, {&cs});
+  ++work_.forwards;
+  // All inputs of the pass in one copy (producer = consumer = compute: after the previous pass's readers,
+  // before every kernel of this one).
+  xfer_->upload(head(ws.step_in, sl.bytes), ws.step_host.data(), sl.bytes, cs, {&cs});
+  ++work_.transfers;
   std::fill(ws.layer_recorded.begin(), ws.layer_recorded.end(), uint8_t(0));
 
-  float* x = ws.x.as<float>();
-  float* xn = ws.xn.as<float>();
-  float* q = ws.q.as<float>();
-  float* k = ws.k.as<float>();
-  float* tmp = ws.tmp.as<float>();
-  const int32_t* pos = ws.pos.as<const int32_t>();
-  const auto* refs = ws.refs.as<const ops::KvRef>();
-
-  note_launch(cs, {tok_embd_.buf.span(), ws.tokens.span()}, {ws.x.span()});
-  quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), E, ws.tokens.as<const int32_t>(), n, x, s);
-  for (int il = 0; il < hp.n_layer; ++il) {
-    const Layer& l = layers_[size_t(il)];
-    // --- attention ---
-    ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, xn, s);
-    mm(l.wq, ws.xn, n, ws.q);
-    mm(l.wk, ws.xn, n, ws.k);
-    mm(l.wv, ws.xn, n, ws.v);
-    ops::rmsnorm(q, l.q_norm.f32(), n * H, D, hp.rms_eps, q, s);
-    ops::rmsnorm(k, l.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s);
-    note_launch(cs, {ws.pos.span()}, {ws.q.span(), ws.k.span()});
-    ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s);
-    ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s);
-    note_launch(cs, {ws.refs.span(), ws.k.span(), ws.v.span()}, {});
-    ops::kv_store(k, ws.v.as<const float>(), refs, n, il, Hkv * D, Hkv * Dv, s);
-    note_launch(cs, {ws.refs.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
-    ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, opt.attn, ws.n_ctx_max,
-                   ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
-    mm(l.wo, ws.att, n, ws.tmp);
-    ops::add_inplace(x, tmp, n * E, s);
-    // --- MoE FFN ---
-    ops::rmsnorm(x, l.ffn_norm.f32(), n, E, hp.rms_eps, xn, s);
-    mm(l.router, ws.xn, n, ws.router);
-    const DeviceBuffer& ids = ws.ids[size_t(il)];
-    note_launch(cs, {ws.router.span()}, {ids.span(), ws.wts.span()});
-    ops::moe_route(ws.router.as<const float>(), n, hp.n_expert, k_used, hp.expert_weights_norm,
-                   ids.as<int32_t>(), ws.wts.as<float>(), s);
-    const int n_res = res.resident_in_layer(il);
-    // The resident experts, from their slots (pairs whose expert is not resident are skipped).
-    auto gpu_experts = [&] {
-      cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
-      note_launch(cs, {ws.xn.span(), ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
-      const moe::ExpertLayerView view = cache_->layer_view(il);
-      const int32_t* table = cache_->device_layer_row(il);
-      moe::moe_gate_up(view, table, xn, ids.as<const int32_t>(), n, k_used, ws.h.as<float>(), s);
-      moe::moe_down(view, table, ws.h.as<const float>(), ids.as<const int32_t>(), ws.wts.as<const float>(), n,
-                    k_used, ws.moe_out.as<float>(), s);
-    };
-    if (n_res == hp.n_expert) {
-      // Every expert of the layer is resident: all on the GPU. The ids still go to the host (stats,
-      // adaptation), read after the end-of-forward sync.
-      gpu_experts();
-      ws.ids_ticket[size_t(il)] = xfer_->download(head(ws.ids_h[size_t(il)], size_t(nk) * 4),
-                                                  head(ids, size_t(nk) * 4), cs);
-      ops::add_inplace(x, ws.moe_out.as<const float>(), n * E, s);
-      continue;
+  const Pass p{ws, n, n_out, opt.attn, true};
+  bool all_resident = true;
+  for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
+  if (all_resident && graphs_ && n <= kMaxGraphTokens) {
+    run_graph(p);
+  } else if (all_resident) {
+    compute_resident(p);
+  } else {
+    embed(p);
+    float* x = ws.x.as<float>();
+    for (int il = 0; il < hp.n_layer; ++il) {
+      const Layer& l = layers_[size_t(il)];
+      attention_block(p, il);
+      route(p, il);
+      const int n_res = res.resident_in_layer(il);
+      if (n_res == hp.n_expert) {
+        // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
+        // layers' after the last layer (statistics, adaptation).
+        gpu_experts(p, il);
+        add_moe_out(p);
+        continue;
+      }
+      // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
+      // ids of this layer go to its own slice of ids_h; the host waits for them before it enqueues the
+      // next layer's router (which writes another slice of the same device buffer).
+      const size_t ib = size_t(nk) * 4, ioff = size_t(il) * ib;
+      const Ticket t_ids = xfer_->download(slice(ws.ids_h, ioff, ib), slice(ws.ids, ioff, ib), cs);
+      const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
+      const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
+      work_.transfers += 3;
+      if (n_res > 0) gpu_experts(p, il);
+      t_ids.wait();
+      t_wts.wait();
+      t_xn.wait();
+      ws.ids_h.note_host_access(strata::stream_check::Access::Read);
+      ws.wts_h.note_host_access(strata::stream_check::Access::Read);
+      ws.xn_h.note_host_access(strata::stream_check::Access::Read);
+      const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
+      const int32_t* row = res.layer_row(il);
+      int64_t n_cpu = 0;
+      for (int64_t i = 0; i < nk; ++i) {
+        STRATA_REQUIRE(hid[i] >= 0 && hid[i] < hp.n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
+        const bool on_gpu = row[hid[i]] >= 0;
+        ws.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
+        n_cpu += !on_gpu;
+      }
+      cache_->record(il, hid, nk);
+      if (opt.usage) opt.usage->add(il, hid, n);
+      ws.layer_recorded[size_t(il)] = 1;
+      if (n_res > 0) add_moe_out(p);
+      if (n_cpu == 0) continue;  // this batch only picked resident experts
+      if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
+      ws.partial_h.note_host_access(strata::stream_check::Access::Write);
+      moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
+                  ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
+      ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
+                                        cs, {&cs});
+      ++work_.transfers;
+      note_launch(cs, {ws.partial.span()}, {ws.x.span()});
+      op(p, [&] { ops::add_inplace(x, ws.partial.as<const float>(), n * E, s); });
     }
-    // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
-    const Ticket t_ids = xfer_->download(head(ws.ids_h[size_t(il)], size_t(nk) * 4), head(ids, size_t(nk) * 4), cs);
-    const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
-    const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
-    if (n_res > 0) gpu_experts();
-    t_ids.wait();
-    t_wts.wait();
-    t_xn.wait();
-    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
-    ws.wts_h.note_host_access(strata::stream_check::Access::Read);
-    ws.xn_h.note_host_access(strata::stream_check::Access::Read);
-    const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
-    const int32_t* row = res.layer_row(il);
-    int64_t n_cpu = 0;
-    for (int64_t i = 0; i < nk; ++i) {
-      STRATA_REQUIRE(hid[i] >= 0 && hid[i] < hp.n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
-      const bool on_gpu = row[hid[i]] >= 0;
-      ws.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
-      n_cpu += !on_gpu;
-    }
-    cache_->record(il, hid, nk);
-    if (opt.usage) opt.usage->add(il, hid, n);
-    ws.layer_recorded[size_t(il)] = 1;
-    if (n_res > 0) ops::add_inplace(x, ws.moe_out.as<const float>(), n * E, s);
-    if (n_cpu == 0) continue;  // this batch only picked resident experts
-    if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
-    ws.partial_h.note_host_access(strata::stream_check::Access::Write);
-    moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
-                ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
-    ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
-                                      cs, {&cs});
-    note_launch(cs, {ws.partial.span()}, {ws.x.span()});
-    ops::add_inplace(x, ws.partial.as<const float>(), n * E, s);
+    output(p);
   }
-  // --- output: only the rows that want logits, gathered ---
+  // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
+  // slices come along unchanged), read after the end-of-forward wait.
+  bool any_unrecorded = false;
+  for (uint8_t r : ws.layer_recorded) any_unrecorded |= r == 0;
+  if (any_unrecorded) {
+    const size_t ib = size_t(hp.n_layer) * size_t(nk) * 4;
+    ws.ids_ticket = xfer_->download(head(ws.ids_h, ib), head(ws.ids, ib), cs);
+    ++work_.transfers;
+  }
+  const auto t_wait = std::chrono::steady_clock::now();
   if (n_out > 0) {
-    note_launch(cs, {ws.x.span(), ws.out_rows.span()}, {ws.xn.span()});
-    quant::get_rows(GgmlType::F32, x, E, ws.out_rows.as<const int32_t>(), n_out, xn, s);
-    ops::rmsnorm(xn, output_norm_.f32(), n_out, E, hp.rms_eps, xn, s);
-    mm(*out_w_, ws.xn, n_out, ws.logits);
     const size_t lb = size_t(n_out) * size_t(V) * 4;
     xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
+    ++work_.transfers;
     ws.logits_h.note_host_access(strata::stream_check::Access::Read);
     std::memcpy(logits, ws.logits_h.data(), lb);
   } else {
     cs.synchronize();
   }
-  // Routing of the fully resident layers: statistics and adaptation.
-  for (int il = 0; il < hp.n_layer; ++il) {
-    Ticket& t = ws.ids_ticket[size_t(il)];
-    if (!t.valid()) continue;
-    t.wait();
-    t = Ticket();
-    if (ws.layer_recorded[size_t(il)]) continue;
-    ws.ids_h[size_t(il)].note_host_access(strata::stream_check::Access::Read);
-    const int32_t* hid = ws.ids_h[size_t(il)].as<const int32_t>();
-    cache_->record(il, hid, nk);
-    if (opt.usage) opt.usage->add(il, hid, n);
+  const auto t_waited = std::chrono::steady_clock::now();
+  if (ws.ids_ticket.valid()) {
+    ws.ids_ticket.wait();
+    ws.ids_ticket = Ticket();
+    ws.ids_h.note_host_access(strata::stream_check::Access::Read);
+    for (int il = 0; il < hp.n_layer; ++il) {
+      if (ws.layer_recorded[size_t(il)]) continue;
+      const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
+      cache_->record(il, hid, nk);
+      if (opt.usage) opt.usage->add(il, hid, n);
+    }
   }
   if (ws.partial_ticket.valid()) {
     ws.partial_ticket.wait();
     ws.partial_ticket = Ticket();
   }
   cache_->end_step();
+  work_.wait += t_waited - t_wait;
+  work_.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ struct ExpertCacheReport {
   int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
   uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module
   uint64_t slot_bytes = 0;                // bytes of one slot (capacity = n_slots * slot_bytes)
+  // Host work of the forward passes (counted, not timed): how many replayed a CUDA graph, and the calls
+  // into kernel launchers and the transfer module the host made for them.
+  bool graphs_enabled = false;
+  int64_t forwards = 0, graph_forwards = 0, graph_captures = 0, op_calls = 0, transfers = 0;
+  double host_s = 0, wait_s = 0;  // wall time in forward(): blocked on the end-of-pass wait / the rest
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 
