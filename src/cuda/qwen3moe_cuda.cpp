@@ -20,6 +20,7 @@
 #include "cuda/device.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
+#include "cuda/gemm_context.h"
 #include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
 #include "cuda/moe_kernels.cuh"
@@ -146,7 +147,10 @@ struct WsSizes {
 
 class CudaWorkspace final : public Workspace {
  public:
-  CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads)
+  // prefill: when batches of kGemmMinTokens or more fit and the mode is not exact, the dense products take
+  // the cuBLAS path (gemm_context.h) and the MoE block the grouped kernels (moe_scratch_bytes of scratch).
+  CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads,
+                bool prefill_paths, size_t moe_scratch_bytes)
       : n_tok_max(max_tok),
         n_ctx_max(n_ctx),
         k_used(hp.n_expert_used),
@@ -177,13 +181,21 @@ class CudaWorkspace final : public Workspace {
     logits_h = dev.alloc_pinned(size_t(z.logits) * 4, "ws.logits_h");
     step_host.resize(StepLayout(max_tok).bytes);
     ids_cpu.resize(size_t(z.ids));
+    if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
+      const int64_t max_rows = std::max({int64_t(hp.n_vocab), int64_t(hp.n_head) * hp.head_dim,
+                                         int64_t(hp.n_embd), int64_t(hp.n_expert)});
+      const int64_t max_cols = std::max(int64_t(hp.n_embd), int64_t(hp.n_head) * hp.head_dim_v);
+      gemm = make_gemm_context(dev, max_rows, max_cols, max_tok);
+      if (moe_scratch_bytes > 0) moe_scratch = dev.alloc(moe_scratch_bytes, "ws.moe_scratch");
+    }
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
     size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + att.bytes() +
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
                step_in.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
-               partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes();
+               partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
+               moe_scratch.bytes();
     return b;
   }
 
@@ -204,6 +216,8 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;         // [n_tok][n_vocab]
+  std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
+  DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // pinned host
   PinnedBuffer ids_h;               // [n_layer][n][k] int32, as ids
   PinnedBuffer wts_h;               // [n_tok][k]
@@ -278,7 +292,14 @@ class CudaQwen3Moe final : public Model {
                    "workspace: batch {}, context {}, threads {} must all be >= 1", max_tokens, n_ctx,
                    n_threads);
     dev_->make_current();
-    return std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads);
+    // Exact mode keeps f32 products everywhere: the prefill paths round x and w to bf16.
+    const bool prefill_paths = !opt_.exact;
+    size_t moe_scratch = 0;
+    if (prefill_paths && max_tokens >= moe::kMoeGroupedMinTokens)
+      for (int il = 0; il < hp_.n_layer; ++il)
+        moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
+                                                                           max_tokens, hp_.n_expert_used));
+    return std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
@@ -363,7 +384,12 @@ class CudaQwen3Moe final : public Model {
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
           Site site = Site::here()) const {
     note_launch(dev_->compute(), {w.buf.span(), x.span()}, {y.span()}, site);
-    op(p, [&] { quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream()); });
+    // From kGemmMinTokens tokens (prefill) the product runs on cuBLAS over bf16 tiles when the workspace has
+    // a GemmContext; decode (and graphs, which capture at most 8 tokens) stays on the f32 kernels.
+    op(p, [&] {
+      quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream(),
+                    p.ws.gemm.get());
+    });
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
 
@@ -617,6 +643,17 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   const moe::ExpertLayerView view = cache_->layer_view(il);
   const int32_t* table = cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  // Prefill: tokens grouped by expert, each expert's weights read once per tile on the tensor cores
+  // (measured 7-9x faster than per-pair products at 512 tokens on the H200).
+  if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
+    note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
+    op(p, [&] {
+      moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il),
+                               ws.wts.as<const float>(), p.n, k_used, ws.moe_out.as<float>(), ws.moe_scratch.data(),
+                               ws.moe_scratch.bytes(), stream());
+    });
+    return;
+  }
   op(p, [&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
   op(p, [&] {
     moe::moe_down(view, table, ws.h.as<const float>(), p.ids(il), ws.wts.as<const float>(), p.n, k_used,
