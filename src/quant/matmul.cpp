@@ -1,7 +1,7 @@
 // y[t][r] = sum_c W[r][c] * x[t][c], exact (dequantize + f32) or fast (integer kernels, quantized x).
 //
-// Work split: the rows of every job are cut into chunks of kRowGrain rows, and the pool hands the
-// chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
+// Work split: the rows of every job are cut into chunks (>= kRowGrain rows, >= kChunkBytes), and the
+// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
 // of the pool). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
 // of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
 // the weights stream from memory once per call whatever n_tok is.
@@ -18,7 +18,11 @@
 namespace strata {
 namespace {
 
-constexpr int64_t kRowGrain = 16;  // rows per work item: ~36 KiB of Q4_K at 4096 columns
+constexpr int64_t kRowGrain = 16;  // rows per work item at least: ~36 KiB of Q4_K at 4096 columns
+// ... and at least this many weight bytes: an expert's down matrix (768 columns of Q4_K: 432 bytes a
+// row) would otherwise be cut into 7 KiB items, and a decode layer into ~1,800 items whose fetch_add
+// on the one shared counter 16 threads contend for. Which thread computes a row does not change it.
+constexpr int64_t kChunkBytes = 32 << 10;
 constexpr int64_t kTokTile = 32;   // tokens per tile: their quantized rows stay in L2 across a row chunk
 
 float dot_f32_rows(const float* a, const float* b, int64_t n) {
@@ -158,8 +162,9 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
         owners.push_back(i);
       }
     }
+    const int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
     if (j.n_tok > 0)
-      for (int64_t r = 0; r < j.rows; r += kRowGrain) chunks.push_back({i, r, std::min(j.rows, r + kRowGrain)});
+      for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
   }
   if (chunks.empty()) return;
   // Quantize every job's activations once: [job][n_tok][xb bytes].
