@@ -84,3 +84,28 @@ TEST(ThreadPool, RethrowsWithSpinningWorkers) {
     ASSERT_EQ(sum.load(), 64);
   }
 }
+
+// A caller whose spin runs out before the workers finish (here: one item sleeps on a worker, as a
+// worker waiting for a core would look) stops spinning, and spins again after the back-off once a
+// region finishes within the spin.
+TEST(ThreadPool, StopsSpinningWhenWorkersAreLateAndResumes) {
+  ThreadPool pool(2, 200);
+  ASSERT_EQ(pool.spin_now_us(), 200);
+  std::atomic<int> worker_items{0};
+  pool.parallel_for(64, 1, [&](int64_t, int64_t, int ti) {
+    if (ti != 0) {  // the worker's item takes 20 ms, far longer than the caller's 200 us spin
+      ++worker_items;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      return;
+    }
+    // The caller's items wait (up to 1 s) until the worker holds an item, then take no time.
+    for (int i = 0; i < 10000 && worker_items.load() == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  });
+  ASSERT_EQ(worker_items.load(), 1);
+  ASSERT_EQ(pool.spin_now_us(), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // past the first back-off (50 ms)
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(2, 1, [&](int64_t b, int64_t e, int) { sum += e - b; });  // sleeps: back-off over -> spin
+  EXPECT_EQ(sum.load(), 2);
+  ASSERT_EQ(pool.spin_now_us(), 200);
+}

@@ -15,6 +15,7 @@ namespace strata {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kStarvedBackoff(50);
 
 // Spins until pred() or `spin` has passed; true if pred() held. The clock is read every 64 polls.
 template <class Pred>
@@ -43,6 +44,7 @@ ThreadPool::ThreadPool(int n_threads, int spin_us) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   n_threads_ = n_threads;
   spin_us_ = spin_us < 0 ? default_spin_us(n_threads_) : spin_us;
+  spin_now_us_.store(spin_us_, std::memory_order_relaxed);
   for (int i = 1; i < n_threads_; ++i) threads_.emplace_back([this, i] { worker(i); });
 }
 
@@ -72,8 +74,8 @@ void ThreadPool::run_chunks(int thread_index) {
 
 void ThreadPool::worker(int index) {
   uint64_t seen = 0;
-  const std::chrono::microseconds spin(spin_us_);
   for (;;) {
+    const std::chrono::microseconds spin(spin_now_us_.load(std::memory_order_relaxed));
     // Spin a while first (the next parallel region of a forward pass comes within microseconds), then
     // sleep on the condition variable. The generation is bumped under mu_, so a sleeper cannot miss it.
     auto ready = [&] {
@@ -118,10 +120,23 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain,
   if (wake) cv_start_.notify_all();
   run_chunks(0);
   auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (!spin_until(done, std::chrono::microseconds(spin_us_))) {
+  const int spin_now = spin_now_us_.load(std::memory_order_relaxed);
+  if (!spin_until(done, std::chrono::microseconds(spin_now))) {
+    // The workers did not finish while we spun: if we spun at all, they were most likely waiting for
+    // a core (more runnable threads than cores: other processes). Spinning then only delays them by
+    // the spin each region, so sleep-only for kStarvedBackoff, then try spinning again.
+    if (spin_now > 0) {  // each failed retry doubles the wait before the next (50 ms .. 3.2 s)
+      spin_now_us_.store(0, std::memory_order_relaxed);
+      spin_retry_at_ = Clock::now() + kStarvedBackoff * (1 << starved_streak_);
+      starved_streak_ = std::min(starved_streak_ + 1, 6);
+    }
     std::unique_lock<std::mutex> lk(mu_);
     cv_done_.wait(lk, done);
+  } else if (spin_now > 0) {
+    starved_streak_ = 0;
   }
+  if (spin_now == 0 && spin_us_ > 0 && Clock::now() >= spin_retry_at_)  // back-off over: spin again
+    spin_now_us_.store(spin_us_, std::memory_order_relaxed);
   fn_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }

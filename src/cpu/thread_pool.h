@@ -8,8 +8,12 @@
 // step is hundreds of small regions (a MoE layer's experts take ~0.2 ms on 16 cores); a futex wake-up
 // of every thread per region costs tens of microseconds, a spinning worker sees the next region within
 // ~0.1 us. Between requests the workers sleep. Default 1000 us, STRATA_POOL_SPIN_US overrides it; 0 when
-// the pool has more threads than the hardware (a spinner would take the core a worker needs).
+// the pool has more threads than the hardware (a spinner would take the core a worker needs). When the
+// caller's wait outlasts its spin (the machine is busier than the pool: other processes hold the
+// cores), the pool sleeps instead of spinning for the next 50 ms, then tries spinning again (the wait
+// doubling, up to 3.2 s, while the retries keep failing).
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -33,6 +37,8 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   int spin_us() const { return spin_us_; }
+  // The spin in use now: spin_us(), or 0 while backing off after the workers were starved.
+  int spin_now_us() const { return spin_now_us_.load(std::memory_order_relaxed); }
 
   // Calls fn(begin, end, thread_index) over disjoint ranges covering [0, n), `grain` items at a
   // time (the last range may be shorter). Returns when all are done. Not re-entrant: fn must not
@@ -45,7 +51,10 @@ class ThreadPool {
   void run_chunks(int thread_index);
 
   int n_threads_;
-  int spin_us_ = 0;
+  int spin_us_ = 0;                             // configured spin
+  std::atomic<int> spin_now_us_{0};             // in use: 0 for a while after the workers were starved
+  std::chrono::steady_clock::time_point spin_retry_at_{};  // caller only: when to spin again
+  int starved_streak_ = 0;                      // caller only: starved retries in a row
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
