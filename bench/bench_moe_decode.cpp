@@ -189,6 +189,7 @@ void BM_PoolRegion(benchmark::State& state) {
 // x_memcpy = GB/s / the MemcpySame run with the same (n, active, threads), reported after both ran.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
+  RatioReporter() : ConsoleReporter(OO_None) {}  // plain text: easy to grep and diff
   bool ReportContext(const Context& c) override { return ConsoleReporter::ReportContext(c); }
   void ReportRuns(const std::vector<Run>& runs) override {
     std::vector<Run> out = runs;
