@@ -51,23 +51,32 @@ void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32
     s.row_of[static_cast<size_t>(i)] = r;
     s.tok_of[static_cast<size_t>(r)] = static_cast<int32_t>(i / k);
   }
-  // Gather the inputs in grouped order: xe [n*k][n_embd].
-  for (int64_t r = 0; r < n_rows; ++r)
-    std::memcpy(s.xe.data() + r * n_embd, x + s.tok_of[static_cast<size_t>(r)] * n_embd,
-                static_cast<size_t>(n_embd) * 4);
+  // Inputs of each expert: xe [n*k][n_embd], x gathered in grouped order. An expert with one token
+  // reads that token's row of x in place instead: every expert of a decoded token then has the same
+  // x pointer, and matmul_many quantizes the token's activations once for all of them (same values).
+  auto expert_x = [&](int e) -> const float* {
+    const int64_t r0 = s.offset[e];
+    if (s.offset[e + 1] - r0 == 1) return x + s.tok_of[static_cast<size_t>(r0)] * n_embd;
+    return s.xe.data() + r0 * n_embd;
+  };
+  for (int e = 0; e < n_expert; ++e) {
+    if (s.offset[e + 1] - s.offset[e] < 2) continue;
+    for (int64_t r = s.offset[e]; r < s.offset[e + 1]; ++r)
+      std::memcpy(s.xe.data() + r * n_embd, x + s.tok_of[static_cast<size_t>(r)] * n_embd,
+                  static_cast<size_t>(n_embd) * 4);
+  }
   // gate and up of every active expert in one job.
   mb.clear();
   for (int e = 0; e < n_expert; ++e) {
     const int64_t r0 = s.offset[e], cnt = s.offset[e + 1] - r0;
     if (cnt == 0) continue;
-    mb.add({ew.gate.type, ew.gate.matrix(e), n_ff, n_embd, s.xe.data() + r0 * n_embd, cnt,
-            s.g.data() + r0 * n_ff});
-    mb.add({ew.up.type, ew.up.matrix(e), n_ff, n_embd, s.xe.data() + r0 * n_embd, cnt,
-            s.u.data() + r0 * n_ff});
+    mb.add({ew.gate.type, ew.gate.matrix(e), n_ff, n_embd, expert_x(e), cnt, s.g.data() + r0 * n_ff});
+    mb.add({ew.up.type, ew.up.matrix(e), n_ff, n_embd, expert_x(e), cnt, s.u.data() + r0 * n_ff});
   }
   mb.run(mode, pool);
+  // Grain 256: a decode step's few thousand values spread over every thread (exp is the cost).
   const int64_t n_act = n_rows * n_ff;
-  pool.parallel_for(n_act, 4096, [&](int64_t b, int64_t e, int) {
+  pool.parallel_for(n_act, 256, [&](int64_t b, int64_t e, int) {
     cpu::swiglu(s.g.data() + b, s.u.data() + b, e - b, s.g.data() + b);
   });
   // down of every active expert in one job.

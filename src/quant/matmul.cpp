@@ -1,7 +1,7 @@
 // y[t][r] = sum_c W[r][c] * x[t][c], exact (dequantize + f32) or fast (integer kernels, quantized x).
 //
-// Work split: the rows of every job are cut into chunks of kRowGrain rows, and the pool hands the
-// chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
+// Work split: the rows of every job are cut into chunks (>= kRowGrain rows, >= kChunkBytes), and the
+// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
 // of the pool). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
 // of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
 // the weights stream from memory once per call whatever n_tok is.
@@ -18,7 +18,11 @@
 namespace strata {
 namespace {
 
-constexpr int64_t kRowGrain = 16;  // rows per work item: ~36 KiB of Q4_K at 4096 columns
+constexpr int64_t kRowGrain = 16;  // rows per work item at least: ~36 KiB of Q4_K at 4096 columns
+// ... and at least this many weight bytes: an expert's down matrix (768 columns of Q4_K: 432 bytes a
+// row) would otherwise be cut into 7 KiB items, and a decode layer into ~1,800 items whose fetch_add
+// on the one shared counter 16 threads contend for. Which thread computes a row does not change it.
+constexpr int64_t kChunkBytes = 32 << 10;
 constexpr int64_t kTokTile = 32;   // tokens per tile: their quantized rows stay in L2 across a row chunk
 
 float dot_f32_rows(const float* a, const float* b, int64_t n) {
@@ -47,7 +51,25 @@ struct Prepared {
   int64_t xb = 0;          // bytes of one quantized activation row
   int64_t xq_offset = 0;   // where this job's quantized activations start in the shared buffer
   int passes = 1;          // 2: FastPrecise: token t's residual row follows its first row (2t, 2t+1)
+  bool quantize = true;    // false: an earlier job with the same activations quantized them
 };
+
+// An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
+// activations job i can use: same x pointer, n_tok, cols, activation type and passes; -1 if none.
+// Only the last kOwnerScan owners are looked at (jobs sharing x are added next to each other).
+constexpr size_t kOwnerScan = 64;
+int64_t find_same_acts(const MatmulJob* jobs, const Prepared* prep, const std::vector<int64_t>& owners, int64_t i) {
+  const MatmulJob& j = jobs[i];
+  const Prepared& p = prep[i];
+  const size_t first = owners.size() > kOwnerScan ? owners.size() - kOwnerScan : 0;
+  for (size_t o = owners.size(); o-- > first;) {
+    const MatmulJob& m = jobs[owners[o]];
+    const Prepared& q = prep[owners[o]];
+    if (m.x == j.x && m.n_tok == j.n_tok && m.cols == j.cols && q.k.act == p.k.act && q.passes == p.passes)
+      return owners[o];
+  }
+  return -1;
+}
 
 // Values of one quantized activation row (to form the residual x - q * d).
 void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
@@ -110,8 +132,10 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
   thread_local std::vector<Prepared> prep;
   thread_local std::vector<Chunk> chunks;
   thread_local std::vector<uint8_t> xq_buf;
+  thread_local std::vector<int64_t> owners;  // jobs that quantize their own activations
   prep.assign(n_jobs, Prepared{});
   chunks.clear();
+  owners.clear();
   int64_t xq_total = 0;
   const CpuLevel level = cpu_level();
   for (int64_t i = 0; i < n_jobs; ++i) {
@@ -125,11 +149,22 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     p.row_bytes = static_cast<int64_t>(row_bytes(j.type, j.cols));
     if (p.k.fn) {
       p.xb = q::act_row_bytes(p.k.act, j.cols);
-      p.xq_offset = xq_total;
-      xq_total += p.xb * j.n_tok * p.passes;
+      // Jobs on the same activations (the gate and up of an expert; every expert of a decoded token,
+      // whose x is the token's row) share one quantized copy: quantization is a pure function of
+      // (x, cols, act, passes), so the result is the same bytes, computed once.
+      const int64_t same = find_same_acts(jobs, prep.data(), owners, i);
+      if (same >= 0) {
+        p.xq_offset = prep[same].xq_offset;
+        p.quantize = false;
+      } else {
+        p.xq_offset = xq_total;
+        xq_total += p.xb * j.n_tok * p.passes;
+        owners.push_back(i);
+      }
     }
+    const int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
     if (j.n_tok > 0)
-      for (int64_t r = 0; r < j.rows; r += kRowGrain) chunks.push_back({i, r, std::min(j.rows, r + kRowGrain)});
+      for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
   }
   if (chunks.empty()) return;
   // Quantize every job's activations once: [job][n_tok][xb bytes].
@@ -138,7 +173,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
   const Prepared* pp = prep.data();
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
-    if (!pp[i].k.fn || j.n_tok == 0) continue;
+    if (!pp[i].k.fn || !pp[i].quantize || j.n_tok == 0) continue;
     pool.parallel_for(j.n_tok, 8, [&](int64_t t0, int64_t t1, int) {
       thread_local std::vector<float> resid;  // [cols]
       for (int64_t t = t0; t < t1; ++t) {

@@ -34,6 +34,7 @@ struct MatmulJob {
 
 // Independent products in one parallel region: one wake-up of the pool for all of them (e.g. the gate
 // and up projections of every routed expert of a MoE layer). Results equal matmul() on each job.
+// Jobs with the same x pointer (and n_tok, cols) quantize their activations once between them.
 // Not re-entrant on the same pool (like ThreadPool::parallel_for).
 void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadPool& pool);
 
