@@ -48,7 +48,9 @@ arm() {
 # Time limits keep the whole run under ~6 minutes (scripts/device-gpu-run gives it 400 s).
 echo "======== $(basename "$syn")"
 arm "cuda 100%" 90 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
+STRATA_CUDA_GRAPHS=0 arm "cuda 100% graphs off" 60 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n "$tg"
 arm "cuda 25%" 90 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+STRATA_POOL_SPIN_US=0 arm "cuda 25% pool spin off" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p 0 -n "$tg"
 arm "cuda 25% adapt" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 32 -p 0 -n "$tg"
 arm "cpu" 60 -m "$syn" --backend cpu -p 64 -n 32
 echo "======== $(basename "$demo")"
