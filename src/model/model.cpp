@@ -4,8 +4,12 @@
 
 #include "model/qwen3moe.h"
 #include "model/qwen3next.h"
+#include "quant/q4k_repack.h"
 
 namespace strata {
+
+// Another model may later be mapped at the same addresses: no repacked copy may outlive its weights.
+Model::~Model() { q::q4k_repack_clear(); }
 
 std::vector<std::string> supported_architectures() { return {"qwen3moe", "qwen3next"}; }
 

@@ -69,7 +69,7 @@ class Workspace {
 
 class Model {
  public:
-  virtual ~Model() = default;
+  virtual ~Model();  // frees the Q4_K repack cache (its keys are weight pointers of some model)
   const HParams& hparams() const { return hp_; }
   const gguf::File& file() const { return file_; }
   int32_t n_vocab() const { return hp_.n_vocab; }

@@ -8,11 +8,13 @@
 #include "quant/matmul.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
+#include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
 
 namespace strata {
@@ -52,6 +54,10 @@ struct Prepared {
   int64_t xq_offset = 0;   // where this job's quantized activations start in the shared buffer
   int passes = 1;          // 2: FastPrecise: token t's residual row follows its first row (2t, 2t+1)
   bool quantize = true;    // false: an earlier job with the same activations quantized them
+  // Q4_K prefill over 8-row repacked weights (q4k_repack.h): the copy ([rows / 8][cols / 256]), or null
+  std::shared_ptr<const q::RepQ4K8[]> rep;
+  int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
+  bool permute = false;       // this job (the owner of its activations) fills that permuted copy
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
@@ -86,8 +92,28 @@ struct Chunk {
   int64_t job, r0, r1;
 };
 
-void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, int64_t r0, int64_t r1) {
+void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, int64_t r0,
+               int64_t r1) {
   const auto* wb = static_cast<const uint8_t*>(j.w);
+  if (p.rep) {  // 8 rows x 4 tokens per kernel call over the repacked copy (bit-identical to fn4/fn)
+    const int64_t g0 = (r0 + 7) / 8 * 8, g1 = r1 / 8 * 8;  // whole 8-row groups of this chunk
+    const int64_t nb = j.cols / q::QK_K, tq = j.n_tok / 4 * 4;
+    for (int64_t t0 = 0; t0 < tq; t0 += kTokTile) {
+      const int64_t t1 = std::min(tq, t0 + kTokTile);
+      for (int64_t g = g0; g < g1; g += 8)
+        for (int64_t t = t0; t < t1; t += 4)
+          q::q4k_gemm8x4_avx512(j.cols, p.rep.get() + g / 8 * nb, xq + t * p.xb, p.xb, xperm + t * j.cols,
+                                j.y + t * j.rows + g, j.rows);
+    }
+    for (int64_t r = r0; r < r1; ++r) {  // rows outside whole groups: every token; the rest: the tail tokens
+      const uint8_t* wr = wb + r * p.row_bytes;
+      int64_t t = r >= g0 && r < g1 ? tq : 0;
+      if (p.k.fn4)
+        for (; t + 4 <= j.n_tok; t += 4) p.k.fn4(j.cols, wr, xq + t * p.xb, p.xb, j.y + t * j.rows + r, j.rows);
+      for (; t < j.n_tok; ++t) j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + t * p.xb);
+    }
+    return;
+  }
   if (!p.k.fn) {  // exact mode (or no integer kernel): each row dequantized once, dotted with every token
     thread_local std::vector<float> row;  // [cols] f32; grows once, reused across calls
     if (static_cast<int64_t>(row.size()) < j.cols) row.resize(j.cols);
@@ -133,10 +159,11 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
   thread_local std::vector<Chunk> chunks;
   thread_local std::vector<uint8_t> xq_buf;
   thread_local std::vector<int64_t> owners;  // jobs that quantize their own activations
+  thread_local std::vector<uint8_t> xperm_buf;  // permuted activations of repacked Q4_K jobs
   prep.assign(n_jobs, Prepared{});
   chunks.clear();
   owners.clear();
-  int64_t xq_total = 0;
+  int64_t xq_total = 0, xperm_total = 0;
   const CpuLevel level = cpu_level();
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
@@ -161,8 +188,22 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
         xq_total += p.xb * j.n_tok * p.passes;
         owners.push_back(i);
       }
+      // Prefill (>= 4 tokens) of Q4_K in fast mode at the AVX-512 level: the 8-row repacked kernel
+      // when the engine has turned the repack cache on and the matrix fits its budget.
+      if (j.type == GgmlType::Q4_K && p.passes == 1 && j.n_tok >= 4 && p.k.level == CpuLevel::Avx512)
+        p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
+      if (p.rep) {
+        Prepared& own = same >= 0 ? prep[same] : p;
+        if (own.xperm_offset < 0) {
+          own.xperm_offset = xperm_total;
+          own.permute = true;
+          xperm_total += j.n_tok * j.cols;
+        }
+        p.xperm_offset = own.xperm_offset;
+      }
     }
-    const int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
+    int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
+    if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (j.n_tok > 0)
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
   }
@@ -188,11 +229,23 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
       }
     });
   }
+  // Permuted copies of the activations the repacked Q4_K jobs read: [n_tok][cols] bytes each.
+  if (static_cast<int64_t>(xperm_buf.size()) < xperm_total) xperm_buf.resize(xperm_total);
+  uint8_t* xperm = xperm_buf.data();
+  for (int64_t i = 0; i < n_jobs; ++i) {
+    if (!pp[i].permute) continue;
+    const MatmulJob& j = jobs[i];
+    pool.parallel_for(j.n_tok, 8, [&](int64_t t0, int64_t t1, int) {
+      q::q4k_permute_acts(xq + pp[i].xq_offset + t0 * pp[i].xb, pp[i].xb, t1 - t0, j.cols,
+                          xperm + pp[i].xperm_offset + t0 * j.cols);
+    });
+  }
   const Chunk* cs = chunks.data();
   pool.parallel_for(static_cast<int64_t>(chunks.size()), 1, [&](int64_t c0, int64_t c1, int) {
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = cs[c];
-      run_chunk(jobs[ch.job], pp[ch.job], xq + pp[ch.job].xq_offset, ch.r0, ch.r1);
+      const Prepared& p = pp[ch.job];
+      run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch.r0, ch.r1);
     }
   });
 }
