@@ -21,6 +21,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/thread_pool.h"
 #include "quant/matmul.h"
+#include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
 
 using namespace strata;
@@ -108,6 +109,28 @@ void BM_Matmul(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, 
   state.SetLabel(fmt::format("{} bytes/matrix", w.matrix_bytes));
 }
 
+// Prefill (n_tok = 64) against one in-cache expert-sized matrix, fast mode, with the Q4_K 8-row
+// repack cache off (the 4-token kernel) or on (q4k_repack.h; the copy is built before timing).
+// Both arms run in this process: compare their GMAC/s.
+void BM_Prefill(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, bool repack) {
+  ThreadPool& pool = default_thread_pool();
+  const int64_t n_tok = 64;
+  const Weights w = make_weights(t, rows, cols);
+  std::mt19937 rng(3);
+  const auto x = test::random_acts(cols * n_tok, rng);
+  std::vector<float> y(rows * n_tok);
+  q::q4k_repack_set_budget(repack ? size_t(1) << 30 : 0);
+  matmul(t, w.data.data(), rows, cols, x.data(), n_tok, y.data(), MatmulMode::Fast, pool);  // builds the copy
+  if (repack && q::q4k_repack_bytes() == 0) state.SkipWithError("no repacked copy (CPU lacks AVX-512 VNNI+VBMI?)");
+  for (auto _ : state) {
+    matmul(t, w.data.data(), rows, cols, x.data(), n_tok, y.data(), MatmulMode::Fast, pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  q::q4k_repack_set_budget(0);
+  state.counters["GMAC/s"] =
+      benchmark::Counter(double(rows) * cols * n_tok * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+
 // Kernel compute throughput, one thread, weights and activations in cache (32 rows of 4096): what a core
 // does when memory is not the limit (prefill). 4-token kernels count 4 tokens per weight row.
 void BM_Kernel(benchmark::State& state, GgmlType t, int n_tok) {
@@ -178,6 +201,11 @@ int main(int argc, char** argv) {
                             GgmlType::IQ3_S,  GgmlType::IQ1_M,   GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ2_S,
                             GgmlType::IQ1_S,  GgmlType::Q5_0,    GgmlType::Q5_1,   GgmlType::Q4_1,  GgmlType::F16,
                             GgmlType::BF16};
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
+    for (bool repack : {false, true})
+      benchmark::RegisterBenchmark(fmt::format("Prefill64/{}x{}/Q4_K/{}", cols, rows, repack ? "repack8" : "4tok").c_str(),
+                                   BM_Prefill, GgmlType::Q4_K, rows, cols, repack)
+          ->Unit(benchmark::kMillisecond);
   for (GgmlType t : types) {
     const std::string n(type_name(t));
     benchmark::RegisterBenchmark(("Matvec/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 1, MatmulMode::Fast)

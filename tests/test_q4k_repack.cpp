@@ -134,7 +134,7 @@ TEST(Q4KRepack, FixtureModelLogitsBitIdentical) {
   opt.n_batch = 512;
   opt.n_threads = 2;
   opt.mode = MatmulMode::Fast;
-  Engine eng(model, opt);  // turns the cache on
+  Engine eng(model, opt);
   const size_t V = ref.n_vocab;
   std::vector<float> logits[2];
   for (int pass = 0; pass < 2; ++pass) {

@@ -14,8 +14,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
   opt_.n_batch = std::min(opt_.n_batch, opt_.n_ctx);
   opt_.n_threads = pool_.size();
   ws_ = model_->new_workspace(opt_.n_batch, opt_.n_ctx, pool_.size());
-  // Fast-mode prefill of Q4_K weights uses 8-row repacked copies, made lazily and bounded by this
-  // budget (bit-identical results; quant/q4k_repack.h). Never lowers a budget another engine set.
+  // Fast-mode prefill of Q4_K weights may use 8-row repacked copies, made lazily and bounded by this
+  // budget (STRATA_Q4K_REPACK_MIB, off by default; bit-identical results; quant/q4k_repack.h).
+  // Never lowers a budget another engine set.
   if (opt_.mode == MatmulMode::Fast)
     q::q4k_repack_set_budget(std::max(q::q4k_repack_budget(), q::q4k_repack_default_budget()));
   batch_.reserve(size_t(opt_.n_batch));

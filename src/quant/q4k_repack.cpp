@@ -67,16 +67,15 @@ void q4k_repack_rows8(const uint8_t* w, int64_t row_bytes, int64_t nb, RepQ4K8* 
       unpack_scales_mins(blk.scales, sm);
       for (int s = 0; s < 8; ++s) o.sc[s][r] = sm[s], o.mins[r][s] = sm[8 + s];
       for (int j = 0; j < 4; ++j)
-        for (int m = 0; m < 16; ++m) {
+        for (int m = 0; m < 16; ++m) {  // 4 bytes at a time: nibble e of groups g (low) and g + 2 (high)
           const int L = m / 4, k = (m % 4) / 2, e = m % 2;
           if ((L >= 2) != (r % 2 == 1)) continue;
-          for (int c = 0; c < 4; ++c) {
-            auto val = [&](int g) {
-              const uint8_t q = blk.qs[32 * j + 4 * g + c];
-              return e ? q >> 4 : q & 15;
-            };
-            o.qs[j][r / 2][4 * m + c] = static_cast<uint8_t>(val(4 * (L % 2) + k) | (val(4 * (L % 2) + 2 + k) << 4));
-          }
+          const int g = 4 * (L % 2) + k;
+          uint32_t a, c;
+          std::memcpy(&a, blk.qs + 32 * j + 4 * g, 4);
+          std::memcpy(&c, blk.qs + 32 * j + 4 * (g + 2), 4);
+          const uint32_t v = e ? ((a >> 4) & 0x0F0F0F0Fu) | (c & 0xF0F0F0F0u) : (a & 0x0F0F0F0Fu) | ((c & 0x0F0F0F0Fu) << 4);
+          std::memcpy(o.qs[j][r / 2] + 4 * m, &v, 4);
         }
     }
   }
@@ -115,7 +114,7 @@ size_t q4k_repack_default_budget() {
     STRATA_REQUIRE(end && *end == '\0' && mib < (1ull << 40), "STRATA_Q4K_REPACK_MIB: not a size in MiB: '{}'", e);
     return static_cast<size_t>(mib) << 20;
   }
-  return size_t(4) << 30;
+  return 0;
 }
 size_t q4k_repack_bytes() {
   std::lock_guard lock(cache().mu);

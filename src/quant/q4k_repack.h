@@ -10,7 +10,7 @@
 //
 // Where the copy lives: a process-wide cache keyed by (weight pointer, rows, cols), filled lazily
 // by matmul the first time a Q4_K matrix is used with n_tok >= 4, under a mutex, and only while the
-// cache's byte budget allows (0 = off, the default: the engine turns it on; a matrix that does not
+// cache's byte budget allows (0 = off, the default; the engine asks for STRATA_Q4K_REPACK_MIB; a matrix that does not
 // fit keeps using the 1-row kernel, nothing is evicted). Any Model's destruction clears the cache
 // (q4k_repack_clear) so a later model mapped at the same address never meets a stale copy.
 #include <cstddef>
@@ -31,7 +31,9 @@ static_assert(sizeof(RepQ4K8) == 1216);
 // Sets the cache's byte budget (0 turns it off and frees every copy). Thread-safe.
 void q4k_repack_set_budget(size_t bytes);
 size_t q4k_repack_budget();
-// The budget an engine in fast mode asks for: STRATA_Q4K_REPACK_MIB if set (0 = off), else 4 GiB.
+// The budget an engine in fast mode asks for: STRATA_Q4K_REPACK_MIB (MiB) if set, else 0 (off): on
+// the 2-layer synthetic Qwen3-30B-A3B the kernel's 1.1-1.25x did not show in pp512 (within noise)
+// while the copies cost ~5.6% more than the Q4_K bytes they copy (bench/results/2026-11-29-cpu-prefill-repack.md).
 size_t q4k_repack_default_budget();
 size_t q4k_repack_bytes();  // bytes held now
 void q4k_repack_clear();    // frees every copy (budget unchanged)
