@@ -18,6 +18,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
+#include "moe_test_util.h"
 #include "quant/matmul.h"
 
 namespace {
@@ -34,57 +35,25 @@ class CudaMoe : public test::GpuKernelTest {
  protected:
   // One set of experts per case (quantizing them dominates the test's time), then each n.
   void run(const MoeCase& mc, std::initializer_list<int64_t> ns) {
-    const int64_t n_embd = 2048, n_ff = 768;
-    const int n_expert = 16, n_slots = 12, k = 8;
+    constexpr int k = 8;
     std::mt19937 rng(1234 + 7 * static_cast<int>(mc.down) + static_cast<int>(mc.extra_offset));
     ThreadPool& pool = test::test_pool();
-    const int64_t gb = int64_t(row_bytes(mc.gate, n_embd)) * n_ff, ub = int64_t(row_bytes(mc.up, n_embd)) * n_ff,
-                  db = int64_t(row_bytes(mc.down, n_ff)) * n_embd;
-    cm::ExpertLayerView v;
-    v.gate_type = mc.gate, v.up_type = mc.up, v.down_type = mc.down;
-    v.gate_off = mc.extra_offset, v.up_off = v.gate_off + gb + mc.extra_offset, v.down_off = v.up_off + ub;
-    v.slot_bytes = v.down_off + db + mc.extra_offset;
-    v.n_embd = n_embd, v.n_ff = n_ff;
-
     // Experts: weights on the host; 10 of 16 resident in scattered slots, the rest -1.
-    std::vector<std::vector<uint8_t>> G(n_expert), U(n_expert), D(n_expert);
-    for (int e = 0; e < n_expert; ++e) {
-      G[e] = test::random_weights(mc.gate, n_ff, n_embd, rng);
-      U[e] = test::random_weights(mc.up, n_ff, n_embd, rng);
-      D[e] = test::random_weights(mc.down, n_embd, n_ff, rng);
-    }
-    std::vector<int32_t> table(n_expert, -1);
-    const int resident[] = {0, 2, 3, 5, 8, 9, 11, 12, 14, 15};
-    const int slot_of[] = {7, 0, 11, 3, 9, 1, 5, 10, 2, 6};  // slots 4 and 8 stay empty (garbage)
-    std::vector<uint8_t> slots(v.slot_bytes * n_slots);
-    for (auto& b : slots) b = static_cast<uint8_t>(rng());
-    for (int i = 0; i < 10; ++i) {
-      const int e = resident[i], s = slot_of[i];
-      table[e] = s;
-      uint8_t* base = slots.data() + s * v.slot_bytes;
-      std::copy(G[e].begin(), G[e].end(), base + v.gate_off);
-      std::copy(U[e].begin(), U[e].end(), base + v.up_off);
-      std::copy(D[e].begin(), D[e].end(), base + v.down_off);
-    }
+    test::MoeTestLayer L = test::make_moe_test_layer(mc.gate, mc.up, mc.down, mc.extra_offset, rng);
+    const int64_t n_embd = L.n_embd, n_ff = L.n_ff;
+    cm::ExpertLayerView& v = L.view;
+    const auto &G = L.G, &U = L.U, &D = L.D;
+    const auto& table = L.table;
+    const auto& slots = L.slots;
 
     auto d_slots = upload_vec(slots);
     auto d_table = upload_vec(table);
     v.slots = d_slots.ptr<uint8_t>();
     for (int64_t n : ns) {
-      // Routing: k distinct random experts per token, except token 1 (when n > 1): only the 6 non-resident
-      // experts (two of them twice), so it has no resident expert.
-      std::vector<int32_t> ids(n * k);
-      std::vector<float> wts(n * k);
-      const int non_resident[] = {1, 4, 6, 7, 10, 13};
-      for (int64_t t = 0; t < n; ++t) {
-        std::vector<int32_t> perm(n_expert);
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        for (int j = 0; j < k; ++j) ids[t * k + j] = t == 1 ? non_resident[j % 6] : perm[j];
-        float sum = 0;
-        for (int j = 0; j < k; ++j) sum += (wts[t * k + j] = 0.1f + float(rng() % 1000) / 1000.f);
-        for (int j = 0; j < k; ++j) wts[t * k + j] /= sum;
-      }
+      // Routing: k distinct random experts per token, except token 1: no resident expert (moe_test_util.h).
+      std::vector<int32_t> ids;
+      std::vector<float> wts;
+      test::make_moe_test_routing(n, k, rng, ids, wts);
       const auto x = test::random_acts(n * n_embd, rng);
 
       // CPU reference.
