@@ -237,16 +237,7 @@ class Parser {
     auto s = node<Stmt>(Stmt::K::Macro, next());
     s->text = expect_any_name();
     parse_signature(*s);
-    macro_names_.emplace_back();
-    int saved_loop = loop_depth_;
-    loop_depth_ = 0;
-    s->bodies.push_back(parse_statements({"endmacro"}, true));
-    loop_depth_ = saved_loop;
-    auto& names = macro_names_.back();
-    s->uses_varargs = names.count("varargs");
-    s->uses_kwargs = names.count("kwargs");
-    s->uses_caller = names.count("caller");
-    macro_names_.pop_back();
+    parse_callable_body(*s, "endmacro");
     return s;
   }
 
@@ -256,17 +247,23 @@ class Parser {
     ExprP call = parse_expression(true);
     if (call->k != Expr::K::Call) fail("expected a call in {% call %}");
     s->e.push_back(std::move(call));
+    parse_callable_body(*s, "endcall");
+    return s;
+  }
+
+  // The body of a macro or a call block, up to `end_tag`: its own scope for the names varargs, kwargs and
+  // caller (recorded on s), and outside any loop.
+  void parse_callable_body(Stmt& s, const char* end_tag) {
     macro_names_.emplace_back();
     int saved_loop = loop_depth_;
     loop_depth_ = 0;
-    s->bodies.push_back(parse_statements({"endcall"}, true));
+    s.bodies.push_back(parse_statements({end_tag}, true));
     loop_depth_ = saved_loop;
     auto& names = macro_names_.back();
-    s->uses_varargs = names.count("varargs");
-    s->uses_kwargs = names.count("kwargs");
-    s->uses_caller = names.count("caller");
+    s.uses_varargs = names.count("varargs");
+    s.uses_kwargs = names.count("kwargs");
+    s.uses_caller = names.count("caller");
     macro_names_.pop_back();
-    return s;
   }
 
   StmtP parse_filter_block() {
