@@ -1,0 +1,63 @@
+#pragma once
+// Decode products with int8 activations (issue 7), declarations only. Implementation: q8_kernels.cu;
+// CPU references with the same signatures: host/q8_reference.h; tests: tests/cuda/test_q8_kernels.cu.
+//
+// Why: the f32-activation kernels (quant_kernels.cuh, fast_dot.cuh) spend ~4 instructions per weight
+// (byte -> float, subtract, FMA, sum of x), which caps a Q4_K matvec near a quarter of HBM bandwidth on
+// the H200. With the activations quantized once per token to int8 blocks of 32 (ggml's q8_1 idea), one
+// dp4a multiplies 4 weights by 4 activations: the kernels become bound by memory, not by issue.
+// Used by the fast GPU mode only (llama.cpp's GPU quantizes activations the same way; the exact mode keeps
+// f32 weights and f32 activations).
+//
+// Activation layout ("Q8 activations"), for n rows of `cols` values, cols % 32 == 0:
+//   q:  [n][cols] int8          q = round(x / d), |q| <= 127
+//   ds: [n][cols / 32] float2   {d, d * sum(q over the block)}, d = max|x over the block| / 127
+//                                (d = 0 and q = 0 for an all-zero block)
+// Both device, q 16-byte aligned per row (cols % 32 == 0 keeps every row aligned when q is).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/moe_kernels.cuh"
+#include "quant/types.h"
+
+namespace strata::cuda::q8 {
+
+// True when `t` has int8-activation kernels (at least Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). Any other type keeps
+// the f32 path of quant_kernels.cuh / moe_kernels.cuh.
+bool supported(GgmlType t);
+
+// x: [n][cols] f32 -> (q, ds) as above. cols % 32 == 0 (throws strata::Error otherwise).
+void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream);
+
+// y = rmsnorm(x) * w exactly as ops::rmsnorm computes it (same values), and (q, ds) = quantize(y), in one
+// launch. x, y: [n][cols] f32 (y may be x)  w: [cols] f32.
+void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
+                      float2* ds, cudaStream_t stream);
+
+// y[t][r] = W[r] . x[t] (accumulate = false) or y[t][r] += W[r] . x[t] (accumulate = true; the residual
+// add fused), for t < n, any n >= 1 (tiled). x given as Q8 activations of [n][cols]. W: [rows][cols] in
+// `type` (supported(type)), row r at w + r * row_bytes. Throws strata::Error for an unsupported type or
+// cols not a multiple of the type's block size.
+void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
+            const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
+
+// MoE decode with Q8 activations, experts read from expert-cache slots through the layer's residency
+// table row (same view and table contract as moe::moe_gate_up / moe::moe_down).
+// For every (t, j), t < n, j < k, with e = ids[t*k+j] resident (table[e] >= 0):
+//   h = silu(gate_e . x[t]) * (up_e . x[t])   (n_ff values), stored only as Q8 activations:
+//   hq: [n*k][n_ff] int8, hds: [n*k][n_ff/32] float2. Pairs of non-resident experts are left untouched.
+// Needs n_ff % 32 == 0 and supported(gate_type) && supported(up_type) (check with moe_supported).
+void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
+                 const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream);
+
+// x[t][:] += sum over j < k with ids[t*k+j] resident of wts[t*k+j] * (down_e . h[t*k+j]), the k terms
+// summed in a fixed order first (deterministic, no atomics), then added to x once. x: [n][n_embd] f32.
+void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
+              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream);
+
+// True when the three expert tensors' types are supported and n_ff, n_embd are multiples of 32 and of
+// their types' block sizes (else the caller keeps moe::moe_gate_up / moe::moe_down).
+bool moe_supported(const moe::ExpertLayerView& v);
+
+}  // namespace strata::cuda::q8
