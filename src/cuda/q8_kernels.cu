@@ -60,11 +60,10 @@ __global__ void __launch_bounds__(kThreads)
                   const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* __restrict__ y,
                   bool accumulate) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
-  const int64_t row = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2) + (lane >> lpr_log2);
   const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2);
   if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
+  const int64_t row = row0 + (lane >> lpr_log2);
   const bool valid = row < rows;
-  const int tasks = int(cols / F::kVals) * F::kTasks;
   const int64_t dss = cols / 32;
   const uint8_t* wr = w + (valid ? row : 0) * row_bytes;
   for (int64_t t0 = 0; t0 < n; t0 += NT) {
@@ -72,16 +71,7 @@ __global__ void __launch_bounds__(kThreads)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    if (valid) {
-      const int8_t* xt = xq + t0 * cols;
-      const float2* dt = xds + t0 * dss;
-#pragma unroll 2
-      for (int task = sub; task < tasks; task += lpr) {
-        const int b = task / F::kTasks;
-        F::template dot<A, NT>(wr + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
-                               dt + int64_t(b) * (F::kVals / 32), dss, nt, acc);
-      }
-    }
+    if (valid) q8d::row_lane_partial<F, A, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
 #pragma unroll
     for (int t = 0; t < NT; ++t)
       for (int o = lpr >> 1; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
@@ -98,9 +88,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename F, int A, int NT>
 void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
                    const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
-  const int tasks = int(cols / F::kVals) * F::kTasks;
-  int lpr_log2 = 0;
-  while ((1 << lpr_log2) < tasks && lpr_log2 < 5) ++lpr_log2;
+  const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
   const int64_t rows_per_block = (kThreads / 32) * (32 >> lpr_log2);
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
