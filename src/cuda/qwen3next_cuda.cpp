@@ -12,8 +12,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.h"
 #include "cpu/matmul_batch.h"
@@ -21,7 +23,9 @@
 #include "cuda/device.h"
 #include "cuda/expert_cache.h"
 #include "cuda/gdn.cuh"
+#include "cuda/attn_tile.cuh"
 #include "cuda/gemm_context.h"
+#include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
 #include "cuda/model_common.h"
 #include "cuda/moe_kernels.cuh"
@@ -40,6 +44,12 @@ using qwen3next::NextParams;
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = kMiB * 1024.0;
+// Batches of up to this many tokens (decode) run as a CUDA graph when no layer needs the CPU pool (as
+// qwen3moe_cuda.cpp); larger ones are prefill, whose launch overhead does not matter.
+constexpr int64_t kMaxGraphTokens = 8;
+// Graphs kept per workspace: one per (batch shape, sequences), so a server cycling through many
+// conversations would otherwise collect them without bound; past this many the cache starts over.
+constexpr size_t kMaxGraphs = 64;
 
 struct GdnLayer {
   DevWeight qkv;      // [conv_dim][n_embd]   attn_qkv (legacy ssm_in: its q|k|v rows, regrouped at load)
@@ -237,6 +247,23 @@ class NextWorkspace final : public Workspace {
   std::vector<Run> runs;                // [<= n_tok]
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   Ticket partial_ticket;                // last upload that reads partial_h
+  // CUDA graphs of the compute section (CudaQwen3Next::run_graph). Besides what qwen3moe's key holds,
+  // the key names each run's tokens and its sequence's state buffers: the GDN ops take the state
+  // pointers as kernel arguments, so a graph is valid for those sequences' device state only (an address
+  // reused by a later sequence holds a state of the same layout, so the graph is right for it too).
+  struct GraphKey {
+    int64_t n, n_out;
+    int attn;
+    bool mma, generic;  // attn_tile::prefill_mma(), quant::generic_only(): process-wide switches
+    std::vector<std::tuple<int32_t, int32_t, const void*, const void*>> runs;  // t0, t1, conv, ssm
+    bool operator<(const GraphKey& o) const {
+      return std::tie(n, n_out, attn, mma, generic, runs) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.runs);
+    }
+  };
+  std::map<GraphKey, Graph> graphs;
+  uint64_t graphs_model = 0;           // CudaQwen3Next::model_id_ of the model that captured them
+  const void* graphs_slots = nullptr;  // the expert cache's slot and table allocations they read
+  const void* graphs_table = nullptr;
   MoeScratch moe;
   cpu::MatmulBatch mb;
 };
@@ -275,7 +302,11 @@ Weight host_matrix(const Weight& like, const std::vector<uint8_t>& bytes, int64_
 class CudaQwen3Next final : public Model {
  public:
   CudaQwen3Next(gguf::File file, HParams hp, NextParams np, const CudaOptions& opt)
-      : Model(std::move(file), std::move(hp)), np_(std::move(np)), opt_(opt) {
+      : Model(std::move(file), std::move(hp)),
+        np_(std::move(np)),
+        opt_(opt),
+        graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
+        model_id_(next_model_id()) {
     load();
   }
   ~CudaQwen3Next() override {
@@ -329,8 +360,10 @@ class CudaQwen3Next final : public Model {
     r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
     r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
     r.slot_bytes = uint64_t(cache_->slot_bytes());
-    r.graphs_enabled = false;  // not for qwen3next yet (docs/gpu.md)
+    r.graphs_enabled = graphs_;
     r.forwards = int64_t(work_.forwards);
+    r.graph_forwards = int64_t(work_.graph_forwards);
+    r.graph_captures = int64_t(work_.captures);
     r.op_calls = int64_t(work_.op_calls);
     r.transfers = int64_t(work_.transfers);
     r.host_s = std::chrono::duration<double>(work_.host).count();
@@ -348,12 +381,14 @@ class CudaQwen3Next final : public Model {
                const ForwardOptions& opt) const override;
 
  private:
-  // One forward's parameters every kernel launch of it depends on.
+  // One forward's parameters every kernel launch of it depends on. launch = false walks the same
+  // sequence for the stream-order checker's notes only (no kernel enqueued: a graph replay).
   struct Pass {
     NextWorkspace& ws;
     int64_t n, n_out;  // tokens in the batch, rows that want logits
     int64_t n_runs;    // ws.runs[0, n_runs): the batch's sequences
     cpu::AttnMath attn;
+    bool launch;
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -363,11 +398,12 @@ class CudaQwen3Next final : public Model {
     }
   };
   struct HostWork {
-    uint64_t forwards = 0, op_calls = 0, transfers = 0;
+    uint64_t forwards = 0, graph_forwards = 0, captures = 0, op_calls = 0, transfers = 0;
     std::chrono::steady_clock::duration host{}, wait{};
   };
   template <typename F>
-  void op(F&& f) const {
+  void op(const Pass& p, F&& f) const {
+    if (!p.launch) return;
     f();
     ++work_.op_calls;
   }
@@ -383,6 +419,9 @@ class CudaQwen3Next final : public Model {
   void gpu_experts(const Pass& p, int il) const;    // resident experts from their slots -> ws.moe_out
   void add_ffn_out(const Pass& p) const;            // x += moe_out + sigmoid(sh_logit) * tmp
   void output(const Pass& p) const;                 // rows that want logits -> ws.logits
+  void layer_front(const Pass& p, int il) const;    // attn norm, GDN or attention block, residual, route
+  void compute_resident(const Pass& p) const;       // the whole pass when every expert is resident
+  void run_graph(const Pass& p) const;              // compute_resident as a (cached) CUDA graph
   // The CPU pool's part of layer il's routed experts (the GPU runs the resident pairs meanwhile):
   // downloads routing and activations, runs the others on CPU threads, uploads and adds their sum.
   void pool_experts(const Pass& p, int il, ThreadPool& pool, const ForwardOptions& opt) const;
@@ -395,15 +434,21 @@ class CudaQwen3Next final : public Model {
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
           Site site = Site::here()) const {
     note_launch(dev_->compute(), {w.buf.span(), x.span()}, {y.span()}, site);
-    op([&] {
+    op(p, [&] {
       quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream(),
                     p.ws.gemm.get());
     });
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
+  static uint64_t next_model_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }
 
   NextParams np_;
   CudaOptions opt_;
+  const bool graphs_;        // CUDA graphs for decode passes without the CPU pool
+  const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
@@ -566,7 +611,7 @@ void CudaQwen3Next::load() {
 void CudaQwen3Next::embed(const Pass& p) const {
   const StepLayout sl(p.n);
   note_launch(dev_->compute(), {tok_embd_.buf.span(), p.ws.step_in.span()}, {p.ws.x.span()});
-  op([&] {
+  op(p, [&] {
     quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
                     p.ws.x.as<float>(), stream());
   });
@@ -587,19 +632,19 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
   mm(p, w.gate, ws.xn, n, ws.zg);
   mm(p, w.ba, ws.xn, n, ws.ba);
   note_launch(cs, {ws.ba.span(), w.a.buf.span(), w.dt_bias.buf.span()}, {ws.g.span(), ws.beta.span()});
-  op([&] { gdn::gates(ws.ba.as<const float>(), n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), ws.g.as<float>(), ws.beta.as<float>(), s); });
+  op(p, [&] { gdn::gates(ws.ba.as<const float>(), n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), ws.g.as<float>(), ws.beta.as<float>(), s); });
   const size_t conv_off = size_t(l.index) * conv_state_values(), ssm_off = size_t(l.index) * ssm_state_values();
   for (int64_t r = 0; r < p.n_runs; ++r) {
     const Run& run = ws.runs[size_t(r)];
     const int64_t len = run.t1 - run.t0;
     note_launch(cs, {ws.qkv.span(), w.conv.buf.span(), run.st->conv.span()}, {ws.conv.span(), run.st->conv.span()});
-    op([&] {
+    op(p, [&] {
       gdn::conv1d_silu(ws.qkv.as<const float>() + run.t0 * C, len, C, K, run.st->conv.as<float>() + conv_off,
                        w.conv.f32(), ws.conv.as<float>() + run.t0 * C, s);
     });
   }
   note_launch(cs, {ws.conv.span()}, {ws.gq.span(), ws.gk.span(), ws.gv.span()});
-  op([&] {
+  op(p, [&] {
     gdn::split_qkv(ws.conv.as<const float>(), n, Hk, Hv, D, hp_.rms_eps, ws.gq.as<float>(), ws.gk.as<float>(),
                    ws.gv.as<float>(), s);
   });
@@ -609,7 +654,7 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
     const int64_t t0 = run.t0, len = run.t1 - run.t0;
     note_launch(cs, {ws.gq.span(), ws.gk.span(), ws.gv.span(), ws.g.span(), ws.beta.span(), run.st->ssm.span()},
                 {ws.go.span(), run.st->ssm.span()});
-    op([&] {
+    op(p, [&] {
       gdn::delta_rule(len, Hk, Hv, D, ws.gq.as<const float>() + t0 * Kd, ws.gk.as<const float>() + t0 * Kd,
                       ws.gv.as<const float>() + t0 * Vd, ws.g.as<const float>() + t0 * Hv,
                       ws.beta.as<const float>() + t0 * Hv, q_scale, run.st->ssm.as<float>() + ssm_off,
@@ -617,7 +662,7 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
     });
   }
   note_launch(cs, {ws.go.span(), ws.zg.span(), w.norm.buf.span()}, {ws.go.span()});
-  op([&] {
+  op(p, [&] {
     gdn::gated_rms_norm(ws.go.as<const float>(), ws.zg.as<const float>(), w.norm.f32(), n * Hv, D, hp_.rms_eps,
                         ws.go.as<float>(), s);
   });
@@ -643,23 +688,23 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   mm(p, w.wk, ws.xn, n, ws.k);
   mm(p, w.wv, ws.xn, n, ws.v);
   note_launch(cs, {ws.qg.span()}, {ws.q.span(), ws.qgate.span()});
-  op([&] { gdn::split_q_gate(ws.qg.as<const float>(), n, H, D, q, ws.qgate.as<float>(), s); });
+  op(p, [&] { gdn::split_q_gate(ws.qg.as<const float>(), n, H, D, q, ws.qgate.as<float>(), s); });
   note_launch(cs, {w.q_norm.buf.span(), w.k_norm.buf.span()}, {ws.q.span(), ws.k.span()});
-  op([&] { ops::rmsnorm(q, w.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
-  op([&] { ops::rmsnorm(k, w.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
+  op(p, [&] { ops::rmsnorm(q, w.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
+  op(p, [&] { ops::rmsnorm(k, w.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
   note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.k.span()});
-  op([&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
-  op([&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
+  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
+  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
   note_launch(cs, {ws.step_in.span(), ws.k.span(), ws.v.span()}, {});
-  op([&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, l.index, Hkv * D, Hkv * Dv, s); });
+  op(p, [&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, l.index, Hkv * D, Hkv * Dv, s); });
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  op([&] {
+  op(p, [&] {
     ops::attention(q, refs, n, l.index, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                    ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
   });
   note_launch(cs, {ws.qgate.span()}, {ws.att.span()});
-  op([&] { gdn::mul_sigmoid(ws.att.as<float>(), ws.qgate.as<const float>(), n * H * Dv, s); });
+  op(p, [&] { gdn::mul_sigmoid(ws.att.as<float>(), ws.qgate.as<const float>(), n * H * Dv, s); });
   mm(p, w.wo, ws.att, n, ws.tmp);
 }
 
@@ -669,10 +714,10 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   NextWorkspace& ws = p.ws;
   const int64_t n = p.n;
   note_launch(dev_->compute(), {ws.x.span(), l.post_norm.buf.span()}, {ws.xn.span()});
-  op([&] { ops::rmsnorm(ws.x.as<const float>(), l.post_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
+  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.post_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
   mm(p, l.router, ws.xn, n, ws.router);
   note_launch(dev_->compute(), {ws.router.span()}, {ws.ids.span(), ws.wts.span()});
-  op([&] {
+  op(p, [&] {
     ops::moe_route(ws.router.as<const float>(), n, hp.n_expert, hp.n_expert_used, hp.expert_weights_norm, p.ids(il),
                    ws.wts.as<float>(), stream());
   });
@@ -687,7 +732,7 @@ void CudaQwen3Next::shared_expert(const Pass& p, const Layer& l) const {
   mm(p, l.sh_up, ws.xn, n, ws.sh_u);
   mm(p, l.sh_gate_inp, ws.xn, n, ws.sh_logit);
   note_launch(dev_->compute(), {ws.sh_g.span(), ws.sh_u.span()}, {ws.sh_g.span()});
-  op([&] { ops::swiglu(ws.sh_g.as<const float>(), ws.sh_u.as<const float>(), n * np_.n_ff_shexp, ws.sh_g.as<float>(), stream()); });
+  op(p, [&] { ops::swiglu(ws.sh_g.as<const float>(), ws.sh_u.as<const float>(), n * np_.n_ff_shexp, ws.sh_g.as<float>(), stream()); });
   mm(p, l.sh_down, ws.sh_g, n, ws.tmp);
 }
 
@@ -702,15 +747,15 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
   // Prefill: tokens grouped by expert on the tensor cores (qwen3moe_cuda.cpp gpu_experts says why).
   if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
     note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
-    op([&] {
+    op(p, [&] {
       moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il), ws.wts.as<const float>(),
                                p.n, k_used, ws.moe_out.as<float>(), ws.moe_scratch.data(), ws.moe_scratch.bytes(),
                                stream());
     });
     return;
   }
-  op([&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
-  op([&] {
+  op(p, [&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
+  op(p, [&] {
     moe::moe_down(view, table, ws.h.as<const float>(), p.ids(il), ws.wts.as<const float>(), p.n, k_used,
                   ws.moe_out.as<float>(), stream());
   });
@@ -719,8 +764,8 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
 void CudaQwen3Next::add_ffn_out(const Pass& p) const {
   NextWorkspace& ws = p.ws;
   note_launch(dev_->compute(), {ws.moe_out.span(), ws.tmp.span(), ws.sh_logit.span()}, {ws.x.span()});
-  op([&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
-  op([&] {
+  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
+  op(p, [&] {
     gdn::add_sigmoid_scaled(ws.x.as<float>(), ws.tmp.as<const float>(), ws.sh_logit.as<const float>(), p.n, hp_.n_embd,
                             stream());
   });
@@ -731,16 +776,79 @@ void CudaQwen3Next::output(const Pass& p) const {
   NextWorkspace& ws = p.ws;
   const StepLayout sl(p.n);
   note_launch(dev_->compute(), {ws.x.span(), ws.step_in.span()}, {ws.xn.span()});
-  op([&] {
+  op(p, [&] {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out, ws.xn.as<float>(),
                     stream());
   });
   note_launch(dev_->compute(), {ws.xn.span(), output_norm_.buf.span()}, {ws.xn.span()});
-  op([&] {
+  op(p, [&] {
     ops::rmsnorm(ws.xn.as<const float>(), output_norm_.f32(), p.n_out, hp_.n_embd, hp_.rms_eps, ws.xn.as<float>(),
                  stream());
   });
   mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
+}
+
+void CudaQwen3Next::layer_front(const Pass& p, int il) const {
+  const Layer& l = layers_[size_t(il)];
+  NextWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const int64_t n = p.n, E = hp_.n_embd;
+  note_launch(cs, {ws.x.span(), l.attn_norm.buf.span()}, {ws.xn.span()});
+  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.attn_norm.f32(), n, E, hp_.rms_eps, ws.xn.as<float>(), stream()); });
+  if (l.recurrent)
+    gdn_block(p, l);
+  else
+    attention_block(p, l);
+  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
+  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, stream()); });
+  route(p, il);
+}
+
+void CudaQwen3Next::compute_resident(const Pass& p) const {
+  embed(p);
+  for (int il = 0; il < np_.n_layer; ++il) {
+    layer_front(p, il);
+    gpu_experts(p, il);
+    shared_expert(p, layers_[size_t(il)]);
+    add_ffn_out(p);
+  }
+  output(p);
+}
+
+// As qwen3moe_cuda.cpp run_graph (its comment says why a graph survives residency changes and what
+// invalidates it), with one difference: the GDN ops get each sequence's conv and delta-rule state as
+// kernel arguments, so the key holds the runs (token ranges and state addresses). Every other per-step
+// input (tokens, positions, KV refs, logit rows, the residency table's contents) is read from device
+// memory. The zeroing of a fresh sequence's state is a transfer enqueued before the launch, not part of
+// the graph.
+void CudaQwen3Next::run_graph(const Pass& p) const {
+  NextWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const void* slots = cache_->slots_span().ptr;
+  const void* table = cache_->table_span().ptr;
+  if (ws.graphs_model != model_id_ || ws.graphs_slots != slots || ws.graphs_table != table ||
+      ws.graphs.size() >= kMaxGraphs) {
+    ws.graphs.clear();
+    ws.graphs_model = model_id_;
+    ws.graphs_slots = slots;
+    ws.graphs_table = table;
+  }
+  NextWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}};
+  for (int64_t r = 0; r < p.n_runs; ++r) {
+    const Run& run = ws.runs[size_t(r)];
+    key.runs.emplace_back(run.t0, run.t1, run.st->conv.data(), run.st->ssm.data());
+  }
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    // The checker's notes are taken while capturing: the launch below follows them on the same stream.
+    Graph g = Graph::capture(cs, [&] { compute_resident(p); });
+    ++work_.captures;
+    it = ws.graphs.emplace(std::move(key), std::move(g)).first;
+  } else if (strata::stream_check::enabled()) {
+    compute_resident(Pass{ws, p.n, p.n_out, p.n_runs, p.attn, false});  // the replayed launches' notes only
+  }
+  it->second.launch(cs);
+  ++work_.graph_forwards;
 }
 
 // As the CPU-pool branch of qwen3moe_cuda.cpp forward(): routing, weights and activations go to the host
@@ -783,9 +891,9 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   note_launch(cs, {ws.tmp.span(), ws.sh_logit.span()}, {ws.x.span()});
   if (n_res > 0) {
     note_launch(cs, {ws.moe_out.span()}, {ws.x.span()});
-    op([&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), n * E, stream()); });
+    op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), n * E, stream()); });
   }
-  op([&] {
+  op(p, [&] {
     gdn::add_sigmoid_scaled(ws.x.as<float>(), ws.tmp.as<const float>(), ws.sh_logit.as<const float>(), n, E, stream());
   });
   if (n_cpu == 0) return;  // this batch only picked resident experts
@@ -797,7 +905,7 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
       xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4), cs, {&cs});
   ++work_.transfers;
   note_launch(cs, {ws.partial.span()}, {ws.x.span()});
-  op([&] { ops::add_inplace(ws.x.as<float>(), ws.partial.as<const float>(), n * E, stream()); });
+  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.partial.as<const float>(), n * E, stream()); });
 }
 
 void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
@@ -809,7 +917,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   const HParams& hp = hp_;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n, ws.n_tok_max);
-  const int64_t E = hp.n_embd, V = hp.n_vocab;
+  const int64_t V = hp.n_vocab;
   const int64_t nk = n * hp.n_expert_used;
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() >= np_.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),
@@ -875,30 +983,29 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   ++work_.transfers;
   std::fill(ws.layer_recorded.begin(), ws.layer_recorded.end(), uint8_t(0));
 
-  const Pass p{ws, n, n_out, n_runs, opt.attn};
-  embed(p);
-  for (int il = 0; il < np_.n_layer; ++il) {
-    const Layer& l = layers_[size_t(il)];
-    note_launch(cs, {ws.x.span(), l.attn_norm.buf.span()}, {ws.xn.span()});
-    op([&] { ops::rmsnorm(ws.x.as<const float>(), l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), stream()); });
-    if (l.recurrent)
-      gdn_block(p, l);
-    else
-      attention_block(p, l);
-    note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
-    op([&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, stream()); });
-    route(p, il);
-    if (res.resident_in_layer(il) == hp.n_expert) {
-      // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
-      // layers' after the last layer (statistics, adaptation).
-      gpu_experts(p, il);
-      shared_expert(p, l);
-      add_ffn_out(p);
-    } else {
-      pool_experts(p, il, pool, opt);
+  const Pass p{ws, n, n_out, n_runs, opt.attn, true};
+  bool all_resident = true;
+  for (int il = 0; il < np_.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
+  if (all_resident && graphs_ && n <= kMaxGraphTokens) {
+    run_graph(p);
+  } else if (all_resident) {
+    compute_resident(p);
+  } else {
+    embed(p);
+    for (int il = 0; il < np_.n_layer; ++il) {
+      layer_front(p, il);
+      if (res.resident_in_layer(il) == hp.n_expert) {
+        // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
+        // layers' after the last layer (statistics, adaptation).
+        gpu_experts(p, il);
+        shared_expert(p, layers_[size_t(il)]);
+        add_ffn_out(p);
+      } else {
+        pool_experts(p, il, pool, opt);
+      }
     }
+    output(p);
   }
-  output(p);
   // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
   // slices come along unchanged), read after the end-of-forward wait.
   bool any_unrecorded = false;

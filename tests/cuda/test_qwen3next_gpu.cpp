@@ -7,13 +7,15 @@
 //   prefill in one batch, in chunks of 7 and token by token: the same exact-mode logits at every position;
 //   two sequences in one decode batch = each alone (the recurrent state is per sequence); a sequence reset
 //   and reused gives what a new one gives (the device state is zeroed); the legacy fused ssm_in (exact) and
-//   an MTP block (loaded, not run) give the logits of the plain file; a bad file is a clear error.
+//   an MTP block (loaded, not run) give the logits of the plain file; a bad file is a clear error; decode
+//   passes replayed as CUDA graphs give the logits of direct launches.
 // Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -23,6 +25,7 @@
 #include "common/error.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
+#include "cuda/graph.h"
 #include "engine/engine.h"
 #include "gguf/writer.h"
 #include "quant/dequant.h"
@@ -266,6 +269,97 @@ TEST(Qwen3NextGpuState, SequencesAreIndependentAndResetClearsState) {
   std::printf("[ gpu qwen3next reset ] reused sequence vs fresh: max |logit diff| %.3e\n", reset_diff);
   EXPECT_LE(reset_diff, 1e-5);
   EXPECT_GT(a->memory_bytes(), 0u);
+}
+
+// CUDA graphs: a model that replays decode passes as graphs and one that launches every kernel give
+// bit-identical logits over 4 decode steps of one sequence, then 3 steps of two sequences in one batch,
+// with both attention kernels; the graph model replayed every decode pass and captured once per batch
+// shape and set of sequences (n = 1 for sequence a, n = 2 for a and b: 2 captures).
+TEST(Qwen3NextGpuGraphs, GraphsOnAndOffGiveIdenticalLogits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  if (!cuda::graphs_enabled_by_env()) GTEST_SKIP() << "STRATA_CUDA_GRAPHS=0 in the environment";
+  const Slg ref = read_slg(kBase + "Q4_K_M.f32ref.slg");
+  const size_t V = ref.n_vocab;
+  const std::vector<int32_t> pa(ref.prompt.begin(), ref.prompt.begin() + 20);
+  const std::vector<int32_t> pb(ref.prompt.begin() + 10, ref.prompt.begin() + 41);
+  for (const cpu::AttnMath attn : {cpu::AttnMath::GgmlF16, cpu::AttnMath::F32}) {
+    auto run = [&](bool graphs, ExpertCacheReport& rep) {
+      cuda::CudaOptions o;
+      o.expert_cache = "100%";
+      o.adapt_every = 0;
+      o.n_ctx = 64;
+      o.n_batch = 16;
+      o.cuda_graphs = graphs;
+      std::shared_ptr<const Model> model = cuda::load_model_cuda(kBase + "Q4_K_M.gguf", o);
+      EngineOptions opt;
+      opt.n_ctx = 64;
+      opt.n_batch = 16;
+      opt.n_threads = 2;
+      opt.mode = MatmulMode::Fast;
+      opt.attn = attn;
+      Engine eng(model, opt);
+      auto sa = eng.new_sequence(), sb = eng.new_sequence();
+      std::vector<float> one(V), two(2 * V), all;
+      eng.prefill(*sb, pb, one.data());
+      eng.prefill(*sa, pa, one.data());
+      model->reset_cache_stats();
+      int32_t ta = argmax(one.data(), V), tb = ref.prompt[45];
+      for (int i = 0; i < 4; ++i) {
+        SequenceState* s = sa.get();
+        eng.decode({&s, 1}, {&ta, 1}, one.data());
+        all.insert(all.end(), one.begin(), one.end());
+        ta = argmax(one.data(), V);
+      }
+      for (int i = 0; i < 3; ++i) {
+        SequenceState* seqs[2] = {sa.get(), sb.get()};
+        const int32_t toks[2] = {ta, tb};
+        eng.decode({seqs, 2}, {toks, 2}, two.data());
+        all.insert(all.end(), two.begin(), two.end());
+        ta = argmax(two.data(), V);
+        tb = argmax(two.data() + V, V);
+      }
+      rep = model->cache_report();
+      return all;
+    };
+    ExpertCacheReport r_on, r_off;
+    const std::vector<float> on = run(true, r_on), off = run(false, r_off);
+    ASSERT_EQ(on.size(), off.size());
+    size_t n_diff = 0;
+    double max_diff = 0;
+    for (size_t i = 0; i < on.size(); ++i) {
+      n_diff += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
+      max_diff = std::max(max_diff, double(std::fabs(on[i] - off[i])));
+    }
+    std::printf("[ gpu qwen3next graphs ] attn %s: %zu of %zu logits differ (max |diff| %.3e); graph on: %lld of "
+                "%lld passes replayed, %lld captured, %.1f launcher calls/pass; off: %lld replayed, %.1f "
+                "launcher calls/pass\n",
+                attn == cpu::AttnMath::F32 ? "f32" : "ggml-f16", n_diff, on.size(), max_diff,
+                (long long)r_on.graph_forwards, (long long)r_on.forwards, (long long)r_on.graph_captures,
+                double(r_on.op_calls) / double(std::max<int64_t>(r_on.forwards, 1)), (long long)r_off.graph_forwards,
+                double(r_off.op_calls) / double(std::max<int64_t>(r_off.forwards, 1)));
+    EXPECT_EQ(n_diff, 0u);
+    EXPECT_TRUE(r_on.graphs_enabled);
+    EXPECT_FALSE(r_off.graphs_enabled);
+    EXPECT_EQ(r_on.forwards, 7);
+    EXPECT_EQ(r_on.graph_forwards, 7);
+    EXPECT_EQ(r_on.graph_captures, 2);
+    EXPECT_EQ(r_off.graph_forwards, 0);
+    EXPECT_EQ(r_on.hits + r_on.misses, r_off.hits + r_off.misses);  // the routing reached the host
+    EXPECT_EQ(r_on.misses, 0);
+  }
+}
+
+// With the CPU pool (25% of the experts resident) no pass may replay a graph.
+TEST(Qwen3NextGpuGraphs, NoGraphWithTheCpuPool) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  const Slg ref = read_slg(kBase + "Q4_K_M.f32ref.slg");
+  const Result r = evaluate(load_gpu(kBase + "Q4_K_M.gguf", false, "25%", 0), ref, MatmulMode::Fast, 64);
+  std::printf("[ gpu qwen3next graphs ] 25%% resident decode: %lld of %lld passes replayed a graph, %lld on the "
+              "CPU pool\n",
+              (long long)r.decode.graph_forwards, (long long)r.decode.forwards, (long long)r.decode.misses);
+  EXPECT_GT(r.decode.forwards, 0);
+  EXPECT_EQ(r.decode.graph_forwards, 0);
+  EXPECT_GT(r.decode.misses, 0);
 }
 
 // ---- files derived from the fixture with the GGUF writer ----
