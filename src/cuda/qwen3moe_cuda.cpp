@@ -351,11 +351,48 @@ int32_t* CudaQwen3Moe::Pass::ids(int il) const {
 }
 
 DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
-  return cuda::upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log);
+  DevWeight d;
+  d.cols = w.ne[0];
+  d.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = d.rows * d.cols;
+  const size_t file_bytes = row_bytes(w.type, d.cols) * size_t(d.rows);
+  d.type = opt_.exact ? GgmlType::F32 : quant::storage_type(w.type);
+  Stream& cs = dev_->compute();
+  if (d.type == w.type) {
+    d.buf = dev_->alloc(file_bytes, name);
+    xfer_->upload(d.buf.span(), w.data, file_bytes, cs, {&cs});
+    return d;
+  }
+  // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
+  STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
+                 name, type_name(w.type));
+  std::vector<float> f(static_cast<size_t>(n_values));
+  dequantize_row(w.type, w.data, f.data(), n_values);
+  if (d.type == GgmlType::F32) {
+    d.buf = dev_->alloc(f.size() * 4, name);
+    xfer_->upload(d.buf.span(), f.data(), f.size() * 4, cs, {&cs});
+  } else if (d.type == GgmlType::F16) {
+    std::vector<uint16_t> hb(f.size());
+    for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
+    d.buf = dev_->alloc(hb.size() * 2, name);
+    xfer_->upload(d.buf.span(), hb.data(), hb.size() * 2, cs, {&cs});
+  } else {
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(d.type));
+  }
+  log.add(w.type, d.type, file_bytes, d.buf.bytes());
+  return d;
 }
 
 DevWeight CudaQwen3Moe::upload_f32(const Weight& w, const std::string& name) {
-  return cuda::upload_f32(*dev_, *xfer_, w, name);
+  DevWeight d;
+  d.type = GgmlType::F32;
+  d.cols = w.ne[0];
+  d.rows = 1;
+  const size_t bytes = size_t(w.ne[0]) * 4;
+  d.buf = dev_->alloc(bytes, name);
+  Stream& cs = dev_->compute();
+  xfer_->upload(d.buf.span(), w.data, bytes, cs, {&cs});
+  return d;
 }
 
 void CudaQwen3Moe::load() {
