@@ -245,6 +245,23 @@ STRATA_Q8_UNROLL2
   }
 }
 
+// row_lane_partial for R rows of the same format and columns at once (acc[r] += lane's tasks of row
+// wr[r], one token): the R rows' loads of a task are issued together (why: MoE rows are short, e.g. one
+// 2048-column task per lane; R independent loads in flight per lane instead of one).
+template <typename F, int A, int R>
+__host__ __device__ __forceinline__ void rows_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub, int lpr,
+                                                           const int8_t* x, const float2* ds, float acc[R]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+STRATA_FD_UNROLL
+    for (int r = 0; r < R; ++r)
+      F::template dot<A, 1>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, x + int64_t(b) * F::kVals, cols,
+                            ds + int64_t(b) * (F::kVals / 32), dss, 1, acc + r);
+  }
+}
+
 template <int A>
 using IntC = std::integral_constant<int, A>;
 
