@@ -94,23 +94,9 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (r >= n_embd) return;  // warp-uniform
-  const int per = int(n_ff / F::kVals) * F::kTasks, total = k * per;
-  const int64_t dss = n_ff / 32;
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
-    float acc = 0.f;
-#pragma unroll 2
-    for (int i = lane; i < total; i += 32) {
-      const int j = i / per, task = i % per;
-      const int64_t p = t * k + j;
-      const int slot = slot_of(table, ids, p);
-      if (slot < 0) continue;
-      const int b = task / F::kTasks;
-      float d[1] = {0.f};
-      F::template dot<A, 1>(slots + int64_t(slot) * slot_bytes + down_off + r * drb + int64_t(b) * F::kBytes,
-                            task % F::kTasks, hq + p * n_ff + int64_t(b) * F::kVals, n_ff,
-                            hds + p * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
-      acc = fmaf(wts[p], d[0], acc);
-    }
+    float acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
+                                             lane, 32);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) x[t * n_embd + r] += acc;
