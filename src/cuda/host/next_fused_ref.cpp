@@ -1,0 +1,40 @@
+#include "cuda/host/next_fused_ref.h"
+
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/gdn.h"
+
+namespace strata::cuda::nextf_ref {
+
+void gated_norm_quantize(const float* x, const float* z, const float* w, int64_t n_rows, int64_t D, float eps,
+                         int8_t* q, q8ref::Q8Ds* ds) {
+  STRATA_REQUIRE(n_rows >= 0 && D > 0 && D % 32 == 0, "gated_norm_quantize: bad shape (rows {}, D {})", n_rows, D);
+  std::vector<float> y(size_t(n_rows * D));
+  gated_rms_norm_ref(x, z, w, n_rows, D, eps, y.data());
+  q8ref::quantize(y.data(), n_rows, D, q, ds);
+}
+
+void mul_sigmoid_quantize(const float* x, const float* gate, int64_t n, int64_t cols, int8_t* q, q8ref::Q8Ds* ds) {
+  STRATA_REQUIRE(n >= 0 && cols > 0 && cols % 32 == 0, "mul_sigmoid_quantize: bad shape (n {}, cols {})", n, cols);
+  std::vector<float> y(x, x + n * cols);
+  mul_sigmoid(y.data(), gate, n * cols);
+  q8ref::quantize(y.data(), n, cols, q, ds);
+}
+
+void sigmoid(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+}
+
+void conv_split_gates(const float* x, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t D, int K,
+                      float* state, const float* w, float eps, float* q, float* k, float* v, const float* ba,
+                      const float* a, const float* dt_bias, float* g, float* beta) {
+  const int64_t C = (2 * n_k_heads + n_v_heads) * D;
+  std::vector<float> conv(size_t(n_tok * C));
+  gdn_conv1d_silu_ref(x, n_tok, C, K, state, w, conv.data());
+  gdn_split_qkv(conv.data(), n_tok, n_k_heads, n_v_heads, D, eps, q, k, v);
+  gdn_gates_ref(ba, n_tok, n_k_heads, n_v_heads, a, dt_bias, g, beta);
+}
+
+}  // namespace strata::cuda::nextf_ref
