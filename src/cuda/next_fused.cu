@@ -62,9 +62,23 @@ __global__ void mul_sigmoid_quantize_kernel(const float* __restrict__ x, const f
   }
 }
 
-__global__ void sigmoid_kernel(const float* x, int64_t n, float* y) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = sigmoid_f(x[i]);
+// One block of 256 threads per token: a strided dot product, the warps' sums in a fixed order.
+//   w: [cols]  x: [n][cols]  y: [n]
+__global__ void dot_sigmoid_kernel(const float* __restrict__ w, const float* __restrict__ x, int64_t cols,
+                                   float* __restrict__ y) {
+  __shared__ float sh[32];
+  const float* xr = x + int64_t(blockIdx.x) * cols;
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) acc = fmaf(w[i], xr[i], acc);
+  acc = warp_sum(acc);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) sh[warp] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.0f;
+    for (int i = 0; i < int(blockDim.x / kWarp); ++i) s += sh[i];
+    y[blockIdx.x] = sigmoid_f(s);
+  }
 }
 
 // Blocks [0, row_blocks): one warp per head row hr of the conv channels (q heads, k heads, v heads), lane
@@ -175,12 +189,10 @@ void mul_sigmoid_quantize(const float* x, const float* gate, int64_t n, int64_t 
   CUDA_CHECK_LAUNCH();
 }
 
-void sigmoid(const float* x, int64_t n, float* y, cudaStream_t stream) {
-  STRATA_REQUIRE(n >= 0, "cuda sigmoid: n {} < 0", n);
+void dot_sigmoid(const float* w, const float* x, int64_t n, int64_t cols, float* y, cudaStream_t stream) {
+  STRATA_REQUIRE(n >= 0 && n <= 0x7FFFFFFF && cols > 0, "cuda dot_sigmoid: bad shape (n {}, cols {})", n, cols);
   if (n == 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535);
-  sigmoid_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(x, n, y);
+  dot_sigmoid_kernel<<<unsigned(n), 256, 0, stream>>>(w, x, cols, y);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -23,9 +23,10 @@ void gated_norm_quantize(const float* x, const float* z, const float* w, int64_t
 void mul_sigmoid_quantize(const float* x, const float* gate, int64_t n, int64_t cols, int8_t* q, float2* ds,
                           cudaStream_t stream);
 
-// y[i] = sigmoid(x[i]) = 1 / (1 + exp(-x[i]))   x, y: [n] (y may be x). The shared expert's gate as the
-// weight of a one-expert q8::moe_down.
-void sigmoid(const float* x, int64_t n, float* y, cudaStream_t stream);
+// y[t] = sigmoid(w . x[t]) = 1 / (1 + exp(-(w . x[t]))) for t < n: the shared expert's gate (a one-row
+// F32 ffn_gate_inp_shexp) as the weight of a one-expert q8::moe_down, in one launch.
+//   w: [cols] f32   x: [n][cols] f32   y: [n] f32
+void dot_sigmoid(const float* w, const float* x, int64_t n, int64_t cols, float* y, cudaStream_t stream);
 
 // One run of a sequence's tokens through the first GDN ops (gdn::conv1d_silu, gdn::split_qkv and
 // gdn::gates for the run's tokens), in one launch, for short runs (n_tok <= kConvSplitMaxTokens: decode):

@@ -541,7 +541,11 @@ class CudaQwen3Next final : public Model {
     return false;
   }
   bool experts_q8(const Pass& p, int il) const { return q8_decode(p) && q8::moe_supported(cache_->layer_view(il)); }
-  bool shexp_q8(const Pass& p, const Layer& l) const { return q8_decode(p) && l.shexp.q8; }
+  // The shared expert as a one-expert q8 MoE layer; its gate weight sigmoid(w . xn) by nextf::dot_sigmoid,
+  // which takes an F32 ffn_gate_inp_shexp (route part 1).
+  bool shexp_q8(const Pass& p, const Layer& l) const {
+    return q8_decode(p) && l.shexp.q8 && l.route.stacks[size_t(l.route.parts[1].stack)].type == GgmlType::F32;
+  }
   // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
   void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
             Site site = Site::here()) const;
@@ -558,6 +562,11 @@ class CudaQwen3Next final : public Model {
   }
   // Every part of pr on xn (xq): part i at y + n * col_i (see Proj).
   void project(const Pass& p, const Proj& pr, const DeviceBuffer& y, Site site = Site::here()) const;
+  // Part i of pr alone, at y + n * col_i.
+  void project_part(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y, Site site = Site::here()) const {
+    const Proj::Part& part = pr.parts[i];
+    mm_any(p, sub(pr.stacks[size_t(part.stack)], part.row0, part.rows), p.n, y, part_out(p, pr, i, y), site);
+  }
   // Part i's output in y for this pass.
   static float* part_out(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y) {
     return y.as<float>() + p.n * pr.parts[i].col;
@@ -729,10 +738,7 @@ void CudaQwen3Next::project(const Pass& p, const Proj& pr, const DeviceBuffer& y
       mm_any(p, ref(pr.stacks[s]), 1, y, y.as<float>() + pr.stack_col[s], site);
     return;
   }
-  for (size_t i = 0; i < pr.parts.size(); ++i) {
-    const Proj::Part& part = pr.parts[i];
-    mm_any(p, sub(pr.stacks[size_t(part.stack)], part.row0, part.rows), p.n, y, part_out(p, pr, i, y), site);
-  }
+  for (size_t i = 0; i < pr.parts.size(); ++i) project_part(p, pr, i, y, site);
 }
 
 void CudaQwen3Next::load() {
@@ -1046,7 +1052,10 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   // -> xn (the router, the experts, the shared expert and the CPU pool read it), and its Q8 activations
   // where one of them takes them.
   norm(p, ws.x, l.post_norm, n, ffn_q8_input(p, il));
-  project(p, l.route, ws.rproj);  // router logits, shared expert logit
+  if (shexp_q8(p, l))
+    project_part(p, l.route, 0, ws.rproj);  // router logits (the shared gate: dot_sigmoid in shared_expert)
+  else
+    project(p, l.route, ws.rproj);  // router logits, shared expert logit
   const float* router = part_out(p, l.route, 0, ws.rproj);
   note_launch(dev_->compute(), {ws.rproj.span()}, {ws.ids.span(), ws.wts.span()});
   op(p, [&] {
@@ -1066,9 +1075,10 @@ void CudaQwen3Next::shared_expert(const Pass& p, const Layer& l) const {
   const SharedExpert& sh = l.shexp;
   const int64_t n = p.n, F = sh.n_ff, E = sh.n_embd;
   if (shexp_q8(p, l)) {
-    const float* logit = part_out(p, l.route, 1, ws.rproj);
-    note_launch(cs, {ws.rproj.span()}, {ws.sh_w.span()});
-    op(p, [&] { nextf::sigmoid(logit, n, ws.sh_w.as<float>(), s); });
+    const Proj::Part& gp = l.route.parts[1];
+    const DevWeight& gw = l.route.stacks[size_t(gp.stack)];  // F32 (shexp_q8): row gp.row0 is ffn_gate_inp_shexp
+    note_launch(cs, {gw.buf.span(), ws.xn.span()}, {ws.sh_w.span()});
+    op(p, [&] { nextf::dot_sigmoid(gw.f32() + gp.row0 * E, ws.xn.as<const float>(), n, E, ws.sh_w.as<float>(), s); });
     note_launch(cs, {sh.buf.span(), sh_table_.span(), ws.xq.span(), ws.xds.span(), ws.sh_ids.span()},
                 {ws.hq.span(), ws.hds.span()});
     op(p, [&] {

@@ -4,7 +4,7 @@
 //    and 1 tokens on one state: the state shift case included), gated_norm_quantize = gated_rms_norm +
 //    quantize, mul_sigmoid_quantize = mul_sigmoid + quantize;
 //  * against the CPU references (cuda/host/next_fused_ref.h): f32 outputs within 1e-5 of max |ref| (GPU
-//    expf/log1pf vs the host's), Q8 values within one step plus that tolerance; sigmoid within 1e-6;
+//    expf/log1pf vs the host's), Q8 values within one step plus that tolerance; dot_sigmoid within 2e-6 of the double-precision reference;
 //  * at Qwen3-Next-80B-A3B sizes (Hk 16, Hv 32, D 128, K 4) and the tiny fixture's (Hk 2, Hv 4, D 64);
 //    bad shapes throw strata::Error.
 #include <gtest/gtest.h>
@@ -220,19 +220,25 @@ TEST_F(NextFused, MulSigmoidQuantizeMatchesOpChainBitForBit) {
   EXPECT_THROW(nextf::mul_sigmoid_quantize(nullptr, nullptr, 1, 40, nullptr, nullptr, stream()), Error);
 }
 
-TEST_F(NextFused, SigmoidMatchesReference) {
+TEST_F(NextFused, DotSigmoidMatchesReference) {
   std::mt19937 rng(6);
-  const auto x = randv(1000, rng, -30.0f, 30.0f);
-  std::vector<float> ref(x.size());
-  nref::sigmoid(x.data(), int64_t(x.size()), ref.data());
-  auto d_x = upload_vec(x);
-  auto d_y = output(x.size() * 4);
-  cuda::note_launch(dev->compute(), {d_x.span()}, {d_y.span()});
-  nextf::sigmoid(d_x.ptr<float>(), int64_t(x.size()), d_y.ptr<float>(), stream());
-  const auto y = download<float>(d_y, x.size());
-  double m = 0;
-  for (size_t i = 0; i < y.size(); ++i) m = std::max(m, std::fabs(double(y[i]) - double(ref[i])));
-  EXPECT_LE(m, 1e-6) << "max |gpu - cpu|";
+  for (int64_t cols : {int64_t(2048), int64_t(256), int64_t(100)}) {
+    const int64_t n = 5;
+    const auto w = randv(size_t(cols), rng, -0.2f, 0.2f);
+    auto x = randv(size_t(n * cols), rng, -2.0f, 2.0f);
+    for (int64_t i = 0; i < cols; ++i) x[size_t(4 * cols + i)] = 40.0f * w[size_t(i)];  // a saturated gate
+    std::vector<float> ref(static_cast<size_t>(n), 0.0f);
+    nref::dot_sigmoid(w.data(), x.data(), n, cols, ref.data());
+    auto d_w = upload_vec(w), d_x = upload_vec(x);
+    auto d_y = output(size_t(n) * 4);
+    cuda::note_launch(dev->compute(), {d_w.span(), d_x.span()}, {d_y.span()});
+    nextf::dot_sigmoid(d_w.ptr<float>(), d_x.ptr<float>(), n, cols, d_y.ptr<float>(), stream());
+    const auto y = download<float>(d_y, size_t(n));
+    double m = 0;
+    for (int64_t t = 0; t < n; ++t) m = std::max(m, std::fabs(double(y[size_t(t)]) - double(ref[size_t(t)])));
+    EXPECT_LE(m, 2e-6) << "max |gpu - cpu|, cols " << cols;
+  }
+  EXPECT_THROW(nextf::dot_sigmoid(nullptr, nullptr, 1, 0, nullptr, stream()), Error);
 }
 
 }  // namespace

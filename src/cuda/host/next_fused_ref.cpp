@@ -23,8 +23,12 @@ void mul_sigmoid_quantize(const float* x, const float* gate, int64_t n, int64_t 
   q8ref::quantize(y.data(), n, cols, q, ds);
 }
 
-void sigmoid(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-x[i]));
+void dot_sigmoid(const float* w, const float* x, int64_t n, int64_t cols, float* y) {
+  for (int64_t t = 0; t < n; ++t) {
+    double s = 0;
+    for (int64_t i = 0; i < cols; ++i) s += double(w[i]) * double(x[t * cols + i]);
+    y[t] = float(1.0 / (1.0 + std::exp(-s)));
+  }
 }
 
 void conv_split_gates(const float* x, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t D, int K,

@@ -14,8 +14,8 @@ void gated_norm_quantize(const float* x, const float* z, const float* w, int64_t
                          int8_t* q, q8ref::Q8Ds* ds);
 // y = x * sigmoid(gate), (q, ds) = q8ref::quantize(y)   x, gate: [n][cols]
 void mul_sigmoid_quantize(const float* x, const float* gate, int64_t n, int64_t cols, int8_t* q, q8ref::Q8Ds* ds);
-// y = 1 / (1 + exp(-x))
-void sigmoid(const float* x, int64_t n, float* y);
+// y[t] = 1 / (1 + exp(-(w . x[t])))   w: [cols]  x: [n][cols]  y: [n]
+void dot_sigmoid(const float* w, const float* x, int64_t n, int64_t cols, float* y);
 // gdn_conv1d_silu + gdn_split_qkv + gdn_gates (shapes: cuda/next_fused.cuh conv_split_gates)
 void conv_split_gates(const float* x, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t D, int K,
                       float* state, const float* w, float eps, float* q, float* k, float* v, const float* ba,
