@@ -89,8 +89,10 @@ __global__ void rope_neox_kernel(float* x, const int32_t* pos, int n_head, int h
     float* xh = x + (t * n_head + h) * head_dim;
     const float x0 = xh[i], x1 = xh[i + half];
     const float c = cs[2 * i], s = cs[2 * i + 1];
-    xh[i] = x0 * c - x1 * s;
-    xh[i + half] = x0 * s + x1 * c;
+    // The FMAs of cpu::rope_neox (llama.cpp's CPU build), written out: left to the compiler, x0*s + x1*c
+    // became fma(x1, c, x0*s) (PTX), a last-bit difference from the CPU; ops_fused.cu uses the same form.
+    xh[i] = fmaf(x0, c, -(x1 * s));
+    xh[i + half] = fmaf(x0, s, x1 * c);
   }
 }
 
@@ -467,51 +469,57 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
 
-constexpr int kRouteWarps = 4;  // tokens per block of moe_route
-
-// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One warp per token; probabilities in shared.
-__global__ void moe_route_kernel(const float* logits, int64_t n_tok, int n_expert, int k, bool norm,
-                                 int32_t* ids, float* weights) {
-  __shared__ float p_sh[kRouteWarps][cpu::kMaxExperts];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = blockIdx.x * int64_t(kRouteWarps) + warp;
-  if (t >= n_tok) return;
+// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One block per token, one thread per expert
+// (blockDim = n_expert rounded up to a warp). The softmax keeps the old one-warp kernel's arithmetic and
+// order (max, exp_cr, the double sum lane by lane then the xor butterfly of warp 0), so the weights are
+// the same bits. Top-k by rank: an expert's rank is the number of order keys above its own (keys are
+// unique: value desc, id asc, as the CPU's partial_sort), so the k first are found in one parallel
+// pass instead of k rounds of a warp-wide arg-max.
+__global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool norm, int32_t* ids,
+                                 float* weights) {
+  __shared__ float p[cpu::kMaxExperts];
+  __shared__ uint64_t key[cpu::kMaxExperts];
+  __shared__ float red[32];
+  __shared__ float sel[64];  // [k] chosen weights in rank order
+  __shared__ float inv_sh, wsum_sh;
+  const int e = threadIdx.x, lane = e & 31;
+  const int64_t t = blockIdx.x;
   const float* lr = logits + t * n_expert;  // [n_expert]
-  float* p = p_sh[warp];
-  float mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, lr[e]);
-  mx = warp_reduce(mx, MaxOp{});
-  double sum = 0.0;
-  for (int e = lane; e < n_expert; e += 32) {
-    const float x = exp_cr(lr[e] - mx);
-    p[e] = x;
-    sum += x;
+  const bool on = e < n_expert;
+  const float l = on ? lr[e] : -INFINITY;
+  const float mx = block_reduce(l, red, MaxOp{});  // exact whatever the order
+  if (on) p[e] = exp_cr(l - mx);
+  __syncthreads();
+  if (e < 32) {
+    double sum = 0.0;
+    for (int i = lane; i < n_expert; i += 32) sum += p[i];
+    sum = warp_reduce(sum, SumOp{});
+    if (lane == 0) inv_sh = static_cast<float>(1.0 / sum);
   }
-  sum = warp_reduce(sum, SumOp{});
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int e = lane; e < n_expert; e += 32) p[e] *= inv;
-  __syncwarp();
-  float wsum = 0.0f;  // lane 0: the chosen weights summed in rank order, as the CPU
-  for (int j = 0; j < k; ++j) {
-    uint64_t best = 0;
-    for (int e = lane; e < n_expert; e += 32)
-      if (p[e] >= 0.0f) best = MaxOp{}(best, order_key(p[e], static_cast<uint32_t>(e)));
-    best = warp_reduce(best, MaxOp{});
-    const uint32_t id = key_id(best);
-    const float pw = p[id];
-    __syncwarp();
-    if (lane == 0) {
-      ids[t * k + j] = static_cast<int32_t>(id);
-      weights[t * k + j] = pw;
-      wsum += pw;
-      p[id] = -1.0f;  // taken
+  __syncthreads();
+  float pe = 0.0f;
+  if (on) {
+    pe = p[e] * inv_sh;
+    key[e] = pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : 0;  // NaN last, as the old kernel skipped it
+  }
+  __syncthreads();
+  if (on) {
+    const uint64_t mine = key[e];
+    int rank = 0;
+    for (int i = 0; i < n_expert && rank < k; ++i) rank += key[i] > mine;
+    if (rank < k) {
+      ids[t * k + rank] = static_cast<int32_t>(e);
+      sel[rank] = pe;
     }
-    __syncwarp();
   }
-  if (norm && lane == 0) {
-    wsum = fmaxf(wsum, 6.103515625e-5f);
-    for (int j = 0; j < k; ++j) weights[t * k + j] /= wsum;
+  __syncthreads();
+  if (e == 0) {
+    float wsum = 0.0f;  // the chosen weights summed in rank order, as the CPU
+    for (int j = 0; j < k; ++j) wsum += sel[j];
+    wsum_sh = fmaxf(wsum, 6.103515625e-5f);
   }
+  __syncthreads();
+  if (e < k) weights[t * k + e] = norm ? sel[e] / wsum_sh : sel[e];
 }
 
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
@@ -863,8 +871,9 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
                  "moe_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
                  n_expert, k, cpu::kMaxExperts);
   if (n_tok <= 0) return;
-  const unsigned blocks = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);
-  moe_route_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(logits, n_tok, n_expert, k, norm, ids, weights);
+  STRATA_REQUIRE(n_tok <= 0x7fffffff, "moe_route (cuda): {} tokens in one call", n_tok);
+  const int threads = (n_expert + 31) / 32 * 32;
+  moe_route_kernel<<<static_cast<unsigned>(n_tok), threads, 0, stream>>>(logits, n_expert, k, norm, ids, weights);
   CUDA_CHECK_LAUNCH();
 }
 
