@@ -25,6 +25,7 @@
 #include "cuda/host/slot_spec.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "model/moe_ffn.h"
@@ -84,9 +85,13 @@ struct DevWeight {
 
 struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
-  DevWeight wq;         // [n_head * head_dim][n_embd]
-  DevWeight wk;         // [n_head_kv * head_dim][n_embd]
-  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd]
+  // wq|wk|wv as one [n_head*head_dim + n_head_kv*(head_dim + head_dim_v)][n_embd] matrix when the three
+  // are kept in one type (same row bytes): one product instead of three. Else wqkv is empty (rows 0)
+  // and the three are kept apart.
+  DevWeight wqkv;
+  DevWeight wq;         // [n_head * head_dim][n_embd]      (empty when wqkv is used)
+  DevWeight wk;         // [n_head_kv * head_dim][n_embd]   (empty when wqkv is used)
+  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (empty when wqkv is used)
   DevWeight q_norm;     // [head_dim] f32
   DevWeight k_norm;     // [head_dim] f32
   DevWeight wo;         // [n_embd][n_head * head_dim_v]
@@ -124,23 +129,25 @@ static_assert(sizeof(ops::KvRef) % 8 == 0, "the int32 arrays after refs[] must n
 // Sizes (in values) of the device activations of a workspace: one formula for the workspace and for
 // --expert-cache auto.
 struct WsSizes {
-  int64_t n, E, q, k, v, att, router, ids, h, logits, scratch;
+  int64_t n, E, q, k, v, qkv, rope, att, router, ids, h, logits, scratch;
   WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
       : n(n_tok),
         E(n_tok * hp.n_embd),
         q(n_tok * hp.n_head * hp.head_dim),
         k(n_tok * hp.n_head_kv * hp.head_dim),
         v(n_tok * hp.n_head_kv * hp.head_dim_v),
+        qkv(q + k + v),
+        rope(n_tok * hp.n_rot),
         att(n_tok * hp.n_head * hp.head_dim_v),
         router(n_tok * hp.n_expert),
         ids(n_tok * hp.n_expert_used),
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
         logits(n_tok * hp.n_vocab),
         scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))) {}
-  // x, xn, tmp, moe_out, partial; q k v att router; ids per layer + wts; h; logits; scratch;
+  // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
   // tokens, pos, out_rows (int32) and refs.
   int64_t device_bytes(int n_layer) const {
-    return 4 * (5 * E + q + k + v + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
+    return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
            n * int64_t(sizeof(ops::KvRef));
   }
 };
@@ -163,6 +170,8 @@ class CudaWorkspace final : public Workspace {
     q = dev.alloc(size_t(z.q) * 4, "ws.q");
     k = dev.alloc(size_t(z.k) * 4, "ws.k");
     v = dev.alloc(size_t(z.v) * 4, "ws.v");
+    qkv = dev.alloc(size_t(z.qkv) * 4, "ws.qkv");
+    rope_cs = dev.alloc(size_t(z.rope) * 4, "ws.rope_cs");
     att = dev.alloc(size_t(z.att) * 4, "ws.att");
     router = dev.alloc(size_t(z.router) * 4, "ws.router");
     ids = dev.alloc(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids");
@@ -191,7 +200,8 @@ class CudaWorkspace final : public Workspace {
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
-    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + att.bytes() +
+    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + qkv.bytes() +
+               rope_cs.bytes() + att.bytes() +
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
                step_in.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
                partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
@@ -205,6 +215,8 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
+  DeviceBuffer qkv;            // [n_tok][n_head*head_dim + n_head_kv*(head_dim + head_dim_v)] (Layer::wqkv)
+  DeviceBuffer rope_cs;        // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
   DeviceBuffer router;         // [n_tok][n_expert]
   DeviceBuffer ids;             // [n_layer][n][k] int32 for a batch of n tokens (layer stride n*k, so
@@ -378,7 +390,20 @@ class CudaQwen3Moe final : public Model {
   void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
 
   void load();
+  // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
+  struct HostMatrix {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0;
+    const void* data = nullptr;  // the mapping or `owned`
+    size_t bytes = 0;
+    std::vector<uint8_t> owned;
+  };
+  HostMatrix host_matrix(const Weight& w, const std::string& name, RepackLog& log) const;
+  GgmlType device_type(const Weight& w) const { return opt_.exact ? GgmlType::F32 : quant::storage_type(w.type); }
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
+  // The matrices one under the other ([sum of rows][cols]) in one buffer. Needs one device_type() and one
+  // column count for all (same row bytes).
+  DevWeight upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name, RepackLog& log);
   DevWeight upload_f32(const Weight& w, const std::string& name);
   // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
@@ -419,36 +444,65 @@ int32_t* CudaQwen3Moe::Pass::ids(int il) const {
   return ws.ids.as<int32_t>() + size_t(il) * size_t(n) * size_t(ws.k_used);
 }
 
-DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
-  DevWeight d;
-  d.cols = w.ne[0];
-  d.rows = w.ne[1] * w.ne[2] * w.ne[3];
-  const int64_t n_values = d.rows * d.cols;
-  const size_t file_bytes = row_bytes(w.type, d.cols) * size_t(d.rows);
-  d.type = opt_.exact ? GgmlType::F32 : quant::storage_type(w.type);
-  Stream& cs = dev_->compute();
-  if (d.type == w.type) {
-    d.buf = dev_->alloc(file_bytes, name);
-    xfer_->upload(d.buf.span(), w.data, file_bytes, cs, {&cs});
-    return d;
+CudaQwen3Moe::HostMatrix CudaQwen3Moe::host_matrix(const Weight& w, const std::string& name, RepackLog& log) const {
+  HostMatrix m;
+  m.cols = w.ne[0];
+  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = m.rows * m.cols;
+  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
+  m.type = device_type(w);
+  if (m.type == w.type) {
+    m.data = w.data;
+    m.bytes = file_bytes;
+    return m;
   }
   // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
   STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
                  name, type_name(w.type));
   std::vector<float> f(static_cast<size_t>(n_values));
   dequantize_row(w.type, w.data, f.data(), n_values);
-  if (d.type == GgmlType::F32) {
-    d.buf = dev_->alloc(f.size() * 4, name);
-    xfer_->upload(d.buf.span(), f.data(), f.size() * 4, cs, {&cs});
-  } else if (d.type == GgmlType::F16) {
-    std::vector<uint16_t> hb(f.size());
+  if (m.type == GgmlType::F32) {
+    m.owned.resize(f.size() * 4);
+    std::memcpy(m.owned.data(), f.data(), m.owned.size());
+  } else if (m.type == GgmlType::F16) {
+    m.owned.resize(f.size() * 2);
+    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
     for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
-    d.buf = dev_->alloc(hb.size() * 2, name);
-    xfer_->upload(d.buf.span(), hb.data(), hb.size() * 2, cs, {&cs});
   } else {
-    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(d.type));
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
   }
-  log.add(w.type, d.type, file_bytes, d.buf.bytes());
+  m.data = m.owned.data();
+  m.bytes = m.owned.size();
+  log.add(w.type, m.type, file_bytes, m.bytes);
+  return m;
+}
+
+DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
+  return upload_stacked({&w}, name, log);
+}
+
+DevWeight CudaQwen3Moe::upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name,
+                                       RepackLog& log) {
+  DevWeight d;
+  std::vector<HostMatrix> parts;
+  size_t bytes = 0;
+  for (const Weight* w : ws) {
+    parts.push_back(host_matrix(*w, name, log));
+    const HostMatrix& m = parts.back();
+    STRATA_REQUIRE(parts.size() == 1 || (m.type == d.type && m.cols == d.cols),
+                   "cuda: {}: stacked matrices of different types or widths", name);
+    d.type = m.type;
+    d.cols = m.cols;
+    d.rows += m.rows;
+    bytes += m.bytes;
+  }
+  d.buf = dev_->alloc(bytes, name);
+  Stream& cs = dev_->compute();
+  size_t off = 0;
+  for (const HostMatrix& m : parts) {  // staged uploads: the host bytes may go once this returns
+    xfer_->upload(slice(d.buf, off, m.bytes), m.data, m.bytes, cs, {&cs});
+    off += m.bytes;
+  }
   return d;
 }
 
@@ -498,9 +552,18 @@ void CudaQwen3Moe::load() {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& l = layers_[size_t(il)];
     l.attn_norm = upload_f32(L.f32(p + "attn_norm.weight", {E}), p + "attn_norm");
-    l.wq = upload_matrix(L.matrix(p + "attn_q.weight", {E, H * D}), p + "attn_q", log);
-    l.wk = upload_matrix(L.matrix(p + "attn_k.weight", {E, Hkv * D}), p + "attn_k", log);
-    l.wv = upload_matrix(L.matrix(p + "attn_v.weight", {E, Hkv * Dv}), p + "attn_v", log);
+    const Weight wq = L.matrix(p + "attn_q.weight", {E, H * D}), wk = L.matrix(p + "attn_k.weight", {E, Hkv * D}),
+                 wv = L.matrix(p + "attn_v.weight", {E, Hkv * Dv});
+    // One product for q, k and v when their rows can share a matrix (same kept type; the widths are all
+    // n_embd): one launch instead of three. The exact mode's F32 kernel computes each row on its own
+    // warp, so its values are those of the three products.
+    if (device_type(wq) == device_type(wk) && device_type(wq) == device_type(wv)) {
+      l.wqkv = upload_stacked({&wq, &wk, &wv}, p + "attn_qkv", log);
+    } else {
+      l.wq = upload_matrix(wq, p + "attn_q", log);
+      l.wk = upload_matrix(wk, p + "attn_k", log);
+      l.wv = upload_matrix(wv, p + "attn_v", log);
+    }
     l.q_norm = upload_f32(L.f32(p + "attn_q_norm.weight", {D}), p + "attn_q_norm");
     l.k_norm = upload_f32(L.f32(p + "attn_k_norm.weight", {D}), p + "attn_k_norm");
     l.wo = upload_matrix(L.matrix(p + "attn_output.weight", {H * Dv, E}), p + "attn_output", log);
@@ -580,6 +643,12 @@ void CudaQwen3Moe::embed(const Pass& p) const {
     quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
                     p.ws.x.as<float>(), stream());
   });
+  // The rope angles of the batch, read by every layer's attn_prep.
+  note_launch(dev_->compute(), {p.ws.step_in.span()}, {p.ws.rope_cs.span()});
+  op(p, [&] {
+    ops::rope_cos_sin(p.step<const int32_t>(sl.pos), p.n, hp_.n_rot, hp_.rope_base, p.ws.rope_cs.as<float>(),
+                      stream());
+  });
 }
 
 void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
@@ -591,21 +660,44 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
-  const auto* pos = p.step<const int32_t>(sl.pos);
   float* x = ws.x.as<float>();
   float* q = ws.q.as<float>();
-  float* k = ws.k.as<float>();
   op(p, [&] { ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), s); });
-  mm(p, l.wq, ws.xn, n, ws.q);
-  mm(p, l.wk, ws.xn, n, ws.k);
-  mm(p, l.wv, ws.xn, n, ws.v);
-  op(p, [&] { ops::rmsnorm(q, l.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
-  op(p, [&] { ops::rmsnorm(k, l.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
-  note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.k.span()});
-  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
-  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
-  note_launch(cs, {ws.step_in.span(), ws.k.span(), ws.v.span()}, {});
-  op(p, [&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, il, Hkv * D, Hkv * Dv, s); });
+  // q, k, v: one product into qkv's rows, or three into q, k, v.
+  const float *qi, *ki, *vi;
+  int64_t q_ld, k_ld, v_ld;
+  const DeviceBuffer* qkv_in[3];
+  if (l.wqkv.rows > 0) {
+    mm(p, l.wqkv, ws.xn, n, ws.qkv);
+    qi = ws.qkv.as<const float>();
+    ki = qi + H * D;
+    vi = ki + Hkv * D;
+    q_ld = k_ld = v_ld = l.wqkv.rows;
+    qkv_in[0] = qkv_in[1] = qkv_in[2] = &ws.qkv;
+  } else {
+    mm(p, l.wq, ws.xn, n, ws.q);
+    mm(p, l.wk, ws.xn, n, ws.k);
+    mm(p, l.wv, ws.xn, n, ws.v);
+    qi = q;
+    ki = ws.k.as<const float>();
+    vi = ws.v.as<const float>();
+    q_ld = H * D;
+    k_ld = Hkv * D;
+    v_ld = Hkv * Dv;
+    qkv_in[0] = &ws.q;
+    qkv_in[1] = &ws.k;
+    qkv_in[2] = &ws.v;
+  }
+  // q_norm, k_norm, rope of q and k, K/V into the cache, in one launch (ops_fused.cuh).
+  note_launch(cs,
+              {qkv_in[0]->span(), qkv_in[1]->span(), qkv_in[2]->span(), ws.rope_cs.span(), ws.step_in.span(),
+               l.q_norm.buf.span(), l.k_norm.buf.span()},
+              {ws.q.span()});
+  const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
+  op(p, [&] {
+    ops::attn_prep(qi, q_ld, ki, k_ld, vi, v_ld, l.q_norm.f32(), l.k_norm.f32(), ws.rope_cs.as<const float>(), refs,
+                   n, il, shape, q, s);
+  });
   // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
   // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
