@@ -191,8 +191,8 @@ class CudaWorkspace final : public Workspace {
     step_host.resize(StepLayout(max_tok).bytes);
     ids_cpu.resize(size_t(z.ids));
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
-      const int64_t max_rows = std::max({int64_t(hp.n_vocab), int64_t(hp.n_head) * hp.head_dim,
-                                         int64_t(hp.n_embd), int64_t(hp.n_expert)});
+      const int64_t qkv_rows = int64_t(hp.n_head) * hp.head_dim + int64_t(hp.n_head_kv) * (hp.head_dim + hp.head_dim_v);
+      const int64_t max_rows = std::max({int64_t(hp.n_vocab), qkv_rows, int64_t(hp.n_embd), int64_t(hp.n_expert)});
       const int64_t max_cols = std::max(int64_t(hp.n_embd), int64_t(hp.n_head) * hp.head_dim_v);
       gemm = make_gemm_context(dev, max_rows, max_cols, max_tok);
       if (moe_scratch_bytes > 0) moe_scratch = dev.alloc(moe_scratch_bytes, "ws.moe_scratch");
