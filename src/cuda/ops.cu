@@ -497,16 +497,17 @@ __global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool 
     if (lane == 0) inv_sh = static_cast<float>(1.0 / sum);
   }
   __syncthreads();
-  float pe = 0.0f;
-  if (on) {
-    pe = p[e] * inv_sh;
-    key[e] = pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : 0;  // NaN last, as the old kernel skipped it
-  }
+  // Keys of the whole block (blockDim is a multiple of 32): a NaN probability and the padding threads get
+  // keys below every real one (high half 0; unique by id), so the loop below needs no bounds or exits.
+  const float pe = on ? p[e] * inv_sh : 0.0f;
+  key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : uint64_t(0xffffffffu - uint32_t(e));
   __syncthreads();
   if (on) {
     const uint64_t mine = key[e];
     int rank = 0;
-    for (int i = 0; i < n_expert && rank < k; ++i) rank += key[i] > mine;
+    const int n_keys = blockDim.x;
+#pragma unroll 16
+    for (int i = 0; i < n_keys; ++i) rank += key[i] > mine;  // broadcast reads, all in flight
     if (rank < k) {
       ids[t * k + rank] = static_cast<int32_t>(e);
       sel[rank] = pe;
