@@ -23,15 +23,24 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+constexpr int kLaneVals = kAttnPrepMaxDim / 32;  // values per lane of a head row, at most
+
 // sum(x[i]^2) in double for one head row of n values, in exactly the order of ops.cu's rmsnorm_kernel
 // (256 threads: thread j sums x[j], x[j+256], ... from 0; each warp's 32 partials reduced by the same
 // xor butterfly; the 8 warp sums added in warp order). One warp emulates the 8 warps one after the
-// other; warps whose threads hold no value contribute an exact 0 and are skipped. Result in every lane.
-__device__ double head_sum_sq(const float* x, int n, int lane) {
+// other; warps whose threads hold no value contribute an exact 0 and are skipped. xv[u] = x[lane + 32u]
+// (the row in registers). Result in every lane.
+__device__ __forceinline__ double head_sum_sq(const float (&xv)[kLaneVals], int n, int lane) {
   double r = 0.0;
-  for (int w = 0; w < kNormThreads / 32 && w * 32 < n; ++w) {
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) {
+    if (w * 32 >= n) break;
     double s = 0.0;
-    for (int i = w * 32 + lane; i < n; i += kNormThreads) s += static_cast<double>(x[i]) * x[i];
+#pragma unroll
+    for (int m = 0; m < kLaneVals / (kNormThreads / 32); ++m) {  // x[32w + lane + 256m] = xv[w + 8m]
+      const int u = w + (kNormThreads / 32) * m;
+      if (lane + 32 * u < n) s += static_cast<double>(xv[u]) * xv[u];
+    }
     s = warp_sum(s);
     r = w == 0 ? s : r + s;
   }
@@ -74,11 +83,21 @@ __global__ void __launch_bounds__(32 * kPrepWarps)
   const float* w = is_q ? q_norm : k_norm;                                                 // [D]
   float* y = prep_sh + warp * D;                                                           // [D]
 
+  // The head and its norm weights into registers first: every load in flight at once.
+  float xv[kLaneVals], wv[kLaneVals];
+#pragma unroll
+  for (int u = 0; u < kLaneVals; ++u) {
+    const int i = lane + 32 * u;
+    xv[u] = i < D ? x[i] : 0.0f;
+    wv[u] = i < D ? w[i] : 0.0f;
+  }
   // rmsnorm (ops.cu rmsnorm_kernel's arithmetic)
-  const double sum = head_sum_sq(x, D, lane);
+  const double sum = head_sum_sq(xv, D, lane);
   const float mean = static_cast<float>(sum / static_cast<double>(D));
   const float scale = 1.0f / sqrtf(mean + s.eps);
-  for (int i = lane; i < D; i += 32) y[i] = x[i] * scale * w[i];
+#pragma unroll
+  for (int u = 0; u < kLaneVals; ++u)
+    if (lane + 32 * u < D) y[lane + 32 * u] = xv[u] * scale * wv[u];
   __syncwarp();
 
   // rope (rope_neox_kernel's arithmetic) and the store
