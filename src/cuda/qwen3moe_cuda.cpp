@@ -85,13 +85,15 @@ struct DevWeight {
 
 struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
-  // wq|wk|wv as one [n_head*head_dim + n_head_kv*(head_dim + head_dim_v)][n_embd] matrix when the three
-  // are kept in one type (same row bytes): one product instead of three. Else wqkv is empty (rows 0)
-  // and the three are kept apart.
+  // The q/k/v products in as few matrices as their kept types allow (stacked matrices need one type, so
+  // one row size): wq|wk|wv as one [n_head*head_dim + n_head_kv*(head_dim + head_dim_v)][n_embd] matrix
+  // (one product); else wq and wk|wv as [n_head_kv*(head_dim + head_dim_v)][n_embd] (two, e.g. the
+  // Q4_K_M mix with Q8_0 K and V); else the three. Unused ones are empty (rows 0).
   DevWeight wqkv;
+  DevWeight wkv;
   DevWeight wq;         // [n_head * head_dim][n_embd]      (empty when wqkv is used)
-  DevWeight wk;         // [n_head_kv * head_dim][n_embd]   (empty when wqkv is used)
-  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (empty when wqkv is used)
+  DevWeight wk;         // [n_head_kv * head_dim][n_embd]   (used when neither stack is)
+  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (used when neither stack is)
   DevWeight q_norm;     // [head_dim] f32
   DevWeight k_norm;     // [head_dim] f32
   DevWeight wo;         // [n_embd][n_head * head_dim_v]
@@ -215,7 +217,8 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
-  DeviceBuffer qkv;            // [n_tok][n_head*head_dim + n_head_kv*(head_dim + head_dim_v)] (Layer::wqkv)
+  DeviceBuffer qkv;            // [n_tok][n_head*head_dim + n_head_kv*(head_dim + head_dim_v)] (Layer::wqkv),
+                               // or [n_tok][n_head_kv*(head_dim + head_dim_v)] (Layer::wkv)
   DeviceBuffer rope_cs;        // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
   DeviceBuffer router;         // [n_tok][n_expert]
@@ -559,6 +562,9 @@ void CudaQwen3Moe::load() {
     // warp, so its values are those of the three products.
     if (device_type(wq) == device_type(wk) && device_type(wq) == device_type(wv)) {
       l.wqkv = upload_stacked({&wq, &wk, &wv}, p + "attn_qkv", log);
+    } else if (device_type(wk) == device_type(wv)) {
+      l.wq = upload_matrix(wq, p + "attn_q", log);
+      l.wkv = upload_stacked({&wk, &wv}, p + "attn_kv", log);
     } else {
       l.wq = upload_matrix(wq, p + "attn_q", log);
       l.wk = upload_matrix(wk, p + "attn_k", log);
@@ -663,7 +669,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   float* x = ws.x.as<float>();
   float* q = ws.q.as<float>();
   op(p, [&] { ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), s); });
-  // q, k, v: one product into qkv's rows, or three into q, k, v.
+  // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.
   const float *qi, *ki, *vi;
   int64_t q_ld, k_ld, v_ld;
   const DeviceBuffer* qkv_in[3];
@@ -674,6 +680,16 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     vi = ki + Hkv * D;
     q_ld = k_ld = v_ld = l.wqkv.rows;
     qkv_in[0] = qkv_in[1] = qkv_in[2] = &ws.qkv;
+  } else if (l.wkv.rows > 0) {
+    mm(p, l.wq, ws.xn, n, ws.q);
+    mm(p, l.wkv, ws.xn, n, ws.qkv);
+    qi = q;
+    ki = ws.qkv.as<const float>();
+    vi = ki + Hkv * D;
+    q_ld = H * D;
+    k_ld = v_ld = l.wkv.rows;
+    qkv_in[0] = &ws.q;
+    qkv_in[1] = qkv_in[2] = &ws.qkv;
   } else {
     mm(p, l.wq, ws.xn, n, ws.q);
     mm(p, l.wk, ws.xn, n, ws.k);
