@@ -210,6 +210,48 @@ TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
   }
 }
 
+// The CPU reference alone (no GPU needed): bit for bit the CPU ops it stands for, with q_out aliasing q
+// and with q, k, v in separate buffers, at the same sizes.
+TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
+  for (const Case& c : {Case{1, 32, 4, 128, 128, 128, 1e6f}, Case{8, 32, 4, 128, 128, 128, 1e6f},
+                        Case{5, 16, 2, 256, 256, 64, 1e7f}, Case{4, 6, 3, 80, 64, 80, 1e4f}}) {
+    SCOPED_TRACE(c.name());
+    const int64_t n = c.n_tok;
+    std::vector<float> q = randn(size_t(n * c.q_w()), 200 + uint32_t(n), 2.0f), k = randn(size_t(n * c.k_w()), 201, 1.0f),
+                       v = randn(size_t(n * c.v_w()), 202, 1.0f);
+    const std::vector<float> qn = randn(size_t(c.head_dim), 203, 1.0f), kn = randn(size_t(c.head_dim), 204, 1.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t((t * 131 + 17) % kCtx);
+    const size_t k_cache = size_t(kLayers) * kCtx * size_t(c.k_w()), v_cache = size_t(kLayers) * kCtx * size_t(c.v_w());
+    // The reference, q normed in place, one cache.
+    std::vector<uint16_t> rk(k_cache, 0xabab), rv(v_cache, 0xabab), ek = rk, ev = rv;
+    std::vector<ops::KvRef> refs(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) refs[size_t(t)] = {rk.data(), rv.data(), kCtx, pos[size_t(t)]};
+    std::vector<float> cs(size_t(n * c.n_rot)), rq = q;
+    ops::ref::rope_cos_sin(pos.data(), n, c.n_rot, c.base, cs.data());
+    const ops::AttnPrepShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot, kEps};
+    ops::ref::attn_prep(rq.data(), c.q_w(), k.data(), c.k_w(), v.data(), c.v_w(), qn.data(), kn.data(), cs.data(),
+                        refs.data(), n, kLayer, shape, rq.data());
+    // The CPU ops.
+    std::vector<float> eq = q, kk = k;
+    cpu::rmsnorm(eq.data(), qn.data(), n * c.n_head, c.head_dim, kEps, eq.data());
+    cpu::rmsnorm(kk.data(), kn.data(), n * c.n_head_kv, c.head_dim, kEps, kk.data());
+    cpu::rope_neox(eq.data(), pos.data(), n, c.n_head, c.head_dim, c.n_rot, c.base);
+    cpu::rope_neox(kk.data(), pos.data(), n, c.n_head_kv, c.head_dim, c.n_rot, c.base);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = int64_t(kLayer) * kCtx + pos[size_t(t)];
+      cpu::kv_store(cpu::KvType::F16, kk.data() + t * c.k_w(), c.k_w(), ek.data() + row * c.k_w());
+      cpu::kv_store(cpu::KvType::F16, v.data() + t * c.v_w(), c.v_w(), ev.data() + row * c.v_w());
+    }
+    std::string first;
+    EXPECT_EQ(count_bit_diffs(rq, eq, &first), 0u) << "q " << first;
+    EXPECT_EQ(count_diffs(rk, ek, &first), 0u) << "K cache " << first;
+    EXPECT_EQ(count_diffs(rv, ev, &first), 0u) << "V cache " << first;
+    EXPECT_NE(rq, q) << "q was not transformed";
+    EXPECT_NE(rk, std::vector<uint16_t>(k_cache, 0xabab)) << "no K stored";
+  }
+}
+
 TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {
   const ops::AttnPrepShape odd_rot{32, 4, 128, 128, 127, kEps}, big_rot{32, 4, 64, 64, 128, kEps},
       huge{1, 1, 2048, 128, 128, kEps}, ok{32, 4, 128, 128, 128, kEps};
