@@ -15,6 +15,8 @@
 #include "common/error.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/dequant_device.cuh"
+#include "cuda/ops_fused.cuh"
 
 namespace strata::cuda::ops {
 
@@ -469,58 +471,128 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
 
-// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One block per token, one thread per expert
-// (blockDim = n_expert rounded up to a warp). The softmax keeps the old one-warp kernel's arithmetic and
-// order (max, exp_cr, the double sum lane by lane then the xor butterfly of warp 0), so the weights are
-// the same bits. Top-k by rank: an expert's rank is the number of order keys above its own (keys are
-// unique: value desc, id asc, as the CPU's partial_sort), so the k first are found in one parallel
-// pass instead of k rounds of a warp-wide arg-max.
-__global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool norm, int32_t* ids,
-                                 float* weights) {
-  __shared__ float p[cpu::kMaxExperts];
-  __shared__ uint64_t key[cpu::kMaxExperts];
-  __shared__ float red[32];
-  __shared__ float sel[64];  // [k] chosen weights in rank order
-  __shared__ float inv_sh, wsum_sh;
-  const int e = threadIdx.x, lane = e & 31;
-  const int64_t t = blockIdx.x;
-  const float* lr = logits + t * n_expert;  // [n_expert]
-  const bool on = e < n_expert;
-  const float l = on ? lr[e] : -INFINITY;
-  const float mx = block_reduce(l, red, MaxOp{});  // exact whatever the order
-  if (on) p[e] = exp_cr(l - mx);
+// Shared memory of route_token.
+struct RouteShared {
+  float p[cpu::kMaxExperts];        // the token's probabilities
+  uint64_t key[cpu::kMaxExperts];   // their order keys, padded to a multiple of 32
+  float red[32];
+  float sel[64];                    // [k] chosen probabilities in rank order
+  float inv, wsum;
+};
+
+// moe_route of one token by the whole block (blockDim a multiple of 32; threads take experts e = tid,
+// tid + blockDim, ...). lr: [n_expert] (read through L2: it may have been written by other blocks of the
+// same launch); ids, weights: [k]. The softmax keeps the arithmetic and order of the first GPU kernel
+// (max, exp_cr, the double sum lane by lane then the xor butterfly of warp 0), so the weights are the same
+// bits. Top-k by rank: an expert's rank is the number of order keys above its own (keys are unique: value
+// desc, id asc, as the CPU's partial_sort), so the k first are found in one parallel pass instead of k
+// rounds of a warp-wide arg-max. Ends with a barrier (sh may be reused at once).
+__device__ void route_token(const float* lr, int n_expert, int k, bool norm, int32_t* ids, float* weights,
+                            RouteShared& sh) {
+  const int tid = threadIdx.x, lane = tid & 31, nt = blockDim.x;
+  float mx = -INFINITY;
+  for (int e = tid; e < n_expert; e += nt) mx = fmaxf(mx, __ldcg(lr + e));
+  mx = block_reduce(mx, sh.red, MaxOp{});  // exact whatever the order
+  for (int e = tid; e < n_expert; e += nt) sh.p[e] = exp_cr(__ldcg(lr + e) - mx);
   __syncthreads();
-  if (e < 32) {
+  if (tid < 32) {
     double sum = 0.0;
-    for (int i = lane; i < n_expert; i += 32) sum += p[i];
+    for (int i = lane; i < n_expert; i += 32) sum += sh.p[i];
     sum = warp_reduce(sum, SumOp{});
-    if (lane == 0) inv_sh = static_cast<float>(1.0 / sum);
+    if (lane == 0) sh.inv = static_cast<float>(1.0 / sum);
   }
   __syncthreads();
-  // Keys of the whole block (blockDim is a multiple of 32): a NaN probability and the padding threads get
-  // keys below every real one (high half 0; unique by id), so the loop below needs no bounds or exits.
-  const float pe = on ? p[e] * inv_sh : 0.0f;
-  key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : uint64_t(0xffffffffu - uint32_t(e));
+  // A NaN probability and the padding get keys below every real one (high half 0; unique by id), so the
+  // rank loop needs no bounds or exits.
+  const int n_keys = (n_expert + 31) / 32 * 32;
+  for (int e = tid; e < n_keys; e += nt) {
+    const bool on = e < n_expert;
+    const float pe = on ? sh.p[e] * sh.inv : 0.0f;
+    if (on) sh.p[e] = pe;  // only this thread reads p[e] from here on
+    sh.key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : uint64_t(0xffffffffu - uint32_t(e));
+  }
   __syncthreads();
-  if (on) {
-    const uint64_t mine = key[e];
+  for (int e = tid; e < n_expert; e += nt) {
+    const uint64_t mine = sh.key[e];
     int rank = 0;
-    const int n_keys = blockDim.x;
 #pragma unroll 16
-    for (int i = 0; i < n_keys; ++i) rank += key[i] > mine;  // broadcast reads, all in flight
+    for (int i = 0; i < n_keys; ++i) rank += sh.key[i] > mine;  // broadcast reads, all in flight
     if (rank < k) {
-      ids[t * k + rank] = static_cast<int32_t>(e);
-      sel[rank] = pe;
+      ids[rank] = static_cast<int32_t>(e);
+      sh.sel[rank] = sh.p[e];
     }
   }
   __syncthreads();
-  if (e == 0) {
+  if (tid == 0) {
     float wsum = 0.0f;  // the chosen weights summed in rank order, as the CPU
-    for (int j = 0; j < k; ++j) wsum += sel[j];
-    wsum_sh = fmaxf(wsum, 6.103515625e-5f);
+    for (int j = 0; j < k; ++j) wsum += sh.sel[j];
+    sh.wsum = fmaxf(wsum, 6.103515625e-5f);
   }
   __syncthreads();
-  if (e < k) weights[t * k + e] = norm ? sel[e] / wsum_sh : sel[e];
+  for (int j = tid; j < k; j += nt) weights[j] = norm ? sh.sel[j] / sh.wsum : sh.sel[j];
+  __syncthreads();
+}
+
+// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One block per token.
+__global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool norm, int32_t* ids,
+                                 float* weights) {
+  __shared__ RouteShared sh;
+  const int64_t t = blockIdx.x;
+  route_token(logits + t * n_expert, n_expert, k, norm, ids + t * k, weights + t * k, sh);
+}
+
+constexpr int kRouterWarps = 4;  // router rows per block of router_route
+
+// One F32 row dot product per warp with quant::matmul's arithmetic (dq::warp_row_dot: units of 8 values,
+// lane i takes units i, i+32, ..., one FMA chain per lane, then the xor butterfly), unrolled further so a
+// lane's loads are all in flight (the order of the FMAs is unchanged). wr: [cols] f32; xr: [cols].
+template <int A>
+__device__ __forceinline__ float router_row_dot(const uint8_t* wr, int64_t cols, const float* xr, bool xvec) {
+  using F = dq::Fmt<GgmlType::F32>;
+  const int lane = threadIdx.x & 31;
+  const int units = int(cols / 8);
+  float acc = 0.f;
+#pragma unroll 8
+  for (int u = lane; u < units; u += 32) {
+    float v[8], xv[8];
+    F::template deq8<A>(wr + int64_t(u) * F::kBytes, 0, v);
+    dq::load_x8(xr, int64_t(u) * 8, xvec, xv);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc = fmaf(v[j], xv[j], acc);
+  }
+  for (int64_t c = int64_t(units) * 8 + lane; c < cols; c += 32) acc = fmaf(F::one(wr, c), __ldg(xr + c), acc);
+  return dq::warp_sum(acc);
+}
+
+// w: [n_expert][cols] f32 (rb bytes per row); x: [n_tok][cols]; logits: [n_tok][n_expert]; ids, weights:
+// [n_tok][k]; counter: one zero uint32 (left zero). grid: ceil(n_expert / kRouterWarps) blocks of
+// 32*kRouterWarps. Warp = one router row for every token; the last block to finish (a ticket taken after
+// a fence, as CUDA's threadFenceReduction sample) routes the tokens.
+template <int A>
+__global__ void __launch_bounds__(32 * kRouterWarps)
+    router_route_kernel(const uint8_t* w, int n_expert, int64_t cols, int64_t rb, const float* x, int n_tok,
+                        bool xvec, int k, bool norm, float* logits, int32_t* ids, float* weights,
+                        unsigned* counter) {
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
+  if (r < n_expert) {
+    const uint8_t* wr = w + int64_t(r) * rb;
+    for (int t = 0; t < n_tok; ++t) {
+      const float s = router_row_dot<A>(wr, cols, x + int64_t(t) * cols, xvec);
+      if ((threadIdx.x & 31) == 0) logits[int64_t(t) * n_expert + r] = s;
+    }
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
 }
 
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
@@ -875,6 +947,28 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
   STRATA_REQUIRE(n_tok <= 0x7fffffff, "moe_route (cuda): {} tokens in one call", n_tok);
   const int threads = (n_expert + 31) / 32 * 32;
   moe_route_kernel<<<static_cast<unsigned>(n_tok), threads, 0, stream>>>(logits, n_expert, k, norm, ids, weights);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
+                 "router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
+                 n_expert, k, cpu::kMaxExperts);
+  STRATA_REQUIRE(n_tok <= kRouterRouteMaxTokens && cols >= 1 && cols / 8 < (int64_t(1) << 30),
+                 "router_route (cuda): {} tokens (at most {}), {} columns", n_tok, kRouterRouteMaxTokens, cols);
+  if (n_tok <= 0) return;
+  const int64_t rb = cols * 4;
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;  // as quant::matmul
+  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  if (dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb))
+    router_route_kernel<16><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
+                                                                     norm, logits, ids, weights, counter);
+  else
+    router_route_kernel<1><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
+                                                                    norm, logits, ids, weights, counter);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -45,4 +45,19 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
                const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                int layer, const AttnPrepShape& shape, float* q_out, cudaStream_t stream);
 
+// The MoE router of a decode batch in one launch: logits = W . x with quant::matmul's F32 arithmetic
+// (same bits), then moe_route on them (same ids and weights), done by the last block to finish, which it
+// learns from `counter`. Why: the router product and the top-k were two launches of a few microseconds
+// each per layer, both dominated by fixed cost.
+//   w: [n_expert][cols] f32   x: [n_tok][cols] f32   logits: [n_tok][n_expert] f32 (written too)
+//   ids: [n_tok][k] int32   weights: [n_tok][k] f32   (as moe_route: ties to the lower id; norm divides by
+//   the sum clamped at 6.103515625e-5)
+//   counter: one device uint32, zero before the first call; every call leaves it zero. Calls sharing one
+//   counter must be ordered (one stream).
+// n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
+// keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
+constexpr int64_t kRouterRouteMaxTokens = 8;
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
+
 }  // namespace strata::cuda::ops

@@ -59,4 +59,15 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
   }
 }
 
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights) {
+  for (int64_t t = 0; t < n_tok; ++t)
+    for (int e = 0; e < n_expert; ++e) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) s += w[e * cols + c] * x[t * cols + c];
+      logits[t * n_expert + e] = s;
+    }
+  cpu::moe_route(logits, n_tok, n_expert, k, norm, ids, weights);
+}
+
 }  // namespace strata::cuda::ops::ref

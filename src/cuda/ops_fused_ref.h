@@ -16,4 +16,9 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
                const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                int layer, const AttnPrepShape& shape, float* q_out);
 
+// As ops::router_route without the counter: logits[t][e] = sum_c w[e][c] * x[t][c] in f32 (c in order),
+// then cpu::moe_route.
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights);
+
 }  // namespace strata::cuda::ops::ref

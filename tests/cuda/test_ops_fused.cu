@@ -4,6 +4,7 @@
 // CPU reference bit for bit against the CPU ops it is made of. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/ops_fused_ref.h"
+#include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
 
 namespace {
@@ -250,6 +252,60 @@ TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
     EXPECT_NE(rq, q) << "q was not transformed";
     EXPECT_NE(rk, std::vector<uint16_t>(k_cache, 0xabab)) << "no K stored";
   }
+}
+
+// router_route against the two launches it replaces (quant::matmul F32 + moe_route): logits, ids and
+// weights bit for bit, twice in a row (the counter must come back to zero), at Qwen3's router (128 experts
+// of 2048, top 8, 1/3/8 tokens), a wider one, and an odd width (vector loads off, the tail loop on).
+// Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
+TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
+  struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
+  for (const RCase& c : {RCase{1, 128, 2048, 8, true}, RCase{3, 128, 2048, 8, true}, RCase{8, 128, 2048, 8, false},
+                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
+                 std::to_string(c.cols) + " top " + std::to_string(c.k));
+    const size_t nl = size_t(c.n_tok * c.n_expert), ni = size_t(c.n_tok * c.k);
+    for (int exact_values = 0; exact_values < 2; ++exact_values) {
+      std::vector<float> w = randn(size_t(c.n_expert * c.cols), 300 + uint32_t(c.cols), 0.05f),
+                         x = randn(size_t(c.n_tok * c.cols), 301, 1.0f);
+      if (exact_values)  // multiples of 1/16 in [-1, 1]: every product and partial sum exact in f32
+        for (auto* v : {&w, &x})
+          for (auto& f : *v) f = std::round(std::clamp(f * (v == &w ? 20.0f : 1.0f), -1.0f, 1.0f) * 16.0f) / 16.0f;
+      Buf dw = upload_vec(w), dx = upload_vec(x);
+      Buf l0 = output(nl * 4), i0 = output(ni * 4), w0 = output(ni * 4);
+      quant::matmul(GgmlType::F32, dw.ptr(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, l0.ptr<float>(), stream());
+      ops::moe_route(l0.ptr<float>(), c.n_tok, c.n_expert, c.k, c.norm, i0.ptr<int32_t>(), w0.ptr<float>(), stream());
+      const auto el = download<float>(l0, nl);
+      const auto ei = download<int32_t>(i0, ni);
+      const auto ew = download<float>(w0, ni);
+      Buf counter = output(4, 0);
+      for (int rep = 0; rep < 2; ++rep) {
+        Buf l1 = output(nl * 4), i1 = output(ni * 4), w1 = output(ni * 4);
+        ops::router_route(dw.ptr<float>(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, c.k, c.norm, l1.ptr<float>(),
+                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+        std::string first;
+        EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits, call " << rep << ": " << first;
+        EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids, call " << rep;
+        EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights, call " << rep << ": " << first;
+        EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
+      }
+      if (!exact_values) continue;
+      std::vector<float> rl(nl), rw(ni);
+      std::vector<int32_t> ri(ni);
+      ops::ref::router_route(w.data(), c.n_expert, c.cols, x.data(), c.n_tok, c.k, c.norm, rl.data(), ri.data(),
+                             rw.data());
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(el, rl, &first), 0u) << "exact-valued logits vs the CPU reference: " << first;
+      EXPECT_EQ(ei, ri) << "ids vs the CPU reference";
+      double werr = 0;
+      for (size_t i = 0; i < ni; ++i) werr = std::max(werr, std::fabs(double(ew[i]) - rw[i]));
+      EXPECT_LE(werr, 1e-6) << "weights vs the CPU reference";
+    }
+  }
+  EXPECT_THROW(ops::router_route(nullptr, 128, 2048, nullptr, 9, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);
+  EXPECT_THROW(ops::router_route(nullptr, 2000, 2048, nullptr, 1, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);
 }
 
 TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {
