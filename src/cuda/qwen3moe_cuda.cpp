@@ -184,6 +184,7 @@ class CudaWorkspace final : public Workspace {
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
     partial = dev.alloc(size_t(z.E) * 4, "ws.partial");
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
+    route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
     wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
@@ -205,7 +206,7 @@ class CudaWorkspace final : public Workspace {
     size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + qkv.bytes() +
                rope_cs.bytes() + att.bytes() +
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
-               step_in.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
+               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
                partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
                moe_scratch.bytes();
     return b;
@@ -229,6 +230,7 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer partial;        // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
+  DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;         // [n_tok][n_vocab]
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
@@ -314,7 +316,11 @@ class CudaQwen3Moe final : public Model {
       for (int il = 0; il < hp_.n_layer; ++il)
         moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
                                                                            max_tokens, hp_.n_expert_used));
-    return std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
+    auto ws = std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
+    std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
+    Stream& cs = dev_->compute();
+    xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
+    return ws;
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
@@ -732,6 +738,17 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
   op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.ffn_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
+  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
+    // Decode: the router product and the top-k in one launch (same values as the two below).
+    note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
+                {ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::router_route(l.router.f32(), hp.n_expert, hp.n_embd, ws.xn.as<const float>(), n, hp.n_expert_used,
+                        hp.expert_weights_norm, ws.router.as<float>(), p.ids(il), ws.wts.as<float>(),
+                        ws.route_counter.as<uint32_t>(), stream());
+    });
+    return;
+  }
   mm(p, l.router, ws.xn, n, ws.router);
   note_launch(dev_->compute(), {ws.router.span()}, {ws.ids.span(), ws.wts.span()});
   op(p, [&] {
