@@ -23,6 +23,7 @@
 #include "cuda/gemm_context.h"
 #include "cuda/graph.h"
 #include "cuda/host/slot_spec.h"
+#include "cuda/model_common.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
@@ -42,46 +43,6 @@ constexpr double kGiB = kMiB * 1024.0;
 // graph when no layer needs the CPU pool. Larger batches are prefill: few forwards, long kernels, and
 // quant::matmul may take a cuBLAS path there; their launch overhead does not matter.
 constexpr int64_t kMaxGraphTokens = 8;
-
-// The first `bytes` of a device / pinned buffer (transfers copy src.bytes).
-DevSpan head(const DeviceBuffer& b, size_t bytes) {
-  DevSpan s = b.span();
-  STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of the {}-byte buffer {}", bytes, s.bytes, b.name());
-  s.bytes = bytes;
-  return s;
-}
-HostSpan head(const PinnedBuffer& b, size_t bytes) {
-  HostSpan s = b.span();
-  STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of a {}-byte pinned buffer", bytes, s.bytes);
-  s.bytes = bytes;
-  return s;
-}
-// Bytes [offset, offset + bytes) of a buffer; the checker still sees the whole buffer.
-DevSpan slice(const DeviceBuffer& b, size_t offset, size_t bytes) {
-  STRATA_REQUIRE(offset <= b.bytes() && bytes <= b.bytes() - offset, "cuda: bytes [{}, +{}) of the {}-byte buffer {}",
-                 offset, bytes, b.bytes(), b.name());
-  DevSpan s = b.span();
-  s.ptr = static_cast<char*>(s.ptr) + offset;
-  s.bytes = bytes;
-  return s;
-}
-HostSpan slice(const PinnedBuffer& b, size_t offset, size_t bytes) {
-  STRATA_REQUIRE(offset <= b.bytes() && bytes <= b.bytes() - offset, "cuda: bytes [{}, +{}) of a {}-byte pinned buffer",
-                 offset, bytes, b.bytes());
-  HostSpan s = b.span();
-  s.ptr = static_cast<char*>(s.ptr) + offset;
-  s.bytes = bytes;
-  return s;
-}
-
-// A dense weight on the GPU: [rows][cols] in `type` (the file's type when it has a kernel, else its
-// storage type; F32 in exact mode).
-struct DevWeight {
-  GgmlType type = GgmlType::F32;
-  int64_t rows = 0, cols = 0;
-  DeviceBuffer buf;
-  const float* f32() const { return static_cast<const float*>(buf.data()); }
-};
 
 struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
@@ -110,23 +71,6 @@ class DeviceKv final : public BackendState {
   DeviceBuffer v;  // [n_layer][n_ctx][n_head_kv][head_dim_v] f16
   size_t memory_bytes() const override { return k.bytes() + v.bytes(); }
 };
-
-// The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
-//   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)
-//   int32 tokens[n]      after refs
-//   int32 pos[n]         after tokens
-//   int32 out_rows[n]    after pos (the first n_out entries: batch rows that want logits)
-// Offsets depend on n only, so a graph captured for n tokens reads the same places every step.
-struct StepLayout {
-  size_t refs, tokens, pos, rows, bytes;
-  explicit StepLayout(int64_t n)
-      : refs(0),
-        tokens(size_t(n) * sizeof(ops::KvRef)),
-        pos(tokens + size_t(n) * 4),
-        rows(pos + size_t(n) * 4),
-        bytes(rows + size_t(n) * 4) {}
-};
-static_assert(sizeof(ops::KvRef) % 8 == 0, "the int32 arrays after refs[] must not misalign a later KvRef");
 
 // Sizes (in values) of the device activations of a workspace: one formula for the workspace and for
 // --expert-cache auto.
@@ -264,19 +208,6 @@ class CudaWorkspace final : public Workspace {
   const void* graphs_table = nullptr;
   MoeScratch moe;
   cpu::MatmulBatch mb;
-};
-
-struct RepackLog {
-  int n = 0;
-  double file_bytes = 0, gpu_bytes = 0;
-  std::string types;  // "Q5_K->F16 (3) ..."
-  void add(GgmlType from, GgmlType to, size_t fb, size_t gb) {
-    ++n;
-    file_bytes += double(fb);
-    gpu_bytes += double(gb);
-    const std::string t = std::string(type_name(from)) + "->" + std::string(type_name(to));
-    if (types.find(t) == std::string::npos) types += (types.empty() ? "" : ", ") + t;
-  }
 };
 
 class CudaQwen3Moe final : public Model {

@@ -1,0 +1,39 @@
+#pragma once
+// Device helpers shared by q8_kernels.cu and q8_moe.cu (private to src/cuda).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata::cuda::q8c {
+
+// One warp quantizes one 32-value block, lane i holding value v of column i: d = amax / 127,
+// q = roundf(v / d) clamped to [-127, 127] (ties away from zero; 0 when d == 0), ds = {d, d * sum q}.
+// Bit-identical to q8ref::quantize_block (max, IEEE division, roundf and an integer sum are exact).
+// q: [32], ds: one.
+__device__ __forceinline__ void quantize_warp(float v, int8_t* q, float2* ds) {
+  float amax = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.f;
+  const int qi = d > 0.f ? max(-127, min(127, int(roundf(v / d)))) : 0;
+  int s = qi;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  q[threadIdx.x & 31] = int8_t(qi);
+  if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * float(s));
+}
+
+// Sum over a block of 256 threads in the order of ops.cu's block_reduce (warp butterfly, then warps 0..7
+// in order): the same double as ops::rmsnorm. sh: [32] shared. Every thread gets the total.
+__device__ __forceinline__ double block_sum_256(double v, double* sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = v + __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double r = sh[0];
+  for (int w = 1; w < n_warps; ++w) r = r + sh[w];
+  return r;
+}
+
+}  // namespace strata::cuda::q8c

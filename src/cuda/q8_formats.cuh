@@ -1,0 +1,273 @@
+#pragma once
+// Per-format dot products of one weight "task" with int8 activations (private to q8_kernels.cu and
+// q8_moe.cu; contract and activation layout: q8_kernels.cuh). CPU twin, same integer sums and the same
+// float expression per task: host/q8_reference.cpp (task_*).
+//
+// A task is the unit one lane computes: Q4_0 / Q8_0 one 32-value block; Q4_K / Q5_K / Q6_K a quarter of a
+// 256-value super-block (64 values = two activation blocks). So a 2048-column K-quant row has exactly 32
+// tasks (one per lane) and a Q4_0 / Q8_0 row 64.
+// Why dp4a: one instruction multiplies 4 weight codes by 4 int8 activations and adds them; the scales are
+// applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
+// Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
+//
+// Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
+// xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
+// xds: float2 {d, d*sum q} of the block's first 32-value block of token 0, dss: float2 per token row;
+// nt <= NT live tokens.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "cuda/dequant_device.cuh"
+#include "cuda/fast_dot.cuh"
+#include "quant/types.h"
+
+namespace strata::cuda::q8d {
+
+// __dp4a / __vsubss4 on the device; the same integer results on the host (so a CPU test can run the
+// tasks: tests/cuda/test_q8_host.cu).
+__host__ __device__ __forceinline__ int dp4a(int a, int b, int c) {
+#ifdef __CUDA_ARCH__
+  return __dp4a(a, b, c);
+#else
+  for (int k = 0; k < 4; ++k) c += int(int8_t(uint32_t(a) >> (8 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
+  return c;
+#endif
+}
+// Bytes of w (each in [0, 63]) minus 32, as signed bytes.
+__host__ __device__ __forceinline__ int sub32(uint32_t w) {
+#ifdef __CUDA_ARCH__
+  return int(__vsubss4(w, 0x20202020u));
+#else
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= (uint32_t(uint8_t(int((w >> (8 * k)) & 0xFF) - 32))) << (8 * k);
+  return int(r);
+#endif
+}
+
+// N words (bytes 4i..4i+3 little-endian in w[i]) at p, p aligned to A (16: 16-byte vector loads).
+template <int A, int N>
+__host__ __device__ __forceinline__ void ldw(const uint8_t* p, uint32_t w[N]) {
+#ifndef __CUDA_ARCH__
+  std::memcpy(w, p, 4 * N);  // host (tests): any alignment
+#else
+  if constexpr (A >= 16) {
+    static_assert(N % 4 == 0);
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = dq::ld32<A>(p + 4 * i);
+  }
+#endif
+}
+
+// 32 int8 activations (one block) as 8 words; p is 16-byte aligned (rows of q are, blocks are 32 bytes).
+__host__ __device__ __forceinline__ void ldx32(const int8_t* p, int x[8]) {
+#ifdef __CUDA_ARCH__
+  const int4 a = reinterpret_cast<const int4*>(p)[0], b = reinterpret_cast<const int4*>(p)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+#else
+  std::memcpy(x, p, 32);
+#endif
+}
+
+constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
+
+struct DQ40 {  // d f16 | qs[16]: value l = (qs[l] & 15) - 8, value l + 16 = (qs[l] >> 4) - 8
+  static constexpr int kVals = 32, kBytes = 18, kTasks = 1;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    uint32_t q[4];
+    ldw<2, 4>(blk + 2, q);
+    const float d = dq::h2f(dq::ld16<2>(blk));
+STRATA_FD_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      int x[8];
+      ldx32(xq + t * xs, x);
+      int s = 0;
+STRATA_FD_UNROLL
+      for (int i = 0; i < 4; ++i) s = dp4a(int(q[i] & kLo4), x[i], dp4a(int((q[i] >> 4) & kLo4), x[4 + i], s));
+      const float2 ds = xds[t * dss];
+      // sum (nib - 8) qx = sum nib qx - 8 sum qx: the offset through the block sum, no per-byte subtract.
+      acc[t] += d * (ds.x * float(s) - 8.f * ds.y);
+    }
+  }
+};
+
+struct DQ80 {  // d f16 | qs[32] int8
+  static constexpr int kVals = 32, kBytes = 34, kTasks = 1;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    uint32_t q[8];
+    ldw<2, 8>(blk + 2, q);
+    const float d = dq::h2f(dq::ld16<2>(blk));
+STRATA_FD_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      int x[8];
+      ldx32(xq + t * xs, x);
+      int s = 0;
+STRATA_FD_UNROLL
+      for (int i = 0; i < 8; ++i) s = dp4a(int(q[i]), x[i], s);
+      acc[t] += d * (xds[t * dss].x * float(s));
+    }
+  }
+};
+
+// Q4_K (kQ5 false): d, dmin f16 | scales[12] | qs[128]. Q5_K: d, dmin | scales[12] | qh[32] | qs[128].
+// Task tt: sub-blocks j = 2tt (low nibbles of qs[32tt, 32tt+32)), j+1 (high nibbles); Q5_K: bit j / j+1
+// of qh[l] is bit 4. Value = d*sc*q - dmin*m: the min term goes through the activation block sums.
+template <bool kQ5>
+struct DK45 {
+  static constexpr int kVals = 256, kBytes = kQ5 ? 176 : 144, kTasks = 4;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    constexpr int A4 = A < 4 ? A : 4;
+    uint32_t q[8], lo[8], hi[8];
+    ldw<A, 8>(blk + (kQ5 ? 48 : 16) + 32 * tt, q);
+    const int j = 2 * tt;
+    if constexpr (kQ5) {
+      uint32_t h[8];
+      ldw<A, 8>(blk + 16, h);
+STRATA_FD_UNROLL
+      for (int i = 0; i < 8; ++i) {
+        lo[i] = (q[i] & kLo4) | (((h[i] >> j) & 0x01010101u) << 4);
+        hi[i] = ((q[i] >> 4) & kLo4) | (((h[i] >> (j + 1)) & 0x01010101u) << 4);
+      }
+    } else {
+STRATA_FD_UNROLL
+      for (int i = 0; i < 8; ++i) lo[i] = q[i] & kLo4, hi[i] = (q[i] >> 4) & kLo4;
+    }
+    const uint32_t dd = dq::ld32<A4>(blk);
+    const float d = dq::h2f(dd & 0xFFFF), dmin = dq::h2f(dd >> 16);
+    const uint32_t sw[3] = {dq::ld32<A4>(blk + 4), dq::ld32<A4>(blk + 8), dq::ld32<A4>(blk + 12)};
+    int sc0, m0, sc1, m1;
+    fd::k4_scale_min_w(j, sw, sc0, m0);
+    fd::k4_scale_min_w(j + 1, sw, sc1, m1);
+STRATA_FD_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      int x0[8], x1[8];
+      ldx32(xq + t * xs + 64 * tt, x0);
+      ldx32(xq + t * xs + 64 * tt + 32, x1);
+      int s0 = 0, s1 = 0;
+STRATA_FD_UNROLL
+      for (int i = 0; i < 8; ++i) s0 = dp4a(int(lo[i]), x0[i], s0), s1 = dp4a(int(hi[i]), x1[i], s1);
+      const float2 a = xds[t * dss + j], c = xds[t * dss + j + 1];
+      acc[t] += d * (a.x * float(s0) * float(sc0) + c.x * float(s1) * float(sc1)) -
+                dmin * (a.y * float(m0) + c.y * float(m1));
+    }
+  }
+};
+using DQ4K = DK45<false>;
+using DQ5K = DK45<true>;
+
+// Q6_K: ql[128] | qh[64] | scales[16] int8 | d f16 (210 bytes: 2-byte aligned loads only). Task tt:
+// half = tt/2, par = tt%2: ql[64half + 32par + l] and qh[32half + l], l < 32, hold group par (low
+// nibbles, qh bits 2par) and group par+2 (high nibbles, qh bits 4+2par) of the half, each code minus 32;
+// one int8 scale per 16 values. The codes are made signed with one byte-wise subtract (no block sum for
+// 16-value halves exists).
+struct DQ6K {
+  static constexpr int kVals = 256, kBytes = 210, kTasks = 4;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    const int half = tt >> 1, par = tt & 1;
+    uint32_t ql[8], qh[8];
+    ldw<2, 8>(blk + 64 * half + 32 * par, ql);
+    ldw<2, 8>(blk + 128 + 32 * half, qh);
+    int lo[8], hi[8];
+STRATA_FD_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      lo[i] = sub32((ql[i] & kLo4) | (((qh[i] >> (2 * par)) & 0x03030303u) << 4));
+      hi[i] = sub32(((ql[i] >> 4) & kLo4) | (((qh[i] >> (4 + 2 * par)) & 0x03030303u) << 4));
+    }
+    const uint32_t sa = dq::ld16<2>(blk + 192 + 8 * half + 2 * par), sb = dq::ld16<2>(blk + 196 + 8 * half + 2 * par);
+    const int sa0 = int(int8_t(sa & 0xFF)), sa1 = int(int8_t(sa >> 8));
+    const int sb0 = int(int8_t(sb & 0xFF)), sb1 = int(int8_t(sb >> 8));
+    const float d = dq::h2f(dq::ld16<2>(blk + 208));
+    const int ba = 4 * half + par, bb = ba + 2;  // activation blocks of the two groups
+STRATA_FD_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      int xa[8], xb[8];
+      ldx32(xq + t * xs + 32 * ba, xa);
+      ldx32(xq + t * xs + 32 * bb, xb);
+      int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
+STRATA_FD_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        a0 = dp4a(lo[i], xa[i], a0), a1 = dp4a(lo[4 + i], xa[4 + i], a1);
+        b0 = dp4a(hi[i], xb[i], b0), b1 = dp4a(hi[4 + i], xb[4 + i], b1);
+      }
+      acc[t] += d * (xds[t * dss + ba].x * float(sa0 * a0 + sa1 * a1) + xds[t * dss + bb].x * float(sb0 * b0 + sb1 * b1));
+    }
+  }
+};
+
+#ifdef __CUDA_ARCH__
+#define STRATA_Q8_UNROLL2 _Pragma("unroll 2")
+#else
+#define STRATA_Q8_UNROLL2
+#endif
+
+// log2 of the lanes that share one weight row: the smallest power of two >= the row's tasks, at most 32
+// (why: a 768-column K-quant row has 12 tasks; 16 lanes per row keep 3/4 of the lanes busy, not 3/8).
+__host__ __device__ constexpr int lanes_per_row_log2(int tasks) {
+  int l = 0;
+  while ((1 << l) < tasks && l < 5) ++l;
+  return l;
+}
+
+// Lane `sub` of the lpr lanes of one row: acc[t] += its tasks sub, sub + lpr, ... of row wr ([cols] in F,
+// A-aligned) against tokens t < nt of xt ([nt][cols] int8) / dt ([nt][cols/32]). The kernels add the
+// lanes' partials with a butterfly; a host test runs it with lpr = 1 (q8ref's order, bit for bit).
+template <typename F, int A, int NT>
+__host__ __device__ __forceinline__ void row_lane_partial(const uint8_t* wr, int64_t cols, int sub, int lpr,
+                                                          const int8_t* xt, const float2* dt, int nt,
+                                                          float acc[NT]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+STRATA_Q8_UNROLL2
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+    F::template dot<A, NT>(wr + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                           dt + int64_t(b) * (F::kVals / 32), dss, nt, acc);
+  }
+}
+
+template <int A>
+using IntC = std::integral_constant<int, A>;
+
+// Calls f(Format{}, IntC<A>{}) for a supported type: Q4_K / Q5_K with A = 16 when every row start is
+// 16-byte aligned (aligned16; their blocks are 144 / 176 bytes, so blocks are too: 16-byte loads), else
+// A = 2; the others always A = 2 (their 18 / 34 / 210-byte blocks leave only 2-byte alignment).
+// False for any other type.
+template <typename Fn>
+bool dispatch(GgmlType t, bool aligned16, Fn&& f) {
+  switch (t) {
+    case GgmlType::Q4_0: f(DQ40{}, IntC<2>{}); return true;
+    case GgmlType::Q8_0: f(DQ80{}, IntC<2>{}); return true;
+    case GgmlType::Q6_K: f(DQ6K{}, IntC<2>{}); return true;
+    case GgmlType::Q4_K:
+      if (aligned16) f(DQ4K{}, IntC<16>{});
+      else f(DQ4K{}, IntC<2>{});
+      return true;
+    case GgmlType::Q5_K:
+      if (aligned16) f(DQ5K{}, IntC<16>{});
+      else f(DQ5K{}, IntC<2>{});
+      return true;
+    default: return false;
+  }
+}
+
+}  // namespace strata::cuda::q8d

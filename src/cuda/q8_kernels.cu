@@ -1,0 +1,144 @@
+// Int8-activation decode kernels: activation quantization and the dense matvec (contract:
+// q8_kernels.cuh; per-format dots: q8_formats.cuh; MoE kernels: q8_moe.cu; CPU reference:
+// host/q8_reference.cpp). Deterministic: every output is written by one warp, sums in a fixed order.
+#include "cuda/q8_kernels.cuh"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/host/q8_reference.h"
+#include "cuda/q8_common.cuh"
+#include "cuda/q8_formats.cuh"
+
+namespace strata::cuda::q8 {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps per block in every kernel here
+
+// x: [n*cols/32 blocks][32] -> q (same shape), ds: [blocks]. One warp per block (grid-stride).
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const float* __restrict__ x, int64_t blocks, int8_t* __restrict__ q, float2* __restrict__ ds) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t b = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5); b < blocks;
+       b += int64_t(gridDim.x) * (kThreads / 32))
+    q8c::quantize_warp(x[32 * b + lane], q + 32 * b, ds + b);
+}
+
+// One block per row (256 threads, the reduction of ops.cu rmsnorm_kernel, so y is bit-identical to
+// ops::rmsnorm); then each warp quantizes 32-value blocks of the row. x, y: [n][cols] (y may be x: each
+// element is read and written by the same thread after all reads of the sum); w: [cols];
+// q: [n][cols]; ds: [n][cols/32].
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_quantize_kernel(const float* x, const float* __restrict__ w, int64_t cols, float eps, float* y,
+                            int8_t* __restrict__ q, float2* __restrict__ ds) {
+  __shared__ double sh[32];
+  const float* xr = x + blockIdx.x * cols;
+  float* yr = y + blockIdx.x * cols;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
+  s = q8c::block_sum_256(s, sh);
+  const float mean = static_cast<float>(s / static_cast<double>(cols));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  const int lane = threadIdx.x & 31;
+  for (int64_t b = threadIdx.x >> 5; b < cols / 32; b += kThreads / 32) {
+    const int64_t i = 32 * b + lane;
+    const float v = xr[i] * scale * w[i];
+    yr[i] = v;
+    q8c::quantize_warp(v, q + blockIdx.x * cols + 32 * b, ds + blockIdx.x * (cols / 32) + b);
+  }
+}
+
+// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, one weight row per
+// group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16 lanes per
+// row, two rows per warp, so few lanes idle). Each lane sums its tasks (task = lane_in_row, += lanes per
+// row), then a butterfly over the group: a fixed order. Tokens in tiles of NT sharing each weight load.
+//   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8   xds: [n][cols/32]   y: [n][rows]
+template <typename F, int A, int NT>
+__global__ void __launch_bounds__(kThreads)
+    matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
+                  const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* __restrict__ y,
+                  bool accumulate) {
+  const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
+  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2);
+  if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
+  const int64_t row = row0 + (lane >> lpr_log2);
+  const bool valid = row < rows;
+  const int64_t dss = cols / 32;
+  const uint8_t* wr = w + (valid ? row : 0) * row_bytes;
+  for (int64_t t0 = 0; t0 < n; t0 += NT) {
+    const int nt = int(n - t0 < NT ? n - t0 : NT);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
+    if (valid) q8d::row_lane_partial<F, A, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      for (int o = lpr >> 1; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+    if (valid && sub == 0)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        if (t < nt) {
+          float* out = y + (t0 + t) * rows + row;
+          *out = accumulate ? *out + acc[t] : acc[t];
+        }
+  }
+}
+
+template <typename F, int A, int NT>
+void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
+                   const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
+  const int64_t rows_per_block = (kThreads / 32) * (32 >> lpr_log2);
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
+  matvec_kernel<F, A, NT><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y,
+                                                                     accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool supported(GgmlType t) { return q8ref::supported(t); }
+
+void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream) {
+  STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 quantize: {} columns is not a positive multiple of 32", cols);
+  STRATA_REQUIRE(n >= 0, "q8 quantize: {} rows", n);
+  const int64_t blocks = n * (cols / 32);
+  if (blocks == 0) return;
+  const int64_t grid = std::min<int64_t>((blocks + kThreads / 32 - 1) / (kThreads / 32), 65535);
+  quantize_kernel<<<unsigned(grid), kThreads, 0, stream>>>(x, blocks, q, ds);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
+                      float2* ds, cudaStream_t stream) {
+  STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 rmsnorm_quantize: {} columns is not a positive multiple of 32", cols);
+  STRATA_REQUIRE(n >= 0 && n <= 0x7FFFFFFF, "q8 rmsnorm_quantize: {} rows", n);
+  if (n == 0) return;
+  rmsnorm_quantize_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds);
+  CUDA_CHECK_LAUNCH();
+}
+
+void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
+            const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  q8ref::check_matvec_shape(type, cols, row_bytes, "q8 matvec");
+  STRATA_REQUIRE(rows >= 0 && n >= 0, "q8 matvec: bad shape rows {} n {}", rows, n);
+  const auto wa = reinterpret_cast<uintptr_t>(w);
+  STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "q8 matvec: weight rows must be 2-byte aligned");
+  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "q8 matvec: activations must be 16-byte aligned");
+  if (rows == 0 || n == 0) return;
+  const bool a16 = wa % 16 == 0 && row_bytes % 16 == 0;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  q8d::dispatch(type, a16, [&](auto f, auto a) {
+    using F = decltype(f);
+    constexpr int A = decltype(a)::value;
+    // Token tile: the smallest of 1, 2, 4, 8 that holds n (more tokens: tiles of 8).
+    if (n == 1) launch_matvec<F, A, 1>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
+    else if (n == 2) launch_matvec<F, A, 2>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
+    else if (n <= 4) launch_matvec<F, A, 4>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
+    else launch_matvec<F, A, 8>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
+  });
+}
+
+}  // namespace strata::cuda::q8
