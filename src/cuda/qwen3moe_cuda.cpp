@@ -27,6 +27,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "model/moe_ffn.h"
@@ -76,6 +77,7 @@ class DeviceKv final : public BackendState {
 // --expert-cache auto.
 struct WsSizes {
   int64_t n, E, q, k, v, qkv, rope, att, router, ids, h, logits, scratch;
+  int64_t xq;  // int8 values of the Q8 activations (fast decode): [n][max(n_embd, n_head*head_dim_v)]
   WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
       : n(n_tok),
         E(n_tok * hp.n_embd),
@@ -89,12 +91,15 @@ struct WsSizes {
         ids(n_tok * hp.n_expert_used),
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
         logits(n_tok * hp.n_vocab),
-        scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))) {}
+        scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))),
+        xq(n_tok * std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)) {}
+  // Bytes of a Q8 activation of `values` int8 values: the values and one float2 per 32.
+  static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
   // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
-  // tokens, pos, out_rows (int32) and refs.
+  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
     return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
-           n * int64_t(sizeof(ops::KvRef));
+           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq);
   }
 };
 
@@ -102,8 +107,9 @@ class CudaWorkspace final : public Workspace {
  public:
   // prefill: when batches of kGemmMinTokens or more fit and the mode is not exact, the dense products take
   // the cuBLAS path (gemm_context.h) and the MoE block the grouped kernels (moe_scratch_bytes of scratch).
+  // q8_paths: the Q8 activation buffers of the fast decode (q8_kernels.cuh) are allocated.
   CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads,
-                bool prefill_paths, size_t moe_scratch_bytes)
+                bool prefill_paths, size_t moe_scratch_bytes, bool q8_paths)
       : n_tok_max(max_tok),
         n_ctx_max(n_ctx),
         k_used(hp.n_expert_used),
@@ -131,6 +137,10 @@ class CudaWorkspace final : public Workspace {
     route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
+    if (q8_paths) {
+      xq = dev.alloc(size_t(z.xq), "ws.xq");
+      xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
+    }
     wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
     xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
     partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
@@ -152,7 +162,7 @@ class CudaWorkspace final : public Workspace {
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
                partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
-               moe_scratch.bytes();
+               moe_scratch.bytes() + xq.bytes() + xds.bytes();
     return b;
   }
 
@@ -177,6 +187,9 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;         // [n_tok][n_vocab]
+  // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
+  DeviceBuffer xq, xds;        // [n_tok][max(n_embd, n_head*head_dim_v)] int8, [..][../32] float2: the normed
+                               // input of a dense product (attn_norm, ffn_norm, output norm) or att (wo)
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // pinned host
@@ -247,7 +260,8 @@ class CudaQwen3Moe final : public Model {
       for (int il = 0; il < hp_.n_layer; ++il)
         moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
                                                                            max_tokens, hp_.n_expert_used));
-    auto ws = std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
+    auto ws = std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch,
+                                              /*q8_paths=*/!opt_.exact);
     std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
     Stream& cs = dev_->compute();
     xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
@@ -324,7 +338,7 @@ class CudaQwen3Moe final : public Model {
   void attention_block(const Pass& p, int il) const;
   void route(const Pass& p, int il) const;        // ffn rmsnorm, router, top-k -> ids(il), ws.wts
   void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out
-  void add_moe_out(const Pass& p) const;
+  void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
   void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
@@ -357,6 +371,52 @@ class CudaQwen3Moe final : public Model {
     });
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
+
+  // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
+  // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
+  // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
+  bool q8_decode(const Pass& p) const { return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0; }
+  bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::supported(w.type); }
+  bool experts_grouped(const Pass& p, int il) const {
+    return p.n >= moe::kMoeGroupedMinTokens && p.ws.moe_scratch.bytes() > 0 &&
+           moe::moe_grouped_supported(cache_->layer_view(il));
+  }
+  // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
+  void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
+            Site site = Site::here()) const {
+    CudaWorkspace& ws = p.ws;
+    const int64_t E = hp_.n_embd;
+    if (quantize) {
+      note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span(), ws.xq.span(), ws.xds.span()}, site);
+      op(p, [&] {
+        q8::rmsnorm_quantize(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), ws.xq.as<int8_t>(),
+                             ws.xds.as<float2>(), stream());
+      });
+    } else {
+      note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span()}, site);
+      op(p, [&] { ops::rmsnorm(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), stream()); });
+    }
+  }
+  // y [n][w.rows] (+)= W . x with x given as ws.xq/ws.xds ([n][w.cols] Q8 activations).
+  void mm_q8(const Pass& p, const DevWeight& w, int64_t n, const DeviceBuffer& y, bool accumulate,
+             Site site = Site::here()) const {
+    CudaWorkspace& ws = p.ws;
+    if (accumulate)
+      note_launch(dev_->compute(), {w.buf.span(), ws.xq.span(), ws.xds.span(), y.span()}, {y.span()}, site);
+    else
+      note_launch(dev_->compute(), {w.buf.span(), ws.xq.span(), ws.xds.span()}, {y.span()}, site);
+    op(p, [&] {
+      q8::matvec(w.type, w.buf.data(), w.rows, w.cols, int64_t(row_bytes(w.type, w.cols)), ws.xq.as<const int8_t>(),
+                 ws.xds.as<const float2>(), n, y.as<float>(), accumulate, stream());
+    });
+  }
+  // y = W . xn, through the Q8 activations when use_q8 (they must hold xn's).
+  void mm_any(const Pass& p, const DevWeight& w, int64_t n, const DeviceBuffer& y, Site site = Site::here()) const {
+    if (use_q8(p, w))
+      mm_q8(p, w, n, y, false, site);
+    else
+      mm(p, w, p.ws.xn, n, y, site);
+  }
 
   static uint64_t next_model_id() {
     static std::atomic<uint64_t> next{1};
@@ -605,21 +665,24 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
   float* x = ws.x.as<float>();
   float* q = ws.q.as<float>();
-  op(p, [&] { ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), s); });
+  // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them.
+  bool q8_in = false;
+  for (const DevWeight* w : {&l.wqkv, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
+  norm(p, ws.x, l.attn_norm, n, q8_in);
   // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.
   const float *qi, *ki, *vi;
   int64_t q_ld, k_ld, v_ld;
   const DeviceBuffer* qkv_in[3];
   if (l.wqkv.rows > 0) {
-    mm(p, l.wqkv, ws.xn, n, ws.qkv);
+    mm_any(p, l.wqkv, n, ws.qkv);
     qi = ws.qkv.as<const float>();
     ki = qi + H * D;
     vi = ki + Hkv * D;
     q_ld = k_ld = v_ld = l.wqkv.rows;
     qkv_in[0] = qkv_in[1] = qkv_in[2] = &ws.qkv;
   } else if (l.wkv.rows > 0) {
-    mm(p, l.wq, ws.xn, n, ws.q);
-    mm(p, l.wkv, ws.xn, n, ws.qkv);
+    mm_any(p, l.wq, n, ws.q);
+    mm_any(p, l.wkv, n, ws.qkv);
     qi = q;
     ki = ws.qkv.as<const float>();
     vi = ki + Hkv * D;
@@ -628,9 +691,9 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     qkv_in[0] = &ws.q;
     qkv_in[1] = qkv_in[2] = &ws.qkv;
   } else {
-    mm(p, l.wq, ws.xn, n, ws.q);
-    mm(p, l.wk, ws.xn, n, ws.k);
-    mm(p, l.wv, ws.xn, n, ws.v);
+    mm_any(p, l.wq, n, ws.q);
+    mm_any(p, l.wk, n, ws.k);
+    mm_any(p, l.wv, n, ws.v);
     qi = q;
     ki = ws.k.as<const float>();
     vi = ws.v.as<const float>();
@@ -659,8 +722,15 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                    ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
   });
-  mm(p, l.wo, ws.att, n, ws.tmp);
-  op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+  if (use_q8(p, l.wo)) {
+    // x += wo . att: att to Q8 activations, the product adds into x (no separate add).
+    note_launch(cs, {ws.att.span()}, {ws.xq.span(), ws.xds.span()});
+    op(p, [&] { q8::quantize(ws.att.as<const float>(), n, H * Dv, ws.xq.as<int8_t>(), ws.xds.as<float2>(), s); });
+    mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
+  } else {
+    mm(p, l.wo, ws.att, n, ws.tmp);
+    op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+  }
 }
 
 void CudaQwen3Moe::route(const Pass& p, int il) const {
@@ -668,7 +738,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
-  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.ffn_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
+  norm(p, ws.x, l.ffn_norm, n, false);  // -> xn (the router, the experts and the CPU pool read it)
   if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
     // Decode: the router product and the top-k in one launch (same values as the two below).
     note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
@@ -692,16 +762,16 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
-  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Kernel arguments: the slots' base pointer and layout (fixed for the cache's lifetime) and this layer's
   // row of the device table (a fixed address); which slot holds an expert is read from the table when
   // the kernel runs. See forward() for why a graph of these launches survives residency changes.
   const moe::ExpertLayerView view = cache_->layer_view(il);
   const int32_t* table = cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Prefill: tokens grouped by expert, each expert's weights read once per tile on the tensor cores
   // (measured 7-9x faster than per-pair products at 512 tokens on the H200).
-  if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
+  if (experts_grouped(p, il)) {
     note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
     op(p, [&] {
       moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il),
@@ -717,7 +787,7 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   });
 }
 
-void CudaQwen3Moe::add_moe_out(const Pass& p) const {
+void CudaQwen3Moe::add_moe_out(const Pass& p, int il) const {
   op(p, [&] { ops::add_inplace(p.ws.x.as<float>(), p.ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
 }
 
@@ -730,8 +800,8 @@ void CudaQwen3Moe::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out,
                     ws.xn.as<float>(), stream());
   });
-  op(p, [&] { ops::rmsnorm(ws.xn.as<const float>(), output_norm_.f32(), p.n_out, hp_.n_embd, hp_.rms_eps, ws.xn.as<float>(), stream()); });
-  mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
+  norm(p, ws.xn, output_norm_, p.n_out, use_q8(p, *out_w_));  // in place
+  mm_any(p, *out_w_, p.n_out, ws.logits);
 }
 
 void CudaQwen3Moe::compute_resident(const Pass& p) const {
@@ -740,7 +810,7 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
     attention_block(p, il);
     route(p, il);
     gpu_experts(p, il);
-    add_moe_out(p);
+    add_moe_out(p, il);
   }
   output(p);
 }
@@ -867,7 +937,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
         // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
         // layers' after the last layer (statistics, adaptation).
         gpu_experts(p, il);
-        add_moe_out(p);
+        add_moe_out(p, il);
         continue;
       }
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
@@ -897,7 +967,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       cache_->record(il, hid, nk);
       if (opt.usage) opt.usage->add(il, hid, n);
       ws.layer_recorded[size_t(il)] = 1;
-      if (n_res > 0) add_moe_out(p);
+      if (n_res > 0) add_moe_out(p, il);
       if (n_cpu == 0) continue;  // this batch only picked resident experts
       if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
       ws.partial_h.note_host_access(strata::stream_check::Access::Write);
