@@ -1,7 +1,8 @@
 // The small ops of a decode layer's attention input on Qwen3-30B-A3B's geometry (32 query / 4 KV heads of
 // 128, f16 KV cache), old against new in the same run: the five launches rmsnorm(q), rmsnorm(k),
 // rope_neox(q), rope_neox(k), kv_store against one ops::attn_prep (plus ops::rope_cos_sin, which a forward
-// runs once for all layers: shown per call and per 48 layers). Also ops::moe_route (128 experts, top 8).
+// runs once for all layers: shown per call and per 48 layers); and the router of a layer (128 x 2048 F32,
+// top 8): quant::matmul + ops::moe_route against ops::router_route.
 // Each row is timed two ways: 48 back-to-back direct launches (a 48-layer decode without graphs) and one
 // CUDA graph of 48 repetitions (the graph decode). Prints a markdown table of microseconds per layer and
 // the ratio new/old.
@@ -20,6 +21,7 @@
 #include "cuda/graph.h"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 
 namespace {
@@ -27,7 +29,8 @@ namespace {
 using namespace strata;
 using namespace strata::cuda;
 
-constexpr int kHead = 32, kHeadKv = 4, kDim = 128, kLayers = 48, kCtx = 4096, kExperts = 128, kUsed = 8;
+constexpr int kHead = 32, kHeadKv = 4, kDim = 128, kLayers = 48, kCtx = 4096, kExperts = 128, kUsed = 8,
+              kEmbd = 2048;
 constexpr float kBase = 1e6f, kEps = 1e-6f;
 
 // Microseconds per call of `fn` (enqueued on `s`), `reps` calls after 2 warm-up calls.
@@ -95,6 +98,11 @@ int main(int argc, char** argv) {
   DeviceBuffer cs_tab = dev.alloc(size_t(max_tok) * kDim * 4, "rope cs");
   DeviceBuffer logits = upload(randv(size_t(max_tok) * kExperts), "router logits");
   DeviceBuffer ids = dev.alloc(size_t(max_tok) * kUsed * 4, "ids"), wts = dev.alloc(size_t(max_tok) * kUsed * 4, "wts");
+  std::vector<float> rw = randv(size_t(kExperts) * kEmbd);
+  for (auto& f : rw) f *= 0.02f;
+  DeviceBuffer router_w = upload(rw, "router"), xn = upload(randv(size_t(max_tok) * kEmbd), "xn");
+  DeviceBuffer counter = dev.alloc(16, "route counter");
+  xfer.fill(counter.span(), 0, cs, {&cs});
   cs.synchronize();
 
   const ops::AttnPrepShape shape{kHead, kHeadKv, kDim, kDim, kDim, kEps};
@@ -114,6 +122,14 @@ int main(int argc, char** argv) {
   auto angles = [&](int n) { ops::rope_cos_sin(dpos.as<int32_t>(), n, kDim, kBase, cs_tab.as<float>(), s); };
   auto route = [&](int n) {
     ops::moe_route(logits.as<float>(), n, kExperts, kUsed, true, ids.as<int32_t>(), wts.as<float>(), s);
+  };
+  auto router_old = [&](int n) {
+    quant::matmul(GgmlType::F32, router_w.data(), kExperts, kEmbd, xn.as<float>(), n, logits.as<float>(), s);
+    route(n);
+  };
+  auto router_new = [&](int n) {
+    ops::router_route(router_w.as<float>(), kExperts, kEmbd, xn.as<float>(), n, kUsed, true, logits.as<float>(),
+                      ids.as<int32_t>(), wts.as<float>(), counter.as<uint32_t>(), s);
   };
   // us per layer: 48 layers launched directly, and 48 layers in one graph.
   auto per_layer = [&](auto&& layer_fn) {
@@ -135,6 +151,8 @@ int main(int argc, char** argv) {
     const auto f = per_layer([&](int l) { new_seq(n, l); });
     const auto a = per_layer([&](int) { angles(n); });
     const auto r = per_layer([&](int) { route(n); });
+    const auto ro = per_layer([&](int) { router_old(n); });
+    const auto rn = per_layer([&](int) { router_new(n); });
     std::printf("| rmsnorm q,k + rope q,k + kv_store (old) | %d | 5 | %.2f | %.2f | 1 |\n", n, o.first, o.second);
     std::printf("| attn_prep (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, f.first, f.second, f.second / o.second);
     std::printf("| attn_prep + rope_cos_sin/48 (new, per layer of a forward) | %d | 1 + 1/48 | %.2f | %.2f | %.3f |\n", n,
@@ -142,6 +160,10 @@ int main(int argc, char** argv) {
                 (f.second + a.second / kLayers) / o.second);
     std::printf("| rope_cos_sin (once per forward) | %d | 1 | %.2f | %.2f | - |\n", n, a.first, a.second);
     std::printf("| moe_route (128 experts, top 8) | %d | 1 | %.2f | %.2f | - |\n", n, r.first, r.second);
+    std::printf("| router matmul (F32 128x2048) + moe_route (old) | %d | 2 | %.2f | %.2f | 1 |\n", n, ro.first,
+                ro.second);
+    std::printf("| router_route (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, rn.first, rn.second,
+                rn.second / ro.second);
   }
   cs.synchronize();
   return 0;
