@@ -245,6 +245,53 @@ STRATA_Q8_UNROLL2
   }
 }
 
+// row_lane_partial for R rows of the same format and columns at once (acc[r] += lane's tasks of row
+// wr[r], one token): the R rows' loads of a task are issued together (why: MoE rows are short, e.g. one
+// 2048-column task per lane; R independent loads in flight per lane instead of one).
+template <typename F, int A, int R>
+__host__ __device__ __forceinline__ void rows_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub, int lpr,
+                                                           const int8_t* x, const float2* ds, float acc[R]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+STRATA_FD_UNROLL
+    for (int r = 0; r < R; ++r)
+      F::template dot<A, 1>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, x + int64_t(b) * F::kVals, cols,
+                            ds + int64_t(b) * (F::kVals / 32), dss, 1, acc + r);
+  }
+}
+
+// moe_down's lane work for output row r of token t: lane `lane` of `lanes` takes the (j, task) pairs
+// i = lane, lane + lanes, ... of the k experts (i = j * tasks_per_row + task), skips non-resident experts
+// (ids[p] < 0 or table[ids[p]] < 0) and returns sum of wts[p] * (task dot) in that order.
+//   slots: [n_slots][slot_bytes], down rows at down_off, drb bytes apart  table: [n_expert]
+//   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  ids, wts: [n*k]
+template <typename F, int A>
+__host__ __device__ __forceinline__ float down_lane_partial(const uint8_t* slots, int64_t slot_bytes, int64_t down_off,
+                                                            int64_t drb, int64_t r, int64_t n_ff, const int32_t* table,
+                                                            const int8_t* hq, const float2* hds, const int32_t* ids,
+                                                            const float* wts, int64_t t, int k, int lane, int lanes) {
+  const int per = int(n_ff / F::kVals) * F::kTasks, total = k * per;
+  const int64_t dss = n_ff / 32;
+  float acc = 0.f;
+STRATA_Q8_UNROLL2
+  for (int i = lane; i < total; i += lanes) {
+    const int j = i / per, task = i % per;
+    const int64_t p = t * k + j;
+    const int32_t e = ids[p];
+    const int slot = e < 0 ? -1 : table[e];
+    if (slot < 0) continue;
+    const int b = task / F::kTasks;
+    float d[1] = {0.f};
+    F::template dot<A, 1>(slots + int64_t(slot) * slot_bytes + down_off + r * drb + int64_t(b) * F::kBytes,
+                          task % F::kTasks, hq + p * n_ff + int64_t(b) * F::kVals, n_ff,
+                          hds + p * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
+    acc = fmaf(wts[p], d[0], acc);
+  }
+  return acc;
+}
+
 template <int A>
 using IntC = std::integral_constant<int, A>;
 
