@@ -77,7 +77,7 @@ class DeviceKv final : public BackendState {
 // --expert-cache auto.
 struct WsSizes {
   int64_t n, E, q, k, v, qkv, rope, att, router, ids, h, logits, scratch;
-  int64_t xq;  // int8 values of the Q8 activations (fast decode): [n][max(n_embd, n_head*head_dim_v)]
+  int64_t xq, hq;  // int8 values of the Q8 activations (fast decode): [n][max(n_embd, n_head*head_dim_v)], h
   WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
       : n(n_tok),
         E(n_tok * hp.n_embd),
@@ -92,14 +92,15 @@ struct WsSizes {
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
         logits(n_tok * hp.n_vocab),
         scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))),
-        xq(n_tok * std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)) {}
+        xq(n_tok * std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)),
+        hq(h) {}
   // Bytes of a Q8 activation of `values` int8 values: the values and one float2 per 32.
   static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
   // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
-  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq (fast mode only; counted always).
+  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq and hq (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
     return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
-           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq);
+           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq);
   }
 };
 
@@ -140,6 +141,8 @@ class CudaWorkspace final : public Workspace {
     if (q8_paths) {
       xq = dev.alloc(size_t(z.xq), "ws.xq");
       xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
+      hq = dev.alloc(size_t(z.hq), "ws.hq");
+      hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
     }
     wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
     xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
@@ -162,7 +165,7 @@ class CudaWorkspace final : public Workspace {
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
                partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
-               moe_scratch.bytes() + xq.bytes() + xds.bytes();
+               moe_scratch.bytes() + xq.bytes() + xds.bytes() + hq.bytes() + hds.bytes();
     return b;
   }
 
@@ -190,6 +193,7 @@ class CudaWorkspace final : public Workspace {
   // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
   DeviceBuffer xq, xds;        // [n_tok][max(n_embd, n_head*head_dim_v)] int8, [..][../32] float2: the normed
                                // input of a dense product (attn_norm, ffn_norm, output norm) or att (wo)
+  DeviceBuffer hq, hds;        // [n_tok * k][n_ff] int8, [..][n_ff/32] float2: resident experts' silu(gate)*up
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // pinned host
@@ -337,8 +341,8 @@ class CudaQwen3Moe final : public Model {
   void embed(const Pass& p) const;
   void attention_block(const Pass& p, int il) const;
   void route(const Pass& p, int il) const;        // ffn rmsnorm, router, top-k -> ids(il), ws.wts
-  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out
-  void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out
+  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out (or x)
+  void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out (nothing where gpu_experts added to x)
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
   void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
@@ -380,6 +384,10 @@ class CudaQwen3Moe final : public Model {
   bool experts_grouped(const Pass& p, int il) const {
     return p.n >= moe::kMoeGroupedMinTokens && p.ws.moe_scratch.bytes() > 0 &&
            moe::moe_grouped_supported(cache_->layer_view(il));
+  }
+  // The resident experts of layer il run q8::moe_gate_up + q8::moe_down, which add into x themselves.
+  bool experts_q8(const Pass& p, int il) const {
+    return q8_decode(p) && !experts_grouped(p, il) && q8::moe_supported(cache_->layer_view(il));
   }
   // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
   void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
@@ -738,7 +746,8 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
-  norm(p, ws.x, l.ffn_norm, n, false);  // -> xn (the router, the experts and the CPU pool read it)
+  // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
+  norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
   if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
     // Decode: the router product and the top-k in one launch (same values as the two below).
     note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
@@ -768,6 +777,20 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   const moe::ExpertLayerView view = cache_->layer_view(il);
   const int32_t* table = cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  if (experts_q8(p, il)) {
+    // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
+    note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});
+    op(p, [&] {
+      q8::moe_gate_up(view, table, ws.xq.as<const int8_t>(), ws.xds.as<const float2>(), p.ids(il), p.n, k_used,
+                      ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());
+    });
+    note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
+    op(p, [&] {
+      q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il),
+                   ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream());
+    });
+    return;
+  }
   note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Prefill: tokens grouped by expert, each expert's weights read once per tile on the tensor cores
   // (measured 7-9x faster than per-pair products at 512 tokens on the H200).
@@ -788,6 +811,7 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
 }
 
 void CudaQwen3Moe::add_moe_out(const Pass& p, int il) const {
+  if (experts_q8(p, il)) return;  // q8::moe_down added into x
   op(p, [&] { ops::add_inplace(p.ws.x.as<float>(), p.ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
 }
 
@@ -967,7 +991,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       cache_->record(il, hid, nk);
       if (opt.usage) opt.usage->add(il, hid, n);
       ws.layer_recorded[size_t(il)] = 1;
-      if (n_res > 0) add_moe_out(p, il);
+      if (n_res > 0) add_moe_out(p, il);  // x += GPU experts (done already on the q8 path), then the CPU's
       if (n_cpu == 0) continue;  // this batch only picked resident experts
       if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
       ws.partial_h.note_host_access(strata::stream_check::Access::Write);
