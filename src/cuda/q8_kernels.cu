@@ -4,6 +4,8 @@
 #include "cuda/q8_kernels.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
@@ -100,6 +102,14 @@ void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t co
 }  // namespace
 
 bool supported(GgmlType t) { return q8ref::supported(t); }
+
+bool enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_Q8");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
 
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream) {
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 quantize: {} columns is not a positive multiple of 32", cols);

@@ -379,7 +379,9 @@ class CudaQwen3Moe final : public Model {
   // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
   // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
   // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
-  bool q8_decode(const Pass& p) const { return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0; }
+  bool q8_decode(const Pass& p) const {
+    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+  }
   bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::supported(w.type); }
   bool experts_grouped(const Pass& p, int il) const {
     return p.n >= moe::kMoeGroupedMinTokens && p.ws.moe_scratch.bytes() > 0 &&
