@@ -4,6 +4,8 @@
 #include "cuda/q8_kernels.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
@@ -29,23 +31,48 @@ __global__ void __launch_bounds__(kThreads)
 // ops::rmsnorm); then each warp quantizes 32-value blocks of the row. x, y: [n][cols] (y may be x: each
 // element is read and written by the same thread after all reads of the sum); w: [cols];
 // q: [n][cols]; ds: [n][cols/32].
+// PER > 0 (cols == 256 * PER): the row stays in registers. Why: a decode norm is one block on one SM, so
+// its time is load latency; here every load of x and w is issued up front and x is read once (the generic
+// loop reloads it after the sum and runs its quantization blocks one after another). Thread i holds
+// x[i + 256 j]: warp w holds whole 32-value blocks w + 8 j, which it quantizes from registers.
+template <int PER>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_quantize_kernel(const float* x, const float* __restrict__ w, int64_t cols, float eps, float* y,
                             int8_t* __restrict__ q, float2* __restrict__ ds) {
   __shared__ double sh[32];
   const float* xr = x + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
-  s = q8c::block_sum_256(s, sh);
-  const float mean = static_cast<float>(s / static_cast<double>(cols));
-  const float scale = 1.0f / sqrtf(mean + eps);
+  int8_t* qr = q + blockIdx.x * cols;
+  float2* dr = ds + blockIdx.x * (cols / 32);
   const int lane = threadIdx.x & 31;
-  for (int64_t b = threadIdx.x >> 5; b < cols / 32; b += kThreads / 32) {
-    const int64_t i = 32 * b + lane;
-    const float v = xr[i] * scale * w[i];
-    yr[i] = v;
-    q8c::quantize_warp(v, q + blockIdx.x * cols + 32 * b, ds + blockIdx.x * (cols / 32) + b);
+  double s = 0.0;
+  if constexpr (PER > 0) {
+    float xv[PER], wv[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) xv[j] = xr[threadIdx.x + kThreads * j], wv[j] = w[threadIdx.x + kThreads * j];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];  // the same order as the loop below
+    s = q8c::block_sum_256(s, sh);
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int64_t i = threadIdx.x + kThreads * j;
+      const float v = xv[j] * scale * wv[j];
+      yr[i] = v;
+      q8c::quantize_warp(v, qr + (i - lane), dr + i / 32);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
+    s = q8c::block_sum_256(s, sh);
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t b = threadIdx.x >> 5; b < cols / 32; b += kThreads / 32) {
+      const int64_t i = 32 * b + lane;
+      const float v = xr[i] * scale * w[i];
+      yr[i] = v;
+      q8c::quantize_warp(v, qr + 32 * b, dr + b);
+    }
   }
 }
 
@@ -101,6 +128,14 @@ void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t co
 
 bool supported(GgmlType t) { return q8ref::supported(t); }
 
+bool enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_Q8");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream) {
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 quantize: {} columns is not a positive multiple of 32", cols);
   STRATA_REQUIRE(n >= 0, "q8 quantize: {} rows", n);
@@ -116,7 +151,13 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 rmsnorm_quantize: {} columns is not a positive multiple of 32", cols);
   STRATA_REQUIRE(n >= 0 && n <= 0x7FFFFFFF, "q8 rmsnorm_quantize: {} rows", n);
   if (n == 0) return;
-  rmsnorm_quantize_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds);
+  const unsigned grid = unsigned(n);
+  switch (cols) {  // the register-resident shapes (n_embd of the supported models and the test sizes)
+    case 1024: rmsnorm_quantize_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    case 2048: rmsnorm_quantize_kernel<8><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    case 4096: rmsnorm_quantize_kernel<16><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    default: rmsnorm_quantize_kernel<0><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 
