@@ -32,6 +32,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/next_fused.cuh"
 #include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
@@ -138,7 +139,7 @@ struct Run {
 
 // Sizes (in values) of the device activations: one formula for the workspace and --expert-cache auto.
 struct WsSizes {
-  int64_t E, C, Kd, Vd, Hv, gproj, aproj, rproj, q, att, ids, h, fs, logits, scratch, n;
+  int64_t E, C, Kd, Vd, Hv, gproj, aproj, rproj, q, rope, att, ids, h, fs, logits, scratch, n;
   int64_t xq, hq;  // int8 values of the Q8 activations of the fast decode (dense inputs; expert h)
   WsSizes(const HParams& hp, const NextParams& np, int64_t n_tok, int64_t n_ctx)
       : E(n_tok * hp.n_embd),
@@ -150,6 +151,7 @@ struct WsSizes {
         aproj(n_tok * (int64_t(hp.n_head) * 2 * hp.head_dim + int64_t(hp.n_head_kv) * (hp.head_dim + hp.head_dim_v))),
         rproj(n_tok * (hp.n_expert + 1)),
         q(n_tok * hp.n_head * hp.head_dim),
+        rope(n_tok * hp.n_rot),
         att(n_tok * hp.n_head * hp.head_dim_v),
         ids(n_tok * hp.n_expert_used),
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
@@ -161,12 +163,12 @@ struct WsSizes {
         hq(std::max(h, fs)) {}
   // Bytes of Q8 activations of `values` int8 values: the values and one float2 per 32.
   static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
-  // x xn tmp moe_out partial; gproj; conv; gv go; g beta; gq gk; aproj; q qgate att; rproj; ids per layer
-  // + wts; h; sh_g (gate | up); sh_w, sh_ids; logits; scratch; step inputs; the Q8 activations (fast mode
-  // only; counted always).
+  // x xn tmp moe_out partial; gproj; conv; gv go; g beta; gq gk; aproj; q qgate rope att; rproj; ids per
+  // layer + wts; h; sh_g (gate | up); sh_w, sh_ids; logits; scratch; step inputs; route counter; the Q8
+  // activations (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
-    return 4 * (5 * E + gproj + C + 2 * Vd + 2 * Hv + 2 * Kd + aproj + 2 * q + att + rproj + ids * (n_layer + 1) +
-                h + 2 * fs + 2 * n + logits + scratch + 3 * n) +
+    return 4 * (5 * E + gproj + C + 2 * Vd + 2 * Hv + 2 * Kd + aproj + 2 * q + rope + att + rproj +
+                ids * (n_layer + 1) + h + 2 * fs + 2 * n + logits + scratch + 3 * n + 1) +
            n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq);
   }
 };
@@ -196,6 +198,7 @@ class NextWorkspace final : public Workspace {
     aproj = f32(z.aproj, "ws.aproj");
     q = f32(z.q, "ws.q");
     qgate = f32(z.q, "ws.qgate");
+    rope_cs = f32(z.rope, "ws.rope_cs");
     att = f32(z.att, "ws.att");
     rproj = f32(z.rproj, "ws.rproj");
     ids = dev.alloc(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids");
@@ -213,6 +216,7 @@ class NextWorkspace final : public Workspace {
       hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
     }
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
+    route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = f32(z.scratch, "ws.attn_scratch");
     logits = f32(z.logits, "ws.logits");
     ids_h = dev.alloc_pinned(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids_h");
@@ -238,8 +242,8 @@ class NextWorkspace final : public Workspace {
   size_t memory_bytes() const override {
     size_t b = moe.memory_bytes() + moe_scratch.bytes();
     for (const DeviceBuffer* d : {&x, &xn, &tmp, &gproj, &conv, &g, &beta, &gq, &gk, &gv, &go, &aproj, &q, &qgate,
-                                  &att, &rproj, &ids, &wts, &h, &moe_out, &partial, &sh_g, &sh_w, &sh_ids, &step_in,
-                                  &attn_scratch, &logits, &xq, &xds, &hq, &hds})
+                                  &rope_cs, &att, &rproj, &ids, &wts, &h, &moe_out, &partial, &sh_g, &sh_w, &sh_ids, &step_in,
+                                  &route_counter, &attn_scratch, &logits, &xq, &xds, &hq, &hds})
       b += d->bytes();
     for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h}) b += p->bytes();
     return b;
@@ -257,6 +261,7 @@ class NextWorkspace final : public Workspace {
   DeviceBuffer aproj;           // AttnLayer::proj's output: qg [n_tok][n_head][2*head_dim],
                                 // k [n_tok][n_head_kv][head_dim], v [n_tok][n_head_kv][head_dim_v]
   DeviceBuffer q, qgate;        // [n_tok][n_head][head_dim]
+  DeviceBuffer rope_cs;         // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;             // [n_tok][n_head][head_dim_v]
   DeviceBuffer rproj;           // Layer::route's output: router logits [n_tok][n_expert], shared logit [n_tok]
   DeviceBuffer ids;             // [n_layer][n][k] int32 (layer stride n*k, as qwen3moe_cuda.cpp)
@@ -274,6 +279,7 @@ class NextWorkspace final : public Workspace {
                                 // output, the gated attention output)
   DeviceBuffer hq, hds;         // [max(n_tok*k*n_ff, n_tok*n_ff_shexp)] int8 (+ float2 per 32): expert h
   DeviceBuffer step_in;         // StepLayout(n): refs, tokens, positions, logit rows of the batch
+  DeviceBuffer route_counter;   // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;    // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;          // [n_tok][n_vocab]
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
@@ -391,6 +397,7 @@ class CudaQwen3Next final : public Model {
     std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
     Stream& cs = dev_->compute();
     xfer_->fill(ws->sh_ids.span(), 0, cs, {&cs});  // ordered before every forward on compute
+    xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});
     return ws;
   }
   size_t weight_bytes() const override { return weight_bytes_; }
@@ -530,7 +537,9 @@ class CudaQwen3Next final : public Model {
   // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
   // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
   // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
-  bool q8_decode(const Pass& p) const { return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0; }
+  bool q8_decode(const Pass& p) const {
+    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+  }
   bool use_q8(const Pass& p, GgmlType t, int64_t cols) const {
     return q8_decode(p) && q8::supported(t) && cols % 32 == 0;
   }
@@ -891,6 +900,13 @@ void CudaQwen3Next::embed(const Pass& p) const {
     quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
                     p.ws.x.as<float>(), stream());
   });
+  if (n_attn_ == 0) return;
+  // The rope angles of the batch, read by every attention layer's attn_prep.
+  note_launch(dev_->compute(), {p.ws.step_in.span()}, {p.ws.rope_cs.span()});
+  op(p, [&] {
+    ops::rope_cos_sin(p.step<const int32_t>(sl.pos), p.n, hp_.n_rot, hp_.rope_base, p.ws.rope_cs.as<float>(),
+                      stream());
+  });
 }
 
 // Gated DeltaNet (model/qwen3next.cpp gdn_block): attn norm, the input projections (one Proj), gates,
@@ -997,23 +1013,25 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
-  const auto* pos = p.step<const int32_t>(sl.pos);
   float* q = ws.q.as<float>();
   norm(p, ws.x, l.attn_norm, n, use_q8(p, w.proj));
   project(p, w.proj, ws.aproj);
   const float* qg = part_out(p, w.proj, 0, ws.aproj);  // [n][H][2*D]
-  float* k = part_out(p, w.proj, 1, ws.aproj);         // [n][Hkv][D]
+  const float* k = part_out(p, w.proj, 1, ws.aproj);   // [n][Hkv][D]
   const float* v = part_out(p, w.proj, 2, ws.aproj);   // [n][Hkv][Dv]
   note_launch(cs, {ws.aproj.span()}, {ws.q.span(), ws.qgate.span()});
   op(p, [&] { gdn::split_q_gate(qg, n, H, D, q, ws.qgate.as<float>(), s); });
-  note_launch(cs, {w.q_norm.buf.span(), w.k_norm.buf.span(), ws.q.span(), ws.aproj.span()}, {ws.q.span(), ws.aproj.span()});
-  op(p, [&] { ops::rmsnorm(q, w.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
-  op(p, [&] { ops::rmsnorm(k, w.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
-  note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.aproj.span()});
-  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
-  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
-  note_launch(cs, {ws.step_in.span(), ws.aproj.span()}, {});
-  op(p, [&] { ops::kv_store(k, v, refs, n, l.index, Hkv * D, Hkv * Dv, s); });
+  // q_norm, k_norm, rope of q and k, K/V into the sequence's cache, in one launch (ops_fused.cuh: bit for
+  // bit the five ops), q normed and rotated in place.
+  note_launch(cs,
+              {ws.q.span(), ws.aproj.span(), ws.rope_cs.span(), ws.step_in.span(), w.q_norm.buf.span(),
+               w.k_norm.buf.span()},
+              {ws.q.span()});
+  const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
+  op(p, [&] {
+    ops::attn_prep(q, H * D, k, Hkv * D, v, Hkv * Dv, w.q_norm.f32(), w.k_norm.f32(), ws.rope_cs.as<const float>(),
+                   refs, n, l.index, shape, q, s);
+  });
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   op(p, [&] {
@@ -1052,6 +1070,20 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   // -> xn (the router, the experts, the shared expert and the CPU pool read it), and its Q8 activations
   // where one of them takes them.
   norm(p, ws.x, l.post_norm, n, ffn_q8_input(p, il));
+  const Proj::Part& rp = l.route.parts[0];
+  const DevWeight& rw = l.route.stacks[size_t(rp.stack)];
+  if (rw.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
+    // Decode: the router product and the top-k in one launch (the values of the product + moe_route).
+    note_launch(dev_->compute(), {rw.buf.span(), ws.xn.span(), ws.route_counter.span()},
+                {ws.rproj.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::router_route(rw.f32() + rp.row0 * hp.n_embd, hp.n_expert, hp.n_embd, ws.xn.as<const float>(), n,
+                        hp.n_expert_used, hp.expert_weights_norm, part_out(p, l.route, 0, ws.rproj), p.ids(il),
+                        ws.wts.as<float>(), ws.route_counter.as<uint32_t>(), stream());
+    });
+    if (!shexp_q8(p, l)) project_part(p, l.route, 1, ws.rproj);  // the shared expert's logit
+    return;
+  }
   if (shexp_q8(p, l))
     project_part(p, l.route, 0, ws.rproj);  // router logits (the shared gate: dot_sigmoid in shared_expert)
   else
