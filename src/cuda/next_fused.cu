@@ -26,17 +26,17 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// One warp per row of D (D % 32 == 0): the sum of squares as gdn.cu gated_rms_norm_kernel (lane i sums
+// One warp per head row of D (D % 32 == 0): the sum of squares as gdn.cu gated_rms_norm_kernel (lane i sums
 // i, i+32, ... in order, then the xor butterfly), then each 32-value block quantized by the warp.
-//   x, z: [n_rows][D]  w: [D]  q: [n_rows][D]  ds: [n_rows][D/32]
-__global__ void gated_norm_quantize_kernel(const float* __restrict__ x, const float* __restrict__ z,
-                                           const float* __restrict__ w, int64_t n_rows, int64_t D, float eps,
-                                           int8_t* __restrict__ q, float2* __restrict__ ds) {
+//   x: [n_rows][D]  z: row r = (t, h) at z + t * z_ld + h * D  w: [D]  q: [n_rows][D]  ds: [n_rows][D/32]
+__global__ void gated_norm_quantize_kernel(const float* __restrict__ x, const float* __restrict__ z, int64_t z_ld,
+                                           int64_t n_heads, const float* __restrict__ w, int64_t n_rows, int64_t D,
+                                           float eps, int8_t* __restrict__ q, float2* __restrict__ ds) {
   const int64_t row = int64_t(blockIdx.x) * kRowWarps + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (row >= n_rows) return;  // whole warps leave together (row is uniform across the warp)
   const float* xr = x + row * D;
-  const float* zr = z + row * D;
+  const float* zr = z + (row / n_heads) * z_ld + (row % n_heads) * D;
   float ss = 0.0f;
   for (int64_t i = lane; i < D; i += kWarp) ss = fmaf(xr[i], xr[i], ss);
   ss = warp_sum(ss);
@@ -87,10 +87,10 @@ __global__ void dot_sigmoid_kernel(const float* __restrict__ w, const float* __r
 // update of its channels (only this lane reads or writes them). Blocks from row_blocks: one thread per
 // (token, value head), gdn.cu gates_kernel.
 template <int E>  // channels per lane = D / 32
-__global__ void conv_split_gates_kernel(const float* __restrict__ x, int64_t n_tok, int64_t n_k_heads,
+__global__ void conv_split_gates_kernel(const float* __restrict__ x, int64_t x_ld, int64_t n_tok, int64_t n_k_heads,
                                         int64_t n_v_heads, int K, float* state, const float* __restrict__ w,
                                         float eps, float* __restrict__ q, float* __restrict__ k,
-                                        float* __restrict__ v, const float* __restrict__ ba,
+                                        float* __restrict__ v, const float* __restrict__ ba, int64_t ba_ld,
                                         const float* __restrict__ a, const float* __restrict__ dt_bias,
                                         float* __restrict__ g, float* __restrict__ beta, int64_t row_blocks) {
   constexpr int64_t D = int64_t(E) * kWarp;
@@ -100,7 +100,7 @@ __global__ void conv_split_gates_kernel(const float* __restrict__ x, int64_t n_t
     const int64_t r = n_v_heads / n_k_heads;
     const int64_t t = idx / n_v_heads, h = idx % n_v_heads;
     const int64_t j = h / r, i = h % r;
-    const float* bt = ba + t * 2 * n_v_heads;
+    const float* bt = ba + t * ba_ld;
     beta[idx] = sigmoid_f(bt[j * 2 * r + i]);
     g[idx] = a[h] * softplus_f(bt[j * 2 * r + r + i] + dt_bias[h]);
     return;
@@ -133,7 +133,7 @@ __global__ void conv_split_gates_kernel(const float* __restrict__ x, int64_t n_t
       float acc = 0.0f;
       for (int kk = 0; kk < K; ++kk) {
         const int64_t r = t + kk;  // row of xx = state ++ x
-        const float xv = r < K - 1 ? state[r * C + c] : x[(r - (K - 1)) * C + c];
+        const float xv = r < K - 1 ? state[r * C + c] : x[(r - (K - 1)) * x_ld + c];
         acc = fmaf(wc[kk], xv, acc);
       }
       y[e] = silu_f(acc);
@@ -158,22 +158,25 @@ __global__ void conv_split_gates_kernel(const float* __restrict__ x, int64_t n_t
     const int64_t c = hr * D + lane + int64_t(e) * kWarp;
     for (int64_t i = 0; i < keep; ++i) {
       const int64_t r = n_tok + i;
-      state[i * C + c] = r < keep ? state[r * C + c] : x[(r - keep) * C + c];
+      state[i * C + c] = r < keep ? state[r * C + c] : x[(r - keep) * x_ld + c];
     }
   }
 }
 
 }  // namespace
 
-void gated_norm_quantize(const float* x, const float* z, const float* w, int64_t n_rows, int64_t D, float eps,
-                         int8_t* q, float2* ds, cudaStream_t stream) {
-  STRATA_REQUIRE(n_rows >= 0 && D > 0 && D % kWarp == 0,
-                 "cuda gated_norm_quantize: bad shape (rows {}, D {}: a positive multiple of 32)", n_rows, D);
+void gated_norm_quantize(const float* x, const float* z, int64_t z_ld, const float* w, int64_t n_tok,
+                         int64_t n_heads, int64_t D, float eps, int8_t* q, float2* ds, cudaStream_t stream) {
+  STRATA_REQUIRE(n_tok >= 0 && n_heads > 0 && D > 0 && D % kWarp == 0 && z_ld >= n_heads * D,
+                 "cuda gated_norm_quantize: bad shape (tokens {}, heads {}, D {}: a positive multiple of 32, z_ld {})",
+                 n_tok, n_heads, D, z_ld);
+  const int64_t n_rows = n_tok * n_heads;
   STRATA_REQUIRE(reinterpret_cast<uintptr_t>(q) % 16 == 0, "cuda gated_norm_quantize: q must be 16-byte aligned");
   if (n_rows == 0) return;
   const int64_t blocks = (n_rows + kRowWarps - 1) / kRowWarps;
   STRATA_REQUIRE(blocks <= INT32_MAX, "cuda gated_norm_quantize: {} rows is too many", n_rows);
-  gated_norm_quantize_kernel<<<unsigned(blocks), kRowWarps * kWarp, 0, stream>>>(x, z, w, n_rows, D, eps, q, ds);
+  gated_norm_quantize_kernel<<<unsigned(blocks), kRowWarps * kWarp, 0, stream>>>(x, z, z_ld, n_heads, w, n_rows, D,
+                                                                                 eps, q, ds);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -196,17 +199,19 @@ void dot_sigmoid(const float* w, const float* x, int64_t n, int64_t cols, float*
   CUDA_CHECK_LAUNCH();
 }
 
-void conv_split_gates(const float* x, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t D, int K,
-                      float* state, const float* w, float eps, float* q, float* k, float* v, const float* ba,
-                      const float* a, const float* dt_bias, float* g, float* beta, cudaStream_t stream) {
+void conv_split_gates(const float* x, int64_t x_ld, int64_t n_tok, int64_t n_k_heads, int64_t n_v_heads, int64_t D,
+                      int K, float* state, const float* w, float eps, float* q, float* k, float* v, const float* ba,
+                      int64_t ba_ld, const float* a, const float* dt_bias, float* g, float* beta, cudaStream_t stream) {
   STRATA_REQUIRE(n_k_heads > 0 && n_v_heads > 0 && n_v_heads % n_k_heads == 0 && K >= 1,
                  "cuda conv_split_gates: bad heads (Hk {}, Hv {}) or conv kernel {}", n_k_heads, n_v_heads, K);
   STRATA_REQUIRE(D > 0 && D % kWarp == 0 && D <= kMaxPerLane * kWarp,
                  "cuda conv_split_gates: head size {} is not a multiple of 32 up to {}", D, kMaxPerLane * kWarp);
   STRATA_REQUIRE(n_tok >= 0 && n_tok <= kConvSplitMaxTokens, "cuda conv_split_gates: {} tokens (at most {})", n_tok,
                  kConvSplitMaxTokens);
-  if (n_tok == 0) return;
   const int64_t heads = 2 * n_k_heads + n_v_heads;
+  STRATA_REQUIRE(x_ld >= heads * D && ba_ld >= 2 * n_v_heads, "cuda conv_split_gates: row strides {} / {} too small",
+                 x_ld, ba_ld);
+  if (n_tok == 0) return;
   const int64_t row_blocks = (heads + kRowWarps - 1) / kRowWarps;
   const int64_t threads = kRowWarps * kWarp;
   const int64_t gate_blocks = (n_tok * n_v_heads + threads - 1) / threads;
@@ -215,9 +220,9 @@ void conv_split_gates(const float* x, int64_t n_tok, int64_t n_k_heads, int64_t 
   switch (D / kWarp) {
 #define STRATA_CSG(E)                                                                                             \
   case E:                                                                                                        \
-    conv_split_gates_kernel<E><<<grid, unsigned(threads), 0, stream>>>(x, n_tok, n_k_heads, n_v_heads, K, state, \
-                                                                       w, eps, q, k, v, ba, a, dt_bias, g, beta,  \
-                                                                       row_blocks);                              \
+    conv_split_gates_kernel<E><<<grid, unsigned(threads), 0, stream>>>(x, x_ld, n_tok, n_k_heads, n_v_heads, K,   \
+                                                                       state, w, eps, q, k, v, ba, ba_ld, a,      \
+                                                                       dt_bias, g, beta, row_blocks);             \
     break;
     STRATA_CSG(1)
     STRATA_CSG(2)

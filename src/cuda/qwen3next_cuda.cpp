@@ -57,10 +57,12 @@ constexpr int64_t kMaxGraphTokens = 8;
 constexpr size_t kMaxGraphs = 64;
 
 // Dense products that read one input, stacked at load into as few device matrices as their kept types
-// allow (a stack is one type and one width, so one row size). Part i of a pass of n tokens is written as
-// [n][rows_i] at y + n * col_i; the parts of a stack have consecutive cols, so a one-token pass computes
-// a whole stack in one product (its rows land where the parts' outputs go). Passes of more tokens, and
-// the exact mode, run one product per part (the values of separate matrices).
+// allow (a stack is one type and one width, so one row size). Two output layouts for a pass of n tokens:
+//   per part: part i as [n][rows_i] at y + n * col_i (one product per part: the values of separate
+//     matrices; the exact mode and any consumer that needs contiguous rows);
+//   stacked: stack s as [n][rows_s] at y + n * col_s (col of its first part), part i inside it at
+//     column col_i - col_s with row stride rows_s (one product per stack: fewer launches).
+// The parts of a stack have consecutive cols, so for one token the two layouts are the same.
 struct Proj {
   struct Part {
     int stack;    // index into stacks
@@ -569,16 +571,27 @@ class CudaQwen3Next final : public Model {
     else
       mm(p, w, p.ws.xn, n, y, yp, site);
   }
-  // Every part of pr on xn (xq): part i at y + n * col_i (see Proj).
-  void project(const Pass& p, const Proj& pr, const DeviceBuffer& y, Site site = Site::here()) const;
+  // Every part of pr on xn (xq), in the stacked or the per-part layout (see Proj).
+  void project(const Pass& p, const Proj& pr, const DeviceBuffer& y, bool stacked, Site site = Site::here()) const;
   // Part i of pr alone, at y + n * col_i.
   void project_part(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y, Site site = Site::here()) const {
     const Proj::Part& part = pr.parts[i];
     mm_any(p, sub(pr.stacks[size_t(part.stack)], part.row0, part.rows), p.n, y, part_out(p, pr, i, y), site);
   }
-  // Part i's output in y for this pass.
+  // Part i's output in y for this pass, per-part layout.
   static float* part_out(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y) {
     return y.as<float>() + p.n * pr.parts[i].col;
+  }
+  // Part i's output in y in either layout: token t's rows_i values at ptr + t * ld.
+  struct PartView {
+    float* ptr;
+    int64_t ld;
+  };
+  static PartView part_view(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y, bool stacked) {
+    const Proj::Part& part = pr.parts[i];
+    if (!stacked) return {y.as<float>() + p.n * part.col, part.rows};
+    const int64_t sc = pr.stack_col[size_t(part.stack)];
+    return {y.as<float>() + p.n * sc + (part.col - sc), pr.stacks[size_t(part.stack)].rows};
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
   static uint64_t next_model_id() {
@@ -741,10 +754,10 @@ void CudaQwen3Next::mm_q8(const Pass& p, const MatRef& w, int64_t n, const Devic
   });
 }
 
-void CudaQwen3Next::project(const Pass& p, const Proj& pr, const DeviceBuffer& y, Site site) const {
-  if (p.n == 1 && !opt_.exact) {  // one product per stack (the exact mode keeps one per part)
+void CudaQwen3Next::project(const Pass& p, const Proj& pr, const DeviceBuffer& y, bool stacked, Site site) const {
+  if (stacked) {  // one product per stack
     for (size_t s = 0; s < pr.stacks.size(); ++s)
-      mm_any(p, ref(pr.stacks[s]), 1, y, y.as<float>() + pr.stack_col[s], site);
+      mm_any(p, ref(pr.stacks[s]), p.n, y, y.as<float>() + p.n * pr.stack_col[s], site);
     return;
   }
   for (size_t i = 0; i < pr.parts.size(); ++i) project_part(p, pr, i, y, site);
@@ -923,20 +936,25 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
   const int64_t n = p.n, E = hp_.n_embd, C = np_.conv_dim(), Kd = np_.key_dim(), Vd = np_.value_dim();
   const int64_t Hk = np_.n_k_heads, Hv = np_.n_v_heads, D = np_.head_dim;
   const int K = np_.conv_kernel;
+  bool fused = D % 32 == 0 && D <= 256;  // conv, split and gates in one launch per run
+  for (int64_t r = 0; r < p.n_runs; ++r)
+    fused = fused && ws.runs[size_t(r)].t1 - ws.runs[size_t(r)].t0 <= nextf::kConvSplitMaxTokens;
+  const bool q8_out = use_q8(p, w.out) && D % 32 == 0;  // gated norm + quantize, int8 ssm_out into x
+  // The stacked layout where every reader of the outputs takes a row stride (conv_split_gates for qkv and
+  // ba, gated_norm_quantize for z), or for one token; decode-sized passes only (the prefill GEMM context is
+  // sized for single matrices).
+  const bool stacked = !opt_.exact && n < kGemmMinTokens && (n == 1 || (fused && q8_out));
   norm(p, ws.x, l.attn_norm, n, use_q8(p, w.proj));
-  project(p, w.proj, ws.gproj);
-  const float* qkv = part_out(p, w.proj, 0, ws.gproj);  // [n][C]
-  const float* z = part_out(p, w.proj, 1, ws.gproj);    // [n][Hv][D]
-  const float* ba = part_out(p, w.proj, 2, ws.gproj);   // [n][2*Hv]
+  project(p, w.proj, ws.gproj, stacked);
+  const PartView qkv = part_view(p, w.proj, 0, ws.gproj, stacked);  // [n][C], row stride qkv.ld
+  const PartView z = part_view(p, w.proj, 1, ws.gproj, stacked);    // [n][Hv][D]
+  const PartView ba = part_view(p, w.proj, 2, ws.gproj, stacked);   // [n][2*Hv]
   float* gq = ws.gq.as<float>();
   float* gk = ws.gk.as<float>();
   float* gv = ws.gv.as<float>();
   float* g = ws.g.as<float>();
   float* beta = ws.beta.as<float>();
   const size_t conv_off = size_t(l.index) * conv_state_values(), ssm_off = size_t(l.index) * ssm_state_values();
-  bool fused = D % 32 == 0 && D <= 256;
-  for (int64_t r = 0; r < p.n_runs; ++r)
-    fused = fused && ws.runs[size_t(r)].t1 - ws.runs[size_t(r)].t0 <= nextf::kConvSplitMaxTokens;
   if (fused) {
     for (int64_t r = 0; r < p.n_runs; ++r) {
       const Run& run = ws.runs[size_t(r)];
@@ -944,20 +962,20 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
       note_launch(cs, {ws.gproj.span(), w.conv.buf.span(), run.st->conv.span(), w.a.buf.span(), w.dt_bias.buf.span()},
                   {ws.gq.span(), ws.gk.span(), ws.gv.span(), ws.g.span(), ws.beta.span(), run.st->conv.span()});
       op(p, [&] {
-        nextf::conv_split_gates(qkv + t0 * C, len, Hk, Hv, D, K, run.st->conv.as<float>() + conv_off, w.conv.f32(),
-                                hp_.rms_eps, gq + t0 * Kd, gk + t0 * Kd, gv + t0 * Vd, ba + t0 * 2 * Hv, w.a.f32(),
-                                w.dt_bias.f32(), g + t0 * Hv, beta + t0 * Hv, s);
+        nextf::conv_split_gates(qkv.ptr + t0 * qkv.ld, qkv.ld, len, Hk, Hv, D, K, run.st->conv.as<float>() + conv_off,
+                                w.conv.f32(), hp_.rms_eps, gq + t0 * Kd, gk + t0 * Kd, gv + t0 * Vd,
+                                ba.ptr + t0 * ba.ld, ba.ld, w.a.f32(), w.dt_bias.f32(), g + t0 * Hv, beta + t0 * Hv, s);
       });
     }
-  } else {
+  } else {  // contiguous outputs here (per-part layout, or one token)
     note_launch(cs, {ws.gproj.span(), w.a.buf.span(), w.dt_bias.buf.span()}, {ws.g.span(), ws.beta.span()});
-    op(p, [&] { gdn::gates(ba, n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), g, beta, s); });
+    op(p, [&] { gdn::gates(ba.ptr, n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), g, beta, s); });
     for (int64_t r = 0; r < p.n_runs; ++r) {
       const Run& run = ws.runs[size_t(r)];
       const int64_t len = run.t1 - run.t0;
       note_launch(cs, {ws.gproj.span(), w.conv.buf.span(), run.st->conv.span()}, {ws.conv.span(), run.st->conv.span()});
       op(p, [&] {
-        gdn::conv1d_silu(qkv + run.t0 * C, len, C, K, run.st->conv.as<float>() + conv_off, w.conv.f32(),
+        gdn::conv1d_silu(qkv.ptr + run.t0 * C, len, C, K, run.st->conv.as<float>() + conv_off, w.conv.f32(),
                          ws.conv.as<float>() + run.t0 * C, s);
       });
     }
@@ -975,25 +993,20 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
                       run.st->ssm.as<float>() + ssm_off, ws.go.as<float>() + t0 * Vd, s);
     });
   }
-  if (use_q8(p, w.out)) {
+  if (q8_out) {
     // x += ssm_out . gated_norm(o, z): the norm's output only as Q8 activations, the product adds into x.
     note_launch(cs, {ws.go.span(), ws.gproj.span(), w.norm.buf.span()}, {ws.xq.span(), ws.xds.span()});
-    if (D % 32 == 0) {
-      op(p, [&] {
-        nextf::gated_norm_quantize(ws.go.as<const float>(), z, w.norm.f32(), n * Hv, D, hp_.rms_eps,
-                                   ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
-      });
-    } else {  // head rows not whole Q8 blocks: normed in place, then quantized as [n][value_dim]
-      note_launch(cs, {}, {ws.go.span()});
-      op(p, [&] { gdn::gated_rms_norm(ws.go.as<const float>(), z, w.norm.f32(), n * Hv, D, hp_.rms_eps, ws.go.as<float>(), s); });
-      op(p, [&] { q8::quantize(ws.go.as<const float>(), n, Vd, ws.xq.as<int8_t>(), ws.xds.as<float2>(), s); });
-    }
+    op(p, [&] {
+      nextf::gated_norm_quantize(ws.go.as<const float>(), z.ptr, z.ld, w.norm.f32(), n, Hv, D, hp_.rms_eps,
+                                 ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+    });
     mm_q8(p, ref(w.out), n, ws.x, ws.x.as<float>(), /*accumulate=*/true);
     return;
   }
+  // z contiguous here (not q8_out: per-part layout, or one token)
   note_launch(cs, {ws.go.span(), ws.gproj.span(), w.norm.buf.span()}, {ws.go.span()});
   op(p, [&] {
-    gdn::gated_rms_norm(ws.go.as<const float>(), z, w.norm.f32(), n * Hv, D, hp_.rms_eps, ws.go.as<float>(), s);
+    gdn::gated_rms_norm(ws.go.as<const float>(), z.ptr, w.norm.f32(), n * Hv, D, hp_.rms_eps, ws.go.as<float>(), s);
   });
   mm(p, w.out, ws.go, n, ws.tmp);
   note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
@@ -1014,11 +1027,16 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
   float* q = ws.q.as<float>();
+  // The stacked layout when attn_q's output stays contiguous (split_q_gate needs it; attn_prep takes row
+  // strides for k and v), or for one token; decode-sized passes only (as gdn_block).
+  const Proj::Part& qpart = w.proj.parts[0];
+  const bool q_alone = w.proj.stacks[size_t(qpart.stack)].rows == qpart.rows;
+  const bool stacked = !opt_.exact && n < kGemmMinTokens && (n == 1 || q_alone);
   norm(p, ws.x, l.attn_norm, n, use_q8(p, w.proj));
-  project(p, w.proj, ws.aproj);
-  const float* qg = part_out(p, w.proj, 0, ws.aproj);  // [n][H][2*D]
-  const float* k = part_out(p, w.proj, 1, ws.aproj);   // [n][Hkv][D]
-  const float* v = part_out(p, w.proj, 2, ws.aproj);   // [n][Hkv][Dv]
+  project(p, w.proj, ws.aproj, stacked);
+  const float* qg = part_view(p, w.proj, 0, ws.aproj, stacked).ptr;  // [n][H][2*D] contiguous
+  const PartView k = part_view(p, w.proj, 1, ws.aproj, stacked);     // [n][Hkv][D], row stride k.ld
+  const PartView v = part_view(p, w.proj, 2, ws.aproj, stacked);     // [n][Hkv][Dv], row stride v.ld
   note_launch(cs, {ws.aproj.span()}, {ws.q.span(), ws.qgate.span()});
   op(p, [&] { gdn::split_q_gate(qg, n, H, D, q, ws.qgate.as<float>(), s); });
   // q_norm, k_norm, rope of q and k, K/V into the sequence's cache, in one launch (ops_fused.cuh: bit for
@@ -1029,7 +1047,7 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
               {ws.q.span()});
   const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
   op(p, [&] {
-    ops::attn_prep(q, H * D, k, Hkv * D, v, Hkv * Dv, w.q_norm.f32(), w.k_norm.f32(), ws.rope_cs.as<const float>(),
+    ops::attn_prep(q, H * D, k.ptr, k.ld, v.ptr, v.ld, w.q_norm.f32(), w.k_norm.f32(), ws.rope_cs.as<const float>(),
                    refs, n, l.index, shape, q, s);
   });
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
@@ -1087,7 +1105,7 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   if (shexp_q8(p, l))
     project_part(p, l.route, 0, ws.rproj);  // router logits (the shared gate: dot_sigmoid in shared_expert)
   else
-    project(p, l.route, ws.rproj);  // router logits, shared expert logit
+    project(p, l.route, ws.rproj, /*stacked=*/!opt_.exact && n == 1);  // router logits, shared logit
   const float* router = part_out(p, l.route, 0, ws.rproj);
   note_launch(dev_->compute(), {ws.rproj.span()}, {ws.ids.span(), ws.wts.span()});
   op(p, [&] {

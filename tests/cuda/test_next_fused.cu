@@ -1,8 +1,9 @@
 // qwen3next's fused decode kernels (cuda/next_fused.cuh):
 //  * bit for bit against the GPU op chains they replace (cuda/gdn.cuh ops, q8::quantize): conv_split_gates
 //    = conv1d_silu + split_qkv + gates (outputs and the conv state, over consecutive calls of 1, 2, 1, 16, 3
-//    and 1 tokens on one state: the state shift case included), gated_norm_quantize = gated_rms_norm +
-//    quantize, mul_sigmoid_quantize = mul_sigmoid + quantize;
+//    and 1 tokens on one state: the state shift case included; the fused op reads x and ba from rows of a
+//    wider buffer, as parts of a stacked projection output), gated_norm_quantize = gated_rms_norm + quantize
+//    (z likewise from wider rows), mul_sigmoid_quantize = mul_sigmoid + quantize;
 //  * against the CPU references (cuda/host/next_fused_ref.h): f32 outputs within 1e-5 of max |ref| (GPU
 //    expf/log1pf vs the host's), Q8 values within one step plus that tolerance; dot_sigmoid within 2e-6 of the double-precision reference;
 //  * at Qwen3-Next-80B-A3B sizes (Hk 16, Hv 32, D 128, K 4) and the tiny fixture's (Hk 2, Hv 4, D 64);
@@ -82,6 +83,9 @@ TEST_F(NextFused, ConvSplitGatesMatchesOpChainBitForBit) {
     auto d_st_fused = upload_vec(st_ref);
     auto d_x = output(size_t(max_n * C) * 4);
     auto d_ba = output(size_t(max_n * 2 * Hv) * 4);
+    // The fused op's inputs as parts of wider rows: x then ba in rows of C + 2*Hv + 32 values.
+    const int64_t ld = C + 2 * Hv + 32;
+    auto d_wide = output(size_t(max_n * ld) * 4);
     auto d_conv = output(size_t(max_n * C) * 4);
     // outputs: chain (c) and fused (f)
     auto cq = output(size_t(max_n * Hk * D) * 4), ck = output(size_t(max_n * Hk * D) * 4),
@@ -95,6 +99,12 @@ TEST_F(NextFused, ConvSplitGatesMatchesOpChainBitForBit) {
       const auto ba = randv(size_t(n * 2 * Hv), rng, -3.0f, 3.0f);
       xfer->upload(d_x.span(), x.data(), x.size() * 4, dev->compute(), {&dev->compute()});
       xfer->upload(d_ba.span(), ba.data(), ba.size() * 4, dev->compute(), {&dev->compute()});
+      std::vector<float> wide(size_t(n * ld), 7.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        std::copy(x.begin() + t * C, x.begin() + (t + 1) * C, wide.begin() + t * ld);
+        std::copy(ba.begin() + t * 2 * Hv, ba.begin() + (t + 1) * 2 * Hv, wide.begin() + t * ld + C);
+      }
+      xfer->upload(d_wide.span(), wide.data(), wide.size() * 4, dev->compute(), {&dev->compute()});
       const float eps = 1e-6f;
       cuda::note_launch(dev->compute(), {d_x.span(), d_w.span(), d_st_chain.span(), d_ba.span(), d_a.span(), d_dt.span()},
                         {d_conv.span(), d_st_chain.span(), cq.span(), ck.span(), cv.span(), cg.span(), cb.span()});
@@ -104,16 +114,16 @@ TEST_F(NextFused, ConvSplitGatesMatchesOpChainBitForBit) {
                            stream());
       cuda::gdn::gates(d_ba.ptr<float>(), n, Hk, Hv, d_a.ptr<float>(), d_dt.ptr<float>(), cg.ptr<float>(),
                        cb.ptr<float>(), stream());
-      cuda::note_launch(dev->compute(), {d_x.span(), d_w.span(), d_st_fused.span(), d_ba.span(), d_a.span(), d_dt.span()},
+      cuda::note_launch(dev->compute(), {d_wide.span(), d_w.span(), d_st_fused.span(), d_a.span(), d_dt.span()},
                         {d_st_fused.span(), fq.span(), fk.span(), fv.span(), fg.span(), fb.span()});
-      nextf::conv_split_gates(d_x.ptr<float>(), n, Hk, Hv, D, K, d_st_fused.ptr<float>(), d_w.ptr<float>(), eps,
-                              fq.ptr<float>(), fk.ptr<float>(), fv.ptr<float>(), d_ba.ptr<float>(), d_a.ptr<float>(),
-                              d_dt.ptr<float>(), fg.ptr<float>(), fb.ptr<float>(), stream());
+      nextf::conv_split_gates(d_wide.ptr<float>(), ld, n, Hk, Hv, D, K, d_st_fused.ptr<float>(), d_w.ptr<float>(), eps,
+                              fq.ptr<float>(), fk.ptr<float>(), fv.ptr<float>(), d_wide.ptr<float>() + C, ld,
+                              d_a.ptr<float>(), d_dt.ptr<float>(), fg.ptr<float>(), fb.ptr<float>(), stream());
       // CPU reference
       std::vector<float> rq(size_t(n * Hk * D)), rk(rq.size()), rv(size_t(n * Hv * D)), rg(size_t(n * Hv)),
           rb(rg.size());
-      nref::conv_split_gates(x.data(), n, Hk, Hv, D, K, st_ref.data(), w.data(), eps, rq.data(), rk.data(), rv.data(),
-                             ba.data(), a.data(), dt.data(), rg.data(), rb.data());
+      nref::conv_split_gates(wide.data(), ld, n, Hk, Hv, D, K, st_ref.data(), w.data(), eps, rq.data(), rk.data(),
+                             rv.data(), wide.data() + C, ld, a.data(), dt.data(), rg.data(), rb.data());
       struct Out {
         const char* name;
         const test::GpuKernelTest::Buf *chain, *fused;
@@ -133,15 +143,15 @@ TEST_F(NextFused, ConvSplitGatesMatchesOpChainBitForBit) {
       EXPECT_EQ(bit_diffs(sf, st_ref), 0) << "conv state vs CPU (a copy of inputs), n " << n;
     }
   }
-  EXPECT_THROW(nextf::conv_split_gates(nullptr, nextf::kConvSplitMaxTokens + 1, 2, 4, 64, 4, nullptr, nullptr, 1e-6f,
-                                       nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, stream()),
-               Error);
-  EXPECT_THROW(nextf::conv_split_gates(nullptr, 1, 2, 4, 48, 4, nullptr, nullptr, 1e-6f, nullptr, nullptr, nullptr,
-                                       nullptr, nullptr, nullptr, nullptr, nullptr, stream()),
-               Error);
-  EXPECT_THROW(nextf::conv_split_gates(nullptr, 1, 3, 4, 64, 4, nullptr, nullptr, 1e-6f, nullptr, nullptr, nullptr,
-                                       nullptr, nullptr, nullptr, nullptr, nullptr, stream()),
-               Error);
+  auto bad = [&](int64_t x_ld, int64_t n, int64_t Hk, int64_t D, int64_t ba_ld) {
+    nextf::conv_split_gates(nullptr, x_ld, n, Hk, 4, D, 4, nullptr, nullptr, 1e-6f, nullptr, nullptr, nullptr, nullptr,
+                            ba_ld, nullptr, nullptr, nullptr, nullptr, stream());
+  };
+  EXPECT_THROW(bad(512, nextf::kConvSplitMaxTokens + 1, 2, 64, 8), Error);  // too many tokens
+  EXPECT_THROW(bad(512, 1, 2, 48, 8), Error);                               // D not a multiple of 32
+  EXPECT_THROW(bad(512, 1, 3, 64, 8), Error);                               // Hv not a multiple of Hk
+  EXPECT_THROW(bad(511, 1, 2, 64, 8), Error);                               // x rows narrower than C
+  EXPECT_THROW(bad(512, 1, 2, 64, 7), Error);                               // ba rows narrower than 2*Hv
 }
 
 // q within one step of the reference and d within 1e-5 relative (y differs from the CPU's by the GPU's
@@ -161,12 +171,14 @@ TEST_F(NextFused, GatedNormQuantizeMatchesOpChainBitForBit) {
     std::mt19937 rng(uint32_t(sh.D + 1));
     const int64_t D = sh.D;
     for (int64_t n : {1, 3, 16}) {
-      const int64_t rows = n * sh.Hv;
+      const int64_t rows = n * sh.Hv, zw = sh.Hv * D, z_ld = zw + 96;  // z as a part of wider rows
       const auto x = randv(size_t(rows * D), rng, -3.0f, 3.0f);
       const auto z = randv(size_t(rows * D), rng, -4.0f, 4.0f);
+      std::vector<float> z_wide(size_t(n * z_ld), 5.0f);
+      for (int64_t t = 0; t < n; ++t) std::copy(z.begin() + t * zw, z.begin() + (t + 1) * zw, z_wide.begin() + t * z_ld);
       const auto w = randv(size_t(D), rng, 0.5f, 1.5f);
       const float eps = 1e-6f;
-      auto d_x = upload_vec(x), d_z = upload_vec(z), d_w = upload_vec(w);
+      auto d_x = upload_vec(x), d_z = upload_vec(z), d_w = upload_vec(w), d_zw = upload_vec(z_wide);
       auto d_y = output(size_t(rows * D) * 4);
       auto cq = output(size_t(rows * D)), cds = output(size_t(rows * D / 32) * 8);
       auto fq = output(size_t(rows * D)), fds = output(size_t(rows * D / 32) * 8);
@@ -175,20 +187,24 @@ TEST_F(NextFused, GatedNormQuantizeMatchesOpChainBitForBit) {
       cuda::gdn::gated_rms_norm(d_x.ptr<float>(), d_z.ptr<float>(), d_w.ptr<float>(), rows, D, eps, d_y.ptr<float>(),
                                 stream());
       cuda::q8::quantize(d_y.ptr<float>(), rows, D, cq.ptr<int8_t>(), cds.ptr<float2>(), stream());
-      cuda::note_launch(dev->compute(), {d_x.span(), d_z.span(), d_w.span()}, {fq.span(), fds.span()});
-      nextf::gated_norm_quantize(d_x.ptr<float>(), d_z.ptr<float>(), d_w.ptr<float>(), rows, D, eps, fq.ptr<int8_t>(),
-                                 fds.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_x.span(), d_zw.span(), d_w.span()}, {fq.span(), fds.span()});
+      nextf::gated_norm_quantize(d_x.ptr<float>(), d_zw.ptr<float>(), z_ld, d_w.ptr<float>(), n, sh.Hv, D, eps,
+                                 fq.ptr<int8_t>(), fds.ptr<float2>(), stream());
       const auto q_c = download<int8_t>(cq, size_t(rows * D)), q_f = download<int8_t>(fq, size_t(rows * D));
       const auto ds_c = download<Q8Ds>(cds, size_t(rows * D / 32)), ds_f = download<Q8Ds>(fds, size_t(rows * D / 32));
       EXPECT_EQ(std::memcmp(q_c.data(), q_f.data(), q_c.size()), 0) << "q, D " << D << " n " << n;
       EXPECT_EQ(std::memcmp(ds_c.data(), ds_f.data(), ds_c.size() * sizeof(Q8Ds)), 0) << "ds, D " << D << " n " << n;
       std::vector<int8_t> rq(size_t(rows * D));
       std::vector<Q8Ds> rds(size_t(rows * D / 32));
-      nref::gated_norm_quantize(x.data(), z.data(), w.data(), rows, D, eps, rq.data(), rds.data());
+      nref::gated_norm_quantize(x.data(), z_wide.data(), z_ld, w.data(), n, sh.Hv, D, eps, rq.data(), rds.data());
       expect_q8_close(q_f, ds_f, rq, rds, "gated_norm_quantize");
     }
   }
-  EXPECT_THROW(nextf::gated_norm_quantize(nullptr, nullptr, nullptr, 4, 48, 1e-6f, nullptr, nullptr, stream()), Error);
+  EXPECT_THROW(nextf::gated_norm_quantize(nullptr, nullptr, 4 * 48, nullptr, 1, 4, 48, 1e-6f, nullptr, nullptr, stream()),
+               Error);  // D not a multiple of 32
+  EXPECT_THROW(nextf::gated_norm_quantize(nullptr, nullptr, 4 * 64 - 1, nullptr, 1, 4, 64, 1e-6f, nullptr, nullptr,
+                                          stream()),
+               Error);  // z rows narrower than the heads
 }
 
 TEST_F(NextFused, MulSigmoidQuantizeMatchesOpChainBitForBit) {
