@@ -1,7 +1,9 @@
 // The CUDA qwen3next backend (issue 10's GPU path) vs the llama.cpp-made references of every
 // tiny-qwen3next fixture, with the rules of the CPU test (tests/test_qwen3next.cpp):
 //   exact GPU mode vs *.f32ref.slg: mean KL <= 1e-5, top-1 100%, 24-token greedy continuation identical;
-//   fast GPU mode vs *.f32ref.slg: mean KL <= 1.5x llama.cpp's own KL (fixture README table);
+//   fast GPU mode vs *.f32ref.slg: mean KL <= 1.5x llama.cpp's own KL (fixture README table), for whole-
+//   prompt passes and for decode-sized ones (token by token and chunks of 7: int8-activation products,
+//   q8 MoE for the routed and the shared expert, fused GDN ops) at 100/25/0% of the experts resident;
 //   expert cache at 0%, 25%, 100% of the experts (and 25% adapting every step), exact: greedy tokens
 //   identical to each other, to the reference and to the CPU exact path;
 //   prefill in one batch, in chunks of 7 and token by token: the same exact-mode logits at every position;
