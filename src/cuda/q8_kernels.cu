@@ -53,19 +53,33 @@ __global__ void __launch_bounds__(kThreads)
 // group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16 lanes per
 // row, two rows per warp, so few lanes idle). Each lane sums its tasks (task = lane_in_row, += lanes per
 // row), then a butterfly over the group: a fixed order. Tokens in tiles of NT sharing each weight load.
+// A == kStaged (the 2-byte aligned formats Q4_0 / Q8_0 / Q6_K): the warp first copies its rows (they are
+// consecutive in memory) into its shared-memory region with coalesced 16-byte loads, and the lanes read
+// their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one block, so read straight
+// from global memory every 16-bit load of the warp touches ~8-16 cache lines for 64 bytes; the staged
+// copy reads each line once). stride: bytes of a warp's region (stage_stride of its rows).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8   xds: [n][cols/32]   y: [n][rows]
 template <typename F, int A, int NT>
 __global__ void __launch_bounds__(kThreads)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
-                  const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* __restrict__ y,
-                  bool accumulate) {
+                  int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
+                  float* __restrict__ y, bool accumulate) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2);
   if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
   const int64_t row = row0 + (lane >> lpr_log2);
   const bool valid = row < rows;
   const int64_t dss = cols / 32;
-  const uint8_t* wr = w + (valid ? row : 0) * row_bytes;
+  const uint8_t* wr = w + (valid ? row : row0) * row_bytes;
+  if constexpr (A == q8d::kStaged) {
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride]
+    const int64_t nrows = rows - row0 < (32 >> lpr_log2) ? rows - row0 : (32 >> lpr_log2);
+    const uint8_t* src = w + row0 * row_bytes;
+    uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, src);
+    q8d::warp_copy(dst, src, nrows * row_bytes, lane);
+    __syncwarp();
+    wr = dst + (wr - src);
+  }
   for (int64_t t0 = 0; t0 < n; t0 += NT) {
     const int nt = int(n - t0 < NT ? n - t0 : NT);
     float acc[NT];
@@ -85,15 +99,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int64_t kMaxStageBytes = 48 * 1024;  // shared memory of a block without opting in
+
 template <typename F, int A, int NT>
 void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
                    const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
-  const int64_t rows_per_block = (kThreads / 32) * (32 >> lpr_log2);
+  const int64_t rows_per_warp = 32 >> lpr_log2, rows_per_block = (kThreads / 32) * rows_per_warp;
   const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
   STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
-  matvec_kernel<F, A, NT><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y,
-                                                                     accumulate);
+  // The 2-byte aligned formats go through shared memory when a block's rows fit in it.
+  const int64_t stride = q8d::stage_stride(rows_per_warp * row_bytes);
+  if constexpr (A == 2) {
+    if (stride * (kThreads / 32) <= kMaxStageBytes) {
+      matvec_kernel<F, q8d::kStaged, NT><<<unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)), stream>>>(
+          w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  matvec_kernel<F, A, NT><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, 0, xq, xds, n,
+                                                                     y, accumulate);
   CUDA_CHECK_LAUNCH();
 }
 
