@@ -186,7 +186,6 @@ struct DK45 {
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
-    constexpr int A4 = A >= 4 && A != kStaged ? 4 : 2;  // scalar fields: 4-byte loads when the block allows
     uint32_t q[8], lo[8], hi[8];
     ldw<A, 8>(blk + (kQ5 ? 48 : 16) + 32 * tt, q);
     const int j = 2 * tt;
@@ -202,9 +201,10 @@ STRATA_FD_UNROLL
 STRATA_FD_UNROLL
       for (int i = 0; i < 8; ++i) lo[i] = q[i] & kLo4, hi[i] = (q[i] >> 4) & kLo4;
     }
-    const uint32_t dd = dq::ld32<A4>(blk);
-    const float d = dq::h2f(dd & 0xFFFF), dmin = dq::h2f(dd >> 16);
-    const uint32_t sw[3] = {dq::ld32<A4>(blk + 4), dq::ld32<A4>(blk + 8), dq::ld32<A4>(blk + 12)};
+    uint32_t head[4];  // d, dmin | scales[12]: one 16-byte load when aligned
+    ldw<A, 4>(blk, head);
+    const float d = dq::h2f(head[0] & 0xFFFF), dmin = dq::h2f(head[0] >> 16);
+    const uint32_t sw[3] = {head[1], head[2], head[3]};
     int sc0, m0, sc1, m1;
     fd::k4_scale_min_w(j, sw, sc0, m0);
     fd::k4_scale_min_w(j + 1, sw, sc1, m1);

@@ -161,12 +161,13 @@ void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, co
                  "{}: int8 activations must be 16-byte aligned", what);
 }
 
-// The most dynamic shared memory a block of this device may use (opt-in limit, e.g. 227 KiB on sm_90).
+// The most dynamic shared memory a gate_up block may use on this device: the opt-in limit per block
+// (227 KiB on sm_90) less 1 KiB for the kernel's static shared memory (hs).
 int64_t max_stage_bytes() {
   int dev = 0, bytes = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return bytes;
+  return int64_t(bytes) - 1024;
 }
 
 // Lets `kern` launch with `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in, per device).
