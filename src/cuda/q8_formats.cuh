@@ -10,6 +10,10 @@
 // applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
 // Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
 //
+// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K with 16-byte aligned rows); 2: two 16-bit loads
+// per word, straight from global memory; kStaged: from rows a warp staged in shared memory (the kernels'
+// path for 2-byte aligned rows: Q4_0 / Q8_0 / Q6_K always, Q4_K / Q5_K when not 16-byte aligned).
+//
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
 // xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
 // xds: float2 {d, d*sum q} of the block's first 32-value block of token 0, dss: float2 per token row;
