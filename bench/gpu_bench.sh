@@ -3,7 +3,14 @@
 # and prefill tok/s with the expert cache at 100% and 25% of the experts, the hit rates and the bytes
 # moved, and the CPU backend on the same files in the same run for the ratio.
 #   bench/gpu_bench.sh [STRATA_BINARY | BUILD_DIR]   (env: LAYERS=48, WORK=/tmp, THREADS=0 (all cores),
-#                                                     PP=512, TG=128, STRATA_FIXTURES_DIR for the real vocab)
+#                                                     PP=512, TG=128, STRATA_FIXTURES_DIR for the real vocab,
+#                                                     MODELS=30b,demo: the sections to run; add "next" for
+#                                                     qwen3next, NEXT_LAYERS=24)
+# The qwen3next section (MODELS=next, alone about 5 minutes): a synthetic Qwen3-Next-80B-A3B-geometry file
+# (n_embd 2048, 512 experts / 10 used + shared expert, GDN 16 key / 32 value heads of 128, attention
+# 16 / 2 heads of 256, every 4th layer attends) with NEXT_LAYERS layers (default 24 of the real 48: ~22 GB
+# at Q4_K, so the file, the pinned expert copy and 100% resident slots fit a 128 GiB / H200 box), cuda at
+# 100% and 25% of the experts resident, and the CPU arm.
 # Budget: about 6 minutes on an H200 box with 16 cores (the 48-layer file is ~17 GB: written once with
 # --repeat-layers, which quantizes one layer and copies it; the CPU arms use shorter runs).
 set -uo pipefail
@@ -17,23 +24,28 @@ pp="${PP:-512}"
 tg="${TG:-128}"
 syn="$work/syn-30b-l$layers-q4k.gguf"
 demo="$here/../models/strata-demo-moe.gguf"
+models=",${MODELS:-30b,demo},"
+next_layers="${NEXT_LAYERS:-24}"
+next="$work/syn-next80b-l$next_layers-q4k.gguf"
 
 echo "== $(date -u +%FT%TZ) commit $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader 2>/dev/null || true
 echo "cores $(nproc), memory $(free -g | awk '/Mem:/ {print $2}') GiB, disk free $(df -BG "$work" | awk 'NR==2 {print $4}')"
 
-if [ ! -f "$syn" ]; then
-  vocab=""
-  for v in "${STRATA_FIXTURES_DIR:-/nonexistent}/vocab/ggml-vocab-qwen2.gguf" \
-           "$here/../../shared/fixtures/vocab/ggml-vocab-qwen2.gguf" "$here/../shared/fixtures/vocab/ggml-vocab-qwen2.gguf"; do
-    [ -f "$v" ] && vocab="--vocab-from $v" && break
-  done
-  [ -z "$vocab" ] && vocab="--vocab 151936"
-  t0=$(date +%s)
-  "$strata" mkmodel -o "$syn" --preset qwen3-30b-a3b --layers "$layers" --repeat-layers --format Q4_K $vocab \
-    || { echo "mkmodel failed"; exit 1; }
-  echo "mkmodel: $layers layers in $(( $(date +%s) - t0 )) s, $(du -h "$syn" | cut -f1)"
-fi
+vocab=""
+for v in "${STRATA_FIXTURES_DIR:-/nonexistent}/vocab/ggml-vocab-qwen2.gguf" \
+         "$here/../../shared/fixtures/vocab/ggml-vocab-qwen2.gguf" "$here/../shared/fixtures/vocab/ggml-vocab-qwen2.gguf"; do
+  [ -f "$v" ] && vocab="--vocab-from $v" && break
+done
+[ -z "$vocab" ] && vocab="--vocab 151936"
+# mkmodel FILE PRESET LAYERS: writes FILE once (--repeat-layers: quantizes one layer of each kind, copies it)
+mkmodel() {
+  [ -f "$1" ] && return 0
+  local t0=$(date +%s)
+  "$strata" mkmodel -o "$1" --preset "$2" --layers "$3" --repeat-layers --format Q4_K $vocab \
+    || { echo "mkmodel $2 failed"; return 1; }
+  echo "mkmodel $2: $3 layers in $(( $(date +%s) - t0 )) s, $(du -h "$1" | cut -f1)"
+}
 
 # One arm: name, timeout, then strata bench arguments. Prints the table and the expert-cache lines.
 arm() {
@@ -46,14 +58,24 @@ arm() {
 }
 
 # Time limits keep the whole run under ~6 minutes (scripts/device-gpu-run gives it 400 s).
-echo "======== $(basename "$syn")"
-arm "cuda 100%" 90 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
-STRATA_CUDA_GRAPHS=0 arm "cuda 100% graphs off" 60 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n "$tg"
-arm "cuda 25%" 90 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
-STRATA_POOL_SPIN_US=0 arm "cuda 25% pool spin off" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p 0 -n "$tg"
-arm "cuda 25% adapt" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 32 -p 0 -n "$tg"
-arm "cpu" 60 -m "$syn" --backend cpu -p 64 -n 32
-echo "======== $(basename "$demo")"
-arm "cuda 100%" 30 -m "$demo" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
-arm "cuda 25%" 30 -m "$demo" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
-arm "cpu" 30 -m "$demo" --backend cpu -p "$pp" -n "$tg"
+if [[ $models == *,30b,* ]] && mkmodel "$syn" qwen3-30b-a3b "$layers"; then
+  echo "======== $(basename "$syn")"
+  arm "cuda 100%" 90 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
+  STRATA_CUDA_GRAPHS=0 arm "cuda 100% graphs off" 60 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n "$tg"
+  arm "cuda 25%" 90 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+  STRATA_POOL_SPIN_US=0 arm "cuda 25% pool spin off" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p 0 -n "$tg"
+  arm "cuda 25% adapt" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 32 -p 0 -n "$tg"
+  arm "cpu" 60 -m "$syn" --backend cpu -p 64 -n 32
+fi
+if [[ $models == *,demo,* ]]; then
+  echo "======== $(basename "$demo")"
+  arm "cuda 100%" 30 -m "$demo" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cuda 25%" 30 -m "$demo" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cpu" 30 -m "$demo" --backend cpu -p "$pp" -n "$tg"
+fi
+if [[ $models == *,next,* ]] && mkmodel "$next" qwen3-next-80b-a3b "$next_layers"; then
+  echo "======== $(basename "$next") (qwen3next, $next_layers of 48 layers)"
+  arm "cuda 100%" 120 -m "$next" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cuda 25%" 120 -m "$next" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cpu" 90 -m "$next" --backend cpu -p 64 -n 32
+fi

@@ -11,6 +11,7 @@ std::unique_ptr<Model> load_model_cuda(const std::string& path, const CudaOption
                  path);
   const std::string arch = a->str;
   if (arch == "qwen3moe") return make_qwen3moe_cuda(std::move(file), opt);
+  if (arch == "qwen3next") return make_qwen3next_cuda(std::move(file), opt);
   fail("{}: the CUDA backend does not support architecture {} yet; use --backend cpu", path, arch);
 }
 

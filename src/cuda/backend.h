@@ -29,5 +29,7 @@ std::unique_ptr<Model> load_model_cuda(const std::string& path, const CudaOption
 
 // The qwen3moe implementation (qwen3moe_cuda.cpp).
 std::unique_ptr<Model> make_qwen3moe_cuda(gguf::File file, const CudaOptions& opt);
+// The qwen3next implementation (qwen3next_cuda.cpp).
+std::unique_ptr<Model> make_qwen3next_cuda(gguf::File file, const CudaOptions& opt);
 
 }  // namespace strata::cuda

@@ -29,7 +29,8 @@ struct LayerKv {
 struct LayerRecurrent {
   std::vector<float> conv;   // e.g. [conv_kernel - 1][channels]
   std::vector<float> state;  // e.g. [n_v_head][state][state]
-  bool present() const { return !state.empty() || !conv.empty(); }
+  bool on_device = false;    // the state lives in the backend's state (GPU), these vectors stay empty
+  bool present() const { return on_device || !state.empty() || !conv.empty(); }
 };
 
 // State a backend keeps outside this object's host vectors (the GPU backend's device KV cache), owned

@@ -10,6 +10,7 @@
 #include "cpu/matmul_batch.h"
 #include "cpu/ops.h"
 #include "model/moe_ffn.h"
+#include "model/qwen3next_weights.h"
 #include "model/weights.h"
 #include "quant/dequant.h"
 
@@ -26,55 +27,10 @@ std::atomic<int>& prefill_form() {
   return form;
 }
 
-// Hyper-parameters of the Gated DeltaNet half (GGUF "<arch>.ssm.*") and the layer pattern.
-struct NextParams {
-  int32_t conv_kernel = 0;  // ssm.conv_kernel
-  int32_t d_inner = 0;      // ssm.inner_size = n_v_heads * head_dim
-  int32_t head_dim = 0;     // ssm.state_size: key and value head size
-  int32_t n_v_heads = 0;    // ssm.time_step_rank
-  int32_t n_k_heads = 0;    // ssm.group_count
-  int32_t n_ff_shexp = 0;   // expert_shared_feed_forward_length
-  int32_t n_layer = 0;      // decoder layers run by forward (block_count - nextn_predict_layers)
-  int32_t n_nextn = 0;      // nextn_predict_layers: MTP blocks after the decoder (loaded, kept)
-  std::vector<bool> recurrent;  // [n_layer] layer is Gated DeltaNet
-  int64_t key_dim() const { return int64_t(n_k_heads) * head_dim; }
-  int64_t value_dim() const { return int64_t(n_v_heads) * head_dim; }
-  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
-};
-
-struct GdnWeights {
-  Weight qkv;      // [n_embd][2*key_dim + value_dim]  attn_qkv (absent in legacy files)
-  Weight gate;     // [n_embd][value_dim]              attn_gate (z)
-  Weight qkvz;     // [n_embd][2*key_dim + 2*value_dim] legacy ssm_in (grouped per key head)
-  Weight ba;       // [n_embd][2*n_v_heads]            ssm_ba
-  const float* conv = nullptr;  // [conv_dim][conv_kernel] ssm_conv1d as f32
-  Weight a;        // [n_v_heads] f32                  ssm_a (= -exp(A_log))
-  Weight dt_bias;  // [n_v_heads] f32                  ssm_dt.bias
-  Weight norm;     // [head_dim] f32                   ssm_norm
-  Weight out;      // [value_dim][n_embd]              ssm_out
-};
-
-struct AttnWeights {
-  Weight wq;      // [n_embd][n_head * 2 * head_dim]  query and output gate per head
-  Weight wk;      // [n_embd][n_head_kv * head_dim]
-  Weight wv;      // [n_embd][n_head_kv * head_dim_v]
-  Weight q_norm;  // [head_dim] f32
-  Weight k_norm;  // [head_dim] f32
-  Weight wo;      // [n_head * head_dim_v][n_embd]
-};
-
-struct Layer {
-  bool recurrent = false;
-  Weight attn_norm;  // [n_embd] f32
-  Weight post_norm;  // [n_embd] f32  post_attention_norm (the FFN's input norm)
-  GdnWeights gdn;
-  AttnWeights attn;
-  Weight router;           // [n_embd][n_expert]
-  ExpertWeights experts;
-  Weight sh_gate_inp;      // [n_embd] f32  ffn_gate_inp_shexp
-  Weight sh_gate, sh_up;   // [n_embd][n_ff_shexp]
-  Weight sh_down;          // [n_ff_shexp][n_embd]
-};
+using qwen3next::AttnWeights;
+using qwen3next::GdnWeights;
+using qwen3next::Layer;
+using qwen3next::NextParams;
 
 // A run of consecutive batch tokens of one sequence: the recurrent layers consume it in order.
 struct Run {
@@ -203,10 +159,6 @@ class Qwen3Next final : public Model {
 
  private:
   void load();
-  void load_gdn(WeightLoader& L, const std::string& p, GdnWeights& w);
-  void load_attention(WeightLoader& L, const std::string& p, AttnWeights& w);
-  void load_ffn(WeightLoader& L, const std::string& p, Layer& l);
-  void load_nextn(int il);
   void matmul_into(const Weight& w, const float* x, int64_t n, float* y, ThreadPool& pool,
                    MatmulMode mode) const {
     matmul(w.type, w.data, w.ne[1], w.ne[0], x, n, y, mode, pool);
@@ -220,117 +172,16 @@ class Qwen3Next final : public Model {
                  MatmulMode mode) const;
 
   NextParams np_;
-  Weight tok_embd_;     // [n_embd][n_vocab]
-  Weight output_norm_;  // [n_embd] f32
-  Weight output_;       // [n_embd][n_vocab] (token_embd when tied)
-  std::vector<Layer> layers_;
-  std::vector<std::vector<float>> conv_f32_;  // ssm_conv1d converted to f32 when stored otherwise
-  // MTP/NextN blocks (blk.{n_layer}..): every tensor by name, kept for speculative decoding.
-  std::map<std::string, Weight> nextn_;
+  qwen3next::Weights w_;  // every tensor, checked (model/qwen3next_weights.h); MTP blocks kept, not run
   size_t weight_bytes_ = 0;
 };
 
 // --------------------------------------------------------------------------------------------------------
 // Loading
 
-void Qwen3Next::load_gdn(WeightLoader& L, const std::string& p, GdnWeights& w) {
-  const int64_t E = hp_.n_embd, Kc = np_.conv_kernel, C = np_.conv_dim(), Hv = np_.n_v_heads;
-  const int64_t Vd = np_.value_dim();
-  if (file_.find_tensor(p + "attn_qkv.weight") || !file_.find_tensor(p + "ssm_in.weight")) {
-    w.qkv = L.matrix(p + "attn_qkv.weight", {E, C});
-    w.gate = L.matrix(p + "attn_gate.weight", {E, Vd});
-  } else {
-    w.qkvz = L.matrix(p + "ssm_in.weight", {E, C + Vd});  // legacy fused projection
-  }
-  w.ba = L.matrix(p + "ssm_ba.weight", {E, 2 * Hv});
-  Weight conv = L.matrix(p + "ssm_conv1d.weight", {Kc, C});
-  if (conv.type == GgmlType::F32) {
-    w.conv = conv.f32();
-  } else {  // small (conv_dim x K): converted once here so the conv kernel stays f32
-    auto& buf = conv_f32_.emplace_back(size_t(Kc * C));
-    for (int64_t c = 0; c < C; ++c)
-      dequantize_row(conv.type, conv.data + c * conv.row_bytes(), buf.data() + c * Kc, Kc);
-    w.conv = buf.data();
-  }
-  w.a = L.f32(p + "ssm_a", {Hv});
-  w.dt_bias = L.f32(p + "ssm_dt.bias", {Hv});
-  w.norm = L.f32(p + "ssm_norm.weight", {np_.head_dim});
-  w.out = L.matrix(p + "ssm_out.weight", {Vd, E});
-}
-
-void Qwen3Next::load_attention(WeightLoader& L, const std::string& p, AttnWeights& w) {
-  const int64_t E = hp_.n_embd, H = hp_.n_head, Hkv = hp_.n_head_kv, D = hp_.head_dim;
-  const int64_t Dv = hp_.head_dim_v;
-  w.wq = L.matrix(p + "attn_q.weight", {E, H * 2 * D});
-  w.wk = L.matrix(p + "attn_k.weight", {E, Hkv * D});
-  w.wv = L.matrix(p + "attn_v.weight", {E, Hkv * Dv});
-  w.q_norm = L.f32(p + "attn_q_norm.weight", {D});
-  w.k_norm = L.f32(p + "attn_k_norm.weight", {D});
-  w.wo = L.matrix(p + "attn_output.weight", {H * Dv, E});
-}
-
-void Qwen3Next::load_ffn(WeightLoader& L, const std::string& p, Layer& l) {
-  const int64_t E = hp_.n_embd, X = hp_.n_expert, F = hp_.n_ff_exp, Fs = np_.n_ff_shexp;
-  l.router = L.matrix(p + "ffn_gate_inp.weight", {E, X});
-  l.experts.gate = L.matrix(p + "ffn_gate_exps.weight", {E, F, X});
-  l.experts.up = L.matrix(p + "ffn_up_exps.weight", {E, F, X});
-  l.experts.down = L.matrix(p + "ffn_down_exps.weight", {F, E, X});
-  l.sh_gate_inp = L.f32(p + "ffn_gate_inp_shexp.weight", {E});
-  l.sh_gate = L.matrix(p + "ffn_gate_shexp.weight", {E, Fs});
-  l.sh_up = L.matrix(p + "ffn_up_shexp.weight", {E, Fs});
-  l.sh_down = L.matrix(p + "ffn_down_shexp.weight", {Fs, E});
-}
-
-void Qwen3Next::load_nextn(int il) {
-  // An MTP block: the projections that join the embedding and the hidden state must be there; the
-  // rest of the block (a full-attention decoder layer, optionally its own head) is kept as found.
-  const std::string p = "blk." + std::to_string(il) + ".";
-  WeightLoader L(file_);
-  const int64_t E = hp_.n_embd;
-  nextn_[p + "nextn.eh_proj.weight"] = L.matrix(p + "nextn.eh_proj.weight", {2 * E, E});
-  nextn_[p + "nextn.enorm.weight"] = L.f32(p + "nextn.enorm.weight", {E});
-  nextn_[p + "nextn.hnorm.weight"] = L.f32(p + "nextn.hnorm.weight", {E});
-  for (const auto& t : file_.tensors()) {
-    if (t.name.rfind(p, 0) != 0 || nextn_.count(t.name)) continue;
-    Weight w;
-    w.info = &t;
-    w.type = t.type;
-    w.data = t.data;
-    for (int i = 0; i < 4; ++i) w.ne[i] = int64_t(t.ne[i]);
-    nextn_[t.name] = w;
-  }
-}
-
 void Qwen3Next::load() {
-  HParams& hp = hp_;
-  check_moe_hparams_and_vocab(hp, file_);
-
-  const int64_t E = hp.n_embd, V = hp.n_vocab;
-  WeightLoader L(file_);
-  tok_embd_ = L.matrix("token_embd.weight", {E, V});
-  output_norm_ = L.f32("output_norm.weight", {E});
-  output_ = L.optional_matrix("output.weight", {E, V});
-  if (!output_) output_ = tok_embd_;  // tied embeddings
-  layers_.resize(size_t(np_.n_layer));
-  conv_f32_.reserve(size_t(np_.n_layer));  // pointers into it are kept: no reallocation
-  for (int il = 0; il < np_.n_layer; ++il) {
-    const std::string p = "blk." + std::to_string(il) + ".";
-    Layer& l = layers_[size_t(il)];
-    l.recurrent = np_.recurrent[size_t(il)];
-    l.attn_norm = L.f32(p + "attn_norm.weight", {E});
-    l.post_norm = L.f32(p + "post_attention_norm.weight", {E});
-    try {
-      if (l.recurrent)
-        load_gdn(L, p, l.gdn);
-      else
-        load_attention(L, p, l.attn);
-    } catch (const Error& e) {
-      fail("{} (layer {} is a {} layer)", e.what(), il,
-           l.recurrent ? "Gated DeltaNet" : "full-attention");
-    }
-    load_ffn(L, p, l);
-  }
-  for (int il = np_.n_layer; il < np_.n_layer + np_.n_nextn; ++il) load_nextn(il);
+  check_moe_hparams_and_vocab(hp_, file_);
+  qwen3next::load_weights(file_, hp_, np_, w_);
   for (const auto& t : file_.tensors()) weight_bytes_ += t.nbytes;
 }
 
@@ -485,9 +336,9 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
   float* x = ws.x.data();
   float* xn = ws.xn.data();
 
-  cpu::get_rows(tok_embd_.type, tok_embd_.data, E, ws.tokens.data(), n, x);
+  cpu::get_rows(w_.tok_embd.type, w_.tok_embd.data, E, ws.tokens.data(), n, x);
   for (int il = 0; il < np_.n_layer; ++il) {
-    const Layer& l = layers_[size_t(il)];
+    const Layer& l = w_.layers[size_t(il)];
     cpu::rmsnorm(x, l.attn_norm.f32(), n, E, hp_.rms_eps, xn);
     if (l.recurrent)
       gdn_block(l, batch, ws, n, n_runs, il, pool, mode);
@@ -506,67 +357,8 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
     ++n_out;
   }
   if (n_out == 0) return;
-  cpu::rmsnorm(x, output_norm_.f32(), n_out, E, hp_.rms_eps, xn);
-  matmul_into(output_, xn, n_out, logits, pool, mode);
-}
-
-// --------------------------------------------------------------------------------------------------------
-// Hyper-parameters
-
-// Layer pattern: `<arch>.attention.recurrent_layers` (bool/int array over the layers, or one value for
-// all) when present, else every full_attention_interval-th layer attends (default 4, as llama.cpp).
-std::vector<bool> read_layer_pattern(const gguf::File& f, const std::string& p, int32_t n_layer) {
-  std::vector<bool> rec(static_cast<size_t>(n_layer));
-  const std::string key = p + "attention.recurrent_layers";
-  if (const gguf::Value* v = f.find(key)) {
-    auto truth = [&](const gguf::Value& e) -> bool {
-      using VT = gguf::ValueType;
-      switch (e.type) {
-        case VT::BOOL: return e.num.b;
-        case VT::UINT8: case VT::UINT16: case VT::UINT32: case VT::UINT64: return e.num.u != 0;
-        case VT::INT8: case VT::INT16: case VT::INT32: case VT::INT64: return e.num.i != 0;
-        default:
-          fail("{}: '{}' should hold booleans or integers, found {}", f.path(), key,
-               gguf::value_type_name(e.type));
-      }
-    };
-    if (v->type == gguf::ValueType::ARRAY) {
-      STRATA_REQUIRE(v->arr.size() >= size_t(n_layer),
-                     "{}: '{}' has {} entries for {} layers", f.path(), key, v->arr.size(), n_layer);
-      for (int32_t i = 0; i < n_layer; ++i) rec[size_t(i)] = truth(v->arr[size_t(i)]);
-    } else {
-      std::fill(rec.begin(), rec.end(), truth(*v));
-    }
-    return rec;
-  }
-  const int64_t interval = meta_int_or(f, p + "full_attention_interval", 4, 1, 1 << 20);
-  for (int32_t i = 0; i < n_layer; ++i) rec[size_t(i)] = (i + 1) % interval != 0;
-  return rec;
-}
-
-NextParams read_next_params(const gguf::File& f, const HParams& hp) {
-  const std::string p = hp.arch + ".";
-  const std::string& path = f.path();
-  NextParams np;
-  constexpr int64_t kBig = 1 << 20;
-  np.conv_kernel = int32_t(meta_int(f, p + "ssm.conv_kernel", 1, 64));
-  np.d_inner = int32_t(meta_int(f, p + "ssm.inner_size", 1, kBig));
-  np.head_dim = int32_t(meta_int(f, p + "ssm.state_size", 1, 4096));
-  np.n_v_heads = int32_t(meta_int(f, p + "ssm.time_step_rank", 1, 65536));
-  np.n_k_heads = int32_t(meta_int(f, p + "ssm.group_count", 1, 65536));
-  STRATA_REQUIRE(np.n_v_heads % np.n_k_heads == 0,
-                 "{}: inconsistent head counts: ssm.time_step_rank (value heads) {} is not a multiple "
-                 "of ssm.group_count (key heads) {}",
-                 path, np.n_v_heads, np.n_k_heads);
-  STRATA_REQUIRE(int64_t(np.n_v_heads) * np.head_dim == np.d_inner,
-                 "{}: inconsistent head counts: ssm.inner_size {} != ssm.time_step_rank {} x "
-                 "ssm.state_size {}",
-                 path, np.d_inner, np.n_v_heads, np.head_dim);
-  np.n_ff_shexp = int32_t(meta_int_or(f, p + "expert_shared_feed_forward_length", hp.n_ff_exp, 1, kBig));
-  np.n_nextn = int32_t(meta_int_or(f, p + "nextn_predict_layers", 0, 0, hp.n_layer - 1));
-  np.n_layer = hp.n_layer - np.n_nextn;
-  np.recurrent = read_layer_pattern(f, p, np.n_layer);
-  return np;
+  cpu::rmsnorm(x, w_.output_norm.f32(), n_out, E, hp_.rms_eps, xn);
+  matmul_into(w_.output, xn, n_out, logits, pool, mode);
 }
 
 }  // namespace
@@ -578,7 +370,7 @@ std::unique_ptr<Model> make_qwen3next(gguf::File file) {
   HParams hp = read_common_hparams(file);
   STRATA_REQUIRE(hp.arch == "qwen3next", "{}: architecture '{}' is not qwen3next", file.path(),
                  hp.arch);
-  NextParams np = read_next_params(file, hp);
+  NextParams np = qwen3next::read_next_params(file, hp);
   return std::make_unique<Qwen3Next>(std::move(file), std::move(hp), std::move(np));
 }
 

@@ -1,0 +1,68 @@
+#pragma once
+// Pieces every CUDA model file shares (moved here from qwen3moe_cuda.cpp when qwen3next_cuda.cpp came):
+// spans of part of a buffer for the transfer module, the layout of a forward's per-token inputs, the dense-weight record of a model on the GPU, and
+// the upload of a weight from the mapped file (as stored when the type has GPU kernels; otherwise
+// dequantized on the CPU and stored as F16; everything F32 in exact mode).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "cuda/device.h"
+#include "cuda/ops.cuh"
+#include "cuda/transfer.h"
+#include "model/weights.h"
+#include "quant/types.h"
+
+namespace strata::cuda {
+
+// The first `bytes` of a device / pinned buffer (transfers copy src.bytes).
+DevSpan head(const DeviceBuffer& b, size_t bytes);
+HostSpan head(const PinnedBuffer& b, size_t bytes);
+// Bytes [offset, offset + bytes) of a buffer; the checker still sees the whole buffer.
+DevSpan slice(const DeviceBuffer& b, size_t offset, size_t bytes);
+HostSpan slice(const PinnedBuffer& b, size_t offset, size_t bytes);
+
+// A dense weight on the GPU: [rows][cols] in `type` (the file's type when it has a kernel, else its
+// storage type; F32 in exact mode).
+struct DevWeight {
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer buf;
+  const float* f32() const { return static_cast<const float*>(buf.data()); }
+};
+
+// What the uploads repacked (for the load message).
+struct RepackLog {
+  int n = 0;
+  double file_bytes = 0, gpu_bytes = 0;
+  std::string types;  // "Q5_K->F16, ..."
+  void add(GgmlType from, GgmlType to, size_t fb, size_t gb);
+};
+
+// A matrix (or stack: rows = ne[1]*ne[2]*ne[3]) of the mapped file onto the GPU, on dev.compute()
+// (producer = consumer = compute). exact: dequantized to F32 on the CPU.
+DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
+                        RepackLog& log);
+// An f32 vector ([ne[0]]: norm weights, biases) onto the GPU as is.
+DevWeight upload_f32(Device& dev, Transfer& xfer, const Weight& w, const std::string& name);
+// n f32 values from host memory (not the file: e.g. a converted conv kernel) as a [1][n] F32 weight.
+DevWeight upload_f32_values(Device& dev, Transfer& xfer, const float* values, int64_t n, const std::string& name);
+
+// The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
+//   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)
+//   int32 tokens[n]      after refs
+//   int32 pos[n]         after tokens
+//   int32 out_rows[n]    after pos (the first n_out entries: batch rows that want logits)
+// Offsets depend on n only, so a graph captured for n tokens reads the same places every step.
+struct StepLayout {
+  size_t refs, tokens, pos, rows, bytes;
+  explicit StepLayout(int64_t n)
+      : refs(0),
+        tokens(size_t(n) * sizeof(ops::KvRef)),
+        pos(tokens + size_t(n) * 4),
+        rows(pos + size_t(n) * 4),
+        bytes(rows + size_t(n) * 4) {}
+};
+static_assert(sizeof(ops::KvRef) % 8 == 0, "the int32 arrays after refs[] must not misalign a later KvRef");
+
+}  // namespace strata::cuda
