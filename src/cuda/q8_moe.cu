@@ -3,7 +3,10 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
@@ -170,11 +173,17 @@ int64_t max_stage_bytes() {
   return int64_t(bytes) - 1024;
 }
 
-// Lets `kern` launch with `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in, per device).
-template <typename K>
-void allow_stage_bytes(K* kern, int64_t bytes) {
-  if (bytes > 48 * 1024)
-    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+// Lets `kern` launch with up to max_stage_bytes() of dynamic shared memory (above 48 KiB a kernel must opt
+// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
+void allow_stage_bytes(const void* kern, int64_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({kern, dev}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes())));
 }
 
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
@@ -201,7 +210,7 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
       if constexpr (AG == 2 && AU == 2) {
         if (stage_bytes <= max_stage_bytes()) {
           auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
-          allow_stage_bytes(kern, stage_bytes);
+          allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
           kern<<<grid, kThreads, size_t(stage_bytes), stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
                                                                 v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq,
                                                                 hds, gstride, ustride);
