@@ -303,6 +303,24 @@ STRATA_Q8_UNROLL2
   }
 }
 
+// row_lane_partial for R rows at once: acc[r][t] += the lane's tasks of row wr[r] against token t (why: a
+// lane with one 2048-column task per row has a single load chain in flight; two rows per warp double it,
+// for the big matrices where every SM has enough rows).
+template <typename F, int A, int R, int NT>
+__host__ __device__ __forceinline__ void rows_tokens_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub,
+                                                                  int lpr, const int8_t* xt, const float2* dt, int nt,
+                                                                  float acc[R][NT]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+STRATA_FD_UNROLL
+    for (int r = 0; r < R; ++r)
+      F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+  }
+}
+
 // row_lane_partial for R rows of the same format and columns at once (acc[r] += lane's tasks of row
 // wr[r], one token): the R rows' loads of a task are issued together (why: MoE rows are short, e.g. one
 // 2048-column task per lane; R independent loads in flight per lane instead of one).

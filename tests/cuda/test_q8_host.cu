@@ -4,7 +4,8 @@
 //    random weights at 2048 and 768 columns and for the zoo tensors (llama.cpp's data), tokens tiled by
 //    8 with a partial tile (the kernels' token loop);
 //  * 32 and 16 lanes per row summed with the kernels' butterfly order: within 1e-5 of sum|w*x|;
-//  * rows_lane_partial (moe_gate_up's 8 rows per task loop) bit for bit with row_dot, one lane;
+//  * rows_lane_partial (moe_gate_up's 8 rows per task loop) and rows_tokens_lane_partial (matvec's two rows
+//    per lane group) bit for bit with row_dot, one lane;
 //  * down_lane_partial (moe_down's lanes over the k experts' tasks), 32 lanes and the butterfly, against
 //    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids;
 //  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats).
@@ -145,16 +146,20 @@ TEST(Q8Host, MoeGateUpRowsMatchRowDot) {
     std::vector<int8_t> xq(cols);
     std::vector<q8ref::Q8Ds> xds(cols / 32);
     q8ref::quantize(x.data(), 1, cols, xq.data(), xds.data());
-    float acc[8] = {};
+    float acc[8] = {}, acc2[2][1] = {};
     q8d::dispatch(t, true, [&](auto f, auto a) {
       const uint8_t* wr[8];
       for (int r = 0; r < 8; ++r) wr[r] = w.data() + r * rb;
       q8d::rows_lane_partial<decltype(f), decltype(a)::value, 8>(wr, cols, 0, 1, xq.data(),
                                                                  reinterpret_cast<const float2*>(xds.data()), acc);
+      const uint8_t* w2[2] = {wr[3], wr[6]};
+      q8d::rows_tokens_lane_partial<decltype(f), decltype(a)::value, 2, 1>(
+          w2, cols, 0, 1, xq.data(), reinterpret_cast<const float2*>(xds.data()), 1, acc2);
     });
     for (int r = 0; r < 8; ++r)
       EXPECT_TRUE(test::same_bits(acc[r], q8ref::row_dot(t, w.data() + r * rb, cols, xq.data(), xds.data())))
           << type_name(t) << " row " << r;
+    EXPECT_TRUE(test::same_bits(acc2[0][0], acc[3]) && test::same_bits(acc2[1][0], acc[6])) << type_name(t);
   }
 }
 

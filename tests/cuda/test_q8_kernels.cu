@@ -226,7 +226,7 @@ TEST_F(CudaQ8Matvec, AllFormatsRealShapes) {
   for (GgmlType t : kTypes) {
     check(make_case(t, 768, 2048, 1), {1, 3, 8, 11});
     check(make_case(t, 2048, 768, 2), {1, 3, 8, 11});
-    check(make_case(t, 4096, 2048, 3), {1, 3, 8, 11});
+    check(make_case(t, 4096, 2048, 3), {1, 2, 3, 8, 11});  // n <= 2: two rows per warp
     check(make_case(t, 5120, 2048, 4), {1, 3, 8, 11});
   }
 }
@@ -240,6 +240,7 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
     check(make_case(t, 37, 2048, 6), {1, 5}, 2);   // rows not a multiple of a block's rows
     check(make_case(t, 13, 768, 7), {2, 9}, 2);    // two rows per warp, an odd last warp
     check(make_case(t, 40, 12288, 9), {1, 3});     // rows too long for shared memory: the direct loads
+    check(make_case(t, 4097, 2048, 10), {1, 2}, 2);  // two rows per warp, the last warp's second row past the end
   }
 }
 
