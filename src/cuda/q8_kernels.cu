@@ -76,52 +76,107 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, one weight row per
-// group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16 lanes per
-// row, two rows per warp, so few lanes idle). Each lane sums its tasks (task = lane_in_row, += lanes per
-// row), then a butterfly over the group: a fixed order. Tokens in tiles of NT sharing each weight load.
+// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, R consecutive weight
+// rows per group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16
+// lanes per row, so few lanes idle; R = 2 for big matrices at n <= 2, see launch_matvec). Each lane sums
+// its tasks (task = lane_in_group, += lanes per group), then a butterfly over the group: a fixed order.
+// Tokens in tiles of NT sharing each weight load.
+// A == kStaged (the 2-byte aligned formats Q4_0 / Q8_0 / Q6_K): the warp first copies its rows (they are
+// consecutive in memory) into its shared-memory region with coalesced 16-byte loads, and the lanes read
+// their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one block, so read straight
+// from global memory every 16-bit load of the warp touches ~8-16 cache lines for 64 bytes; the staged
+// copy reads each line once). stride: bytes of a warp's region (stage_stride of its rows).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8   xds: [n][cols/32]   y: [n][rows]
-template <typename F, int A, int NT>
+template <typename F, int A, int NT, int R>
 __global__ void __launch_bounds__(kThreads)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
-                  const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* __restrict__ y,
-                  bool accumulate) {
+                  int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
+                  float* __restrict__ y, bool accumulate) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
-  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2);
+  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
+  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * rows_per_warp;
   if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
-  const int64_t row = row0 + (lane >> lpr_log2);
-  const bool valid = row < rows;
+  const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
   const int64_t dss = cols / 32;
-  const uint8_t* wr = w + (valid ? row : 0) * row_bytes;
+  // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
+  // row0's bytes (always valid) and are not written.
+  const uint8_t* first = w + row0 * row_bytes;
+  if constexpr (A == q8d::kStaged) {
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride]
+    const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
+    uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);
+    q8d::warp_copy(dst, first, nrows * row_bytes, lane);
+    __syncwarp();
+    first = dst;
+  }
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) wr[i] = first + (rowg + i < rows ? rowg + i - row0 : 0) * row_bytes;
   for (int64_t t0 = 0; t0 < n; t0 += NT) {
     const int nt = int(n - t0 < NT ? n - t0 : NT);
-    float acc[NT];
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    if (valid) q8d::row_lane_partial<F, A, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+    for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-      for (int o = lpr >> 1; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-    if (valid && sub == 0)
+      for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+    if (rowg < rows)
+      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (t < nt) {
-          float* out = y + (t0 + t) * rows + row;
-          *out = accumulate ? *out + acc[t] : acc[t];
-        }
+        for (int o = lpr >> 1; o > 0; o >>= 1) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], o);
+    if (sub == 0)
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (rowg + i < rows)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            if (t < nt) {
+              float* out = y + (t0 + t) * rows + rowg + i;
+              *out = accumulate ? *out + acc[i][t] : acc[i][t];
+            }
   }
 }
+
+constexpr int64_t kMaxStageBytes = 48 * 1024;  // shared memory of a block without opting in
+
+template <typename F, int A, int NT, int R>
+void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2, const int8_t* xq,
+                     const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2), rows_per_block = (kThreads / 32) * rows_per_warp;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
+  // The 2-byte aligned formats go through shared memory when a block's rows fit in it.
+  const int64_t stride = q8d::stage_stride(rows_per_warp * row_bytes);
+  if constexpr (A == 2) {
+    if (stride * (kThreads / 32) <= kMaxStageBytes) {
+      matvec_kernel<F, q8d::kStaged, NT, R><<<unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)), stream>>>(
+          w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  matvec_kernel<F, A, NT, R><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, 0, xq, xds,
+                                                                        n, y, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Two rows per lane group for big matrices at n <= 2 (whole-warp rows, >= 4096 rows: >= 128 blocks of 16
+// rows); else one.
+constexpr int64_t kTwoRowsMinRows = 4096;
 
 template <typename F, int A, int NT>
 void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
                    const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
-  const int64_t rows_per_block = (kThreads / 32) * (32 >> lpr_log2);
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
-  matvec_kernel<F, A, NT><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y,
-                                                                     accumulate);
-  CUDA_CHECK_LAUNCH();
+  if constexpr (NT <= 2) {
+    if (lpr_log2 == 5 && rows >= kTwoRowsMinRows) {
+      launch_matvec_r<F, A, NT, 2>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
+      return;
+    }
+  }
+  launch_matvec_r<F, A, NT, 1>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
 }
 
 }  // namespace

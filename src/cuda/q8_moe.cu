@@ -3,7 +3,10 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
+#include <mutex>
+#include <set>
 #include <type_traits>
+#include <utility>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
@@ -30,6 +33,9 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // Block (x: 32 rows r0.. of n_ff, y: pairs p = t*k + j, grid-stride): warp w computes gate and up rows
 // r0 + 4w .. r0 + 4w + 3 against x[t] (a whole warp per row: lane = task), h = silu(g) * u into shared
 // memory, then warp 0 quantizes the 32 values into hq[p][r0..r0+32) and hds[p][r0/32].
+// AG == AU == kStaged (gate and up both 2-byte aligned formats: Q4_0 / Q8_0 / Q6_K): the warp's 4 gate
+// rows and 4 up rows (each 4 consecutive rows of memory) are first copied into its shared-memory region
+// (gstride + ustride bytes), coalesced, as matvec_kernel does.
 //   slots: [n_slots][slot_bytes]  table: [n_expert]  xq: [n][n_embd]  xds: [n][n_embd/32]  ids: [n*k]
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]
 template <typename G, int AG, typename U, int AU>
@@ -37,7 +43,9 @@ __global__ void __launch_bounds__(kThreads)
     gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
                    int64_t grb, int64_t urb, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                    const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int32_t* __restrict__ ids,
-                   int64_t n_pairs, int k, int8_t* __restrict__ hq, float2* __restrict__ hds) {
+                   int64_t n_pairs, int k, int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride,
+                   int64_t ustride) {
+  static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
@@ -45,6 +53,18 @@ __global__ void __launch_bounds__(kThreads)
     const int slot = slot_of(table, ids, p);  // block-uniform
     if (slot < 0) continue;
     const uint8_t* base = slots + int64_t(slot) * slot_bytes;
+    const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
+    const uint8_t* usrc = base + up_off + rw * urb;
+    if constexpr (AG == q8d::kStaged) {
+      extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
+      uint8_t* region = stage + warp * (gstride + ustride);
+      uint8_t* gdst = q8d::stage_dst(region, gsrc);
+      uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
+      q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
+      q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
+      __syncwarp();  // (the previous pair's reads ended before the __syncthreads closing its iteration)
+      gsrc = gdst, usrc = udst;
+    }
     const int8_t* xt = xq + (p / k) * n_embd;
     const float2* dt = xds + (p / k) * (n_embd / 32);
     float acc[2 * kRowsPerWarp];  // gate rows, then up rows
@@ -55,14 +75,14 @@ __global__ void __launch_bounds__(kThreads)
       const uint8_t* wr[2 * kRowsPerWarp];
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i)
-        wr[i] = base + gate_off + (rw + i) * grb, wr[kRowsPerWarp + i] = base + up_off + (rw + i) * urb;
+        wr[i] = gsrc + i * grb, wr[kRowsPerWarp + i] = usrc + i * urb;
       q8d::rows_lane_partial<G, AG, 2 * kRowsPerWarp>(wr, n_embd, lane, 32, xt, dt, acc);
     } else {
       const uint8_t* wg[kRowsPerWarp];
       const uint8_t* wu[kRowsPerWarp];
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i)
-        wg[i] = base + gate_off + (rw + i) * grb, wu[i] = base + up_off + (rw + i) * urb;
+        wg[i] = gsrc + i * grb, wu[i] = usrc + i * urb;
       q8d::rows_lane_partial<G, AG, kRowsPerWarp>(wg, n_embd, lane, 32, xt, dt, acc);
       q8d::rows_lane_partial<U, AU, kRowsPerWarp>(wu, n_embd, lane, 32, xt, dt, acc + kRowsPerWarp);
     }
@@ -79,24 +99,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Warp = output row r of n_embd (x: row blocks, y: tokens, grid-stride). The lanes share out the
-// (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant tasks,
-// so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
+// Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
+// out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
+// tasks, so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
 // wts[p] * (its task's dot) in its fixed order, then a butterfly, then x[t][r] += the sum once.
-// Non-resident pairs (slot -1) add nothing.
+// Non-resident pairs (slot -1) add nothing. A == kStaged (Q4_0 / Q8_0 / Q6_K, 2-byte aligned blocks):
+// the warp first copies the k experts' rows r into its shared-memory region (stride bytes per expert),
+// coalesced, as matvec_kernel does.
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
+constexpr int kDownWarps = 4;
 template <typename F, int A>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(32 * kDownWarps)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
-                int64_t n, int k, float* __restrict__ x) {
+                int64_t n, int k, float* __restrict__ x, int64_t stride) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
   if (r >= n_embd) return;  // warp-uniform
+  uint8_t* region = nullptr;
+  if constexpr (A == q8d::kStaged) {
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][k][stride]
+    region = stage + (threadIdx.x >> 5) * k * stride;
+  }
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    if constexpr (A == q8d::kStaged) {
+      __syncwarp();  // the previous token's reads of the region are done
+      for (int j = 0; j < k; ++j) {
+        const int slot = slot_of(table, ids, t * k + j);  // warp-uniform
+        if (slot < 0) continue;
+        const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
+        q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+      }
+      __syncwarp();
+    }
     float acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
-                                             lane, 32);
+                                             lane, 32, region, stride);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) x[t * n_embd + r] += acc;
@@ -126,6 +164,28 @@ void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, co
                  "{}: int8 activations must be 16-byte aligned", what);
 }
 
+// The most dynamic shared memory a gate_up block may use on this device: the opt-in limit per block
+// (227 KiB on sm_90) less 1 KiB for the kernel's static shared memory (hs).
+int64_t max_stage_bytes() {
+  int dev = 0, bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return int64_t(bytes) - 1024;
+}
+
+// Lets `kern` launch with up to max_stage_bytes() of dynamic shared memory (above 48 KiB a kernel must opt
+// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
+void allow_stage_bytes(const void* kern, int64_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({kern, dev}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes())));
+}
+
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
 
 }  // namespace
@@ -140,11 +200,27 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
   const int64_t grb = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)));
   const int64_t urb = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)));
   const dim3 grid(unsigned(v.n_ff / 32), grid_y(pairs));
+  const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
+  const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
   q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
     q8d::dispatch(v.up_type, rows16(v, v.up_off, urb), [&](auto u, auto au) {
-      gate_up_kernel<decltype(g), decltype(ag)::value, decltype(u), decltype(au)::value>
-          <<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb, v.n_embd, v.n_ff,
-                                          table, xq, xds, ids, pairs, k, hq, hds);
+      using G = decltype(g);
+      using U = decltype(u);
+      constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
+      if constexpr (AG == 2 && AU == 2) {
+        if (stage_bytes <= max_stage_bytes()) {
+          auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
+          allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
+          kern<<<grid, kThreads, size_t(stage_bytes), stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                                                                v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq,
+                                                                hds, gstride, ustride);
+          CUDA_CHECK_LAUNCH();
+          return;
+        }
+      }
+      gate_up_kernel<G, AG, U, AU><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb,
+                                                                  urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs,
+                                                                  k, hq, hds, 0, 0);
       CUDA_CHECK_LAUNCH();
     });
   });
@@ -155,10 +231,21 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
-  const dim3 grid(unsigned((v.n_embd + kThreads / 32 - 1) / (kThreads / 32)), grid_y(n));
+  const dim3 grid(unsigned((v.n_embd + kDownWarps - 1) / kDownWarps), grid_y(n));
+  const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * kDownWarps;
   q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
-    down_kernel<decltype(f), decltype(a)::value><<<grid, kThreads, 0, stream>>>(
-        v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table, hq, hds, ids, wts, n, k, x);
+    using F = decltype(f);
+    constexpr int A = decltype(a)::value;
+    if constexpr (A == 2) {
+      if (stage_bytes <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
+        down_kernel<F, q8d::kStaged><<<grid, 32 * kDownWarps, size_t(stage_bytes), stream>>>(
+            v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table, hq, hds, ids, wts, n, k, x, stride);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    down_kernel<F, A><<<grid, 32 * kDownWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
+                                                           table, hq, hds, ids, wts, n, k, x, 0);
     CUDA_CHECK_LAUNCH();
   });
 }

@@ -295,6 +295,8 @@ class CudaQwen3Moe final : public Model {
     r.transfers = int64_t(work_.transfers);
     r.host_s = std::chrono::duration<double>(work_.host).count();
     r.wait_s = std::chrono::duration<double>(work_.wait).count();
+    r.pool_s = std::chrono::duration<double>(work_.pool).count();
+    r.route_wait_s = std::chrono::duration<double>(work_.route_wait).count();
     return r;
   }
   void reset_cache_stats() const override {
@@ -330,6 +332,7 @@ class CudaQwen3Moe final : public Model {
     // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
     // bottleneck.
     std::chrono::steady_clock::duration host{}, wait{};
+    std::chrono::steady_clock::duration pool{}, route_wait{};  // parts of host: CPU experts, routing waits
   };
   template <typename F>
   void op(const Pass& p, F&& f) const {
@@ -975,9 +978,11 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
       work_.transfers += 3;
       if (n_res > 0) gpu_experts(p, il);
+      const auto t_rw = std::chrono::steady_clock::now();
       t_ids.wait();
       t_wts.wait();
       t_xn.wait();
+      work_.route_wait += std::chrono::steady_clock::now() - t_rw;
       ws.ids_h.note_host_access(strata::stream_check::Access::Read);
       ws.wts_h.note_host_access(strata::stream_check::Access::Read);
       ws.xn_h.note_host_access(strata::stream_check::Access::Read);
@@ -997,8 +1002,10 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       if (n_cpu == 0) continue;  // this batch only picked resident experts
       if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
       ws.partial_h.note_host_access(strata::stream_check::Access::Write);
+      const auto t_pool = std::chrono::steady_clock::now();
       moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
                   ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
+      work_.pool += std::chrono::steady_clock::now() - t_pool;
       ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
                                         cs, {&cs});
       ++work_.transfers;

@@ -4,9 +4,11 @@
 //    random weights at 2048 and 768 columns and for the zoo tensors (llama.cpp's data), tokens tiled by
 //    8 with a partial tile (the kernels' token loop);
 //  * 32 and 16 lanes per row summed with the kernels' butterfly order: within 1e-5 of sum|w*x|;
-//  * rows_lane_partial (moe_gate_up's 8 rows per task loop) bit for bit with row_dot, one lane;
+//  * rows_lane_partial (moe_gate_up's 8 rows per task loop) and rows_tokens_lane_partial (matvec's two rows
+//    per lane group) bit for bit with row_dot, one lane;
 //  * down_lane_partial (moe_down's lanes over the k experts' tasks), 32 lanes and the butterfly, against
-//    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids.
+//    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids;
+//  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,8 +32,20 @@ namespace q8ref = strata::cuda::q8ref;
 
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
+// What a warp's warp_copy leaves in a 16-byte aligned staging region (all 32 lanes run on the host).
+struct Stage {
+  std::vector<uint4> mem;
+  uint8_t* region() { return reinterpret_cast<uint8_t*>(mem.data()); }
+};
+const uint8_t* stage_rows(Stage& st, const uint8_t* src, int64_t bytes) {
+  st.mem.assign(size_t(q8d::stage_stride(bytes) / 16), uint4{0xAAAAAAAAu, 0xAAAAAAAAu, 0xAAAAAAAAu, 0xAAAAAAAAu});
+  uint8_t* dst = q8d::stage_dst(st.region(), src);
+  for (int lane = 0; lane < 32; ++lane) q8d::warp_copy(dst, src, bytes, lane);
+  return dst;
+}
+
 struct Result {
-  int64_t not_identical = 0;  // lpr = 1 vs the reference (bits)
+  int64_t not_identical = 0;  // lpr = 1 vs the reference (bits), direct and staged rows
   double worst_split = 0;     // lpr = 16 / 32 vs the reference, error / (1e-5 sum|w*x|)
 };
 
@@ -56,9 +70,18 @@ Result check_rows(GgmlType t, const uint8_t* w, int64_t rows, int64_t cols, std:
       for (int64_t t0 = 0; t0 < n; t0 += 8)  // tiles of 8 tokens, the last one partial
         q8d::row_lane_partial<F, A, 8>(wr, cols, 0, 1, xq.data() + t0 * cols, ds2 + t0 * (cols / 32),
                                        int(std::min<int64_t>(8, n - t0)), one + t0);
+      // The same from a staged copy of the row (the kernels' path for the 2-byte aligned formats).
+      Stage st;
+      const uint8_t* staged = stage_rows(st, wr, rb);
+      res.not_identical += std::memcmp(staged, wr, size_t(rb)) != 0;
+      float one_staged[16] = {};
+      for (int64_t t0 = 0; t0 < n; t0 += 8)
+        q8d::row_lane_partial<F, q8d::kStaged, 8>(staged, cols, 0, 1, xq.data() + t0 * cols, ds2 + t0 * (cols / 32),
+                                                  int(std::min<int64_t>(8, n - t0)), one_staged + t0);
       for (int64_t tk = 0; tk < n; ++tk) {
         const float ref = q8ref::row_dot(t, wr, cols, xq.data() + tk * cols, xds.data() + tk * (cols / 32));
         res.not_identical += !test::same_bits(one[tk], ref);
+        res.not_identical += !test::same_bits(one_staged[tk], ref);
         double mag = 0;
         for (int64_t c = 0; c < cols; ++c) mag += std::fabs(double(wf[c]) * xds[tk * (cols / 32) + c / 32].d * xq[tk * cols + c]);
         for (int lpr : {16, 32}) {
@@ -123,16 +146,20 @@ TEST(Q8Host, MoeGateUpRowsMatchRowDot) {
     std::vector<int8_t> xq(cols);
     std::vector<q8ref::Q8Ds> xds(cols / 32);
     q8ref::quantize(x.data(), 1, cols, xq.data(), xds.data());
-    float acc[8] = {};
+    float acc[8] = {}, acc2[2][1] = {};
     q8d::dispatch(t, true, [&](auto f, auto a) {
       const uint8_t* wr[8];
       for (int r = 0; r < 8; ++r) wr[r] = w.data() + r * rb;
       q8d::rows_lane_partial<decltype(f), decltype(a)::value, 8>(wr, cols, 0, 1, xq.data(),
                                                                  reinterpret_cast<const float2*>(xds.data()), acc);
+      const uint8_t* w2[2] = {wr[3], wr[6]};
+      q8d::rows_tokens_lane_partial<decltype(f), decltype(a)::value, 2, 1>(
+          w2, cols, 0, 1, xq.data(), reinterpret_cast<const float2*>(xds.data()), 1, acc2);
     });
     for (int r = 0; r < 8; ++r)
       EXPECT_TRUE(test::same_bits(acc[r], q8ref::row_dot(t, w.data() + r * rb, cols, xq.data(), xds.data())))
           << type_name(t) << " row " << r;
+    EXPECT_TRUE(test::same_bits(acc2[0][0], acc[3]) && test::same_bits(acc2[1][0], acc[6])) << type_name(t);
   }
 }
 
@@ -168,14 +195,32 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     q8ref::moe_down(v, table.data(), hq.data(), hds.data(), ids.data(), wts.data(), n, k, x_ref.data());
     double worst = 0;
     std::vector<float> wd(n_ff);
+    for (bool staged : {false, true})
     q8d::dispatch(t, false, [&](auto f, auto a) {
       for (int64_t tk = 0; tk < n; ++tk)
         for (int64_t r = 0; r < n_embd; ++r) {
           float part[32];
-          for (int l = 0; l < 32; ++l)
-            part[l] = q8d::down_lane_partial<decltype(f), decltype(a)::value>(
-                slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
-                reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
+          if (staged) {  // the kernel's staged path: the k experts' rows r copied into one region
+            const int64_t stride = q8d::stage_stride(drb);
+            std::vector<uint4> region(size_t(stride * k / 16));
+            for (int j = 0; j < k; ++j) {
+              const int64_t p = tk * k + j;
+              if (ids[p] < 0 || table[ids[p]] < 0) continue;
+              const uint8_t* src = slots.data() + table[ids[p]] * v.slot_bytes + v.down_off + r * drb;
+              uint8_t* base = reinterpret_cast<uint8_t*>(region.data()) + j * stride;
+              for (int lane = 0; lane < 32; ++lane) q8d::warp_copy(q8d::stage_dst(base, src), src, drb, lane);
+            }
+            for (int l = 0; l < 32; ++l)
+              part[l] = q8d::down_lane_partial<decltype(f), q8d::kStaged>(
+                  slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
+                  reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32,
+                  reinterpret_cast<uint8_t*>(region.data()), stride);
+          } else {
+            for (int l = 0; l < 32; ++l)
+              part[l] = q8d::down_lane_partial<decltype(f), decltype(a)::value>(
+                  slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
+                  reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
+          }
           for (int o = 16; o > 0; o >>= 1) {
             float nxt[32];
             for (int l = 0; l < 32; ++l) nxt[l] = part[l] + part[l ^ o];

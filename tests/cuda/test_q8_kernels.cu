@@ -4,7 +4,8 @@
 //  * matvec: the 5 formats, shapes 768x2048, 2048x768, 4096x2048, 5120x2048 (n = 1, 3, 8, 11) and
 //    151936x2048 (n = 1), accumulate off and on, plus 2-byte aligned weights: per output
 //    |gpu - ref| <= 1e-5 * sum_c |w_c * x_c| (w dequantized, x the dequantized int8 activations; only the
-//    float summation order differs);
+//    float summation order differs); the 2-byte aligned formats through shared memory (staged rows) and,
+//    for rows too long to stage (12288 columns), straight from global memory;
 //  * moe_gate_up / moe_down: 128 experts, 10 resident in scattered slots, k = 8, n = 1 and 3, a repeated
 //    expert (inside a token and across tokens), negative ids, a token without a resident expert; hq within
 //    half a step of the reference's unquantized h (plus the g, u summation-order tolerance), pairs of
@@ -225,7 +226,7 @@ TEST_F(CudaQ8Matvec, AllFormatsRealShapes) {
   for (GgmlType t : kTypes) {
     check(make_case(t, 768, 2048, 1), {1, 3, 8, 11});
     check(make_case(t, 2048, 768, 2), {1, 3, 8, 11});
-    check(make_case(t, 4096, 2048, 3), {1, 3, 8, 11});
+    check(make_case(t, 4096, 2048, 3), {1, 2, 3, 8, 11});  // n <= 2: two rows per warp
     check(make_case(t, 5120, 2048, 4), {1, 3, 8, 11});
   }
 }
@@ -238,6 +239,8 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
   for (GgmlType t : kTypes) {
     check(make_case(t, 37, 2048, 6), {1, 5}, 2);   // rows not a multiple of a block's rows
     check(make_case(t, 13, 768, 7), {2, 9}, 2);    // two rows per warp, an odd last warp
+    check(make_case(t, 40, 12288, 9), {1, 3});     // rows too long for shared memory: the direct loads
+    check(make_case(t, 4097, 2048, 10), {1, 2}, 2);  // two rows per warp, the last warp's second row past the end
   }
 }
 
@@ -464,7 +467,12 @@ class CudaQ8Moe : public test::GpuKernelTest {
 TEST_F(CudaQ8Moe, Q4KGateUpQ6KDown) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0}); }
 TEST_F(CudaQ8Moe, AllQ4K) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 0}); }
 // Different gate and up formats (two task loops), 2-byte aligned rows (the K-quants' non-vector loads).
+// (All rows 2-byte aligned: gate, up and down all take the shared-memory staged path.)
 TEST_F(CudaQ8Moe, MixedFormatsTwoByteAligned) { run({GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::Q4_0, 2}); }
+// Q4_0 experts (llama.cpp's benchmark format): staged gate/up of one format; Q8_0 down.
+TEST_F(CudaQ8Moe, Q40GateUpQ80Down) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0, 0}); }
+// A 16-byte-load gate with a 2-byte aligned up: two task loops, nothing staged; Q5_K down.
+TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
 
 TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   auto d_slots = output(1 << 20, 0);
