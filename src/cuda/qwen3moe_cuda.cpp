@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -215,8 +216,9 @@ class CudaWorkspace final : public Workspace {
     int attn;
     bool mma;      // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
     bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
+    int segment;   // 0: the whole compute section (run_graph); 1 + s: segment s of a CPU-pool pass (run_segment)
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma, generic) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic);
+      return std::tie(n, n_out, attn, mma, generic, segment) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.segment);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -349,6 +351,10 @@ class CudaQwen3Moe final : public Model {
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
   void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
+  // body(p) as a cached CUDA graph keyed by `segment` (a piece of a CPU-pool pass between its transfers),
+  // or called directly when graphs are off or the pass is too large.
+  void run_segment(const Pass& p, int segment, const std::function<void(const Pass&)>& body) const;
+  void drop_stale_graphs(CudaWorkspace& ws) const;  // the workspace's graphs if made for other buffers
 
   void load();
   // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
@@ -868,9 +874,7 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
 // before/after direct launches; a replay reads the new table as a direct launch would. The graph path is
 // taken only when every layer is fully resident this step (the CPU pool needs copies mid-pass, which a
 // graph may not contain), and the kernels skip a non-resident pair whatever path launched them.
-void CudaQwen3Moe::run_graph(const Pass& p) const {
-  CudaWorkspace& ws = p.ws;
-  Stream& cs = dev_->compute();
+void CudaQwen3Moe::drop_stale_graphs(CudaWorkspace& ws) const {
   const void* slots = cache_->slots_span().ptr;
   const void* table = cache_->table_span().ptr;
   if (ws.graphs_model != model_id_ || ws.graphs_slots != slots || ws.graphs_table != table) {
@@ -879,7 +883,13 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
     ws.graphs_slots = slots;
     ws.graphs_table = table;
   }
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only()};
+}
+
+void CudaQwen3Moe::run_graph(const Pass& p) const {
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  drop_stale_graphs(ws);
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
@@ -891,6 +901,29 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
   }
   it->second.launch(cs);
   ++work_.graph_forwards;
+}
+
+// Why: a CPU-pool pass cannot be one graph (each layer waits for its routing on the host), so it launched
+// ~11 kernels per layer one by one: ~100 us of host time per layer on the critical path (5 of the 21 ms
+// of a token at 25% resident on the H200 box). Each piece between the pass's transfers (attention +
+// routing; the resident experts) is captured once per (segment, n) and replayed: the same kernels, the
+// same order, what run_graph argues for the whole pass holds for each piece.
+void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<void(const Pass&)>& body) const {
+  if (!graphs_ || p.n > kMaxGraphTokens) return body(p);
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  drop_stale_graphs(ws);
+  const CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
+                                    1 + segment};
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    Graph g = Graph::capture(cs, [&] { body(p); });
+    ++work_.captures;
+    it = ws.graphs.emplace(key, std::move(g)).first;
+  } else if (strata::stream_check::enabled()) {
+    body(Pass{ws, p.n, p.n_out, p.attn, false});  // the replayed launches' notes, no kernel
+  }
+  it->second.launch(cs);
 }
 
 void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
@@ -959,14 +992,20 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     float* x = ws.x.as<float>();
     for (int il = 0; il < hp.n_layer; ++il) {
       const Layer& l = layers_[size_t(il)];
-      attention_block(p, il);
-      route(p, il);
+      run_segment(p, 2 * il, [&](const Pass& q) {
+        attention_block(q, il);
+        route(q, il);
+      });
+      // The resident pairs (x += their sum; before the CPU's partial, as without the pool).
+      const auto resident_experts = [&](const Pass& q) {
+        gpu_experts(q, il);
+        add_moe_out(q, il);
+      };
       const int n_res = res.resident_in_layer(il);
       if (n_res == hp.n_expert) {
         // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
         // layers' after the last layer (statistics, adaptation).
-        gpu_experts(p, il);
-        add_moe_out(p, il);
+        run_segment(p, 2 * il + 1, resident_experts);
         continue;
       }
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
@@ -977,7 +1016,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
       const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
       work_.transfers += 3;
-      if (n_res > 0) gpu_experts(p, il);
+      if (n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
       const auto t_rw = std::chrono::steady_clock::now();
       t_ids.wait();
       t_wts.wait();
@@ -998,7 +1037,6 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       cache_->record(il, hid, nk);
       if (opt.usage) opt.usage->add(il, hid, n);
       ws.layer_recorded[size_t(il)] = 1;
-      if (n_res > 0) add_moe_out(p, il);  // x += GPU experts (done already on the q8 path), then the CPU's
       if (n_cpu == 0) continue;  // this batch only picked resident experts
       if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
       ws.partial_h.note_host_access(strata::stream_check::Access::Write);
