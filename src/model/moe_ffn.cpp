@@ -1,10 +1,13 @@
 #include "model/moe_ffn.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
+#include "cpu/cpu_features.h"
 #include "cpu/ops.h"
+#include "quant/vec_dot.h"
 
 namespace strata {
 
@@ -18,16 +21,215 @@ MoeScratch::MoeScratch(int64_t max_tokens_, int k_, int n_expert, int64_t n_embd
       u(static_cast<size_t>(max_tokens_ * k_ * n_ff)),
       d(static_cast<size_t>(max_tokens_ * k_ * n_embd)),
       max_tokens(max_tokens_),
-      k(k_) {}
+      k(k_),
+      items_done(std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(n_expert))) {
+  active.reserve(static_cast<size_t>(n_expert));
+}
 
 size_t MoeScratch::memory_bytes() const {
   return (xe.size() + g.size() + u.size() + d.size()) * 4 +
-         (offset.size() + fill.size() + row_of.size() + tok_of.size()) * 4;
+         (offset.size() + fill.size() + row_of.size() + tok_of.size() + active.capacity()) * 4 + xq_gate.size() +
+         xq_up.size() + hq.size() + fill.size() * sizeof(std::atomic<int32_t>);
 }
+
+const MoeOptions& MoeOptions::from_env() {
+  static const MoeOptions opt = [] {
+    MoeOptions o;
+    if (const char* v = std::getenv("STRATA_MOE_FUSED")) o.fused = std::atoi(v) != 0;
+    if (const char* v = std::getenv("STRATA_MOE_PREFETCH")) o.prefetch_bytes = std::max(0, std::atoi(v));
+    if (const char* v = std::getenv("STRATA_MOE_ITEM_KIB")) o.item_bytes = std::max(1, std::atoi(v)) << 10;
+    return o;
+  }();
+  return opt;
+}
+
+namespace {
+
+// Prefetches the cache lines of [p, end) into L1.
+inline void prefetch_range(const uint8_t* p, const uint8_t* end) {
+  for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
+}
+
+// One matrix of the fused path: its kernel and the layout of its quantized activations.
+struct FusedMat {
+  q::DotKernel k;
+  int passes = 1;     // 2: FastPrecise (first rounding and residual rows, back to back)
+  int64_t rb = 0;     // bytes of one weight row
+  int64_t xb = 0;     // bytes of one quantized activation row (one pass)
+  int64_t cols = 0;
+
+  FusedMat(const Weight& wt, MatmulMode mode, CpuLevel level) {
+    k = q::dot_kernel(wt.type, level);
+    passes = mode == MatmulMode::FastPrecise && k.act != q::ActType::F32 ? 2 : 1;
+    rb = wt.row_bytes();
+    cols = wt.ne[0];
+    xb = k.fn ? q::act_row_bytes(k.act, cols) : 0;
+  }
+  int64_t act_bytes() const { return passes * xb; }  // one token's quantized activations
+
+  // y[t * y_stride + r] = row r of w . token t's activations (at xq + t * act_bytes()), r in [r0, r1),
+  // t < cnt. The same kernel calls, in the same combination, as matmul_many's run_chunk (fn4 is
+  // bit-identical to fn), so the same values. pf > 0: prefetch pf bytes ahead of the row being read,
+  // not past `pf_end`.
+  void rows(const uint8_t* w, int64_t r0, int64_t r1, const uint8_t* xq, int64_t cnt, float* y, int64_t y_stride,
+            int64_t pf, const uint8_t* pf_end) const {
+    const int64_t ab = act_bytes();
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* wr = w + r * rb;
+      if (pf > 0) prefetch_range(wr + pf, std::min(wr + pf + rb, pf_end));
+      int64_t t = 0;
+      if (passes == 2) {
+        if (k.fn4)  // two tokens' two passes per weight decode
+          for (; t + 2 <= cnt; t += 2) {
+            float o[4];
+            k.fn4(cols, wr, xq + t * ab, xb, o, 1);
+            y[t * y_stride + r] = o[0] + o[1];
+            y[(t + 1) * y_stride + r] = o[2] + o[3];
+          }
+        for (; t < cnt; ++t) y[t * y_stride + r] = k.fn(cols, wr, xq + t * ab) + k.fn(cols, wr, xq + t * ab + xb);
+      } else {
+        if (k.fn4)
+          for (; t + 4 <= cnt; t += 4) k.fn4(cols, wr, xq + t * ab, ab, y + t * y_stride + r, y_stride);
+        for (; t < cnt; ++t) y[t * y_stride + r] = k.fn(cols, wr, xq + t * ab);
+      }
+    }
+  }
+};
+
+// Rows per work item: about `item_bytes` of weights over all `mats` matrices read per row, a multiple
+// of `align` (whole cache lines of the float outputs), at least `align`, at most `total` (rounded up).
+int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int64_t total) {
+  int64_t r = item_bytes / std::max<int64_t>(1, bytes_per_row);
+  r = std::max(align, (r + align - 1) / align * align);
+  return std::min(r, (total + align - 1) / align * align);
+}
+
+// The fused decode path (n <= kMoeFusedMaxTokens, an integer kernel for all three matrices). Two
+// parallel regions and no serial work between them:
+// 1. gate+up: one flat list of items (active expert, range of n_ff rows), expert-major. An item
+//    computes the range's gate and up rows for each token of the expert, then swiglu on them (in
+//    s.g); the thread that finishes an expert's last item quantizes that expert's swiglu rows for
+//    down (s.hq), so the down region needs no quantization pass.
+// 2. down: items = ranges of n_embd rows. An item computes its rows of every active expert's down
+//    product for each of its tokens (s.d), then the slot-ordered weighted sum of those rows (out).
+// Same kernels, same quantized activations, same swiglu and same sum order as the general path:
+// the same bytes (tests/test_moe_decode_path.cpp).
+void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* w, int k, float* out,
+               MoeScratch& s, ThreadPool& pool, const MoeOptions& opt, const FusedMat& fg, const FusedMat& fu,
+               const FusedMat& fd) {
+  const int64_t n_embd = ew.gate.ne[0], n_ff = ew.gate.ne[1];
+  const int n_expert = static_cast<int>(ew.gate.ne[2]);
+  const int64_t n_rows = s.offset[static_cast<size_t>(n_expert)];
+  s.active.clear();
+  for (int e = 0; e < n_expert; ++e)
+    if (s.offset[e + 1] > s.offset[e]) s.active.push_back(e);
+  const int64_t n_act = static_cast<int64_t>(s.active.size());
+  // Token activations, quantized once per token for gate (and for up when its format needs others).
+  const bool same_acts = fg.k.act == fu.k.act && fg.passes == fu.passes;
+  auto grow = [](std::vector<uint8_t>& v, int64_t bytes) {
+    if (static_cast<int64_t>(v.size()) < bytes) v.resize(static_cast<size_t>(bytes));
+  };
+  grow(s.xq_gate, n * fg.act_bytes());
+  if (!same_acts) grow(s.xq_up, n * fu.act_bytes());
+  grow(s.hq, n_rows * fd.act_bytes());
+  for (int64_t t = 0; t < n && n_act > 0; ++t) {
+    q::quantize_act_row_passes(fg.k.act, x + t * n_embd, s.xq_gate.data() + t * fg.act_bytes(), n_embd, fg.passes);
+    if (!same_acts)
+      q::quantize_act_row_passes(fu.k.act, x + t * n_embd, s.xq_up.data() + t * fu.act_bytes(), n_embd, fu.passes);
+  }
+  const uint8_t* xqg = s.xq_gate.data();
+  const uint8_t* xqu = same_acts ? xqg : s.xq_up.data();
+  uint8_t* hq = s.hq.data();
+  float* g = s.g.data();
+  float* u = s.u.data();
+  float* d = s.d.data();
+  const int32_t* act = s.active.data();
+  const int32_t* off = s.offset.data();
+  const int32_t* tok = s.tok_of.data();
+  std::atomic<int32_t>* done = s.items_done.get();
+  const int64_t pf = opt.prefetch_bytes;
+
+  if (n_act > 0) {
+    const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
+    const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // items per expert
+    for (int64_t a = 0; a < n_act; ++a) done[a].store(0, std::memory_order_relaxed);
+    pool.parallel_for(n_act * per1, 1, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t a = i / per1, r0 = (i % per1) * rows1, r1 = std::min(n_ff, r0 + rows1);
+        const int e = act[a];
+        const int64_t R0 = off[e], R1 = off[e + 1];
+        const uint8_t* gw = ew.gate.matrix(e);
+        const uint8_t* uw = ew.up.matrix(e);
+        const uint8_t* gend = gw + r1 * fg.rb;
+        const uint8_t* uend = uw + r1 * fu.rb;
+        if (pf > 0) {
+          prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend));
+          prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend));
+        }
+        // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
+        for (int64_t R = R0; R < R1; ++R)
+          fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend);
+        for (int64_t R = R0; R < R1; ++R)
+          fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend);
+        for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
+        // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
+        if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1)
+          for (int64_t R = R0; R < R1; ++R)
+            q::quantize_act_row_passes(fd.k.act, g + R * n_ff, hq + R * fd.act_bytes(), n_ff, fd.passes);
+      }
+    });
+  }
+
+  const int64_t rows2 = item_rows(opt.item_bytes, fd.rb * std::max<int64_t>(1, n_act), 16, n_embd);
+  const int64_t per2 = (n_embd + rows2 - 1) / rows2;
+  pool.parallel_for(per2, 1, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
+      for (int64_t a = 0; a < n_act; ++a) {
+        const int e = act[a];
+        const uint8_t* dw = ew.down.matrix(e);
+        if (pf > 0) {  // this expert's slice at the start; the next expert's slice while this one runs
+          if (a == 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dw + r1 * fd.rb));
+          if (a + 1 < n_act) {
+            const uint8_t* nw = ew.down.matrix(act[a + 1]);
+            prefetch_range(nw + r0 * fd.rb, std::min(nw + r0 * fd.rb + pf, nw + r1 * fd.rb));
+          }
+        }
+        const int64_t R0 = off[e];
+        fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dw + r1 * fd.rb);
+      }
+      // Weighted sum of rows [r0, r1) in slot order (as the general path); no pair here: 0.
+      for (int64_t t = 0; t < n; ++t) {
+        float* o = out + t * n_embd;
+        bool first = true;
+        for (int j = 0; j < k; ++j) {
+          const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
+          if (row < 0) continue;
+          const float wj = w[t * k + j];
+          const float* dr = d + static_cast<int64_t>(row) * n_embd;
+          if (first)
+            for (int64_t i = r0; i < r1; ++i) o[i] = wj * dr[i];
+          else
+            for (int64_t i = r0; i < r1; ++i) o[i] += wj * dr[i];
+          first = false;
+        }
+        if (first) std::fill(o + r0, o + r1, 0.0f);
+      }
+    }
+  });
+}
+
+}  // namespace
 
 void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
                  const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
                  ThreadPool& pool, MatmulMode mode) {
+  moe_experts(ew, x, n, ids, w, k, out, s, mb, pool, mode, MoeOptions::from_env());
+}
+
+void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
+                 const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
+                 ThreadPool& pool, MatmulMode mode, const MoeOptions& opt) {
   const int64_t n_embd = ew.gate.ne[0], n_ff = ew.gate.ne[1];
   const int n_expert = static_cast<int>(ew.gate.ne[2]);
   STRATA_REQUIRE(n <= s.max_tokens && k == s.k, "moe: batch of {} x {} exceeds scratch {} x {}", n,
@@ -50,6 +252,14 @@ void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32
     const int32_t r = s.fill[static_cast<size_t>(ids[i])]++;
     s.row_of[static_cast<size_t>(i)] = r;
     s.tok_of[static_cast<size_t>(r)] = static_cast<int32_t>(i / k);
+  }
+  if (opt.fused && mode != MatmulMode::Exact && n <= kMoeFusedMaxTokens) {
+    const CpuLevel level = cpu_level();
+    const FusedMat fg(ew.gate, mode, level), fu(ew.up, mode, level), fd(ew.down, mode, level);
+    if (fg.k.fn && fu.k.fn && fd.k.fn) {
+      moe_fused(ew, x, n, w, k, out, s, pool, opt, fg, fu, fd);
+      return;
+    }
   }
   // Inputs of each expert: xe [n*k][n_embd], x gathered in grouped order. An expert with one token
   // reads that token's row of x in place instead: every expert of a decoded token then has the same

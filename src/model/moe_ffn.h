@@ -3,7 +3,9 @@
 // chosen experts and weights, out[t] = sum_j w[t][j] * down_e(silu(gate_e(x[t])) * up_e(x[t])).
 // Tokens are grouped by expert (counting sort), so each expert's three products run once over all of
 // its tokens; all experts' products go out as one parallel job (cpu/matmul_batch.h).
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu/matmul_batch.h"
@@ -31,7 +33,28 @@ class MoeScratch {
   std::vector<float> d;         // [max_tokens * k][n_embd]
   int64_t max_tokens;
   int k;
+  // Fused decode path only (grown on first use):
+  std::vector<int32_t> active;       // [<= n_expert] experts with at least one pair, ascending
+  std::vector<uint8_t> xq_gate, xq_up;  // [n][passes][act row bytes] quantized x for gate / up
+  std::vector<uint8_t> hq;           // [max_tokens * k][passes][act row bytes] quantized down inputs
+  std::unique_ptr<std::atomic<int32_t>[]> items_done;  // [n_expert] gate+up items finished per active expert
 };
+
+// How moe_experts runs a decode-sized batch (see moe_ffn.cpp). Every choice gives the same bytes.
+struct MoeOptions {
+  // The fused decode path (n <= kMoeFusedMaxTokens, fast modes): 2 parallel regions per call, swiglu
+  // and the down-input quantization inside the gate+up region, the weighted sum inside the down region.
+  // false: the general path (matmul_many for gate+up, a swiglu region, matmul_many for down, a serial
+  // weighted sum).
+  bool fused = true;
+  // Software prefetch distance in bytes ahead of the weight row being read (0: none).
+  int prefetch_bytes = 0;
+  // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down).
+  int item_bytes = 32 << 10;
+  // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_ITEM_KIB, read once.
+  static const MoeOptions& from_env();
+};
+constexpr int64_t kMoeFusedMaxTokens = 8;
 
 // x: [n][n_embd]; ids, w: [n][k]; out: [n][n_embd] (overwritten).
 // A negative id means "not here" (the GPU backend sets the pairs its expert cache runs to -1 and gives
@@ -39,5 +62,9 @@ class MoeScratch {
 void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
                  const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
                  ThreadPool& pool, MatmulMode mode);
+// As above with explicit options (the benchmark compares them in one process).
+void moe_experts(const ExpertWeights& ew, const float* x, int64_t n, const int32_t* ids,
+                 const float* w, int k, float* out, MoeScratch& s, cpu::MatmulBatch& mb,
+                 ThreadPool& pool, MatmulMode mode, const MoeOptions& opt);
 
 }  // namespace strata
