@@ -22,14 +22,16 @@ MoeScratch::MoeScratch(int64_t max_tokens_, int k_, int n_expert, int64_t n_embd
       d(static_cast<size_t>(max_tokens_ * k_ * n_embd)),
       max_tokens(max_tokens_),
       k(k_),
-      items_done(std::make_unique<std::atomic<int32_t>[]>(static_cast<size_t>(n_expert))) {
+      n_sync(static_cast<size_t>(n_expert + n_embd / 16 + 1)),
+      items_done(std::make_unique<std::atomic<int32_t>[]>(n_sync)) {
   active.reserve(static_cast<size_t>(n_expert));
 }
 
 size_t MoeScratch::memory_bytes() const {
   return (xe.size() + g.size() + u.size() + d.size()) * 4 +
          (offset.size() + fill.size() + row_of.size() + tok_of.size() + active.capacity()) * 4 + xq_gate.size() +
-         xq_up.size() + hq.size() + fill.size() * sizeof(std::atomic<int32_t>);
+         xq_up.size() + hq.size() +
+         n_sync * sizeof(std::atomic<int32_t>);
 }
 
 const MoeOptions& MoeOptions::from_env() {
@@ -110,8 +112,9 @@ int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int6
 //    computes the range's gate and up rows for each token of the expert, then swiglu on them (in
 //    s.g); the thread that finishes an expert's last item quantizes that expert's swiglu rows for
 //    down (s.hq), so the down region needs no quantization pass.
-// 2. down: items = ranges of n_embd rows. An item computes its rows of every active expert's down
-//    product for each of its tokens (s.d), then the slot-ordered weighted sum of those rows (out).
+// 2. down: items (active expert, range of n_embd rows), each a contiguous ~item_bytes of weights (a
+//    long stream for the prefetchers); all experts are cut at the same rows, and the thread finishing
+//    the last expert of a range writes the slot-ordered weighted sum of those rows (out).
 // Same kernels, same quantized activations, same swiglu and same sum order as the general path:
 // the same bytes (tests/test_moe_decode_path.cpp).
 void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* w, int k, float* out,
@@ -180,25 +183,28 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     });
   }
 
-  const int64_t rows2 = item_rows(opt.item_bytes, fd.rb * std::max<int64_t>(1, n_act), 16, n_embd);
-  const int64_t per2 = (n_embd + rows2 - 1) / rows2;
-  pool.parallel_for(per2, 1, [&](int64_t c0, int64_t c1, int) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
-      for (int64_t a = 0; a < n_act; ++a) {
-        const int e = act[a];
-        const uint8_t* dw = ew.down.matrix(e);
-        if (pf > 0) {  // this expert's slice at the start; the next expert's slice while this one runs
-          if (a == 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dw + r1 * fd.rb));
-          if (a + 1 < n_act) {
-            const uint8_t* nw = ew.down.matrix(act[a + 1]);
-            prefetch_range(nw + r0 * fd.rb, std::min(nw + r0 * fd.rb + pf, nw + r1 * fd.rb));
-          }
-        }
-        const int64_t R0 = off[e];
-        fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dw + r1 * fd.rb);
-      }
-      // Weighted sum of rows [r0, r1) in slot order (as the general path); no pair here: 0.
+  if (n_act == 0) {  // no pair runs here: every token's sum is 0
+    std::fill(out, out + n * n_embd, 0.0f);
+    return;
+  }
+  // Down: items (active expert, range of n_embd rows), expert-major, every expert cut at the same rows,
+  // so range c of all experts covers the same output rows; the thread that finishes the last expert of
+  // range c writes the weighted sum of those rows.
+  const int64_t rows2 = item_rows(opt.item_bytes, fd.rb, 16, n_embd);
+  const int64_t per2 = (n_embd + rows2 - 1) / rows2;  // ranges (<= n_embd / 16 + 1: scratch size)
+  std::atomic<int32_t>* range_done = done + n_expert;
+  for (int64_t c = 0; c < per2; ++c) range_done[c].store(0, std::memory_order_relaxed);
+  pool.parallel_for(n_act * per2, 1, [&](int64_t i0, int64_t i1, int) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t a = i / per2, c = i % per2, r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
+      const int e = act[a];
+      const uint8_t* dw = ew.down.matrix(e);
+      const uint8_t* dend = dw + r1 * fd.rb;
+      if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend));
+      const int64_t R0 = off[e];
+      fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend);
+      if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) continue;
+      // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
       for (int64_t t = 0; t < n; ++t) {
         float* o = out + t * n_embd;
         bool first = true;
@@ -208,9 +214,9 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
           const float wj = w[t * k + j];
           const float* dr = d + static_cast<int64_t>(row) * n_embd;
           if (first)
-            for (int64_t i = r0; i < r1; ++i) o[i] = wj * dr[i];
+            for (int64_t x = r0; x < r1; ++x) o[x] = wj * dr[x];
           else
-            for (int64_t i = r0; i < r1; ++i) o[i] += wj * dr[i];
+            for (int64_t x = r0; x < r1; ++x) o[x] += wj * dr[x];
           first = false;
         }
         if (first) std::fill(o + r0, o + r1, 0.0f);

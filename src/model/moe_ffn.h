@@ -37,7 +37,10 @@ class MoeScratch {
   std::vector<int32_t> active;       // [<= n_expert] experts with at least one pair, ascending
   std::vector<uint8_t> xq_gate, xq_up;  // [n][passes][act row bytes] quantized x for gate / up
   std::vector<uint8_t> hq;           // [max_tokens * k][passes][act row bytes] quantized down inputs
-  std::unique_ptr<std::atomic<int32_t>[]> items_done;  // [n_expert] gate+up items finished per active expert
+  size_t n_sync;  // n_expert + n_embd / 16 + 1
+  // [n_expert] gate+up items finished per active expert, then [n_embd / 16 + 1] experts finished per
+  // down row range
+  std::unique_ptr<std::atomic<int32_t>[]> items_done;
 };
 
 // How moe_experts runs a decode-sized batch (see moe_ffn.cpp). Every choice gives the same bytes.
@@ -47,8 +50,9 @@ struct MoeOptions {
   // false: the general path (matmul_many for gate+up, a swiglu region, matmul_many for down, a serial
   // weighted sum).
   bool fused = true;
-  // Software prefetch distance in bytes ahead of the weight row being read (0: none).
-  int prefetch_bytes = 0;
+  // Software prefetch distance in bytes ahead of the weight row being read (0: none). Why: the
+  // hardware streamers restart at every 4 KiB page and a 32 KiB item spans 8 of them.
+  int prefetch_bytes = 2048;
   // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down).
   int item_bytes = 32 << 10;
   // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_ITEM_KIB, read once.
