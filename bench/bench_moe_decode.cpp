@@ -16,8 +16,8 @@
 //   MoeExperts      the engine's default (MoeOptions::from_env(): STRATA_MOE_* or the built-in default)
 //   MoeGeneral      the general path (matmul_many gate+up, swiglu region, matmul_many down, serial sum):
 //                   the path before the fused one; x_general = MoeGeneral time / this time (> 1: faster)
-//   MoeFused_*      the fused decode path with one option changed: pfN = prefetch N bytes ahead (pf0:
-//                   none), itemN = N KiB of weights per work item
+//   MoeFused_*      the fused decode path, built-in defaults with one option changed: pfN_L2 / pfN_L1 =
+//                   prefetch N bytes ahead into L2 / L1 (pf0: none), itemNk = N KiB of weights per item
 // Args: n / active experts of 8 / threads (0 = all) / pages (0: the weights on 4 KiB pages
 // (MADV_NOHUGEPAGE), 1: on 2 MiB pages (MADV_HUGEPAGE; the header says how much the kernel gave)).
 #include <benchmark/benchmark.h>
@@ -256,7 +256,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string name = r.run_name.function_name;
       auto it = r.counters.find("GB/s");
       if (it == r.counters.end()) continue;
-      const std::string key = r.run_name.args;
+      // With --benchmark_repetitions: single runs pair with single runs, mean/median with mean/median.
+      if (r.aggregate_name == "stddev" || r.aggregate_name == "cv") continue;
+      const std::string key = r.run_name.args + "|" + r.aggregate_name;
       if (name.find("MemcpySame") != std::string::npos) {
         memcpy_[key] = it->second.value;
         continue;
@@ -285,27 +287,35 @@ int main(int argc, char** argv) {
               static_cast<long long>(kEmbd), static_cast<long long>(kFf), kExperts, kTopK,
               std::string(type_name(kType)).c_str(), static_cast<long long>(layer().matrix_bytes), all_threads(),
               std::string(cpu_level_name(cpu_level())).c_str());
-  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, prefetch %d bytes, item %d KiB; pages/1: "
+  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, prefetch %d bytes into %s, item %d KiB; pages/1: "
               "AnonHugePages %ld of %lld kB (gate stack), pages/0: %ld kB\n",
-              int(env.fused), env.prefetch_bytes, env.item_bytes >> 10, anon_huge_kb(layer(1).gate.data()),
+              int(env.fused), env.prefetch_bytes, env.prefetch_l2 ? "L2" : "L1", env.item_bytes >> 10,
+              anon_huge_kb(layer(1).gate.data()),
               static_cast<long long>(layer(1).gate.bytes >> 10), anon_huge_kb(layer(0).gate.data()));
   auto general = [] {
     MoeOptions o;
     o.fused = false;
     return o;
   };
-  auto fused = [](int pf, int item_kib) {
+  // The built-in defaults with one option changed.
+  auto fused = [](int pf, bool l2, int item_kib) {
     MoeOptions o;
     o.fused = true;
     o.prefetch_bytes = pf;
+    o.prefetch_l2 = l2;
     o.item_bytes = item_kib << 10;
     return o;
   };
-  const int dflt_pf = MoeOptions{}.prefetch_bytes;
+  const MoeOptions d;
   const std::vector<std::pair<std::string, MoeOptions>> variants = {
-      {"MoeFused_pf0", fused(0, 32)},         {"MoeFused_pf1024", fused(1024, 32)},
-      {"MoeFused_pf4096", fused(4096, 32)},   {"MoeFused_pf8192", fused(8192, 32)},
-      {"MoeFused_item16k", fused(dflt_pf, 16)}, {"MoeFused_item64k", fused(dflt_pf, 64)}};
+      {"MoeFused_pf0", fused(0, d.prefetch_l2, 32)},
+      {"MoeFused_pf1024_L2", fused(1024, true, 32)},
+      {"MoeFused_pf4096_L2", fused(4096, true, 32)},
+      {"MoeFused_pf8192_L2", fused(8192, true, 32)},
+      {"MoeFused_pf1024_L1", fused(1024, false, 32)},
+      {"MoeFused_pf4096_L1", fused(4096, false, 32)},
+      {"MoeFused_item16k", fused(d.prefetch_bytes, d.prefetch_l2, 16)},
+      {"MoeFused_item64k", fused(d.prefetch_bytes, d.prefetch_l2, 64)}};
   auto reg = [](const std::string& name, MoeOptions o, std::vector<int64_t> args) {
     benchmark::RegisterBenchmark(name.c_str(), [o](benchmark::State& st) { BM_Moe(st, o); })
         ->Args(args)->UseRealTime()->Unit(benchmark::kMicrosecond);

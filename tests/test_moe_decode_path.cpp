@@ -6,6 +6,7 @@
 //   computation on gathered copies (separate matmul() calls, swiglu, weighted sum in slot order).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -192,11 +193,12 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
               moe_experts(ew, x.data(), n, ids.data(), w.data(), k, out0.data(), s0, mb, pool, mode, general);
               ASSERT_EQ(0, std::memcmp(out0.data(), ref.data(), out0.size() * 4));
               EXPECT_TRUE(s0.hq.empty());  // the general path never touches the fused path's buffers
-              for (int pf : {0, 256, 4096}) {
+              for (int pf : {0, 256, 4096, -4096}) {  // negative: that distance into L1
                 for (int item : {1, 4096, 32 << 10, 1 << 20}) {
                   MoeOptions o;
                   o.fused = true;
-                  o.prefetch_bytes = pf;
+                  o.prefetch_bytes = std::abs(pf);
+                  o.prefetch_l2 = pf >= 0;
                   o.item_bytes = item;
                   MoeScratch s(n, k, X, E, F);
                   std::vector<float> out(n * E, 99.0f);

@@ -39,6 +39,7 @@ const MoeOptions& MoeOptions::from_env() {
     MoeOptions o;
     if (const char* v = std::getenv("STRATA_MOE_FUSED")) o.fused = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH")) o.prefetch_bytes = std::max(0, std::atoi(v));
+    if (const char* v = std::getenv("STRATA_MOE_PREFETCH_L2")) o.prefetch_l2 = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_ITEM_KIB")) o.item_bytes = std::max(1, std::atoi(v)) << 10;
     return o;
   }();
@@ -47,9 +48,12 @@ const MoeOptions& MoeOptions::from_env() {
 
 namespace {
 
-// Prefetches the cache lines of [p, end) into L1.
-inline void prefetch_range(const uint8_t* p, const uint8_t* end) {
-  for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
+// Prefetches the cache lines of [p, end) into L2 (l2) or L1.
+inline void prefetch_range(const uint8_t* p, const uint8_t* end, bool l2) {
+  if (l2)
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
+  else
+    for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
 }
 
 // One matrix of the fused path: its kernel and the layout of its quantized activations.
@@ -74,11 +78,11 @@ struct FusedMat {
   // bit-identical to fn), so the same values. pf > 0: prefetch pf bytes ahead of the row being read,
   // not past `pf_end`.
   void rows(const uint8_t* w, int64_t r0, int64_t r1, const uint8_t* xq, int64_t cnt, float* y, int64_t y_stride,
-            int64_t pf, const uint8_t* pf_end) const {
+            int64_t pf, const uint8_t* pf_end, bool pf_l2) const {
     const int64_t ab = act_bytes();
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* wr = w + r * rb;
-      if (pf > 0) prefetch_range(wr + pf, std::min(wr + pf + rb, pf_end));
+      if (pf > 0) prefetch_range(wr + pf, std::min(wr + pf + rb, pf_end), pf_l2);
       int64_t t = 0;
       if (passes == 2) {
         if (k.fn4)  // two tokens' two passes per weight decode
@@ -151,6 +155,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const int32_t* tok = s.tok_of.data();
   std::atomic<int32_t>* done = s.items_done.get();
   const int64_t pf = opt.prefetch_bytes;
+  const bool l2 = opt.prefetch_l2;
 
   if (n_act > 0) {
     const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
@@ -166,14 +171,14 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
         const uint8_t* gend = gw + r1 * fg.rb;
         const uint8_t* uend = uw + r1 * fu.rb;
         if (pf > 0) {
-          prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend));
-          prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend));
+          prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend), l2);
+          prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend), l2);
         }
         // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
         for (int64_t R = R0; R < R1; ++R)
-          fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend);
+          fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend, l2);
         for (int64_t R = R0; R < R1; ++R)
-          fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend);
+          fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend, l2);
         for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
         // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
         if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1)
@@ -200,9 +205,9 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
       const int e = act[a];
       const uint8_t* dw = ew.down.matrix(e);
       const uint8_t* dend = dw + r1 * fd.rb;
-      if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend));
+      if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend), l2);
       const int64_t R0 = off[e];
-      fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend);
+      fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend, l2);
       if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) continue;
       // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
       for (int64_t t = 0; t < n; ++t) {

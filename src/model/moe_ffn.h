@@ -51,11 +51,16 @@ struct MoeOptions {
   // weighted sum).
   bool fused = true;
   // Software prefetch distance in bytes ahead of the weight row being read (0: none). Why: the
-  // hardware streamers restart at every 4 KiB page and a 32 KiB item spans 8 of them.
-  int prefetch_bytes = 2048;
+  // hardware streamers restart at every 4 KiB page (a 32 KiB item spans 8 of them), and a row kernel's
+  // out-of-order window covers ~1 KiB of weights, too little to hide a DRAM miss by itself.
+  int prefetch_bytes = 4096;
+  // true: prefetch into L2 (prefetcht1: the line does not hold an L1 fill buffer for the whole DRAM
+  // latency); false: into L1 (prefetcht0).
+  bool prefetch_l2 = true;
   // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down).
   int item_bytes = 32 << 10;
-  // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_ITEM_KIB, read once.
+  // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_PREFETCH_L2 (0/1),
+  // STRATA_MOE_ITEM_KIB; read once.
   static const MoeOptions& from_env();
 };
 constexpr int64_t kMoeFusedMaxTokens = 8;
