@@ -17,7 +17,8 @@
 //   MoeGeneral      the general path (matmul_many gate+up, swiglu region, matmul_many down, serial sum):
 //                   the path before the fused one; x_general = MoeGeneral time / this time (> 1: faster)
 //   MoeFused_*      the fused decode path, built-in defaults with one option changed: pfN_L2 / pfN_L1 =
-//                   prefetch N bytes ahead into L2 / L1 (pf0: none), itemNk = N KiB of weights per item
+//                   prefetch N bytes ahead into L2 / L1 (pf0: none), two_regions = gate+up and down in
+//                   separate parallel regions, itemNk = N KiB of weights per item
 // Args: n / active experts of 8 / threads (0 = all) / pages (0: the weights on 4 KiB pages
 // (MADV_NOHUGEPAGE), 1: on 2 MiB pages (MADV_HUGEPAGE; the header says how much the kernel gave)).
 #include <benchmark/benchmark.h>
@@ -287,9 +288,9 @@ int main(int argc, char** argv) {
               static_cast<long long>(kEmbd), static_cast<long long>(kFf), kExperts, kTopK,
               std::string(type_name(kType)).c_str(), static_cast<long long>(layer().matrix_bytes), all_threads(),
               std::string(cpu_level_name(cpu_level())).c_str());
-  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, prefetch %d bytes into %s, item %d KiB; pages/1: "
+  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, one region %d, prefetch %d bytes into %s, item %d KiB; pages/1: "
               "AnonHugePages %ld of %lld kB (gate stack), pages/0: %ld kB\n",
-              int(env.fused), env.prefetch_bytes, env.prefetch_l2 ? "L2" : "L1", env.item_bytes >> 10,
+              int(env.fused), int(env.one_region), env.prefetch_bytes, env.prefetch_l2 ? "L2" : "L1", env.item_bytes >> 10,
               anon_huge_kb(layer(1).gate.data()),
               static_cast<long long>(layer(1).gate.bytes >> 10), anon_huge_kb(layer(0).gate.data()));
   auto general = [] {
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
   };
   // The built-in defaults with one option changed.
   auto fused = [](int pf, bool l2, int item_kib) {
-    MoeOptions o;
+    MoeOptions o;  // (one_region: the default)
     o.fused = true;
     o.prefetch_bytes = pf;
     o.prefetch_l2 = l2;
@@ -314,6 +315,11 @@ int main(int argc, char** argv) {
       {"MoeFused_pf8192_L2", fused(8192, true, 32)},
       {"MoeFused_pf1024_L1", fused(1024, false, 32)},
       {"MoeFused_pf4096_L1", fused(4096, false, 32)},
+      {"MoeFused_two_regions", [&] {
+         MoeOptions o = d;
+         o.one_region = false;
+         return o;
+       }()},
       {"MoeFused_item16k", fused(d.prefetch_bytes, d.prefetch_l2, 16)},
       {"MoeFused_item64k", fused(d.prefetch_bytes, d.prefetch_l2, 64)}};
   auto reg = [](const std::string& name, MoeOptions o, std::vector<int64_t> args) {

@@ -194,9 +194,11 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
               ASSERT_EQ(0, std::memcmp(out0.data(), ref.data(), out0.size() * 4));
               EXPECT_TRUE(s0.hq.empty());  // the general path never touches the fused path's buffers
               for (int pf : {0, 256, 4096, -4096}) {  // negative: that distance into L1
-                for (int item : {1, 4096, 32 << 10, 1 << 20}) {
+                for (int item : {1, 4096, 32 << 10, 1 << 20})
+                for (bool one_region : {true, false}) {
                   MoeOptions o;
                   o.fused = true;
+                  o.one_region = one_region;
                   o.prefetch_bytes = std::abs(pf);
                   o.prefetch_l2 = pf >= 0;
                   o.item_bytes = item;
@@ -207,7 +209,7 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
                     ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4))
                         << type_name(ty.g) << "/" << type_name(ty.u) << "/" << type_name(ty.d) << " threads "
                         << threads << " mode " << int(mode) << " n " << n << " active " << active << " shared "
-                        << shared << " prefetch " << pf << " item " << item << " rep " << rep;
+                        << shared << " prefetch " << pf << " item " << item << " one region " << one_region << " rep " << rep;
                   }
                   // The fused path ran (it quantizes the down inputs into s.hq) iff n is decode-sized
                   // and some pair runs here.

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 #include "common/error.h"
 #include "cpu/cpu_features.h"
@@ -22,7 +27,7 @@ MoeScratch::MoeScratch(int64_t max_tokens_, int k_, int n_expert, int64_t n_embd
       d(static_cast<size_t>(max_tokens_ * k_ * n_embd)),
       max_tokens(max_tokens_),
       k(k_),
-      n_sync(static_cast<size_t>(n_expert + n_embd / 16 + 1)),
+      n_sync(static_cast<size_t>(2 * n_expert + n_embd / 16 + 1)),
       items_done(std::make_unique<std::atomic<int32_t>[]>(n_sync)) {
   active.reserve(static_cast<size_t>(n_expert));
 }
@@ -40,6 +45,7 @@ const MoeOptions& MoeOptions::from_env() {
     if (const char* v = std::getenv("STRATA_MOE_FUSED")) o.fused = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH")) o.prefetch_bytes = std::max(0, std::atoi(v));
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH_L2")) o.prefetch_l2 = std::atoi(v) != 0;
+    if (const char* v = std::getenv("STRATA_MOE_ONE_REGION")) o.one_region = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_ITEM_KIB")) o.item_bytes = std::max(1, std::atoi(v)) << 10;
     return o;
   }();
@@ -47,6 +53,12 @@ const MoeOptions& MoeOptions::from_env() {
 }
 
 namespace {
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define STRATA_MOE_RELAX() _mm_pause()
+#else
+#define STRATA_MOE_RELAX() std::this_thread::yield()
+#endif
 
 // Prefetches the cache lines of [p, end) into L2 (l2) or L1.
 inline void prefetch_range(const uint8_t* p, const uint8_t* end, bool l2) {
@@ -131,6 +143,10 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   for (int e = 0; e < n_expert; ++e)
     if (s.offset[e + 1] > s.offset[e]) s.active.push_back(e);
   const int64_t n_act = static_cast<int64_t>(s.active.size());
+  if (n_act == 0) {  // no pair runs here: every token's sum is 0
+    std::fill(out, out + n * n_embd, 0.0f);
+    return;
+  }
   // Token activations, quantized once per token for gate (and for up when its format needs others).
   const bool same_acts = fg.k.act == fu.k.act && fg.passes == fu.passes;
   auto grow = [](std::vector<uint8_t>& v, int64_t bytes) {
@@ -139,7 +155,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   grow(s.xq_gate, n * fg.act_bytes());
   if (!same_acts) grow(s.xq_up, n * fu.act_bytes());
   grow(s.hq, n_rows * fd.act_bytes());
-  for (int64_t t = 0; t < n && n_act > 0; ++t) {
+  for (int64_t t = 0; t < n; ++t) {
     q::quantize_act_row_passes(fg.k.act, x + t * n_embd, s.xq_gate.data() + t * fg.act_bytes(), n_embd, fg.passes);
     if (!same_acts)
       q::quantize_act_row_passes(fu.k.act, x + t * n_embd, s.xq_up.data() + t * fu.act_bytes(), n_embd, fu.passes);
@@ -153,81 +169,112 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const int32_t* act = s.active.data();
   const int32_t* off = s.offset.data();
   const int32_t* tok = s.tok_of.data();
+  // Counters (scratch): gate+up items done per active expert, down inputs ready per active expert,
+  // experts done per down row range.
   std::atomic<int32_t>* done = s.items_done.get();
+  std::atomic<int32_t>* ready = done + n_expert;
+  std::atomic<int32_t>* range_done = done + 2 * n_expert;
   const int64_t pf = opt.prefetch_bytes;
   const bool l2 = opt.prefetch_l2;
-
-  if (n_act > 0) {
-    const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
-    const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // items per expert
-    for (int64_t a = 0; a < n_act; ++a) done[a].store(0, std::memory_order_relaxed);
-    pool.parallel_for(n_act * per1, 1, [&](int64_t i0, int64_t i1, int) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t a = i / per1, r0 = (i % per1) * rows1, r1 = std::min(n_ff, r0 + rows1);
-        const int e = act[a];
-        const int64_t R0 = off[e], R1 = off[e + 1];
-        const uint8_t* gw = ew.gate.matrix(e);
-        const uint8_t* uw = ew.up.matrix(e);
-        const uint8_t* gend = gw + r1 * fg.rb;
-        const uint8_t* uend = uw + r1 * fu.rb;
-        if (pf > 0) {
-          prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend), l2);
-          prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend), l2);
-        }
-        // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
-        for (int64_t R = R0; R < R1; ++R)
-          fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend, l2);
-        for (int64_t R = R0; R < R1; ++R)
-          fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend, l2);
-        for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
-        // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
-        if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1)
-          for (int64_t R = R0; R < R1; ++R)
-            q::quantize_act_row_passes(fd.k.act, g + R * n_ff, hq + R * fd.act_bytes(), n_ff, fd.passes);
-      }
-    });
-  }
-
-  if (n_act == 0) {  // no pair runs here: every token's sum is 0
-    std::fill(out, out + n * n_embd, 0.0f);
-    return;
-  }
-  // Down: items (active expert, range of n_embd rows), expert-major, every expert cut at the same rows,
-  // so range c of all experts covers the same output rows; the thread that finishes the last expert of
-  // range c writes the weighted sum of those rows.
+  const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
+  const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // gate+up items per expert
+  // Down: every expert cut at the same rows, so range c of all experts covers the same output rows.
   const int64_t rows2 = item_rows(opt.item_bytes, fd.rb, 16, n_embd);
   const int64_t per2 = (n_embd + rows2 - 1) / rows2;  // ranges (<= n_embd / 16 + 1: scratch size)
-  std::atomic<int32_t>* range_done = done + n_expert;
+  for (int64_t a = 0; a < n_act; ++a) {
+    done[a].store(0, std::memory_order_relaxed);
+    ready[a].store(0, std::memory_order_relaxed);
+  }
   for (int64_t c = 0; c < per2; ++c) range_done[c].store(0, std::memory_order_relaxed);
-  pool.parallel_for(n_act * per2, 1, [&](int64_t i0, int64_t i1, int) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t a = i / per2, c = i % per2, r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
-      const int e = act[a];
-      const uint8_t* dw = ew.down.matrix(e);
-      const uint8_t* dend = dw + r1 * fd.rb;
-      if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend), l2);
-      const int64_t R0 = off[e];
-      fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend, l2);
-      if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) continue;
-      // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
-      for (int64_t t = 0; t < n; ++t) {
-        float* o = out + t * n_embd;
-        bool first = true;
-        for (int j = 0; j < k; ++j) {
-          const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
-          if (row < 0) continue;
-          const float wj = w[t * k + j];
-          const float* dr = d + static_cast<int64_t>(row) * n_embd;
-          if (first)
-            for (int64_t x = r0; x < r1; ++x) o[x] = wj * dr[x];
-          else
-            for (int64_t x = r0; x < r1; ++x) o[x] += wj * dr[x];
-          first = false;
-        }
-        if (first) std::fill(o + r0, o + r1, 0.0f);
-      }
+
+  // Gate+up item i (expert-major): gate and up rows of one range for each token of the expert, swiglu
+  // on them; the expert's last item quantizes its swiglu rows for down and marks them ready.
+  auto gate_up_item = [&](int64_t i) {
+    const int64_t a = i / per1, r0 = (i % per1) * rows1, r1 = std::min(n_ff, r0 + rows1);
+    const int e = act[a];
+    const int64_t R0 = off[e], R1 = off[e + 1];
+    const uint8_t* gw = ew.gate.matrix(e);
+    const uint8_t* uw = ew.up.matrix(e);
+    const uint8_t* gend = gw + r1 * fg.rb;
+    const uint8_t* uend = uw + r1 * fu.rb;
+    if (pf > 0) {
+      prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend), l2);
+      prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend), l2);
     }
-  });
+    // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
+    for (int64_t R = R0; R < R1; ++R)
+      fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend, l2);
+    for (int64_t R = R0; R < R1; ++R)
+      fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend, l2);
+    for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
+    // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
+    if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {
+      for (int64_t R = R0; R < R1; ++R)
+        q::quantize_act_row_passes(fd.k.act, g + R * n_ff, hq + R * fd.act_bytes(), n_ff, fd.passes);
+      ready[a].store(1, std::memory_order_release);
+    }
+  };
+  // Down item i (expert-major): one row range of the expert's down product for each of its tokens; the
+  // last expert to finish a range writes the weighted sum of those rows.
+  auto down_item = [&](int64_t i) {
+    const int64_t a = i / per2, c = i % per2, r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
+    const int e = act[a];
+    const uint8_t* dw = ew.down.matrix(e);
+    const uint8_t* dend = dw + r1 * fd.rb;
+    if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend), l2);
+    // One region: the expert's down inputs may still be in the making (only near the phase boundary:
+    // all gate+up items come first in the list, so they are all handed out already).
+    for (uint32_t spin = 0; ready[a].load(std::memory_order_acquire) == 0; ++spin) {
+      if (spin < 4096)
+        STRATA_MOE_RELAX();
+      else
+        std::this_thread::yield();  // the producer may be waiting for a core
+    }
+    const int64_t R0 = off[e];
+    fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend, l2);
+    if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) return;
+    // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = out + t * n_embd;
+      bool first = true;
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
+        if (row < 0) continue;
+        const float wj = w[t * k + j];
+        const float* dr = d + static_cast<int64_t>(row) * n_embd;
+        if (first)
+          for (int64_t y = r0; y < r1; ++y) o[y] = wj * dr[y];
+        else
+          for (int64_t y = r0; y < r1; ++y) o[y] += wj * dr[y];
+        first = false;
+      }
+      if (first) std::fill(o + r0, o + r1, 0.0f);
+    }
+  };
+  const int64_t n1 = n_act * per1, n2 = n_act * per2;
+  if (opt.one_region) {
+    pool.parallel_for(n1 + n2, 1, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) {
+        if (i >= n1) {
+          down_item(i - n1);
+          continue;
+        }
+        try {
+          gate_up_item(i);
+        } catch (...) {  // (allocation failure) release the down items waiting; the pool rethrows it
+          for (int64_t a = 0; a < n_act; ++a) ready[a].store(1, std::memory_order_release);
+          throw;
+        }
+      }
+    });
+  } else {
+    pool.parallel_for(n1, 1, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) gate_up_item(i);
+    });
+    pool.parallel_for(n2, 1, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) down_item(i);
+    });
+  }
 }
 
 }  // namespace

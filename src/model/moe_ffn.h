@@ -37,15 +37,15 @@ class MoeScratch {
   std::vector<int32_t> active;       // [<= n_expert] experts with at least one pair, ascending
   std::vector<uint8_t> xq_gate, xq_up;  // [n][passes][act row bytes] quantized x for gate / up
   std::vector<uint8_t> hq;           // [max_tokens * k][passes][act row bytes] quantized down inputs
-  size_t n_sync;  // n_expert + n_embd / 16 + 1
-  // [n_expert] gate+up items finished per active expert, then [n_embd / 16 + 1] experts finished per
-  // down row range
+  size_t n_sync;  // 2 * n_expert + n_embd / 16 + 1
+  // [n_expert] gate+up items finished per active expert, [n_expert] its down inputs ready, then
+  // [n_embd / 16 + 1] experts finished per down row range
   std::unique_ptr<std::atomic<int32_t>[]> items_done;
 };
 
 // How moe_experts runs a decode-sized batch (see moe_ffn.cpp). Every choice gives the same bytes.
 struct MoeOptions {
-  // The fused decode path (n <= kMoeFusedMaxTokens, fast modes): 2 parallel regions per call, swiglu
+  // The fused decode path (n <= kMoeFusedMaxTokens, fast modes): 1 or 2 parallel regions per call, swiglu
   // and the down-input quantization inside the gate+up region, the weighted sum inside the down region.
   // false: the general path (matmul_many for gate+up, a swiglu region, matmul_many for down, a serial
   // weighted sum).
@@ -57,10 +57,13 @@ struct MoeOptions {
   // true: prefetch into L2 (prefetcht1: the line does not hold an L1 fill buffer for the whole DRAM
   // latency); false: into L1 (prefetcht0).
   bool prefetch_l2 = true;
+  // One parallel region instead of 2: the down items follow the gate+up items in one list, and a down
+  // item whose expert's inputs are not quantized yet waits for them (only near the phase boundary).
+  bool one_region = true;
   // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down).
   int item_bytes = 32 << 10;
   // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_PREFETCH_L2 (0/1),
-  // STRATA_MOE_ITEM_KIB; read once.
+  // STRATA_MOE_ONE_REGION (0/1), STRATA_MOE_ITEM_KIB; read once.
   static const MoeOptions& from_env();
 };
 constexpr int64_t kMoeFusedMaxTokens = 8;
