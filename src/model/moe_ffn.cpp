@@ -60,13 +60,44 @@ namespace {
 #define STRATA_MOE_RELAX() std::this_thread::yield()
 #endif
 
-// Prefetches the cache lines of [p, end) into L2 (l2) or L1.
+// Prefetches the cache lines that hold [p, end) into L2 (l2) or L1.
 inline void prefetch_range(const uint8_t* p, const uint8_t* end, bool l2) {
+  p = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63));
   if (l2)
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 2);
   else
     for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
 }
+
+// Software prefetch of one work item's weights, read as one stream over up to 2 contiguous segments
+// (gate rows then up rows): start() prefetches the first `dist` bytes, and each row read advances the
+// window by that row's bytes, so prefetches stay `dist` bytes ahead of the reader, never past the item.
+class PrefetchStream {
+ public:
+  PrefetchStream(int64_t dist, bool l2) : dist_(dist), l2_(l2) {}
+  void add(const uint8_t* begin, const uint8_t* end) { seg_[n_++] = {begin, end}; }
+  void start() { advance(dist_); }
+  void advance(int64_t bytes) {
+    while (bytes > 0 && i_ < n_) {
+      const uint8_t* p = seg_[i_].begin + pos_;
+      const int64_t len = std::min<int64_t>(bytes, seg_[i_].end - p);
+      prefetch_range(p, p + len, l2_);
+      pos_ += len;
+      bytes -= len;
+      if (seg_[i_].begin + pos_ >= seg_[i_].end) ++i_, pos_ = 0;
+    }
+  }
+
+ private:
+  struct Seg {
+    const uint8_t *begin, *end;
+  };
+  Seg seg_[2] = {};
+  int n_ = 0, i_ = 0;
+  int64_t pos_ = 0;  // bytes of segment i_ already prefetched
+  int64_t dist_;
+  bool l2_;
+};
 
 // One matrix of the fused path: its kernel and the layout of its quantized activations.
 struct FusedMat {
@@ -87,14 +118,13 @@ struct FusedMat {
 
   // y[t * y_stride + r] = row r of w . token t's activations (at xq + t * act_bytes()), r in [r0, r1),
   // t < cnt. The same kernel calls, in the same combination, as matmul_many's run_chunk (fn4 is
-  // bit-identical to fn), so the same values. pf > 0: prefetch pf bytes ahead of the row being read,
-  // not past `pf_end`.
+  // bit-identical to fn), so the same values. ps (may be null): advanced by each row read.
   void rows(const uint8_t* w, int64_t r0, int64_t r1, const uint8_t* xq, int64_t cnt, float* y, int64_t y_stride,
-            int64_t pf, const uint8_t* pf_end, bool pf_l2) const {
+            PrefetchStream* ps) const {
     const int64_t ab = act_bytes();
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* wr = w + r * rb;
-      if (pf > 0) prefetch_range(wr + pf, std::min(wr + pf + rb, pf_end), pf_l2);
+      if (ps) ps->advance(rb);
       int64_t t = 0;
       if (passes == 2) {
         if (k.fn4)  // two tokens' two passes per weight decode
@@ -197,15 +227,15 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     const uint8_t* uw = ew.up.matrix(e);
     const uint8_t* gend = gw + r1 * fg.rb;
     const uint8_t* uend = uw + r1 * fu.rb;
-    if (pf > 0) {
-      prefetch_range(gw + r0 * fg.rb, std::min(gw + r0 * fg.rb + pf, gend), l2);
-      prefetch_range(uw + r0 * fu.rb, std::min(uw + r0 * fu.rb + pf, uend), l2);
-    }
+    PrefetchStream ps(pf, l2);
+    ps.add(gw + r0 * fg.rb, gend);
+    ps.add(uw + r0 * fu.rb, uend);
+    if (pf > 0) ps.start();
     // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
     for (int64_t R = R0; R < R1; ++R)
-      fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf, gend, l2);
+      fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
     for (int64_t R = R0; R < R1; ++R)
-      fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf, uend, l2);
+      fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
     for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
     // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
     if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {
@@ -221,7 +251,9 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     const int e = act[a];
     const uint8_t* dw = ew.down.matrix(e);
     const uint8_t* dend = dw + r1 * fd.rb;
-    if (pf > 0) prefetch_range(dw + r0 * fd.rb, std::min(dw + r0 * fd.rb + pf, dend), l2);
+    PrefetchStream ps(pf, l2);
+    ps.add(dw + r0 * fd.rb, dend);
+    if (pf > 0) ps.start();
     // One region: the expert's down inputs may still be in the making (only near the phase boundary:
     // all gate+up items come first in the list, so they are all handed out already).
     for (uint32_t spin = 0; ready[a].load(std::memory_order_acquire) == 0; ++spin) {
@@ -231,7 +263,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
         std::this_thread::yield();  // the producer may be waiting for a core
     }
     const int64_t R0 = off[e];
-    fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf, dend, l2);
+    fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf > 0 ? &ps : nullptr);
     if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) return;
     // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
     for (int64_t t = 0; t < n; ++t) {
