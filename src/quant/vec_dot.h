@@ -32,6 +32,8 @@ static_assert(sizeof(BlockQ8A) == 40);
 void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n);
 // x: [n] f32 -> y: [n / 256] (n a multiple of 256), ggml's Q8_K rule (d = max / -127).
 void quantize_act_q8_k(const float* x, BlockQ8_K* y, int64_t n);
+// The same bytes with AVX2 (needs an AVX2 CPU; quantize_act_row picks it at that level).
+void quantize_act_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t n);
 
 // Bytes of one activation row of n values in `act` format.
 int64_t act_row_bytes(ActType act, int64_t n);
