@@ -18,7 +18,8 @@
 //                   the path before the fused one; x_general = MoeGeneral time / this time (> 1: faster)
 //   MoeFused_*      the fused decode path, built-in defaults with one option changed: pfN_L2 / pfN_L1 =
 //                   prefetch N bytes ahead into L2 / L1 (pf0: none), two_regions = gate+up and down in
-//                   separate parallel regions, itemNk = N KiB of weights per item
+//                   separate parallel regions, tail_off = the last expert's down items as large as
+//                   the others, itemNk = N KiB of weights per item
 // Args: n / active experts of 8 / threads (0 = all) / pages (0: the weights on 4 KiB pages
 // (MADV_NOHUGEPAGE), 1: on 2 MiB pages (MADV_HUGEPAGE; the header says how much the kernel gave)).
 #include <benchmark/benchmark.h>
@@ -288,9 +289,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(kEmbd), static_cast<long long>(kFf), kExperts, kTopK,
               std::string(type_name(kType)).c_str(), static_cast<long long>(layer().matrix_bytes), all_threads(),
               std::string(cpu_level_name(cpu_level())).c_str());
-  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, one region %d, prefetch %d bytes into %s, item %d KiB; pages/1: "
+  std::printf("MoeExperts options (STRATA_MOE_*): fused %d, one region %d, prefetch %d bytes into %s, item %d KiB, "
+              "tail item %d KiB; pages/1: "
               "AnonHugePages %ld of %lld kB (gate stack), pages/0: %ld kB\n",
               int(env.fused), int(env.one_region), env.prefetch_bytes, env.prefetch_l2 ? "L2" : "L1", env.item_bytes >> 10,
+              env.tail_item_bytes >> 10,
               anon_huge_kb(layer(1).gate.data()),
               static_cast<long long>(layer(1).gate.bytes >> 10), anon_huge_kb(layer(0).gate.data()));
   auto general = [] {
@@ -318,6 +321,11 @@ int main(int argc, char** argv) {
       {"MoeFused_two_regions", [&] {
          MoeOptions o = d;
          o.one_region = false;
+         return o;
+       }()},
+      {"MoeFused_tail_off", [&] {
+         MoeOptions o = d;
+         o.tail_item_bytes = 0;
          return o;
        }()},
       {"MoeFused_item16k", fused(d.prefetch_bytes, d.prefetch_l2, 16)},

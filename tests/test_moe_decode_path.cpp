@@ -199,6 +199,7 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
                   MoeOptions o;
                   o.fused = true;
                   o.one_region = one_region;
+                  o.tail_item_bytes = item == 4096 ? 0 : (item == 1 ? 1 << 20 : 1);  // off, larger, smaller
                   o.prefetch_bytes = std::abs(pf);
                   o.prefetch_l2 = pf >= 0;
                   o.item_bytes = item;

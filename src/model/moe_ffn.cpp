@@ -46,6 +46,7 @@ const MoeOptions& MoeOptions::from_env() {
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH")) o.prefetch_bytes = std::max(0, std::atoi(v));
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH_L2")) o.prefetch_l2 = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_ONE_REGION")) o.one_region = std::atoi(v) != 0;
+    if (const char* v = std::getenv("STRATA_MOE_TAIL_KIB")) o.tail_item_bytes = std::max(0, std::atoi(v)) << 10;
     if (const char* v = std::getenv("STRATA_MOE_ITEM_KIB")) o.item_bytes = std::max(1, std::atoi(v)) << 10;
     return o;
   }();
@@ -152,15 +153,17 @@ int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int6
   return std::min(r, (total + align - 1) / align * align);
 }
 
-// The fused decode path (n <= kMoeFusedMaxTokens, an integer kernel for all three matrices). Two
-// parallel regions and no serial work between them:
-// 1. gate+up: one flat list of items (active expert, range of n_ff rows), expert-major. An item
-//    computes the range's gate and up rows for each token of the expert, then swiglu on them (in
-//    s.g); the thread that finishes an expert's last item quantizes that expert's swiglu rows for
-//    down (s.hq), so the down region needs no quantization pass.
-// 2. down: items (active expert, range of n_embd rows), each a contiguous ~item_bytes of weights (a
-//    long stream for the prefetchers); all experts are cut at the same rows, and the thread finishing
-//    the last expert of a range writes the slot-ordered weighted sum of those rows (out).
+// The fused decode path (n <= kMoeFusedMaxTokens, an integer kernel for all three matrices): one
+// parallel region (or two, MoeOptions::one_region = false) and no serial work between the phases:
+// 1. gate+up items (active expert, range of n_ff rows), expert-major. An item computes the range's
+//    gate and up rows for each token of the expert, then swiglu on them (in s.g); the thread that
+//    finishes an expert's last item quantizes that expert's swiglu rows for down (s.hq) and marks
+//    them ready.
+// 2. down items (active expert, range of n_embd rows: ~item_bytes of contiguous weights, a long
+//    stream for the prefetchers; the last expert in smaller items, tail_item_bytes), after all gate+up
+//    items in the same list; an item waits for its expert's inputs if they are not ready yet (only at
+//    the boundary). The thread finishing the last expert of a 16-row unit of the output writes the
+//    slot-ordered weighted sum of that unit (out).
 // Same kernels, same quantized activations, same swiglu and same sum order as the general path:
 // the same bytes (tests/test_moe_decode_path.cpp).
 void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* w, int k, float* out,
@@ -200,22 +203,26 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const int32_t* off = s.offset.data();
   const int32_t* tok = s.tok_of.data();
   // Counters (scratch): gate+up items done per active expert, down inputs ready per active expert,
-  // experts done per down row range.
+  // experts done per 16-row unit of the output.
   std::atomic<int32_t>* done = s.items_done.get();
   std::atomic<int32_t>* ready = done + n_expert;
-  std::atomic<int32_t>* range_done = done + 2 * n_expert;
+  std::atomic<int32_t>* unit_done = done + 2 * n_expert;
   const int64_t pf = opt.prefetch_bytes;
   const bool l2 = opt.prefetch_l2;
   const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
   const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // gate+up items per expert
-  // Down: every expert cut at the same rows, so range c of all experts covers the same output rows.
+  // Down: items of whole 16-row units; the last expert's items are smaller (tail_item_bytes), so the
+  // last items handed out are short and the threads finish together.
   const int64_t rows2 = item_rows(opt.item_bytes, fd.rb, 16, n_embd);
-  const int64_t per2 = (n_embd + rows2 - 1) / rows2;  // ranges (<= n_embd / 16 + 1: scratch size)
+  const int64_t per2 = (n_embd + rows2 - 1) / rows2;  // down items per expert but the last
+  const int64_t rows_tail = item_rows(opt.tail_item_bytes > 0 ? opt.tail_item_bytes : opt.item_bytes, fd.rb, 16, n_embd);
+  const int64_t per_tail = (n_embd + rows_tail - 1) / rows_tail;  // down items of the last expert
+  const int64_t n_units = (n_embd + 15) / 16;                     // <= n_embd / 16 + 1: scratch size
   for (int64_t a = 0; a < n_act; ++a) {
     done[a].store(0, std::memory_order_relaxed);
     ready[a].store(0, std::memory_order_relaxed);
   }
-  for (int64_t c = 0; c < per2; ++c) range_done[c].store(0, std::memory_order_relaxed);
+  for (int64_t c = 0; c < n_units; ++c) unit_done[c].store(0, std::memory_order_relaxed);
 
   // Gate+up item i (expert-major): gate and up rows of one range for each token of the expert, swiglu
   // on them; the expert's last item quantizes its swiglu rows for down and marks them ready.
@@ -245,9 +252,12 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     }
   };
   // Down item i (expert-major): one row range of the expert's down product for each of its tokens; the
-  // last expert to finish a range writes the weighted sum of those rows.
+  // last expert to finish a 16-row unit writes the weighted sum of that unit's rows.
+  const int64_t n_big = (n_act - 1) * per2;  // items of the experts but the last
   auto down_item = [&](int64_t i) {
-    const int64_t a = i / per2, c = i % per2, r0 = c * rows2, r1 = std::min(n_embd, r0 + rows2);
+    const int64_t a = i < n_big ? i / per2 : n_act - 1;
+    const int64_t r0 = i < n_big ? (i % per2) * rows2 : (i - n_big) * rows_tail;
+    const int64_t r1 = std::min(n_embd, r0 + (i < n_big ? rows2 : rows_tail));
     const int e = act[a];
     const uint8_t* dw = ew.down.matrix(e);
     const uint8_t* dend = dw + r1 * fd.rb;
@@ -264,26 +274,29 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     }
     const int64_t R0 = off[e];
     fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf > 0 ? &ps : nullptr);
-    if (range_done[c].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) return;
-    // Weighted sum of rows [r0, r1) in slot order (as the general path); a token with no pair: 0.
-    for (int64_t t = 0; t < n; ++t) {
-      float* o = out + t * n_embd;
-      bool first = true;
-      for (int j = 0; j < k; ++j) {
-        const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
-        if (row < 0) continue;
-        const float wj = w[t * k + j];
-        const float* dr = d + static_cast<int64_t>(row) * n_embd;
-        if (first)
-          for (int64_t y = r0; y < r1; ++y) o[y] = wj * dr[y];
-        else
-          for (int64_t y = r0; y < r1; ++y) o[y] += wj * dr[y];
-        first = false;
+    for (int64_t un = r0 / 16; un * 16 < r1; ++un) {  // r0 is a multiple of 16
+      if (unit_done[un].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) continue;
+      // Weighted sum of the unit's rows in slot order (as the general path); a token with no pair: 0.
+      const int64_t u0 = un * 16, u1 = std::min(n_embd, u0 + 16);
+      for (int64_t t = 0; t < n; ++t) {
+        float* o = out + t * n_embd;
+        bool first = true;
+        for (int j = 0; j < k; ++j) {
+          const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
+          if (row < 0) continue;
+          const float wj = w[t * k + j];
+          const float* dr = d + static_cast<int64_t>(row) * n_embd;
+          if (first)
+            for (int64_t y = u0; y < u1; ++y) o[y] = wj * dr[y];
+          else
+            for (int64_t y = u0; y < u1; ++y) o[y] += wj * dr[y];
+          first = false;
+        }
+        if (first) std::fill(o + u0, o + u1, 0.0f);
       }
-      if (first) std::fill(o + r0, o + r1, 0.0f);
     }
   };
-  const int64_t n1 = n_act * per1, n2 = n_act * per2;
+  const int64_t n1 = n_act * per1, n2 = n_big + per_tail;
   if (opt.one_region) {
     pool.parallel_for(n1 + n2, 1, [&](int64_t i0, int64_t i1, int) {
       for (int64_t i = i0; i < i1; ++i) {

@@ -62,8 +62,11 @@ struct MoeOptions {
   bool one_region = true;
   // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down).
   int item_bytes = 32 << 10;
+  // The same for the down items of the last active expert, the last items handed out: smaller, so the
+  // threads run out of work together (0: item_bytes).
+  int tail_item_bytes = 12 << 10;
   // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_PREFETCH_L2 (0/1),
-  // STRATA_MOE_ONE_REGION (0/1), STRATA_MOE_ITEM_KIB; read once.
+  // STRATA_MOE_ONE_REGION (0/1), STRATA_MOE_ITEM_KIB, STRATA_MOE_TAIL_KIB; read once.
   static const MoeOptions& from_env();
 };
 constexpr int64_t kMoeFusedMaxTokens = 8;
