@@ -145,8 +145,9 @@ struct FusedMat {
   }
 };
 
-// Rows per work item: about `item_bytes` of weights over all `mats` matrices read per row, a multiple
-// of `align` (whole cache lines of the float outputs), at least `align`, at most `total` (rounded up).
+// Rows per work item: about `item_bytes` of weights at `bytes_per_row` (all matrices an item reads per
+// row), a multiple of `align` (whole cache lines of the float outputs), at least `align`, at most
+// `total` rounded up to `align`.
 int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int64_t total) {
   int64_t r = item_bytes / std::max<int64_t>(1, bytes_per_row);
   r = std::max(align, (r + align - 1) / align * align);
