@@ -302,22 +302,21 @@ int main(int argc, char** argv) {
     return o;
   };
   // The built-in defaults with one option changed.
-  auto fused = [](int pf, bool l2, int item_kib) {
-    MoeOptions o;  // (one_region: the default)
-    o.fused = true;
+  const MoeOptions d;
+  auto fused = [&](int pf, bool l2, int item_kib) {
+    MoeOptions o = d;
     o.prefetch_bytes = pf;
     o.prefetch_l2 = l2;
     o.item_bytes = item_kib << 10;
     return o;
   };
-  const MoeOptions d;
   const std::vector<std::pair<std::string, MoeOptions>> variants = {
-      {"MoeFused_pf0", fused(0, d.prefetch_l2, 32)},
-      {"MoeFused_pf1024_L2", fused(1024, true, 32)},
-      {"MoeFused_pf4096_L2", fused(4096, true, 32)},
-      {"MoeFused_pf8192_L2", fused(8192, true, 32)},
-      {"MoeFused_pf1024_L1", fused(1024, false, 32)},
-      {"MoeFused_pf4096_L1", fused(4096, false, 32)},
+      {"MoeFused_pf0", fused(0, d.prefetch_l2, d.item_bytes >> 10)},
+      {"MoeFused_pf1024_L2", fused(1024, true, d.item_bytes >> 10)},
+      {"MoeFused_pf4096_L2", fused(4096, true, d.item_bytes >> 10)},
+      {"MoeFused_pf8192_L2", fused(8192, true, d.item_bytes >> 10)},
+      {"MoeFused_pf1024_L1", fused(1024, false, d.item_bytes >> 10)},
+      {"MoeFused_pf4096_L1", fused(4096, false, d.item_bytes >> 10)},
       {"MoeFused_two_regions", [&] {
          MoeOptions o = d;
          o.one_region = false;
@@ -328,8 +327,8 @@ int main(int argc, char** argv) {
          o.tail_item_bytes = 0;
          return o;
        }()},
-      {"MoeFused_item16k", fused(d.prefetch_bytes, d.prefetch_l2, 16)},
-      {"MoeFused_item64k", fused(d.prefetch_bytes, d.prefetch_l2, 64)}};
+      {"MoeFused_item32k", fused(d.prefetch_bytes, d.prefetch_l2, 32)},
+      {"MoeFused_item128k", fused(d.prefetch_bytes, d.prefetch_l2, 128)}};
   auto reg = [](const std::string& name, MoeOptions o, std::vector<int64_t> args) {
     benchmark::RegisterBenchmark(name.c_str(), [o](benchmark::State& st) { BM_Moe(st, o); })
         ->Args(args)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -28,7 +28,7 @@ MoeScratch::MoeScratch(int64_t max_tokens_, int k_, int n_expert, int64_t n_embd
       max_tokens(max_tokens_),
       k(k_),
       n_sync(static_cast<size_t>(2 * n_expert + n_embd / 16 + 1)),
-      items_done(std::make_unique<std::atomic<int32_t>[]>(n_sync)) {
+      sync(std::make_unique<Counter[]>(n_sync)) {
   active.reserve(static_cast<size_t>(n_expert));
 }
 
@@ -36,7 +36,7 @@ size_t MoeScratch::memory_bytes() const {
   return (xe.size() + g.size() + u.size() + d.size()) * 4 +
          (offset.size() + fill.size() + row_of.size() + tok_of.size() + active.capacity()) * 4 + xq_gate.size() +
          xq_up.size() + hq.size() +
-         n_sync * sizeof(std::atomic<int32_t>);
+         n_sync * sizeof(Counter);
 }
 
 const MoeOptions& MoeOptions::from_env() {
@@ -161,10 +161,10 @@ int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int6
 //    finishes an expert's last item quantizes that expert's swiglu rows for down (s.hq) and marks
 //    them ready.
 // 2. down items (active expert, range of n_embd rows: ~item_bytes of contiguous weights, a long
-//    stream for the prefetchers; the last expert in smaller items, tail_item_bytes), after all gate+up
-//    items in the same list; an item waits for its expert's inputs if they are not ready yet (only at
-//    the boundary). The thread finishing the last expert of a 16-row unit of the output writes the
-//    slot-ordered weighted sum of that unit (out).
+//    stream for the prefetchers; the last expert's ranges split in smaller items, tail_item_bytes),
+//    after all gate+up items in the same list; an item waits for its expert's inputs if they are not
+//    ready yet (only at the boundary). The item that completes a range (per-range counter) writes the
+//    slot-ordered weighted sum of the range's rows (out).
 // Same kernels, same quantized activations, same swiglu and same sum order as the general path:
 // the same bytes (tests/test_moe_decode_path.cpp).
 void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* w, int k, float* out,
@@ -203,27 +203,29 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const int32_t* act = s.active.data();
   const int32_t* off = s.offset.data();
   const int32_t* tok = s.tok_of.data();
-  // Counters (scratch): gate+up items done per active expert, down inputs ready per active expert,
-  // experts done per 16-row unit of the output.
-  std::atomic<int32_t>* done = s.items_done.get();
-  std::atomic<int32_t>* ready = done + n_expert;
-  std::atomic<int32_t>* unit_done = done + 2 * n_expert;
+  // Counters (scratch, one cache line each): gate+up items done per active expert, down inputs ready
+  // per active expert, down items done per row range.
+  MoeScratch::Counter* done = s.sync.get();
+  MoeScratch::Counter* ready = done + n_expert;
+  MoeScratch::Counter* range_done = done + 2 * n_expert;
   const int64_t pf = opt.prefetch_bytes;
   const bool l2 = opt.prefetch_l2;
   const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
   const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // gate+up items per expert
-  // Down: items of whole 16-row units; the last expert's items are smaller (tail_item_bytes), so the
-  // last items handed out are short and the threads finish together.
+  // Down: ranges of rows2 rows, one item per range and expert; the last expert's ranges are split in
+  // `split` items of rows_tail rows (tail_item_bytes), the last work handed out, so the threads run
+  // out of work together. Range c is complete after (n_act - 1) + split items.
   const int64_t rows2 = item_rows(opt.item_bytes, fd.rb, 16, n_embd);
-  const int64_t per2 = (n_embd + rows2 - 1) / rows2;  // down items per expert but the last
-  const int64_t rows_tail = item_rows(opt.tail_item_bytes > 0 ? opt.tail_item_bytes : opt.item_bytes, fd.rb, 16, n_embd);
-  const int64_t per_tail = (n_embd + rows_tail - 1) / rows_tail;  // down items of the last expert
-  const int64_t n_units = (n_embd + 15) / 16;                     // <= n_embd / 16 + 1: scratch size
+  const int64_t n_ranges = (n_embd + rows2 - 1) / rows2;  // <= n_embd / 16 + 1: scratch size
+  const int64_t tail_bytes = opt.tail_item_bytes > 0 ? opt.tail_item_bytes : opt.item_bytes;
+  const int64_t split = std::max<int64_t>(1, rows2 / item_rows(tail_bytes, fd.rb, 16, n_embd));
+  const int64_t rows_tail = (rows2 / split + 15) / 16 * 16;
+  const int32_t range_items = static_cast<int32_t>(n_act - 1 + split);
   for (int64_t a = 0; a < n_act; ++a) {
-    done[a].store(0, std::memory_order_relaxed);
-    ready[a].store(0, std::memory_order_relaxed);
+    done[a].v.store(0, std::memory_order_relaxed);
+    ready[a].v.store(0, std::memory_order_relaxed);
   }
-  for (int64_t c = 0; c < n_units; ++c) unit_done[c].store(0, std::memory_order_relaxed);
+  for (int64_t c = 0; c < n_ranges; ++c) range_done[c].v.store(0, std::memory_order_relaxed);
 
   // Gate+up item i (expert-major): gate and up rows of one range for each token of the expert, swiglu
   // on them; the expert's last item quantizes its swiglu rows for down and marks them ready.
@@ -246,28 +248,31 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
       fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
     for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
     // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
-    if (done[a].fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {
+    if (done[a].v.fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {
       for (int64_t R = R0; R < R1; ++R)
         q::quantize_act_row_passes(fd.k.act, g + R * n_ff, hq + R * fd.act_bytes(), n_ff, fd.passes);
-      ready[a].store(1, std::memory_order_release);
+      ready[a].v.store(1, std::memory_order_release);
     }
   };
-  // Down item i (expert-major): one row range of the expert's down product for each of its tokens; the
-  // last expert to finish a 16-row unit writes the weighted sum of that unit's rows.
-  const int64_t n_big = (n_act - 1) * per2;  // items of the experts but the last
+  // Down item i (expert-major): rows of one range of the expert's down product (the whole range, or
+  // a part of it for the last expert) for each of its tokens; the item that completes a range writes
+  // the weighted sum of its rows.
+  const int64_t n_big = (n_act - 1) * n_ranges;  // items of the experts but the last
   auto down_item = [&](int64_t i) {
-    const int64_t a = i < n_big ? i / per2 : n_act - 1;
-    const int64_t r0 = i < n_big ? (i % per2) * rows2 : (i - n_big) * rows_tail;
-    const int64_t r1 = std::min(n_embd, r0 + (i < n_big ? rows2 : rows_tail));
+    const int64_t a = i < n_big ? i / n_ranges : n_act - 1;
+    const int64_t c = i < n_big ? i % n_ranges : (i - n_big) / split;
+    const int64_t c0 = c * rows2, c1 = std::min(n_embd, c0 + rows2);  // the range
+    const int64_t r0 = i < n_big ? c0 : std::min(c1, c0 + (i - n_big) % split * rows_tail);
+    const int64_t r1 = i < n_big ? c1 : std::min(c1, r0 + rows_tail);  // (may be empty: still counted)
     const int e = act[a];
     const uint8_t* dw = ew.down.matrix(e);
     const uint8_t* dend = dw + r1 * fd.rb;
     PrefetchStream ps(pf, l2);
     ps.add(dw + r0 * fd.rb, dend);
-    if (pf > 0) ps.start();
+    if (pf > 0 && r1 > r0) ps.start();
     // One region: the expert's down inputs may still be in the making (only near the phase boundary:
     // all gate+up items come first in the list, so they are all handed out already).
-    for (uint32_t spin = 0; ready[a].load(std::memory_order_acquire) == 0; ++spin) {
+    for (uint32_t spin = 0; ready[a].v.load(std::memory_order_acquire) == 0; ++spin) {
       if (spin < 4096)
         STRATA_MOE_RELAX();
       else
@@ -275,29 +280,26 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     }
     const int64_t R0 = off[e];
     fd.rows(dw, r0, r1, hq + R0 * fd.act_bytes(), off[e + 1] - R0, d + R0 * n_embd, n_embd, pf > 0 ? &ps : nullptr);
-    for (int64_t un = r0 / 16; un * 16 < r1; ++un) {  // r0 is a multiple of 16
-      if (unit_done[un].fetch_add(1, std::memory_order_acq_rel) + 1 != n_act) continue;
-      // Weighted sum of the unit's rows in slot order (as the general path); a token with no pair: 0.
-      const int64_t u0 = un * 16, u1 = std::min(n_embd, u0 + 16);
-      for (int64_t t = 0; t < n; ++t) {
-        float* o = out + t * n_embd;
-        bool first = true;
-        for (int j = 0; j < k; ++j) {
-          const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
-          if (row < 0) continue;
-          const float wj = w[t * k + j];
-          const float* dr = d + static_cast<int64_t>(row) * n_embd;
-          if (first)
-            for (int64_t y = u0; y < u1; ++y) o[y] = wj * dr[y];
-          else
-            for (int64_t y = u0; y < u1; ++y) o[y] += wj * dr[y];
-          first = false;
-        }
-        if (first) std::fill(o + u0, o + u1, 0.0f);
+    if (range_done[c].v.fetch_add(1, std::memory_order_acq_rel) + 1 != range_items) return;
+    // Weighted sum of the range's rows in slot order (as the general path); a token with no pair: 0.
+    for (int64_t t = 0; t < n; ++t) {
+      float* o = out + t * n_embd;
+      bool first = true;
+      for (int j = 0; j < k; ++j) {
+        const int32_t row = s.row_of[static_cast<size_t>(t * k + j)];
+        if (row < 0) continue;
+        const float wj = w[t * k + j];
+        const float* dr = d + static_cast<int64_t>(row) * n_embd;
+        if (first)
+          for (int64_t y = c0; y < c1; ++y) o[y] = wj * dr[y];
+        else
+          for (int64_t y = c0; y < c1; ++y) o[y] += wj * dr[y];
+        first = false;
       }
+      if (first) std::fill(o + c0, o + c1, 0.0f);
     }
   };
-  const int64_t n1 = n_act * per1, n2 = n_big + per_tail;
+  const int64_t n1 = n_act * per1, n2 = n_big + n_ranges * split;
   if (opt.one_region) {
     pool.parallel_for(n1 + n2, 1, [&](int64_t i0, int64_t i1, int) {
       for (int64_t i = i0; i < i1; ++i) {
@@ -308,7 +310,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
         try {
           gate_up_item(i);
         } catch (...) {  // (allocation failure) release the down items waiting; the pool rethrows it
-          for (int64_t a = 0; a < n_act; ++a) ready[a].store(1, std::memory_order_release);
+          for (int64_t a = 0; a < n_act; ++a) ready[a].v.store(1, std::memory_order_release);
           throw;
         }
       }
