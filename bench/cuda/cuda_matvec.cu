@@ -12,6 +12,11 @@
 // Every case is timed twice in the same process: the default path (fast_dot.cuh for these formats) and the
 // generic per-8-values kernels (quant::set_generic_only): the last column is the speed-up.
 //
+// Then the int8-activation path (cuda/q8_kernels.cuh: activations quantized once to int8 blocks, dp4a
+// dots) on the same formats, shapes and MoE layer, each next to the default f32-activation path timed
+// again in the same loop: us, GB/s, % of the read roofline and the f32/q8 speed-up. The activation
+// quantization (once per token, shared by every matrix reading the same x) is timed on its own.
+//
 // Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
 #include <algorithm>
 #include <chrono>
@@ -24,6 +29,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/moe_kernels.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "quant/types.h"
@@ -250,6 +256,127 @@ int main(int argc, char** argv) {
                 "%.1f%% | %.1f | %.2fx |\n",
                 ms * 1e3, ms * 1e3, gbs, 100.0 * gbs / read_gbs, 100.0 * gbs / d2d_gbs, ms_generic * 1e3,
                 ms_generic / ms);
+  }
+  // ---- int8 activations (q8_kernels.cuh) against the default f32 path, same shapes ----
+  {
+    DeviceBuffer xq = dev.alloc(8 * 2048, "xq"), xds = dev.alloc(8 * 64 * sizeof(float2), "xds");
+    std::printf("\n# q8::matvec (int8 activations, dp4a) vs quant::matmul (f32 activations, default path)\n\n");
+    {
+      q8::quantize(x.as<float>(), 8, 2048, xq.as<int8_t>(), xds.as<float2>(), s);  // warm-up
+      for (int64_t n : {1, 8}) {
+        timer.start(s);
+        for (int i = 0; i < iters; ++i) q8::quantize(x.as<float>(), n, 2048, xq.as<int8_t>(), xds.as<float2>(), s);
+        std::printf("q8::quantize of %lld x 2048 activations: %.2f us/call\n", (long long)n,
+                    timer.stop_ms(s) / iters * 1e3);
+      }
+      q8::quantize(x.as<float>(), 8, 2048, xq.as<int8_t>(), xds.as<float2>(), s);
+    }
+    std::printf("\n| type | rows x cols | n | q8 us/call | q8 weight GB/s | q8 %% of read | f32 us/call | f32 %% of read | "
+                "f32/q8 speed-up |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K}) {
+      const auto& tt = type_traits(t);
+      int f0, f1;
+      scale_fields(t, f0, f1);
+      for (const Shape& sh : shapes) {
+        const int64_t rb = int64_t(row_bytes(t, sh.cols)), bytes = rb * sh.rows;
+        const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / bytes));
+        DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");
+        init_weights<<<4096, 256, 0, s>>>(w.as<uint8_t>(), bytes * copies / tt.type_size, int(tt.type_size), f0, f1, 7);
+        CUDA_CHECK_LAUNCH();
+        for (int64_t n : {1, 2, 4, 8}) {
+          const int it = sh.rows > 100000 ? std::max(1, iters / 10) : iters;
+          auto time_calls = [&](auto call) {
+            for (int i = 0; i < 3; ++i) call(i);  // warm-up
+            timer.start(s);
+            for (int i = 0; i < it; ++i) call(i);
+            return timer.stop_ms(s) / it;
+          };
+          const double ms_q8 = time_calls([&](int i) {
+            q8::matvec(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, rb, xq.as<int8_t>(),
+                       xds.as<float2>(), n, y.as<float>(), false, s);
+          });
+          const double ms_f32 = time_calls([&](int i) {
+            quant::matmul(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, x.as<float>(), n,
+                          y.as<float>(), s);
+          });
+          const double gq = bytes / (ms_q8 * 1e6), gf = bytes / (ms_f32 * 1e6);
+          std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f | %.1f%% | %.2fx |\n",
+                      std::string(tt.name).c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, (long long)n,
+                      ms_q8 * 1e3, gq, 100.0 * gq / read_gbs, ms_f32 * 1e3, 100.0 * gf / read_gbs, ms_f32 / ms_q8);
+        }
+      }
+    }
+    // One MoE layer as above (Q4_K gate/up, Q6_K down, 128 experts, k 8, n 1, random expert sets), q8
+    // (moe_gate_up + moe_down on the quantized x; the x quantization itself is the line printed above)
+    // against the f32 moe::moe_gate_up + moe::moe_down.
+    const int64_t n_embd = 2048, n_ff = 768;
+    const int n_expert = 128, k = 8, n_sets = 64;
+    moe::ExpertLayerView v;
+    v.gate_type = v.up_type = GgmlType::Q4_K, v.down_type = GgmlType::Q6_K;
+    const int64_t gb = int64_t(row_bytes(GgmlType::Q4_K, n_embd)) * n_ff;
+    const int64_t db = int64_t(row_bytes(GgmlType::Q6_K, n_ff)) * n_embd;
+    v.gate_off = 0, v.up_off = gb, v.down_off = 2 * gb;
+    v.slot_bytes = (2 * gb + db + 255) / 256 * 256;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+    DeviceBuffer slots = dev.alloc(size_t(v.slot_bytes) * n_expert, "expert slots");
+    // Arbitrary bytes (some values inf/nan: only the time matters here).
+    init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 16, 16, -1, -1, 11);
+    CUDA_CHECK_LAUNCH();
+    v.slots = slots.as<uint8_t>();
+    std::vector<int32_t> table(n_expert), ids(size_t(n_sets) * k);
+    for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;
+    uint32_t rs = 777;
+    for (int q = 0; q < n_sets; ++q)
+      for (int j = 0; j < k; ++j) {
+        int e;
+        bool dup;
+        do {
+          rs = rs * 1664525u + 1013904223u;
+          e = int(rs >> 8) % n_expert;
+          dup = false;
+          for (int i = 0; i < j; ++i) dup |= ids[q * k + i] == e;
+        } while (dup);
+        ids[q * k + j] = e;
+      }
+    std::vector<float> wts(size_t(n_sets) * k, 1.f / k);
+    DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
+                 d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(k) * n_ff * 4, "h"),
+                 d_out = dev.alloc(size_t(n_embd) * 4, "out"), d_hq = dev.alloc(size_t(k) * n_ff, "hq"),
+                 d_hds = dev.alloc(size_t(k) * (n_ff / 32) * sizeof(float2), "hds");
+    xfer.upload(d_table.span(), table.data(), table.size() * 4, cs, {&cs});
+    xfer.upload(d_ids.span(), ids.data(), ids.size() * 4, cs, {&cs});
+    xfer.upload(d_wts.span(), wts.data(), wts.size() * 4, cs, {&cs});
+    auto time_layers = [&](auto layer) {
+      for (int i = 0; i < 3; ++i) layer(i);
+      timer.start(s);
+      for (int i = 0; i < iters; ++i) layer(i);
+      return timer.stop_ms(s) / iters;
+    };
+    const double ms_q8 = time_layers([&](int i) {
+      const int q = i % n_sets;
+      q8::moe_gate_up(v, d_table.as<int32_t>(), xq.as<int8_t>(), xds.as<float2>(), d_ids.as<int32_t>() + q * k, 1, k,
+                      d_hq.as<int8_t>(), d_hds.as<float2>(), s);
+      q8::moe_down(v, d_table.as<int32_t>(), d_hq.as<int8_t>(), d_hds.as<float2>(), d_ids.as<int32_t>() + q * k,
+                   d_wts.as<float>() + q * k, 1, k, d_out.as<float>(), s);
+    });
+    const double ms_gu = time_layers([&](int i) {
+      const int q = i % n_sets;
+      q8::moe_gate_up(v, d_table.as<int32_t>(), xq.as<int8_t>(), xds.as<float2>(), d_ids.as<int32_t>() + q * k, 1, k,
+                      d_hq.as<int8_t>(), d_hds.as<float2>(), s);
+    });
+    const double ms_f32 = time_layers([&](int i) {
+      const int q = i % n_sets;
+      moe::moe_gate_up(v, d_table.as<int32_t>(), x.as<float>(), d_ids.as<int32_t>() + q * k, 1, k, d_h.as<float>(), s);
+      moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>() + q * k, d_wts.as<float>() + q * k,
+                    1, k, d_out.as<float>(), s);
+    });
+    const double bytes = double(k) * (2 * gb + db);
+    const double gq = bytes / (ms_q8 * 1e6), gf = bytes / (ms_f32 * 1e6);
+    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f (gate_up %.1f) | %.0f | "
+                "%.1f%% | %.1f | %.1f%% | %.2fx |\n",
+                ms_q8 * 1e3, ms_gu * 1e3, gq, 100.0 * gq / read_gbs, ms_f32 * 1e3, 100.0 * gf / read_gbs,
+                ms_f32 / ms_q8);
   }
   dev.synchronize();
   std::printf("\n(total %.1f s)\n",

@@ -47,6 +47,10 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                  (long long)r.forwards, (long long)r.graph_captures, double(r.op_calls) / double(r.forwards),
                  double(r.transfers) / double(r.forwards), 1e6 * r.host_s / double(r.forwards),
                  1e6 * r.wait_s / double(r.forwards));
+  if (r.forwards > 0 && r.pool_s > 0)
+    std::fprintf(stderr, "strata: %s host work (%s): of the host time per pass, CPU pool experts %.1f us, waiting "
+                 "for layers' routing (GPU work + copies) %.1f us\n", what, backend.c_str(),
+                 1e6 * r.pool_s / double(r.forwards), 1e6 * r.route_wait_s / double(r.forwards));
 }
 
 }  // namespace strata::cli

@@ -15,6 +15,8 @@
 #include "common/error.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/dequant_device.cuh"
+#include "cuda/ops_fused.cuh"
 
 namespace strata::cuda::ops {
 
@@ -89,8 +91,10 @@ __global__ void rope_neox_kernel(float* x, const int32_t* pos, int n_head, int h
     float* xh = x + (t * n_head + h) * head_dim;
     const float x0 = xh[i], x1 = xh[i + half];
     const float c = cs[2 * i], s = cs[2 * i + 1];
-    xh[i] = x0 * c - x1 * s;
-    xh[i + half] = x0 * s + x1 * c;
+    // The FMAs of cpu::rope_neox (llama.cpp's CPU build), written out: left to the compiler, x0*s + x1*c
+    // became fma(x1, c, x0*s) (PTX), a last-bit difference from the CPU; ops_fused.cu uses the same form.
+    xh[i] = fmaf(x0, c, -(x1 * s));
+    xh[i + half] = fmaf(x0, s, x1 * c);
   }
 }
 
@@ -467,51 +471,128 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
 
-constexpr int kRouteWarps = 4;  // tokens per block of moe_route
+// Shared memory of route_token.
+struct RouteShared {
+  float p[cpu::kMaxExperts];        // the token's probabilities
+  uint64_t key[cpu::kMaxExperts];   // their order keys, padded to a multiple of 32
+  float red[32];
+  float sel[64];                    // [k] chosen probabilities in rank order
+  float inv, wsum;
+};
 
-// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One warp per token; probabilities in shared.
-__global__ void moe_route_kernel(const float* logits, int64_t n_tok, int n_expert, int k, bool norm,
-                                 int32_t* ids, float* weights) {
-  __shared__ float p_sh[kRouteWarps][cpu::kMaxExperts];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t t = blockIdx.x * int64_t(kRouteWarps) + warp;
-  if (t >= n_tok) return;
-  const float* lr = logits + t * n_expert;  // [n_expert]
-  float* p = p_sh[warp];
+// moe_route of one token by the whole block (blockDim a multiple of 32; threads take experts e = tid,
+// tid + blockDim, ...). lr: [n_expert] (read through L2: it may have been written by other blocks of the
+// same launch); ids, weights: [k]. The softmax keeps the arithmetic and order of the first GPU kernel
+// (max, exp_cr, the double sum lane by lane then the xor butterfly of warp 0), so the weights are the same
+// bits. Top-k by rank: an expert's rank is the number of order keys above its own (keys are unique: value
+// desc, id asc, as the CPU's partial_sort), so the k first are found in one parallel pass instead of k
+// rounds of a warp-wide arg-max. Ends with a barrier (sh may be reused at once).
+__device__ void route_token(const float* lr, int n_expert, int k, bool norm, int32_t* ids, float* weights,
+                            RouteShared& sh) {
+  const int tid = threadIdx.x, lane = tid & 31, nt = blockDim.x;
   float mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += 32) mx = fmaxf(mx, lr[e]);
-  mx = warp_reduce(mx, MaxOp{});
-  double sum = 0.0;
-  for (int e = lane; e < n_expert; e += 32) {
-    const float x = exp_cr(lr[e] - mx);
-    p[e] = x;
-    sum += x;
+  for (int e = tid; e < n_expert; e += nt) mx = fmaxf(mx, __ldcg(lr + e));
+  mx = block_reduce(mx, sh.red, MaxOp{});  // exact whatever the order
+  for (int e = tid; e < n_expert; e += nt) sh.p[e] = exp_cr(__ldcg(lr + e) - mx);
+  __syncthreads();
+  if (tid < 32) {
+    double sum = 0.0;
+    for (int i = lane; i < n_expert; i += 32) sum += sh.p[i];
+    sum = warp_reduce(sum, SumOp{});
+    if (lane == 0) sh.inv = static_cast<float>(1.0 / sum);
   }
-  sum = warp_reduce(sum, SumOp{});
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int e = lane; e < n_expert; e += 32) p[e] *= inv;
-  __syncwarp();
-  float wsum = 0.0f;  // lane 0: the chosen weights summed in rank order, as the CPU
-  for (int j = 0; j < k; ++j) {
-    uint64_t best = 0;
-    for (int e = lane; e < n_expert; e += 32)
-      if (p[e] >= 0.0f) best = MaxOp{}(best, order_key(p[e], static_cast<uint32_t>(e)));
-    best = warp_reduce(best, MaxOp{});
-    const uint32_t id = key_id(best);
-    const float pw = p[id];
-    __syncwarp();
-    if (lane == 0) {
-      ids[t * k + j] = static_cast<int32_t>(id);
-      weights[t * k + j] = pw;
-      wsum += pw;
-      p[id] = -1.0f;  // taken
+  __syncthreads();
+  // A NaN probability and the padding get keys below every real one (high half 0; unique by id), so the
+  // rank loop needs no bounds or exits.
+  const int n_keys = (n_expert + 31) / 32 * 32;
+  for (int e = tid; e < n_keys; e += nt) {
+    const bool on = e < n_expert;
+    const float pe = on ? sh.p[e] * sh.inv : 0.0f;
+    if (on) sh.p[e] = pe;  // only this thread reads p[e] from here on
+    sh.key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : uint64_t(0xffffffffu - uint32_t(e));
+  }
+  __syncthreads();
+  for (int e = tid; e < n_expert; e += nt) {
+    const uint64_t mine = sh.key[e];
+    int rank = 0;
+#pragma unroll 16
+    for (int i = 0; i < n_keys; ++i) rank += sh.key[i] > mine;  // broadcast reads, all in flight
+    if (rank < k) {
+      ids[rank] = static_cast<int32_t>(e);
+      sh.sel[rank] = sh.p[e];
     }
-    __syncwarp();
   }
-  if (norm && lane == 0) {
-    wsum = fmaxf(wsum, 6.103515625e-5f);
-    for (int j = 0; j < k; ++j) weights[t * k + j] /= wsum;
+  __syncthreads();
+  if (tid == 0) {
+    float wsum = 0.0f;  // the chosen weights summed in rank order, as the CPU
+    for (int j = 0; j < k; ++j) wsum += sh.sel[j];
+    sh.wsum = fmaxf(wsum, 6.103515625e-5f);
   }
+  __syncthreads();
+  for (int j = tid; j < k; j += nt) weights[j] = norm ? sh.sel[j] / sh.wsum : sh.sel[j];
+  __syncthreads();
+}
+
+// logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One block per token.
+__global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool norm, int32_t* ids,
+                                 float* weights) {
+  __shared__ RouteShared sh;
+  const int64_t t = blockIdx.x;
+  route_token(logits + t * n_expert, n_expert, k, norm, ids + t * k, weights + t * k, sh);
+}
+
+constexpr int kRouterWarps = 4;  // router rows per block of router_route
+
+// One F32 row dot product per warp with quant::matmul's arithmetic (dq::warp_row_dot: units of 8 values,
+// lane i takes units i, i+32, ..., one FMA chain per lane, then the xor butterfly), unrolled further so a
+// lane's loads are all in flight (the order of the FMAs is unchanged). wr: [cols] f32; xr: [cols].
+template <int A>
+__device__ __forceinline__ float router_row_dot(const uint8_t* wr, int64_t cols, const float* xr, bool xvec) {
+  using F = dq::Fmt<GgmlType::F32>;
+  const int lane = threadIdx.x & 31;
+  const int units = int(cols / 8);
+  float acc = 0.f;
+#pragma unroll 8
+  for (int u = lane; u < units; u += 32) {
+    float v[8], xv[8];
+    F::template deq8<A>(wr + int64_t(u) * F::kBytes, 0, v);
+    dq::load_x8(xr, int64_t(u) * 8, xvec, xv);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc = fmaf(v[j], xv[j], acc);
+  }
+  for (int64_t c = int64_t(units) * 8 + lane; c < cols; c += 32) acc = fmaf(F::one(wr, c), __ldg(xr + c), acc);
+  return dq::warp_sum(acc);
+}
+
+// w: [n_expert][cols] f32 (rb bytes per row); x: [n_tok][cols]; logits: [n_tok][n_expert]; ids, weights:
+// [n_tok][k]; counter: one zero uint32 (left zero). grid: ceil(n_expert / kRouterWarps) blocks of
+// 32*kRouterWarps. Warp = one router row for every token; the last block to finish (a ticket taken after
+// a fence, as CUDA's threadFenceReduction sample) routes the tokens.
+template <int A>
+__global__ void __launch_bounds__(32 * kRouterWarps)
+    router_route_kernel(const uint8_t* w, int n_expert, int64_t cols, int64_t rb, const float* x, int n_tok,
+                        bool xvec, int k, bool norm, float* logits, int32_t* ids, float* weights,
+                        unsigned* counter) {
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
+  if (r < n_expert) {
+    const uint8_t* wr = w + int64_t(r) * rb;
+    for (int t = 0; t < n_tok; ++t) {
+      const float s = router_row_dot<A>(wr, cols, x + int64_t(t) * cols, xvec);
+      if ((threadIdx.x & 31) == 0) logits[int64_t(t) * n_expert + r] = s;
+    }
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
 }
 
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
@@ -863,8 +944,31 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
                  "moe_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
                  n_expert, k, cpu::kMaxExperts);
   if (n_tok <= 0) return;
-  const unsigned blocks = static_cast<unsigned>((n_tok + kRouteWarps - 1) / kRouteWarps);
-  moe_route_kernel<<<blocks, 32 * kRouteWarps, 0, stream>>>(logits, n_tok, n_expert, k, norm, ids, weights);
+  STRATA_REQUIRE(n_tok <= 0x7fffffff, "moe_route (cuda): {} tokens in one call", n_tok);
+  const int threads = (n_expert + 31) / 32 * 32;
+  moe_route_kernel<<<static_cast<unsigned>(n_tok), threads, 0, stream>>>(logits, n_expert, k, norm, ids, weights);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
+                 "router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
+                 n_expert, k, cpu::kMaxExperts);
+  STRATA_REQUIRE(n_tok <= kRouterRouteMaxTokens && cols >= 1 && cols / 8 < (int64_t(1) << 30),
+                 "router_route (cuda): {} tokens (at most {}), {} columns", n_tok, kRouterRouteMaxTokens, cols);
+  if (n_tok <= 0) return;
+  const int64_t rb = cols * 4;
+  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;  // as quant::matmul
+  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  if (dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb))
+    router_route_kernel<16><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
+                                                                     norm, logits, ids, weights, counter);
+  else
+    router_route_kernel<1><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
+                                                                    norm, logits, ids, weights, counter);
   CUDA_CHECK_LAUNCH();
 }
 

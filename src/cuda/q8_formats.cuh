@@ -10,6 +10,10 @@
 // applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
 // Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
 //
+// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K with 16-byte aligned rows); 2: two 16-bit loads
+// per word, straight from global memory; kStaged: from rows a warp staged in shared memory (the kernels'
+// path for 2-byte aligned rows: Q4_0 / Q8_0 / Q6_K always, Q4_K / Q5_K when not 16-byte aligned).
+//
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
 // xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
 // xds: float2 {d, d*sum q} of the block's first 32-value block of token 0, dss: float2 per token row;
@@ -47,9 +51,38 @@ __host__ __device__ __forceinline__ int sub32(uint32_t w) {
 #endif
 }
 
-// N words (bytes 4i..4i+3 little-endian in w[i]) at p, p aligned to A (16: 16-byte vector loads).
+// A value for weights staged in shared memory (2-byte aligned rows copied by warp_copy): words are read
+// with 4-byte loads from the 4-byte aligned address at or below p and joined by funnel shifts (why: one
+// load per word instead of two 16-bit loads). Reads up to 2 bytes before and 4 after [p, p + 4N): the
+// staging buffers leave room for that (kStagePad).
+constexpr int kStaged = 3;
+constexpr int kStagePad = 16;  // bytes before each staged row region (after: see stage_stride)
+
+__host__ __device__ __forceinline__ uint32_t funnel16(uint32_t lo, uint32_t hi, unsigned sh) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_r(lo, hi, sh);
+#else
+  return uint32_t(((uint64_t(hi) << 32) | lo) >> sh);
+#endif
+}
+
+// N words (bytes 4i..4i+3 little-endian in w[i]) at p, p aligned to A (16: 16-byte vector loads; 2: two
+// 16-bit loads per word; kStaged: see above).
 template <int A, int N>
 __host__ __device__ __forceinline__ void ldw(const uint8_t* p, uint32_t w[N]) {
+  if constexpr (A == kStaged) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint8_t* b = p - (a & 3);  // (pointer arithmetic keeps the shared-memory address space known)
+    const unsigned sh = unsigned(a & 3) * 8;  // 0 or 16
+    uint32_t prev = dq::ld32<4>(b);
+STRATA_FD_UNROLL
+    for (int i = 0; i < N; ++i) {
+      const uint32_t next = dq::ld32<4>(b + 4 * (i + 1));
+      w[i] = funnel16(prev, next, sh);
+      prev = next;
+    }
+    return;
+  }
 #ifndef __CUDA_ARCH__
   std::memcpy(w, p, 4 * N);  // host (tests): any alignment
 #else
@@ -65,6 +98,31 @@ __host__ __device__ __forceinline__ void ldw(const uint8_t* p, uint32_t w[N]) {
     for (int i = 0; i < N; ++i) w[i] = dq::ld32<A>(p + 4 * i);
   }
 #endif
+}
+
+// One warp (lane of 32; on the host a loop over lanes) copies `bytes` (even) from src to dst, both 2-byte
+// aligned with dst = src (mod 16): 16-bit copies up to the first 16-byte boundary and after the last one,
+// 16-byte copies between (why: the copy of a row is coalesced, whatever the row's alignment). The caller
+// syncs the warp before reading dst.
+__host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  const int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(src) & 15)) & 15;
+  const int64_t h = head < bytes ? head : bytes;
+  for (int64_t i = 2 * lane; i < h; i += 64)
+    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+  const int64_t n16 = (bytes - h) / 16;
+  for (int64_t i = lane; i < n16; i += 32)
+    reinterpret_cast<uint4*>(dst + h)[i] = reinterpret_cast<const uint4*>(src + h)[i];
+  for (int64_t i = h + 16 * n16 + 2 * lane; i < bytes; i += 64)
+    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+}
+
+// Bytes of one staged region for `bytes` bytes of rows: the front pad, up to 15 bytes of offset (dst =
+// src mod 16), the rows, 4 bytes of funnel over-read, rounded up to 16.
+__host__ __device__ constexpr int64_t stage_stride(int64_t bytes) { return (kStagePad + 15 + bytes + 4 + 15) / 16 * 16; }
+
+// Where warp_copy puts src inside a region starting at `region` (16-byte aligned).
+__host__ __device__ __forceinline__ uint8_t* stage_dst(uint8_t* region, const uint8_t* src) {
+  return region + kStagePad + (reinterpret_cast<uintptr_t>(src) & 15);
 }
 
 // 32 int8 activations (one block) as 8 words; p is 16-byte aligned (rows of q are, blocks are 32 bytes).
@@ -85,7 +143,7 @@ struct DQ40 {  // d f16 | qs[16]: value l = (qs[l] & 15) - 8, value l + 16 = (qs
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     uint32_t q[4];
-    ldw<2, 4>(blk + 2, q);
+    ldw<A, 4>(blk + 2, q);
     const float d = dq::h2f(dq::ld16<2>(blk));
 STRATA_FD_UNROLL
     for (int t = 0; t < NT; ++t) {
@@ -108,7 +166,7 @@ struct DQ80 {  // d f16 | qs[32] int8
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     uint32_t q[8];
-    ldw<2, 8>(blk + 2, q);
+    ldw<A, 8>(blk + 2, q);
     const float d = dq::h2f(dq::ld16<2>(blk));
 STRATA_FD_UNROLL
     for (int t = 0; t < NT; ++t) {
@@ -132,7 +190,6 @@ struct DK45 {
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
-    constexpr int A4 = A < 4 ? A : 4;
     uint32_t q[8], lo[8], hi[8];
     ldw<A, 8>(blk + (kQ5 ? 48 : 16) + 32 * tt, q);
     const int j = 2 * tt;
@@ -148,9 +205,10 @@ STRATA_FD_UNROLL
 STRATA_FD_UNROLL
       for (int i = 0; i < 8; ++i) lo[i] = q[i] & kLo4, hi[i] = (q[i] >> 4) & kLo4;
     }
-    const uint32_t dd = dq::ld32<A4>(blk);
-    const float d = dq::h2f(dd & 0xFFFF), dmin = dq::h2f(dd >> 16);
-    const uint32_t sw[3] = {dq::ld32<A4>(blk + 4), dq::ld32<A4>(blk + 8), dq::ld32<A4>(blk + 12)};
+    uint32_t head[4];  // d, dmin | scales[12]: one 16-byte load when aligned
+    ldw<A, 4>(blk, head);
+    const float d = dq::h2f(head[0] & 0xFFFF), dmin = dq::h2f(head[0] >> 16);
+    const uint32_t sw[3] = {head[1], head[2], head[3]};
     int sc0, m0, sc1, m1;
     fd::k4_scale_min_w(j, sw, sc0, m0);
     fd::k4_scale_min_w(j + 1, sw, sc1, m1);
@@ -184,8 +242,8 @@ struct DQ6K {
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     const int half = tt >> 1, par = tt & 1;
     uint32_t ql[8], qh[8];
-    ldw<2, 8>(blk + 64 * half + 32 * par, ql);
-    ldw<2, 8>(blk + 128 + 32 * half, qh);
+    ldw<A, 8>(blk + 64 * half + 32 * par, ql);
+    ldw<A, 8>(blk + 128 + 32 * half, qh);
     int lo[8], hi[8];
 STRATA_FD_UNROLL
     for (int i = 0; i < 8; ++i) {
@@ -243,6 +301,76 @@ STRATA_Q8_UNROLL2
     F::template dot<A, NT>(wr + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
                            dt + int64_t(b) * (F::kVals / 32), dss, nt, acc);
   }
+}
+
+// row_lane_partial for R rows at once: acc[r][t] += the lane's tasks of row wr[r] against token t (why: a
+// lane with one 2048-column task per row has a single load chain in flight; two rows per warp double it,
+// for the big matrices where every SM has enough rows).
+template <typename F, int A, int R, int NT>
+__host__ __device__ __forceinline__ void rows_tokens_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub,
+                                                                  int lpr, const int8_t* xt, const float2* dt, int nt,
+                                                                  float acc[R][NT]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+STRATA_FD_UNROLL
+    for (int r = 0; r < R; ++r)
+      F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+  }
+}
+
+// row_lane_partial for R rows of the same format and columns at once (acc[r] += lane's tasks of row
+// wr[r], one token): the R rows' loads of a task are issued together (why: MoE rows are short, e.g. one
+// 2048-column task per lane; R independent loads in flight per lane instead of one).
+template <typename F, int A, int R>
+__host__ __device__ __forceinline__ void rows_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub, int lpr,
+                                                           const int8_t* x, const float2* ds, float acc[R]) {
+  const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
+  for (int task = sub; task < tasks; task += lpr) {
+    const int b = task / F::kTasks;
+STRATA_FD_UNROLL
+    for (int r = 0; r < R; ++r)
+      F::template dot<A, 1>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, x + int64_t(b) * F::kVals, cols,
+                            ds + int64_t(b) * (F::kVals / 32), dss, 1, acc + r);
+  }
+}
+
+// moe_down's lane work for output row r of token t: lane `lane` of `lanes` takes the (j, task) pairs
+// i = lane, lane + lanes, ... of the k experts (i = j * tasks_per_row + task), skips non-resident experts
+// (ids[p] < 0 or table[ids[p]] < 0) and returns sum of wts[p] * (task dot) in that order.
+// A == kStaged: expert j's row was copied by warp_copy into the region
+// stage + j * stride and is read from there.
+//   slots: [n_slots][slot_bytes], down rows at down_off, drb bytes apart  table: [n_expert]
+//   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  ids, wts: [n*k]
+template <typename F, int A>
+__host__ __device__ __forceinline__ float down_lane_partial(const uint8_t* slots, int64_t slot_bytes, int64_t down_off,
+                                                            int64_t drb, int64_t r, int64_t n_ff, const int32_t* table,
+                                                            const int8_t* hq, const float2* hds, const int32_t* ids,
+                                                            const float* wts, int64_t t, int k, int lane, int lanes,
+                                                            uint8_t* stage = nullptr, int64_t stride = 0) {
+  const int per = int(n_ff / F::kVals) * F::kTasks, total = k * per;
+  const int64_t dss = n_ff / 32;
+  float acc = 0.f;
+STRATA_Q8_UNROLL2
+  for (int i = lane; i < total; i += lanes) {
+    const int j = i / per, task = i % per;
+    const int64_t p = t * k + j;
+    const int32_t e = ids[p];
+    const int slot = e < 0 ? -1 : table[e];
+    if (slot < 0) continue;
+    const int b = task / F::kTasks;
+    const uint8_t* row = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
+    if constexpr (A == kStaged) row = stage_dst(stage + j * stride, row);
+    float d[1] = {0.f};
+    F::template dot<A, 1>(row + int64_t(b) * F::kBytes,
+                          task % F::kTasks, hq + p * n_ff + int64_t(b) * F::kVals, n_ff,
+                          hds + p * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
+    acc = fmaf(wts[p], d[0], acc);
+  }
+  return acc;
 }
 
 template <int A>

@@ -4,6 +4,8 @@
 #include "cuda/q8_kernels.cuh"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
@@ -29,77 +31,165 @@ __global__ void __launch_bounds__(kThreads)
 // ops::rmsnorm); then each warp quantizes 32-value blocks of the row. x, y: [n][cols] (y may be x: each
 // element is read and written by the same thread after all reads of the sum); w: [cols];
 // q: [n][cols]; ds: [n][cols/32].
+// PER > 0 (cols == 256 * PER): the row stays in registers. Why: a decode norm is one block on one SM, so
+// its time is load latency; here every load of x and w is issued up front and x is read once (the generic
+// loop reloads it after the sum and runs its quantization blocks one after another). Thread i holds
+// x[i + 256 j]: warp w holds whole 32-value blocks w + 8 j, which it quantizes from registers.
+template <int PER>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_quantize_kernel(const float* x, const float* __restrict__ w, int64_t cols, float eps, float* y,
                             int8_t* __restrict__ q, float2* __restrict__ ds) {
   __shared__ double sh[32];
   const float* xr = x + blockIdx.x * cols;
   float* yr = y + blockIdx.x * cols;
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
-  s = q8c::block_sum_256(s, sh);
-  const float mean = static_cast<float>(s / static_cast<double>(cols));
-  const float scale = 1.0f / sqrtf(mean + eps);
+  int8_t* qr = q + blockIdx.x * cols;
+  float2* dr = ds + blockIdx.x * (cols / 32);
   const int lane = threadIdx.x & 31;
-  for (int64_t b = threadIdx.x >> 5; b < cols / 32; b += kThreads / 32) {
-    const int64_t i = 32 * b + lane;
-    const float v = xr[i] * scale * w[i];
-    yr[i] = v;
-    q8c::quantize_warp(v, q + blockIdx.x * cols + 32 * b, ds + blockIdx.x * (cols / 32) + b);
+  double s = 0.0;
+  if constexpr (PER > 0) {
+    float xv[PER], wv[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) xv[j] = xr[threadIdx.x + kThreads * j], wv[j] = w[threadIdx.x + kThreads * j];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];  // the same order as the loop below
+    s = q8c::block_sum_256(s, sh);
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int64_t i = threadIdx.x + kThreads * j;
+      const float v = xv[j] * scale * wv[j];
+      yr[i] = v;
+      q8c::quantize_warp(v, qr + (i - lane), dr + i / 32);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
+    s = q8c::block_sum_256(s, sh);
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t b = threadIdx.x >> 5; b < cols / 32; b += kThreads / 32) {
+      const int64_t i = 32 * b + lane;
+      const float v = xr[i] * scale * w[i];
+      yr[i] = v;
+      q8c::quantize_warp(v, qr + 32 * b, dr + b);
+    }
   }
 }
 
-// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, one weight row per
-// group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16 lanes per
-// row, two rows per warp, so few lanes idle). Each lane sums its tasks (task = lane_in_row, += lanes per
-// row), then a butterfly over the group: a fixed order. Tokens in tiles of NT sharing each weight load.
+// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, R consecutive weight
+// rows per group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16
+// lanes per row, so few lanes idle; R = 2 for big matrices at n <= 2, see launch_matvec). Each lane sums
+// its tasks (task = lane_in_group, += lanes per group), then a butterfly over the group: a fixed order.
+// Tokens in tiles of NT sharing each weight load.
+// A == kStaged (the 2-byte aligned formats Q4_0 / Q8_0 / Q6_K): the warp first copies its rows (they are
+// consecutive in memory) into its shared-memory region with coalesced 16-byte loads, and the lanes read
+// their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one block, so read straight
+// from global memory every 16-bit load of the warp touches ~8-16 cache lines for 64 bytes; the staged
+// copy reads each line once). stride: bytes of a warp's region (stage_stride of its rows).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8   xds: [n][cols/32]   y: [n][rows]
-template <typename F, int A, int NT>
+template <typename F, int A, int NT, int R>
 __global__ void __launch_bounds__(kThreads)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
-                  const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* __restrict__ y,
-                  bool accumulate) {
+                  int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
+                  float* __restrict__ y, bool accumulate) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
-  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (32 >> lpr_log2);
+  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
+  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * rows_per_warp;
   if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
-  const int64_t row = row0 + (lane >> lpr_log2);
-  const bool valid = row < rows;
+  const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
   const int64_t dss = cols / 32;
-  const uint8_t* wr = w + (valid ? row : 0) * row_bytes;
+  // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
+  // row0's bytes (always valid) and are not written.
+  const uint8_t* first = w + row0 * row_bytes;
+  if constexpr (A == q8d::kStaged) {
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride]
+    const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
+    uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);
+    q8d::warp_copy(dst, first, nrows * row_bytes, lane);
+    __syncwarp();
+    first = dst;
+  }
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) wr[i] = first + (rowg + i < rows ? rowg + i - row0 : 0) * row_bytes;
   for (int64_t t0 = 0; t0 < n; t0 += NT) {
     const int nt = int(n - t0 < NT ? n - t0 : NT);
-    float acc[NT];
+    float acc[R][NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.f;
-    if (valid) q8d::row_lane_partial<F, A, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+    for (int i = 0; i < R; ++i)
 #pragma unroll
-    for (int t = 0; t < NT; ++t)
-      for (int o = lpr >> 1; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
-    if (valid && sub == 0)
+      for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+    if (rowg < rows)
+      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int t = 0; t < NT; ++t)
-        if (t < nt) {
-          float* out = y + (t0 + t) * rows + row;
-          *out = accumulate ? *out + acc[t] : acc[t];
-        }
+        for (int o = lpr >> 1; o > 0; o >>= 1) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], o);
+    if (sub == 0)
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (rowg + i < rows)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            if (t < nt) {
+              float* out = y + (t0 + t) * rows + rowg + i;
+              *out = accumulate ? *out + acc[i][t] : acc[i][t];
+            }
   }
 }
+
+constexpr int64_t kMaxStageBytes = 48 * 1024;  // shared memory of a block without opting in
+
+template <typename F, int A, int NT, int R>
+void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2, const int8_t* xq,
+                     const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2), rows_per_block = (kThreads / 32) * rows_per_warp;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
+  // The 2-byte aligned formats go through shared memory when a block's rows fit in it.
+  const int64_t stride = q8d::stage_stride(rows_per_warp * row_bytes);
+  if constexpr (A == 2) {
+    if (stride * (kThreads / 32) <= kMaxStageBytes) {
+      matvec_kernel<F, q8d::kStaged, NT, R><<<unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)), stream>>>(
+          w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  matvec_kernel<F, A, NT, R><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, 0, xq, xds,
+                                                                        n, y, accumulate);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Two rows per lane group for big matrices at n <= 2 (whole-warp rows, >= 4096 rows: >= 128 blocks of 16
+// rows); else one.
+constexpr int64_t kTwoRowsMinRows = 4096;
 
 template <typename F, int A, int NT>
 void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
                    const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
-  const int64_t rows_per_block = (kThreads / 32) * (32 >> lpr_log2);
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
-  matvec_kernel<F, A, NT><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y,
-                                                                     accumulate);
-  CUDA_CHECK_LAUNCH();
+  if constexpr (NT <= 2) {
+    if (lpr_log2 == 5 && rows >= kTwoRowsMinRows) {
+      launch_matvec_r<F, A, NT, 2>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
+      return;
+    }
+  }
+  launch_matvec_r<F, A, NT, 1>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
 }
 
 }  // namespace
 
 bool supported(GgmlType t) { return q8ref::supported(t); }
+
+bool enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_Q8");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
 
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream) {
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 quantize: {} columns is not a positive multiple of 32", cols);
@@ -116,7 +206,13 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 rmsnorm_quantize: {} columns is not a positive multiple of 32", cols);
   STRATA_REQUIRE(n >= 0 && n <= 0x7FFFFFFF, "q8 rmsnorm_quantize: {} rows", n);
   if (n == 0) return;
-  rmsnorm_quantize_kernel<<<unsigned(n), kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds);
+  const unsigned grid = unsigned(n);
+  switch (cols) {  // the register-resident shapes (n_embd of the supported models and the test sizes)
+    case 1024: rmsnorm_quantize_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    case 2048: rmsnorm_quantize_kernel<8><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    case 4096: rmsnorm_quantize_kernel<16><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    default: rmsnorm_quantize_kernel<0><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -23,6 +23,11 @@
 
 namespace strata::cuda::q8 {
 
+// Whether the models use these kernels at all (their fast decode): on unless the environment sets
+// STRATA_CUDA_Q8=0 (read once; benchmarks and accuracy checks compare against the f32-activation path).
+// The kernels below work either way.
+bool enabled();
+
 // True when `t` has int8-activation kernels (at least Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). Any other type keeps
 // the f32 path of quant_kernels.cuh / moe_kernels.cuh.
 bool supported(GgmlType t);

@@ -26,6 +26,8 @@
 #include "cuda/model_common.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "model/moe_ffn.h"
@@ -45,9 +47,15 @@ constexpr int64_t kMaxGraphTokens = 8;
 
 struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
-  DevWeight wq;         // [n_head * head_dim][n_embd]
-  DevWeight wk;         // [n_head_kv * head_dim][n_embd]
-  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd]
+  // The q/k/v products in as few matrices as their kept types allow (stacked matrices need one type, so
+  // one row size): wq|wk|wv as one [n_head*head_dim + n_head_kv*(head_dim + head_dim_v)][n_embd] matrix
+  // (one product); else wq and wk|wv as [n_head_kv*(head_dim + head_dim_v)][n_embd] (two, e.g. the
+  // Q4_K_M mix with Q8_0 K and V); else the three. Unused ones are empty (rows 0).
+  DevWeight wqkv;
+  DevWeight wkv;
+  DevWeight wq;         // [n_head * head_dim][n_embd]      (empty when wqkv is used)
+  DevWeight wk;         // [n_head_kv * head_dim][n_embd]   (used when neither stack is)
+  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (used when neither stack is)
   DevWeight q_norm;     // [head_dim] f32
   DevWeight k_norm;     // [head_dim] f32
   DevWeight wo;         // [n_embd][n_head * head_dim_v]
@@ -68,24 +76,31 @@ class DeviceKv final : public BackendState {
 // Sizes (in values) of the device activations of a workspace: one formula for the workspace and for
 // --expert-cache auto.
 struct WsSizes {
-  int64_t n, E, q, k, v, att, router, ids, h, logits, scratch;
+  int64_t n, E, q, k, v, qkv, rope, att, router, ids, h, logits, scratch;
+  int64_t xq, hq;  // int8 values of the Q8 activations (fast decode): [n][max(n_embd, n_head*head_dim_v)], h
   WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
       : n(n_tok),
         E(n_tok * hp.n_embd),
         q(n_tok * hp.n_head * hp.head_dim),
         k(n_tok * hp.n_head_kv * hp.head_dim),
         v(n_tok * hp.n_head_kv * hp.head_dim_v),
+        qkv(q + k + v),
+        rope(n_tok * hp.n_rot),
         att(n_tok * hp.n_head * hp.head_dim_v),
         router(n_tok * hp.n_expert),
         ids(n_tok * hp.n_expert_used),
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
         logits(n_tok * hp.n_vocab),
-        scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))) {}
-  // x, xn, tmp, moe_out, partial; q k v att router; ids per layer + wts; h; logits; scratch;
-  // tokens, pos, out_rows (int32) and refs.
+        scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))),
+        xq(n_tok * std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)),
+        hq(h) {}
+  // Bytes of a Q8 activation of `values` int8 values: the values and one float2 per 32.
+  static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
+  // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
+  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq and hq (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
-    return 4 * (5 * E + q + k + v + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
-           n * int64_t(sizeof(ops::KvRef));
+    return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
+           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq);
   }
 };
 
@@ -93,8 +108,9 @@ class CudaWorkspace final : public Workspace {
  public:
   // prefill: when batches of kGemmMinTokens or more fit and the mode is not exact, the dense products take
   // the cuBLAS path (gemm_context.h) and the MoE block the grouped kernels (moe_scratch_bytes of scratch).
+  // q8_paths: the Q8 activation buffers of the fast decode (q8_kernels.cuh) are allocated.
   CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads,
-                bool prefill_paths, size_t moe_scratch_bytes)
+                bool prefill_paths, size_t moe_scratch_bytes, bool q8_paths)
       : n_tok_max(max_tok),
         n_ctx_max(n_ctx),
         k_used(hp.n_expert_used),
@@ -107,6 +123,8 @@ class CudaWorkspace final : public Workspace {
     q = dev.alloc(size_t(z.q) * 4, "ws.q");
     k = dev.alloc(size_t(z.k) * 4, "ws.k");
     v = dev.alloc(size_t(z.v) * 4, "ws.v");
+    qkv = dev.alloc(size_t(z.qkv) * 4, "ws.qkv");
+    rope_cs = dev.alloc(size_t(z.rope) * 4, "ws.rope_cs");
     att = dev.alloc(size_t(z.att) * 4, "ws.att");
     router = dev.alloc(size_t(z.router) * 4, "ws.router");
     ids = dev.alloc(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids");
@@ -117,8 +135,15 @@ class CudaWorkspace final : public Workspace {
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
     partial = dev.alloc(size_t(z.E) * 4, "ws.partial");
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
+    route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
+    if (q8_paths) {
+      xq = dev.alloc(size_t(z.xq), "ws.xq");
+      xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
+      hq = dev.alloc(size_t(z.hq), "ws.hq");
+      hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
+    }
     wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
     xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
     partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
@@ -126,8 +151,8 @@ class CudaWorkspace final : public Workspace {
     step_host.resize(StepLayout(max_tok).bytes);
     ids_cpu.resize(size_t(z.ids));
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
-      const int64_t max_rows = std::max({int64_t(hp.n_vocab), int64_t(hp.n_head) * hp.head_dim,
-                                         int64_t(hp.n_embd), int64_t(hp.n_expert)});
+      const int64_t qkv_rows = int64_t(hp.n_head) * hp.head_dim + int64_t(hp.n_head_kv) * (hp.head_dim + hp.head_dim_v);
+      const int64_t max_rows = std::max({int64_t(hp.n_vocab), qkv_rows, int64_t(hp.n_embd), int64_t(hp.n_expert)});
       const int64_t max_cols = std::max(int64_t(hp.n_embd), int64_t(hp.n_head) * hp.head_dim_v);
       gemm = make_gemm_context(dev, max_rows, max_cols, max_tok);
       if (moe_scratch_bytes > 0) moe_scratch = dev.alloc(moe_scratch_bytes, "ws.moe_scratch");
@@ -135,11 +160,12 @@ class CudaWorkspace final : public Workspace {
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
-    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + att.bytes() +
+    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + qkv.bytes() +
+               rope_cs.bytes() + att.bytes() +
                router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
-               step_in.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
+               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
                partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
-               moe_scratch.bytes();
+               moe_scratch.bytes() + xq.bytes() + xds.bytes() + hq.bytes() + hds.bytes();
     return b;
   }
 
@@ -149,6 +175,9 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
+  DeviceBuffer qkv;            // [n_tok][n_head*head_dim + n_head_kv*(head_dim + head_dim_v)] (Layer::wqkv),
+                               // or [n_tok][n_head_kv*(head_dim + head_dim_v)] (Layer::wkv)
+  DeviceBuffer rope_cs;        // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
   DeviceBuffer router;         // [n_tok][n_expert]
   DeviceBuffer ids;             // [n_layer][n][k] int32 for a batch of n tokens (layer stride n*k, so
@@ -158,8 +187,13 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer partial;        // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
+  DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;         // [n_tok][n_vocab]
+  // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
+  DeviceBuffer xq, xds;        // [n_tok][max(n_embd, n_head*head_dim_v)] int8, [..][../32] float2: the normed
+                               // input of a dense product (attn_norm, ffn_norm, output norm) or att (wo)
+  DeviceBuffer hq, hds;        // [n_tok * k][n_ff] int8, [..][n_ff/32] float2: resident experts' silu(gate)*up
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // pinned host
@@ -230,7 +264,12 @@ class CudaQwen3Moe final : public Model {
       for (int il = 0; il < hp_.n_layer; ++il)
         moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
                                                                            max_tokens, hp_.n_expert_used));
-    return std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
+    auto ws = std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch,
+                                              /*q8_paths=*/!opt_.exact);
+    std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
+    Stream& cs = dev_->compute();
+    xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
+    return ws;
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
@@ -256,6 +295,8 @@ class CudaQwen3Moe final : public Model {
     r.transfers = int64_t(work_.transfers);
     r.host_s = std::chrono::duration<double>(work_.host).count();
     r.wait_s = std::chrono::duration<double>(work_.wait).count();
+    r.pool_s = std::chrono::duration<double>(work_.pool).count();
+    r.route_wait_s = std::chrono::duration<double>(work_.route_wait).count();
     return r;
   }
   void reset_cache_stats() const override {
@@ -291,6 +332,7 @@ class CudaQwen3Moe final : public Model {
     // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
     // bottleneck.
     std::chrono::steady_clock::duration host{}, wait{};
+    std::chrono::steady_clock::duration pool{}, route_wait{};  // parts of host: CPU experts, routing waits
   };
   template <typename F>
   void op(const Pass& p, F&& f) const {
@@ -302,14 +344,27 @@ class CudaQwen3Moe final : public Model {
   void embed(const Pass& p) const;
   void attention_block(const Pass& p, int il) const;
   void route(const Pass& p, int il) const;        // ffn rmsnorm, router, top-k -> ids(il), ws.wts
-  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out
-  void add_moe_out(const Pass& p) const;
+  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out (or x)
+  void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out (nothing where gpu_experts added to x)
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
   void run_graph(const Pass& p) const;            // compute_resident as a (cached) CUDA graph
 
   void load();
+  // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
+  struct HostMatrix {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0;
+    const void* data = nullptr;  // the mapping or `owned`
+    size_t bytes = 0;
+    std::vector<uint8_t> owned;
+  };
+  HostMatrix host_matrix(const Weight& w, const std::string& name, RepackLog& log) const;
+  GgmlType device_type(const Weight& w) const { return opt_.exact ? GgmlType::F32 : quant::storage_type(w.type); }
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
+  // The matrices one under the other ([sum of rows][cols]) in one buffer. Needs one device_type() and one
+  // column count for all (same row bytes).
+  DevWeight upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name, RepackLog& log);
   DevWeight upload_f32(const Weight& w, const std::string& name);
   // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
@@ -323,6 +378,58 @@ class CudaQwen3Moe final : public Model {
     });
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
+
+  // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
+  // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
+  // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
+  bool q8_decode(const Pass& p) const {
+    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+  }
+  bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::supported(w.type); }
+  bool experts_grouped(const Pass& p, int il) const {
+    return p.n >= moe::kMoeGroupedMinTokens && p.ws.moe_scratch.bytes() > 0 &&
+           moe::moe_grouped_supported(cache_->layer_view(il));
+  }
+  // The resident experts of layer il run q8::moe_gate_up + q8::moe_down, which add into x themselves.
+  bool experts_q8(const Pass& p, int il) const {
+    return q8_decode(p) && !experts_grouped(p, il) && q8::moe_supported(cache_->layer_view(il));
+  }
+  // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
+  void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
+            Site site = Site::here()) const {
+    CudaWorkspace& ws = p.ws;
+    const int64_t E = hp_.n_embd;
+    if (quantize) {
+      note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span(), ws.xq.span(), ws.xds.span()}, site);
+      op(p, [&] {
+        q8::rmsnorm_quantize(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), ws.xq.as<int8_t>(),
+                             ws.xds.as<float2>(), stream());
+      });
+    } else {
+      note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span()}, site);
+      op(p, [&] { ops::rmsnorm(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), stream()); });
+    }
+  }
+  // y [n][w.rows] (+)= W . x with x given as ws.xq/ws.xds ([n][w.cols] Q8 activations).
+  void mm_q8(const Pass& p, const DevWeight& w, int64_t n, const DeviceBuffer& y, bool accumulate,
+             Site site = Site::here()) const {
+    CudaWorkspace& ws = p.ws;
+    if (accumulate)
+      note_launch(dev_->compute(), {w.buf.span(), ws.xq.span(), ws.xds.span(), y.span()}, {y.span()}, site);
+    else
+      note_launch(dev_->compute(), {w.buf.span(), ws.xq.span(), ws.xds.span()}, {y.span()}, site);
+    op(p, [&] {
+      q8::matvec(w.type, w.buf.data(), w.rows, w.cols, int64_t(row_bytes(w.type, w.cols)), ws.xq.as<const int8_t>(),
+                 ws.xds.as<const float2>(), n, y.as<float>(), accumulate, stream());
+    });
+  }
+  // y = W . xn, through the Q8 activations when use_q8 (they must hold xn's).
+  void mm_any(const Pass& p, const DevWeight& w, int64_t n, const DeviceBuffer& y, Site site = Site::here()) const {
+    if (use_q8(p, w))
+      mm_q8(p, w, n, y, false, site);
+    else
+      mm(p, w, p.ws.xn, n, y, site);
+  }
 
   static uint64_t next_model_id() {
     static std::atomic<uint64_t> next{1};
@@ -350,36 +457,65 @@ int32_t* CudaQwen3Moe::Pass::ids(int il) const {
   return ws.ids.as<int32_t>() + size_t(il) * size_t(n) * size_t(ws.k_used);
 }
 
-DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
-  DevWeight d;
-  d.cols = w.ne[0];
-  d.rows = w.ne[1] * w.ne[2] * w.ne[3];
-  const int64_t n_values = d.rows * d.cols;
-  const size_t file_bytes = row_bytes(w.type, d.cols) * size_t(d.rows);
-  d.type = opt_.exact ? GgmlType::F32 : quant::storage_type(w.type);
-  Stream& cs = dev_->compute();
-  if (d.type == w.type) {
-    d.buf = dev_->alloc(file_bytes, name);
-    xfer_->upload(d.buf.span(), w.data, file_bytes, cs, {&cs});
-    return d;
+CudaQwen3Moe::HostMatrix CudaQwen3Moe::host_matrix(const Weight& w, const std::string& name, RepackLog& log) const {
+  HostMatrix m;
+  m.cols = w.ne[0];
+  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = m.rows * m.cols;
+  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
+  m.type = device_type(w);
+  if (m.type == w.type) {
+    m.data = w.data;
+    m.bytes = file_bytes;
+    return m;
   }
   // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
   STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
                  name, type_name(w.type));
   std::vector<float> f(static_cast<size_t>(n_values));
   dequantize_row(w.type, w.data, f.data(), n_values);
-  if (d.type == GgmlType::F32) {
-    d.buf = dev_->alloc(f.size() * 4, name);
-    xfer_->upload(d.buf.span(), f.data(), f.size() * 4, cs, {&cs});
-  } else if (d.type == GgmlType::F16) {
-    std::vector<uint16_t> hb(f.size());
+  if (m.type == GgmlType::F32) {
+    m.owned.resize(f.size() * 4);
+    std::memcpy(m.owned.data(), f.data(), m.owned.size());
+  } else if (m.type == GgmlType::F16) {
+    m.owned.resize(f.size() * 2);
+    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
     for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
-    d.buf = dev_->alloc(hb.size() * 2, name);
-    xfer_->upload(d.buf.span(), hb.data(), hb.size() * 2, cs, {&cs});
   } else {
-    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(d.type));
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
   }
-  log.add(w.type, d.type, file_bytes, d.buf.bytes());
+  m.data = m.owned.data();
+  m.bytes = m.owned.size();
+  log.add(w.type, m.type, file_bytes, m.bytes);
+  return m;
+}
+
+DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
+  return upload_stacked({&w}, name, log);
+}
+
+DevWeight CudaQwen3Moe::upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name,
+                                       RepackLog& log) {
+  DevWeight d;
+  std::vector<HostMatrix> parts;
+  size_t bytes = 0;
+  for (const Weight* w : ws) {
+    parts.push_back(host_matrix(*w, name, log));
+    const HostMatrix& m = parts.back();
+    STRATA_REQUIRE(parts.size() == 1 || (m.type == d.type && m.cols == d.cols),
+                   "cuda: {}: stacked matrices of different types or widths", name);
+    d.type = m.type;
+    d.cols = m.cols;
+    d.rows += m.rows;
+    bytes += m.bytes;
+  }
+  d.buf = dev_->alloc(bytes, name);
+  Stream& cs = dev_->compute();
+  size_t off = 0;
+  for (const HostMatrix& m : parts) {  // staged uploads: the host bytes may go once this returns
+    xfer_->upload(slice(d.buf, off, m.bytes), m.data, m.bytes, cs, {&cs});
+    off += m.bytes;
+  }
   return d;
 }
 
@@ -429,9 +565,21 @@ void CudaQwen3Moe::load() {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& l = layers_[size_t(il)];
     l.attn_norm = upload_f32(L.f32(p + "attn_norm.weight", {E}), p + "attn_norm");
-    l.wq = upload_matrix(L.matrix(p + "attn_q.weight", {E, H * D}), p + "attn_q", log);
-    l.wk = upload_matrix(L.matrix(p + "attn_k.weight", {E, Hkv * D}), p + "attn_k", log);
-    l.wv = upload_matrix(L.matrix(p + "attn_v.weight", {E, Hkv * Dv}), p + "attn_v", log);
+    const Weight wq = L.matrix(p + "attn_q.weight", {E, H * D}), wk = L.matrix(p + "attn_k.weight", {E, Hkv * D}),
+                 wv = L.matrix(p + "attn_v.weight", {E, Hkv * Dv});
+    // One product for q, k and v when their rows can share a matrix (same kept type; the widths are all
+    // n_embd): one launch instead of three. The exact mode's F32 kernel computes each row on its own
+    // warp, so its values are those of the three products.
+    if (device_type(wq) == device_type(wk) && device_type(wq) == device_type(wv)) {
+      l.wqkv = upload_stacked({&wq, &wk, &wv}, p + "attn_qkv", log);
+    } else if (device_type(wk) == device_type(wv)) {
+      l.wq = upload_matrix(wq, p + "attn_q", log);
+      l.wkv = upload_stacked({&wk, &wv}, p + "attn_kv", log);
+    } else {
+      l.wq = upload_matrix(wq, p + "attn_q", log);
+      l.wk = upload_matrix(wk, p + "attn_k", log);
+      l.wv = upload_matrix(wv, p + "attn_v", log);
+    }
     l.q_norm = upload_f32(L.f32(p + "attn_q_norm.weight", {D}), p + "attn_q_norm");
     l.k_norm = upload_f32(L.f32(p + "attn_k_norm.weight", {D}), p + "attn_k_norm");
     l.wo = upload_matrix(L.matrix(p + "attn_output.weight", {H * Dv, E}), p + "attn_output", log);
@@ -511,6 +659,12 @@ void CudaQwen3Moe::embed(const Pass& p) const {
     quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
                     p.ws.x.as<float>(), stream());
   });
+  // The rope angles of the batch, read by every layer's attn_prep.
+  note_launch(dev_->compute(), {p.ws.step_in.span()}, {p.ws.rope_cs.span()});
+  op(p, [&] {
+    ops::rope_cos_sin(p.step<const int32_t>(sl.pos), p.n, hp_.n_rot, hp_.rope_base, p.ws.rope_cs.as<float>(),
+                      stream());
+  });
 }
 
 void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
@@ -522,21 +676,57 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
-  const auto* pos = p.step<const int32_t>(sl.pos);
   float* x = ws.x.as<float>();
   float* q = ws.q.as<float>();
-  float* k = ws.k.as<float>();
-  op(p, [&] { ops::rmsnorm(x, l.attn_norm.f32(), n, E, hp.rms_eps, ws.xn.as<float>(), s); });
-  mm(p, l.wq, ws.xn, n, ws.q);
-  mm(p, l.wk, ws.xn, n, ws.k);
-  mm(p, l.wv, ws.xn, n, ws.v);
-  op(p, [&] { ops::rmsnorm(q, l.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
-  op(p, [&] { ops::rmsnorm(k, l.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
-  note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.k.span()});
-  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
-  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
-  note_launch(cs, {ws.step_in.span(), ws.k.span(), ws.v.span()}, {});
-  op(p, [&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, il, Hkv * D, Hkv * Dv, s); });
+  // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them.
+  bool q8_in = false;
+  for (const DevWeight* w : {&l.wqkv, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
+  norm(p, ws.x, l.attn_norm, n, q8_in);
+  // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.
+  const float *qi, *ki, *vi;
+  int64_t q_ld, k_ld, v_ld;
+  const DeviceBuffer* qkv_in[3];
+  if (l.wqkv.rows > 0) {
+    mm_any(p, l.wqkv, n, ws.qkv);
+    qi = ws.qkv.as<const float>();
+    ki = qi + H * D;
+    vi = ki + Hkv * D;
+    q_ld = k_ld = v_ld = l.wqkv.rows;
+    qkv_in[0] = qkv_in[1] = qkv_in[2] = &ws.qkv;
+  } else if (l.wkv.rows > 0) {
+    mm_any(p, l.wq, n, ws.q);
+    mm_any(p, l.wkv, n, ws.qkv);
+    qi = q;
+    ki = ws.qkv.as<const float>();
+    vi = ki + Hkv * D;
+    q_ld = H * D;
+    k_ld = v_ld = l.wkv.rows;
+    qkv_in[0] = &ws.q;
+    qkv_in[1] = qkv_in[2] = &ws.qkv;
+  } else {
+    mm_any(p, l.wq, n, ws.q);
+    mm_any(p, l.wk, n, ws.k);
+    mm_any(p, l.wv, n, ws.v);
+    qi = q;
+    ki = ws.k.as<const float>();
+    vi = ws.v.as<const float>();
+    q_ld = H * D;
+    k_ld = Hkv * D;
+    v_ld = Hkv * Dv;
+    qkv_in[0] = &ws.q;
+    qkv_in[1] = &ws.k;
+    qkv_in[2] = &ws.v;
+  }
+  // q_norm, k_norm, rope of q and k, K/V into the cache, in one launch (ops_fused.cuh).
+  note_launch(cs,
+              {qkv_in[0]->span(), qkv_in[1]->span(), qkv_in[2]->span(), ws.rope_cs.span(), ws.step_in.span(),
+               l.q_norm.buf.span(), l.k_norm.buf.span()},
+              {ws.q.span()});
+  const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
+  op(p, [&] {
+    ops::attn_prep(qi, q_ld, ki, k_ld, vi, v_ld, l.q_norm.f32(), l.k_norm.f32(), ws.rope_cs.as<const float>(), refs,
+                   n, il, shape, q, s);
+  });
   // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
   // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
@@ -545,8 +735,15 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                    ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
   });
-  mm(p, l.wo, ws.att, n, ws.tmp);
-  op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+  if (use_q8(p, l.wo)) {
+    // x += wo . att: att to Q8 activations, the product adds into x (no separate add).
+    note_launch(cs, {ws.att.span()}, {ws.xq.span(), ws.xds.span()});
+    op(p, [&] { q8::quantize(ws.att.as<const float>(), n, H * Dv, ws.xq.as<int8_t>(), ws.xds.as<float2>(), s); });
+    mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
+  } else {
+    mm(p, l.wo, ws.att, n, ws.tmp);
+    op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+  }
 }
 
 void CudaQwen3Moe::route(const Pass& p, int il) const {
@@ -554,7 +751,19 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
-  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.ffn_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
+  // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
+  norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
+  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
+    // Decode: the router product and the top-k in one launch (same values as the two below).
+    note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
+                {ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::router_route(l.router.f32(), hp.n_expert, hp.n_embd, ws.xn.as<const float>(), n, hp.n_expert_used,
+                        hp.expert_weights_norm, ws.router.as<float>(), p.ids(il), ws.wts.as<float>(),
+                        ws.route_counter.as<uint32_t>(), stream());
+    });
+    return;
+  }
   mm(p, l.router, ws.xn, n, ws.router);
   note_launch(dev_->compute(), {ws.router.span()}, {ws.ids.span(), ws.wts.span()});
   op(p, [&] {
@@ -567,16 +776,30 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
-  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Kernel arguments: the slots' base pointer and layout (fixed for the cache's lifetime) and this layer's
   // row of the device table (a fixed address); which slot holds an expert is read from the table when
   // the kernel runs. See forward() for why a graph of these launches survives residency changes.
   const moe::ExpertLayerView view = cache_->layer_view(il);
   const int32_t* table = cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  if (experts_q8(p, il)) {
+    // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
+    note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});
+    op(p, [&] {
+      q8::moe_gate_up(view, table, ws.xq.as<const int8_t>(), ws.xds.as<const float2>(), p.ids(il), p.n, k_used,
+                      ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());
+    });
+    note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
+    op(p, [&] {
+      q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il),
+                   ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream());
+    });
+    return;
+  }
+  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Prefill: tokens grouped by expert, each expert's weights read once per tile on the tensor cores
   // (measured 7-9x faster than per-pair products at 512 tokens on the H200).
-  if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
+  if (experts_grouped(p, il)) {
     note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
     op(p, [&] {
       moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il),
@@ -592,7 +815,8 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
   });
 }
 
-void CudaQwen3Moe::add_moe_out(const Pass& p) const {
+void CudaQwen3Moe::add_moe_out(const Pass& p, int il) const {
+  if (experts_q8(p, il)) return;  // q8::moe_down added into x
   op(p, [&] { ops::add_inplace(p.ws.x.as<float>(), p.ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
 }
 
@@ -605,8 +829,8 @@ void CudaQwen3Moe::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out,
                     ws.xn.as<float>(), stream());
   });
-  op(p, [&] { ops::rmsnorm(ws.xn.as<const float>(), output_norm_.f32(), p.n_out, hp_.n_embd, hp_.rms_eps, ws.xn.as<float>(), stream()); });
-  mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
+  norm(p, ws.xn, output_norm_, p.n_out, use_q8(p, *out_w_));  // in place
+  mm_any(p, *out_w_, p.n_out, ws.logits);
 }
 
 void CudaQwen3Moe::compute_resident(const Pass& p) const {
@@ -615,7 +839,7 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
     attention_block(p, il);
     route(p, il);
     gpu_experts(p, il);
-    add_moe_out(p);
+    add_moe_out(p, il);
   }
   output(p);
 }
@@ -742,7 +966,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
         // Every expert of the layer is resident: all on the GPU. The ids go to the host with the other
         // layers' after the last layer (statistics, adaptation).
         gpu_experts(p, il);
-        add_moe_out(p);
+        add_moe_out(p, il);
         continue;
       }
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
@@ -754,9 +978,11 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
       work_.transfers += 3;
       if (n_res > 0) gpu_experts(p, il);
+      const auto t_rw = std::chrono::steady_clock::now();
       t_ids.wait();
       t_wts.wait();
       t_xn.wait();
+      work_.route_wait += std::chrono::steady_clock::now() - t_rw;
       ws.ids_h.note_host_access(strata::stream_check::Access::Read);
       ws.wts_h.note_host_access(strata::stream_check::Access::Read);
       ws.xn_h.note_host_access(strata::stream_check::Access::Read);
@@ -772,12 +998,14 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       cache_->record(il, hid, nk);
       if (opt.usage) opt.usage->add(il, hid, n);
       ws.layer_recorded[size_t(il)] = 1;
-      if (n_res > 0) add_moe_out(p);
+      if (n_res > 0) add_moe_out(p, il);  // x += GPU experts (done already on the q8 path), then the CPU's
       if (n_cpu == 0) continue;  // this batch only picked resident experts
       if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
       ws.partial_h.note_host_access(strata::stream_check::Access::Write);
+      const auto t_pool = std::chrono::steady_clock::now();
       moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
                   ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
+      work_.pool += std::chrono::steady_clock::now() - t_pool;
       ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
                                         cs, {&cs});
       ++work_.transfers;

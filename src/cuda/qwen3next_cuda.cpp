@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "common/error.h"
+#include "cpu/half.h"
 #include "cpu/matmul_batch.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
@@ -29,13 +30,17 @@
 #include "cuda/host/slot_spec.h"
 #include "cuda/model_common.h"
 #include "cuda/moe_kernels.cuh"
+#include "cuda/next_fused.cuh"
 #include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "model/moe_ffn.h"
 #include "model/qwen3next_weights.h"
 #include "model/weights.h"
 #include "moe/expert_usage.h"
+#include "quant/dequant.h"
 
 namespace strata::cuda {
 namespace {
@@ -51,10 +56,42 @@ constexpr int64_t kMaxGraphTokens = 8;
 // conversations would otherwise collect them without bound; past this many the cache starts over.
 constexpr size_t kMaxGraphs = 64;
 
+// Dense products that read one input, stacked at load into as few device matrices as their kept types
+// allow (a stack is one type and one width, so one row size). Two output layouts for a pass of n tokens:
+//   per part: part i as [n][rows_i] at y + n * col_i (one product per part: the values of separate
+//     matrices; the exact mode and any consumer that needs contiguous rows);
+//   stacked: stack s as [n][rows_s] at y + n * col_s (col of its first part), part i inside it at
+//     column col_i - col_s with row stride rows_s (one product per stack: fewer launches).
+// The parts of a stack have consecutive cols, so for one token the two layouts are the same.
+struct Proj {
+  struct Part {
+    int stack;    // index into stacks
+    int64_t row0;  // first row of the part in its stack
+    int64_t rows;  // the part's [rows][cols]
+    int64_t col;   // offset of its output (values): y + n * col
+  };
+  std::vector<DevWeight> stacks;  // [sum of its parts' rows][cols], one type each
+  std::vector<int64_t> stack_col;  // col of each stack's first part
+  std::vector<Part> parts;         // in the order given at load
+  int64_t rows = 0;                // sum over the parts (the output's values per token)
+};
+
+// The shared expert in one buffer laid out as an expert-cache slot, so that the int8-activation MoE
+// kernels can run it as a one-expert layer (fast decode: swiglu, the Q8 h and the sigmoid-gated add into x
+// inside q8::moe_gate_up / moe_down); the other paths run its three products from the same bytes.
+struct SharedExpert {
+  DeviceBuffer buf;                          // gate [F][n_embd] at 0 | up [F][n_embd] | down [n_embd][F]
+  GgmlType gate_t{}, up_t{}, down_t{};       // kept types
+  int64_t up_off = 0, down_off = 0;          // byte offsets (16-byte aligned)
+  int64_t n_ff = 0, n_embd = 0;              // F, n_embd
+  bool gate_up_stacked = false;              // same type and up right after gate: one [2F][n_embd] matrix
+  moe::ExpertLayerView view;                 // buf as slot 0 (slot_bytes = the buffer)
+  bool q8 = false;                           // fast mode and q8::moe_supported(view)
+};
+
 struct GdnLayer {
-  DevWeight qkv;      // [conv_dim][n_embd]   attn_qkv (legacy ssm_in: its q|k|v rows, regrouped at load)
-  DevWeight gate;     // [value_dim][n_embd]  attn_gate (z)
-  DevWeight ba;       // [2*Hv][n_embd]       ssm_ba
+  Proj proj;          // attn_qkv [conv_dim] | attn_gate (z) [value_dim] | ssm_ba [2*Hv], all [..][n_embd]
+                      // (legacy ssm_in: its q|k|v and z rows, regrouped at load)
   DevWeight conv;     // [conv_dim][K] f32    ssm_conv1d
   DevWeight a;        // [Hv] f32             ssm_a
   DevWeight dt_bias;  // [Hv] f32             ssm_dt.bias
@@ -63,9 +100,8 @@ struct GdnLayer {
 };
 
 struct AttnLayer {
-  DevWeight wq;      // [n_head * 2 * head_dim][n_embd]  query and output gate per head
-  DevWeight wk;      // [n_head_kv * head_dim][n_embd]
-  DevWeight wv;      // [n_head_kv * head_dim_v][n_embd]
+  Proj proj;         // attn_q [n_head*2*head_dim] (query and output gate per head) | attn_k
+                     // [n_head_kv*head_dim] | attn_v [n_head_kv*head_dim_v], all [..][n_embd]
   DevWeight q_norm;  // [head_dim] f32
   DevWeight k_norm;  // [head_dim] f32
   DevWeight wo;      // [n_embd][n_head * head_dim_v]
@@ -78,11 +114,9 @@ struct Layer {
   DevWeight post_norm;  // [n_embd] f32
   GdnLayer gdn;
   AttnLayer attn;
-  DevWeight router;       // [n_expert][n_embd]
-  DevWeight sh_gate_inp;  // [1][n_embd]   ffn_gate_inp_shexp (a one-row matrix: logit = w . x)
-  DevWeight sh_gate;      // [n_ff_shexp][n_embd]
-  DevWeight sh_up;        // [n_ff_shexp][n_embd]
-  DevWeight sh_down;      // [n_embd][n_ff_shexp]
+  Proj route;             // ffn_gate_inp [n_expert] | ffn_gate_inp_shexp [1] (the shared expert's logit),
+                          // both [..][n_embd]
+  SharedExpert shexp;     // ffn_{gate,up,down}_shexp
   ExpertWeights experts;  // host, the mapped file: what the CPU pool reads
 };
 
@@ -107,38 +141,44 @@ struct Run {
 
 // Sizes (in values) of the device activations: one formula for the workspace and --expert-cache auto.
 struct WsSizes {
-  int64_t E, C, Kd, Vd, Hv, qg, q, k, v, att, router, ids, h, fs, logits, scratch, n;
+  int64_t E, C, Kd, Vd, Hv, gproj, aproj, rproj, q, rope, att, ids, h, fs, logits, scratch, n;
+  int64_t xq, hq;  // int8 values of the Q8 activations of the fast decode (dense inputs; expert h)
   WsSizes(const HParams& hp, const NextParams& np, int64_t n_tok, int64_t n_ctx)
       : E(n_tok * hp.n_embd),
         C(n_tok * np.conv_dim()),
         Kd(n_tok * np.key_dim()),
         Vd(n_tok * np.value_dim()),
         Hv(n_tok * np.n_v_heads),
-        qg(n_tok * hp.n_head * 2 * hp.head_dim),
+        gproj(n_tok * (np.conv_dim() + np.value_dim() + 2 * np.n_v_heads)),
+        aproj(n_tok * (int64_t(hp.n_head) * 2 * hp.head_dim + int64_t(hp.n_head_kv) * (hp.head_dim + hp.head_dim_v))),
+        rproj(n_tok * (hp.n_expert + 1)),
         q(n_tok * hp.n_head * hp.head_dim),
-        k(n_tok * hp.n_head_kv * hp.head_dim),
-        v(n_tok * hp.n_head_kv * hp.head_dim_v),
+        rope(n_tok * hp.n_rot),
         att(n_tok * hp.n_head * hp.head_dim_v),
-        router(n_tok * hp.n_expert),
         ids(n_tok * hp.n_expert_used),
         h(n_tok * hp.n_expert_used * hp.n_ff_exp),
         fs(n_tok * np.n_ff_shexp),
         logits(n_tok * hp.n_vocab),
         scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))),
-        n(n_tok) {}
-  // x xn tmp moe_out partial; qkv conv; z gv go; ba; g beta; gq gk; qg q qgate k v att; router; ids per
-  // layer + wts; h; sh_g sh_u sh_logit; logits; scratch; step inputs.
+        n(n_tok),
+        xq(n_tok * std::max({int64_t(hp.n_embd), np.value_dim(), int64_t(hp.n_head) * hp.head_dim_v})),
+        hq(std::max(h, fs)) {}
+  // Bytes of Q8 activations of `values` int8 values: the values and one float2 per 32.
+  static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
+  // x xn tmp moe_out partial; gproj; conv; gv go; g beta; gq gk; aproj; q qgate rope att; rproj; ids per
+  // layer + wts; h; sh_g (gate | up); sh_w, sh_ids; logits; scratch; step inputs; route counter; the Q8
+  // activations (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
-    return 4 * (5 * E + 2 * C + 3 * Vd + 2 * Hv + 2 * Hv + 2 * Kd + qg + 2 * q + k + v + att + router +
-                ids * (n_layer + 1) + h + 2 * fs + n + logits + scratch + 3 * n) +
-           n * int64_t(sizeof(ops::KvRef));
+    return 4 * (5 * E + gproj + C + 2 * Vd + 2 * Hv + 2 * Kd + aproj + 2 * q + rope + att + rproj +
+                ids * (n_layer + 1) + h + 2 * fs + 2 * n + logits + scratch + 3 * n + 1) +
+           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq);
   }
 };
 
 class NextWorkspace final : public Workspace {
  public:
   NextWorkspace(Device& dev, const HParams& hp, const NextParams& np, int32_t max_tok, int32_t n_ctx,
-                int n_threads, bool prefill_paths, size_t moe_scratch_bytes)
+                int n_threads, bool prefill_paths, size_t moe_scratch_bytes, bool q8_paths)
       : n_tok_max(max_tok),
         n_ctx_max(n_ctx),
         k_used(hp.n_expert_used),
@@ -149,32 +189,36 @@ class NextWorkspace final : public Workspace {
     x = f32(z.E, "ws.x");
     xn = f32(z.E, "ws.xn");
     tmp = f32(z.E, "ws.tmp");
-    qkv = f32(z.C, "ws.qkv");
+    gproj = f32(z.gproj, "ws.gproj");
     conv = f32(z.C, "ws.conv");
-    zg = f32(z.Vd, "ws.z");
-    ba = f32(2 * z.Hv, "ws.ba");
     g = f32(z.Hv, "ws.g");
     beta = f32(z.Hv, "ws.beta");
     gq = f32(z.Kd, "ws.gq");
     gk = f32(z.Kd, "ws.gk");
     gv = f32(z.Vd, "ws.gv");
     go = f32(z.Vd, "ws.go");
-    qg = f32(z.qg, "ws.qg");
+    aproj = f32(z.aproj, "ws.aproj");
     q = f32(z.q, "ws.q");
     qgate = f32(z.q, "ws.qgate");
-    k = f32(z.k, "ws.k");
-    v = f32(z.v, "ws.v");
+    rope_cs = f32(z.rope, "ws.rope_cs");
     att = f32(z.att, "ws.att");
-    router = f32(z.router, "ws.router");
+    rproj = f32(z.rproj, "ws.rproj");
     ids = dev.alloc(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids");
     wts = f32(z.ids, "ws.wts");
     h = f32(z.h, "ws.h");
     moe_out = f32(z.E, "ws.moe_out");
     partial = f32(z.E, "ws.partial");
-    sh_g = f32(z.fs, "ws.sh_g");
-    sh_u = f32(z.fs, "ws.sh_u");
-    sh_logit = f32(z.n, "ws.sh_logit");
+    sh_g = f32(2 * z.fs, "ws.sh_g");
+    sh_w = f32(z.n, "ws.sh_w");
+    sh_ids = dev.alloc(size_t(z.n) * 4, "ws.sh_ids");  // zeroed by new_workspace
+    if (q8_paths) {
+      xq = dev.alloc(size_t(z.xq), "ws.xq");
+      xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
+      hq = dev.alloc(size_t(z.hq), "ws.hq");
+      hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
+    }
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
+    route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = f32(z.scratch, "ws.attn_scratch");
     logits = f32(z.logits, "ws.logits");
     ids_h = dev.alloc_pinned(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids_h");
@@ -199,9 +243,9 @@ class NextWorkspace final : public Workspace {
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
     size_t b = moe.memory_bytes() + moe_scratch.bytes();
-    for (const DeviceBuffer* d : {&x, &xn, &tmp, &qkv, &conv, &zg, &ba, &g, &beta, &gq, &gk, &gv, &go, &qg, &q,
-                                  &qgate, &k, &v, &att, &router, &ids, &wts, &h, &moe_out, &partial, &sh_g, &sh_u,
-                                  &sh_logit, &step_in, &attn_scratch, &logits})
+    for (const DeviceBuffer* d : {&x, &xn, &tmp, &gproj, &conv, &g, &beta, &gq, &gk, &gv, &go, &aproj, &q, &qgate,
+                                  &rope_cs, &att, &rproj, &ids, &wts, &h, &moe_out, &partial, &sh_g, &sh_w, &sh_ids, &step_in,
+                                  &route_counter, &attn_scratch, &logits, &xq, &xds, &hq, &hds})
       b += d->bytes();
     for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h}) b += p->bytes();
     return b;
@@ -211,25 +255,33 @@ class NextWorkspace final : public Workspace {
   int k_used;  // experts per token
   // device, f32 unless said
   DeviceBuffer x, xn, tmp;      // [n_tok][n_embd] residual stream, normed input, sub-block output
-  DeviceBuffer qkv, conv;       // [n_tok][conv_dim] attn_qkv output; after conv1d + SiLU
-  DeviceBuffer zg;              // [n_tok][Hv][D] attn_gate output (z)
-  DeviceBuffer ba;              // [n_tok][2*Hv]
+  DeviceBuffer gproj;           // GdnLayer::proj's output: qkv [n_tok][conv_dim], z [n_tok][Hv][D], ba [n_tok][2*Hv]
+  DeviceBuffer conv;            // [n_tok][conv_dim] after conv1d + SiLU (prefill-sized runs only)
   DeviceBuffer g, beta;         // [n_tok][Hv] log-decay, write strength
   DeviceBuffer gq, gk;          // [n_tok][Hk][D] L2-normalised
   DeviceBuffer gv, go;          // [n_tok][Hv][D] values, delta-rule output (then gated-normed in place)
-  DeviceBuffer qg;              // [n_tok][n_head][2*head_dim] attn_q output
+  DeviceBuffer aproj;           // AttnLayer::proj's output: qg [n_tok][n_head][2*head_dim],
+                                // k [n_tok][n_head_kv][head_dim], v [n_tok][n_head_kv][head_dim_v]
   DeviceBuffer q, qgate;        // [n_tok][n_head][head_dim]
-  DeviceBuffer k, v;            // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
+  DeviceBuffer rope_cs;         // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;             // [n_tok][n_head][head_dim_v]
-  DeviceBuffer router;          // [n_tok][n_expert]
+  DeviceBuffer rproj;           // Layer::route's output: router logits [n_tok][n_expert], shared logit [n_tok]
   DeviceBuffer ids;             // [n_layer][n][k] int32 (layer stride n*k, as qwen3moe_cuda.cpp)
   DeviceBuffer wts;             // [n_tok][k]
   DeviceBuffer h;               // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;         // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer partial;         // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
-  DeviceBuffer sh_g, sh_u;      // [n_tok][n_ff_shexp] shared expert gate / up (then swiglu in sh_g)
-  DeviceBuffer sh_logit;        // [n_tok] ffn_gate_inp_shexp . x
+  DeviceBuffer sh_g;            // shared expert gate [n_tok][n_ff_shexp] (then swiglu), up [n_tok][n_ff_shexp]
+                                // (one token: gate | up of the stacked product, the same places)
+  DeviceBuffer sh_w;            // [n_tok] sigmoid(shared logit): the one-expert moe_down's weight (q8)
+  DeviceBuffer sh_ids;          // [n_tok] int32 zeros: every token's "expert" is the shared one (q8)
+  // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
+  DeviceBuffer xq, xds;         // [n_tok][max(n_embd, value_dim, n_head*head_dim_v)] int8, [..][../32] float2:
+                                // the input of the next dense product (a normed x, the gated-normed GDN
+                                // output, the gated attention output)
+  DeviceBuffer hq, hds;         // [max(n_tok*k*n_ff, n_tok*n_ff_shexp)] int8 (+ float2 per 32): expert h
   DeviceBuffer step_in;         // StepLayout(n): refs, tokens, positions, logit rows of the batch
+  DeviceBuffer route_counter;   // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;    // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   DeviceBuffer logits;          // [n_tok][n_vocab]
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
@@ -342,7 +394,13 @@ class CudaQwen3Next final : public Model {
       for (int il = 0; il < np_.n_layer; ++il)
         moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
                                                                            max_tokens, hp_.n_expert_used));
-    return std::make_unique<NextWorkspace>(*dev_, hp_, np_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch);
+    auto ws = std::make_unique<NextWorkspace>(*dev_, hp_, np_, max_tokens, n_ctx, n_threads, prefill_paths,
+                                              moe_scratch, /*q8_paths=*/!opt_.exact);
+    std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
+    Stream& cs = dev_->compute();
+    xfer_->fill(ws->sh_ids.span(), 0, cs, {&cs});  // ordered before every forward on compute
+    xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});
+    return ws;
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
@@ -412,14 +470,21 @@ class CudaQwen3Next final : public Model {
 
   // The pieces of a forward pass, all on the compute stream.
   void embed(const Pass& p) const;
-  void gdn_block(const Pass& p, const Layer& l) const;        // ws.xn -> ws.tmp
-  void attention_block(const Pass& p, const Layer& l) const;  // ws.xn -> ws.tmp
+  void gdn_block(const Pass& p, const Layer& l) const;        // ws.xn (xq) -> x += block output
+  void attention_block(const Pass& p, const Layer& l) const;  // ws.xn (xq) -> x += block output
   void route(const Pass& p, int il) const;          // post norm -> ws.xn, router, top-k -> ids(il), ws.wts
-  void shared_expert(const Pass& p, const Layer& l) const;  // ws.xn -> ws.tmp (ungated), ws.sh_logit
-  void gpu_experts(const Pass& p, int il) const;    // resident experts from their slots -> ws.moe_out
-  void add_ffn_out(const Pass& p) const;            // x += moe_out + sigmoid(sh_logit) * tmp
+  // ws.xn -> ws.tmp (ungated; the sigmoid gate is applied in add_ffn_out), or with shexp_q8 straight into
+  // x, gated (one-expert q8 MoE launches)
+  void shared_expert(const Pass& p, const Layer& l) const;
+  // resident experts from their slots -> ws.moe_out, or with experts_q8 added into x
+  void gpu_experts(const Pass& p, int il) const;
+  // x += moe_out + sigmoid(shared logit) * tmp, for the parts that did not add into x themselves (q8)
+  void add_ffn_out(const Pass& p, int il) const;
+  void add_shared_out(const Pass& p, const Layer& l) const;  // x += sigmoid(shared logit) * tmp (not q8)
+  // The post-attention norm's output is taken as Q8 activations by some product of the layer's FFN part.
+  bool ffn_q8_input(const Pass& p, int il) const;
   void output(const Pass& p) const;                 // rows that want logits -> ws.logits
-  void layer_front(const Pass& p, int il) const;    // attn norm, GDN or attention block, residual, route
+  void layer_front(const Pass& p, int il) const;    // attn norm, GDN or attention block (+ residual), route
   void compute_resident(const Pass& p) const;       // the whole pass when every expert is resident
   void run_graph(const Pass& p) const;              // compute_resident as a (cached) CUDA graph
   // The CPU pool's part of layer il's routed experts (the GPU runs the resident pairs meanwhile):
@@ -430,14 +495,103 @@ class CudaQwen3Next final : public Model {
   DevWeight upload(const Weight& w, const std::string& name, RepackLog& log) {
     return upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log);
   }
-  // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
+  // A dense matrix's bytes as the GPU keeps it: the file's bytes, or a repack on the CPU (as
+  // model_common.cpp upload_matrix: F32 in exact mode, F16 for a type without kernels).
+  struct HostRows {
+    GgmlType type = GgmlType::F32;
+    int64_t rows = 0, cols = 0;
+    const void* data = nullptr;  // the mapping or `owned`
+    size_t bytes = 0;
+    std::vector<uint8_t> owned;
+  };
+  HostRows host_rows(const Weight& w, const std::string& name, RepackLog& log) const;
+  GgmlType kept_type(const Weight& w) const { return opt_.exact ? GgmlType::F32 : quant::storage_type(w.type); }
+  // The matrices of `parts` (all [..][cols], one input) as a Proj: parts of one kept type and width share a
+  // stack, in the order given.
+  Proj upload_proj(const std::vector<std::pair<const Weight*, std::string>>& parts, RepackLog& log);
+  SharedExpert upload_shexp(const Weight& gate, const Weight& up, const Weight& down, const std::string& name,
+                            RepackLog& log);
+
+  // Rows [row0, row0 + rows) of a device matrix, for one product.
+  struct MatRef {
+    GgmlType type;
+    const uint8_t* data;  // row row0
+    int64_t rows, cols;
+    const DeviceBuffer* buf;  // the whole allocation (the checker's unit)
+  };
+  static MatRef ref(const DevWeight& w) { return {w.type, w.buf.as<const uint8_t>(), w.rows, w.cols, &w.buf}; }
+  static MatRef sub(const DevWeight& w, int64_t row0, int64_t rows) {
+    return {w.type, w.buf.as<const uint8_t>() + size_t(row0) * row_bytes(w.type, w.cols), rows, w.cols, &w.buf};
+  }
+  // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream, at yp (inside y).
+  void mm(const Pass& p, const MatRef& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y, float* yp,
+          Site site = Site::here()) const {
+    note_launch(dev_->compute(), {w.buf->span(), x.span()}, {y.span()}, site);
+    op(p, [&] {
+      quant::matmul(w.type, w.data, w.rows, w.cols, x.as<const float>(), n, yp, stream(), p.ws.gemm.get());
+    });
+  }
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
           Site site = Site::here()) const {
-    note_launch(dev_->compute(), {w.buf.span(), x.span()}, {y.span()}, site);
-    op(p, [&] {
-      quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream(),
-                    p.ws.gemm.get());
-    });
+    mm(p, ref(w), x, n, y, y.as<float>(), site);
+  }
+
+  // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
+  // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
+  // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
+  bool q8_decode(const Pass& p) const {
+    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+  }
+  bool use_q8(const Pass& p, GgmlType t, int64_t cols) const {
+    return q8_decode(p) && q8::supported(t) && cols % 32 == 0;
+  }
+  bool use_q8(const Pass& p, const DevWeight& w) const { return use_q8(p, w.type, w.cols); }
+  bool use_q8(const Pass& p, const Proj& pr) const {  // some product of pr takes the Q8 activations
+    for (const DevWeight& w : pr.stacks)
+      if (use_q8(p, w)) return true;
+    return false;
+  }
+  bool experts_q8(const Pass& p, int il) const { return q8_decode(p) && q8::moe_supported(cache_->layer_view(il)); }
+  // The shared expert as a one-expert q8 MoE layer; its gate weight sigmoid(w . xn) by nextf::dot_sigmoid,
+  // which takes an F32 ffn_gate_inp_shexp (route part 1).
+  bool shexp_q8(const Pass& p, const Layer& l) const {
+    return q8_decode(p) && l.shexp.q8 && l.route.stacks[size_t(l.route.parts[1].stack)].type == GgmlType::F32;
+  }
+  // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
+  void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
+            Site site = Site::here()) const;
+  // y (+)= W . x at yp, x given as ws.xq/ws.xds ([n][w.cols] Q8 activations).
+  void mm_q8(const Pass& p, const MatRef& w, int64_t n, const DeviceBuffer& y, float* yp, bool accumulate,
+             Site site = Site::here()) const;
+  // W . xn at yp, through the Q8 activations when use_q8 (they must hold xn's then).
+  void mm_any(const Pass& p, const MatRef& w, int64_t n, const DeviceBuffer& y, float* yp,
+              Site site = Site::here()) const {
+    if (use_q8(p, w.type, w.cols))
+      mm_q8(p, w, n, y, yp, false, site);
+    else
+      mm(p, w, p.ws.xn, n, y, yp, site);
+  }
+  // Every part of pr on xn (xq), in the stacked or the per-part layout (see Proj).
+  void project(const Pass& p, const Proj& pr, const DeviceBuffer& y, bool stacked, Site site = Site::here()) const;
+  // Part i of pr alone, at y + n * col_i.
+  void project_part(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y, Site site = Site::here()) const {
+    const Proj::Part& part = pr.parts[i];
+    mm_any(p, sub(pr.stacks[size_t(part.stack)], part.row0, part.rows), p.n, y, part_out(p, pr, i, y), site);
+  }
+  // Part i's output in y for this pass, per-part layout.
+  static float* part_out(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y) {
+    return y.as<float>() + p.n * pr.parts[i].col;
+  }
+  // Part i's output in y in either layout: token t's rows_i values at ptr + t * ld.
+  struct PartView {
+    float* ptr;
+    int64_t ld;
+  };
+  static PartView part_view(const Pass& p, const Proj& pr, size_t i, const DeviceBuffer& y, bool stacked) {
+    const Proj::Part& part = pr.parts[i];
+    if (!stacked) return {y.as<float>() + p.n * part.col, part.rows};
+    const int64_t sc = pr.stack_col[size_t(part.stack)];
+    return {y.as<float>() + p.n * sc + (part.col - sc), pr.stacks[size_t(part.stack)].rows};
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
   static uint64_t next_model_id() {
@@ -458,12 +612,156 @@ class CudaQwen3Next final : public Model {
   DevWeight output_;         // [n_vocab][n_embd]; empty when tied (out_w_ = &tok_embd_)
   const DevWeight* out_w_ = nullptr;
   std::vector<Layer> layers_;
+  DeviceBuffer sh_table_;  // int32 [1] = 0: the shared expert's one-expert residency table (slot 0)
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
   mutable uint64_t h2d_base_ = 0, d2h_base_ = 0;
   mutable HostWork work_;
 };
+
+CudaQwen3Next::HostRows CudaQwen3Next::host_rows(const Weight& w, const std::string& name, RepackLog& log) const {
+  HostRows m;
+  m.cols = w.ne[0];
+  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = m.rows * m.cols;
+  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
+  m.type = kept_type(w);
+  if (m.type == w.type) {
+    m.data = w.data;
+    m.bytes = file_bytes;
+    return m;
+  }
+  STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU", name,
+                 type_name(w.type));
+  std::vector<float> f(static_cast<size_t>(n_values));
+  dequantize_row(w.type, w.data, f.data(), n_values);
+  if (m.type == GgmlType::F32) {
+    m.owned.resize(f.size() * 4);
+    std::memcpy(m.owned.data(), f.data(), m.owned.size());
+  } else if (m.type == GgmlType::F16) {
+    m.owned.resize(f.size() * 2);
+    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
+    for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
+  } else {
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
+  }
+  m.data = m.owned.data();
+  m.bytes = m.owned.size();
+  log.add(w.type, m.type, file_bytes, m.bytes);
+  return m;
+}
+
+Proj CudaQwen3Next::upload_proj(const std::vector<std::pair<const Weight*, std::string>>& parts, RepackLog& log) {
+  Proj pr;
+  std::vector<HostRows> host;
+  std::vector<std::vector<size_t>> members;  // per stack: indexes into parts
+  for (const auto& [w, name] : parts) {
+    host.push_back(host_rows(*w, name, log));
+    const HostRows& m = host.back();
+    int s = 0;
+    while (s < int(members.size()) && !(host[members[size_t(s)][0]].type == m.type && host[members[size_t(s)][0]].cols == m.cols))
+      ++s;
+    if (s == int(members.size())) members.emplace_back();
+    members[size_t(s)].push_back(host.size() - 1);
+  }
+  pr.parts.resize(parts.size());
+  Stream& cs = dev_->compute();
+  for (size_t s = 0; s < members.size(); ++s) {
+    DevWeight d;
+    std::string name;
+    size_t bytes = 0;
+    d.type = host[members[s][0]].type;
+    d.cols = host[members[s][0]].cols;
+    pr.stack_col.push_back(pr.rows);
+    for (size_t i : members[s]) {
+      pr.parts[i] = {int(s), d.rows, host[i].rows, pr.rows};
+      d.rows += host[i].rows;
+      pr.rows += host[i].rows;
+      bytes += host[i].bytes;
+      name += (name.empty() ? "" : "|") + parts[i].second;
+    }
+    d.buf = dev_->alloc(bytes, name);
+    size_t off = 0;
+    for (size_t i : members[s]) {  // staged uploads: the host bytes may go once this returns
+      xfer_->upload(slice(d.buf, off, host[i].bytes), host[i].data, host[i].bytes, cs, {&cs});
+      off += host[i].bytes;
+    }
+    pr.stacks.push_back(std::move(d));
+  }
+  return pr;
+}
+
+SharedExpert CudaQwen3Next::upload_shexp(const Weight& gate, const Weight& up, const Weight& down,
+                                         const std::string& name, RepackLog& log) {
+  SharedExpert sh;
+  const HostRows g = host_rows(gate, name + "ffn_gate_shexp", log), u = host_rows(up, name + "ffn_up_shexp", log),
+                 d = host_rows(down, name + "ffn_down_shexp", log);
+  STRATA_REQUIRE(g.rows == u.rows && g.cols == u.cols && d.rows == g.cols && d.cols == g.rows,
+                 "cuda: {}: shared expert shapes gate [{}][{}], up [{}][{}], down [{}][{}] do not fit", name, g.rows,
+                 g.cols, u.rows, u.cols, d.rows, d.cols);
+  auto align16 = [](size_t b) { return (b + 15) / 16 * 16; };
+  sh.gate_t = g.type, sh.up_t = u.type, sh.down_t = d.type;
+  sh.n_ff = g.rows;
+  sh.n_embd = g.cols;
+  sh.up_off = int64_t(align16(g.bytes));
+  sh.down_off = int64_t(align16(size_t(sh.up_off) + u.bytes));
+  const size_t total = align16(size_t(sh.down_off) + d.bytes);
+  sh.gate_up_stacked = g.type == u.type && size_t(sh.up_off) == g.bytes;
+  sh.buf = dev_->alloc(total, name + "shexp");
+  Stream& cs = dev_->compute();
+  xfer_->fill(sh.buf.span(), 0, cs, {&cs});  // the padding: defined bytes
+  xfer_->upload(slice(sh.buf, 0, g.bytes), g.data, g.bytes, cs, {&cs});
+  xfer_->upload(slice(sh.buf, size_t(sh.up_off), u.bytes), u.data, u.bytes, cs, {&cs});
+  xfer_->upload(slice(sh.buf, size_t(sh.down_off), d.bytes), d.data, d.bytes, cs, {&cs});
+  moe::ExpertLayerView& v = sh.view;
+  v.slots = sh.buf.as<const uint8_t>();
+  v.slot_bytes = int64_t(total);
+  v.gate_type = sh.gate_t, v.up_type = sh.up_t, v.down_type = sh.down_t;
+  v.gate_off = 0, v.up_off = sh.up_off, v.down_off = sh.down_off;
+  v.n_embd = sh.n_embd;
+  v.n_ff = sh.n_ff;
+  sh.q8 = !opt_.exact && q8::moe_supported(v);
+  return sh;
+}
+
+void CudaQwen3Next::norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
+                         Site site) const {
+  NextWorkspace& ws = p.ws;
+  const int64_t E = hp_.n_embd;
+  if (quantize) {
+    note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span(), ws.xq.span(), ws.xds.span()}, site);
+    op(p, [&] {
+      q8::rmsnorm_quantize(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), ws.xq.as<int8_t>(),
+                           ws.xds.as<float2>(), stream());
+    });
+  } else {
+    note_launch(dev_->compute(), {x.span(), w.buf.span()}, {ws.xn.span()}, site);
+    op(p, [&] { ops::rmsnorm(x.as<const float>(), w.f32(), rows, E, hp_.rms_eps, ws.xn.as<float>(), stream()); });
+  }
+}
+
+void CudaQwen3Next::mm_q8(const Pass& p, const MatRef& w, int64_t n, const DeviceBuffer& y, float* yp,
+                          bool accumulate, Site site) const {
+  NextWorkspace& ws = p.ws;
+  if (accumulate)
+    note_launch(dev_->compute(), {w.buf->span(), ws.xq.span(), ws.xds.span(), y.span()}, {y.span()}, site);
+  else
+    note_launch(dev_->compute(), {w.buf->span(), ws.xq.span(), ws.xds.span()}, {y.span()}, site);
+  op(p, [&] {
+    q8::matvec(w.type, w.data, w.rows, w.cols, int64_t(row_bytes(w.type, w.cols)), ws.xq.as<const int8_t>(),
+               ws.xds.as<const float2>(), n, yp, accumulate, stream());
+  });
+}
+
+void CudaQwen3Next::project(const Pass& p, const Proj& pr, const DeviceBuffer& y, bool stacked, Site site) const {
+  if (stacked) {  // one product per stack
+    for (size_t s = 0; s < pr.stacks.size(); ++s)
+      mm_any(p, ref(pr.stacks[s]), p.n, y, y.as<float>() + p.n * pr.stack_col[s], site);
+    return;
+  }
+  for (size_t i = 0; i < pr.parts.size(); ++i) project_part(p, pr, i, y, site);
+}
 
 void CudaQwen3Next::load() {
   HParams& hp = hp_;
@@ -496,6 +794,8 @@ void CudaQwen3Next::load() {
   } else {
     out_w_ = &tok_embd_;  // tied embeddings
   }
+  sh_table_ = dev_->alloc(4, "shexp_table");
+  xfer_->fill(sh_table_.span(), 0, dev_->compute(), {&dev_->compute()});
   layers_.resize(size_t(np_.n_layer));
   std::vector<LayerExperts> lexp(size_t(np_.n_layer));
   for (int il = 0; il < np_.n_layer; ++il) {
@@ -508,16 +808,16 @@ void CudaQwen3Next::load() {
     l.post_norm = upload_f32(*dev_, *xfer_, hl.post_norm, p + "post_attention_norm");
     if (l.recurrent) {
       const qwen3next::GdnWeights& w = hl.gdn;
+      // q|k|v, z and ba read the normed x: stacked where their kept types agree (gdn_block reads each
+      // part's output at its own place, so any grouping works).
       if (w.qkv) {
-        l.gdn.qkv = upload(w.qkv, p + "attn_qkv", log);
-        l.gdn.gate = upload(w.gate, p + "attn_gate", log);
+        l.gdn.proj = upload_proj({{&w.qkv, p + "attn_qkv"}, {&w.gate, p + "attn_gate"}, {&w.ba, p + "ssm_ba"}}, log);
       } else {
         std::vector<uint8_t> qkv, z;
         regroup_qkvz(w.qkvz, np_, qkv, z);
-        l.gdn.qkv = upload(host_matrix(w.qkvz, qkv, np_.conv_dim()), p + "ssm_in(qkv)", log);
-        l.gdn.gate = upload(host_matrix(w.qkvz, z, np_.value_dim()), p + "ssm_in(z)", log);
+        const Weight wqkv = host_matrix(w.qkvz, qkv, np_.conv_dim()), wz = host_matrix(w.qkvz, z, np_.value_dim());
+        l.gdn.proj = upload_proj({{&wqkv, p + "ssm_in(qkv)"}, {&wz, p + "ssm_in(z)"}, {&w.ba, p + "ssm_ba"}}, log);
       }
-      l.gdn.ba = upload(w.ba, p + "ssm_ba", log);
       l.gdn.conv = upload_f32_values(*dev_, *xfer_, w.conv, int64_t(np_.conv_kernel) * np_.conv_dim(), p + "ssm_conv1d");
       l.gdn.a = upload_f32(*dev_, *xfer_, w.a, p + "ssm_a");
       l.gdn.dt_bias = upload_f32(*dev_, *xfer_, w.dt_bias, p + "ssm_dt.bias");
@@ -525,18 +825,16 @@ void CudaQwen3Next::load() {
       l.gdn.out = upload(w.out, p + "ssm_out", log);
     } else {
       const qwen3next::AttnWeights& w = hl.attn;
-      l.attn.wq = upload(w.wq, p + "attn_q", log);
-      l.attn.wk = upload(w.wk, p + "attn_k", log);
-      l.attn.wv = upload(w.wv, p + "attn_v", log);
+      l.attn.proj = upload_proj({{&w.wq, p + "attn_q"}, {&w.wk, p + "attn_k"}, {&w.wv, p + "attn_v"}}, log);
       l.attn.q_norm = upload_f32(*dev_, *xfer_, w.q_norm, p + "attn_q_norm");
       l.attn.k_norm = upload_f32(*dev_, *xfer_, w.k_norm, p + "attn_k_norm");
       l.attn.wo = upload(w.wo, p + "attn_output", log);
     }
-    l.router = upload(hl.router, p + "ffn_gate_inp", log);
-    l.sh_gate_inp = upload_f32(*dev_, *xfer_, hl.sh_gate_inp, p + "ffn_gate_inp_shexp");
-    l.sh_gate = upload(hl.sh_gate, p + "ffn_gate_shexp", log);
-    l.sh_up = upload(hl.sh_up, p + "ffn_up_shexp", log);
-    l.sh_down = upload(hl.sh_down, p + "ffn_down_shexp", log);
+    // The router's and the shared expert gate's logits, one stack when both are kept in one type (F32).
+    STRATA_REQUIRE(hl.sh_gate_inp.ne[0] == E && hl.sh_gate_inp.ne[1] * hl.sh_gate_inp.ne[2] * hl.sh_gate_inp.ne[3] == 1,
+                   "{}: {}ffn_gate_inp_shexp must hold {} values", file_.path(), p, E);
+    l.route = upload_proj({{&hl.router, p + "ffn_gate_inp"}, {&hl.sh_gate_inp, p + "ffn_gate_inp_shexp"}}, log);
+    l.shexp = upload_shexp(hl.sh_gate, hl.sh_up, hl.sh_down, p, log);
     l.experts = hl.experts;
     lexp[size_t(il)] = {{l.experts.gate.type, l.experts.gate.data},
                         {l.experts.up.type, l.experts.up.data},
@@ -615,39 +913,75 @@ void CudaQwen3Next::embed(const Pass& p) const {
     quant::get_rows(tok_embd_.type, tok_embd_.buf.data(), hp_.n_embd, p.step<const int32_t>(sl.tokens), p.n,
                     p.ws.x.as<float>(), stream());
   });
+  if (n_attn_ == 0) return;
+  // The rope angles of the batch, read by every attention layer's attn_prep.
+  note_launch(dev_->compute(), {p.ws.step_in.span()}, {p.ws.rope_cs.span()});
+  op(p, [&] {
+    ops::rope_cos_sin(p.step<const int32_t>(sl.pos), p.n, hp_.n_rot, hp_.rope_base, p.ws.rope_cs.as<float>(),
+                      stream());
+  });
 }
 
-// Gated DeltaNet (model/qwen3next.cpp gdn_block): projections, gates, per-sequence conv1d + SiLU, split
-// + L2 norm, per-sequence delta rule (the recurrent form over the run's tokens, state on chip), gated
-// RMSNorm, output projection.
+// Gated DeltaNet (model/qwen3next.cpp gdn_block): attn norm, the input projections (one Proj), gates,
+// per-sequence conv1d + SiLU, split + L2 norm, per-sequence delta rule (the recurrent form over the run's
+// tokens, state on chip), gated RMSNorm, output projection, residual add. Decode-sized runs take conv,
+// split and gates in one launch per run (nextf::conv_split_gates: the same values as the three ops). The
+// fast decode quantizes the gated norm's output in the same launch, and an int8-activation ssm_out adds
+// into x (no separate add).
 void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
   const GdnLayer& w = l.gdn;
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const int64_t n = p.n, C = np_.conv_dim(), Kd = np_.key_dim(), Vd = np_.value_dim();
+  const int64_t n = p.n, E = hp_.n_embd, C = np_.conv_dim(), Kd = np_.key_dim(), Vd = np_.value_dim();
   const int64_t Hk = np_.n_k_heads, Hv = np_.n_v_heads, D = np_.head_dim;
   const int K = np_.conv_kernel;
-  mm(p, w.qkv, ws.xn, n, ws.qkv);
-  mm(p, w.gate, ws.xn, n, ws.zg);
-  mm(p, w.ba, ws.xn, n, ws.ba);
-  note_launch(cs, {ws.ba.span(), w.a.buf.span(), w.dt_bias.buf.span()}, {ws.g.span(), ws.beta.span()});
-  op(p, [&] { gdn::gates(ws.ba.as<const float>(), n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), ws.g.as<float>(), ws.beta.as<float>(), s); });
+  bool fused = D % 32 == 0 && D <= 256;  // conv, split and gates in one launch per run
+  for (int64_t r = 0; r < p.n_runs; ++r)
+    fused = fused && ws.runs[size_t(r)].t1 - ws.runs[size_t(r)].t0 <= nextf::kConvSplitMaxTokens;
+  const bool q8_out = use_q8(p, w.out) && D % 32 == 0;  // gated norm + quantize, int8 ssm_out into x
+  // The stacked layout where every reader of the outputs takes a row stride (conv_split_gates for qkv and
+  // ba, gated_norm_quantize for z), or for one token; decode-sized passes only (the prefill GEMM context is
+  // sized for single matrices).
+  const bool stacked = !opt_.exact && n < kGemmMinTokens && (n == 1 || (fused && q8_out));
+  norm(p, ws.x, l.attn_norm, n, use_q8(p, w.proj));
+  project(p, w.proj, ws.gproj, stacked);
+  const PartView qkv = part_view(p, w.proj, 0, ws.gproj, stacked);  // [n][C], row stride qkv.ld
+  const PartView z = part_view(p, w.proj, 1, ws.gproj, stacked);    // [n][Hv][D]
+  const PartView ba = part_view(p, w.proj, 2, ws.gproj, stacked);   // [n][2*Hv]
+  float* gq = ws.gq.as<float>();
+  float* gk = ws.gk.as<float>();
+  float* gv = ws.gv.as<float>();
+  float* g = ws.g.as<float>();
+  float* beta = ws.beta.as<float>();
   const size_t conv_off = size_t(l.index) * conv_state_values(), ssm_off = size_t(l.index) * ssm_state_values();
-  for (int64_t r = 0; r < p.n_runs; ++r) {
-    const Run& run = ws.runs[size_t(r)];
-    const int64_t len = run.t1 - run.t0;
-    note_launch(cs, {ws.qkv.span(), w.conv.buf.span(), run.st->conv.span()}, {ws.conv.span(), run.st->conv.span()});
-    op(p, [&] {
-      gdn::conv1d_silu(ws.qkv.as<const float>() + run.t0 * C, len, C, K, run.st->conv.as<float>() + conv_off,
-                       w.conv.f32(), ws.conv.as<float>() + run.t0 * C, s);
-    });
+  if (fused) {
+    for (int64_t r = 0; r < p.n_runs; ++r) {
+      const Run& run = ws.runs[size_t(r)];
+      const int64_t t0 = run.t0, len = run.t1 - run.t0;
+      note_launch(cs, {ws.gproj.span(), w.conv.buf.span(), run.st->conv.span(), w.a.buf.span(), w.dt_bias.buf.span()},
+                  {ws.gq.span(), ws.gk.span(), ws.gv.span(), ws.g.span(), ws.beta.span(), run.st->conv.span()});
+      op(p, [&] {
+        nextf::conv_split_gates(qkv.ptr + t0 * qkv.ld, qkv.ld, len, Hk, Hv, D, K, run.st->conv.as<float>() + conv_off,
+                                w.conv.f32(), hp_.rms_eps, gq + t0 * Kd, gk + t0 * Kd, gv + t0 * Vd,
+                                ba.ptr + t0 * ba.ld, ba.ld, w.a.f32(), w.dt_bias.f32(), g + t0 * Hv, beta + t0 * Hv, s);
+      });
+    }
+  } else {  // contiguous outputs here (per-part layout, or one token)
+    note_launch(cs, {ws.gproj.span(), w.a.buf.span(), w.dt_bias.buf.span()}, {ws.g.span(), ws.beta.span()});
+    op(p, [&] { gdn::gates(ba.ptr, n, Hk, Hv, w.a.f32(), w.dt_bias.f32(), g, beta, s); });
+    for (int64_t r = 0; r < p.n_runs; ++r) {
+      const Run& run = ws.runs[size_t(r)];
+      const int64_t len = run.t1 - run.t0;
+      note_launch(cs, {ws.gproj.span(), w.conv.buf.span(), run.st->conv.span()}, {ws.conv.span(), run.st->conv.span()});
+      op(p, [&] {
+        gdn::conv1d_silu(qkv.ptr + run.t0 * C, len, C, K, run.st->conv.as<float>() + conv_off, w.conv.f32(),
+                         ws.conv.as<float>() + run.t0 * C, s);
+      });
+    }
+    note_launch(cs, {ws.conv.span()}, {ws.gq.span(), ws.gk.span(), ws.gv.span()});
+    op(p, [&] { gdn::split_qkv(ws.conv.as<const float>(), n, Hk, Hv, D, hp_.rms_eps, gq, gk, gv, s); });
   }
-  note_launch(cs, {ws.conv.span()}, {ws.gq.span(), ws.gk.span(), ws.gv.span()});
-  op(p, [&] {
-    gdn::split_qkv(ws.conv.as<const float>(), n, Hk, Hv, D, hp_.rms_eps, ws.gq.as<float>(), ws.gk.as<float>(),
-                   ws.gv.as<float>(), s);
-  });
   const float q_scale = 1.0f / std::sqrt(float(D));
   for (int64_t r = 0; r < p.n_runs; ++r) {
     const Run& run = ws.runs[size_t(r)];
@@ -655,57 +989,95 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
     note_launch(cs, {ws.gq.span(), ws.gk.span(), ws.gv.span(), ws.g.span(), ws.beta.span(), run.st->ssm.span()},
                 {ws.go.span(), run.st->ssm.span()});
     op(p, [&] {
-      gdn::delta_rule(len, Hk, Hv, D, ws.gq.as<const float>() + t0 * Kd, ws.gk.as<const float>() + t0 * Kd,
-                      ws.gv.as<const float>() + t0 * Vd, ws.g.as<const float>() + t0 * Hv,
-                      ws.beta.as<const float>() + t0 * Hv, q_scale, run.st->ssm.as<float>() + ssm_off,
-                      ws.go.as<float>() + t0 * Vd, s);
+      gdn::delta_rule(len, Hk, Hv, D, gq + t0 * Kd, gk + t0 * Kd, gv + t0 * Vd, g + t0 * Hv, beta + t0 * Hv, q_scale,
+                      run.st->ssm.as<float>() + ssm_off, ws.go.as<float>() + t0 * Vd, s);
     });
   }
-  note_launch(cs, {ws.go.span(), ws.zg.span(), w.norm.buf.span()}, {ws.go.span()});
+  if (q8_out) {
+    // x += ssm_out . gated_norm(o, z): the norm's output only as Q8 activations, the product adds into x.
+    note_launch(cs, {ws.go.span(), ws.gproj.span(), w.norm.buf.span()}, {ws.xq.span(), ws.xds.span()});
+    op(p, [&] {
+      nextf::gated_norm_quantize(ws.go.as<const float>(), z.ptr, z.ld, w.norm.f32(), n, Hv, D, hp_.rms_eps,
+                                 ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+    });
+    mm_q8(p, ref(w.out), n, ws.x, ws.x.as<float>(), /*accumulate=*/true);
+    return;
+  }
+  // z contiguous here (not q8_out: per-part layout, or one token)
+  note_launch(cs, {ws.go.span(), ws.gproj.span(), w.norm.buf.span()}, {ws.go.span()});
   op(p, [&] {
-    gdn::gated_rms_norm(ws.go.as<const float>(), ws.zg.as<const float>(), w.norm.f32(), n * Hv, D, hp_.rms_eps,
-                        ws.go.as<float>(), s);
+    gdn::gated_rms_norm(ws.go.as<const float>(), z.ptr, w.norm.f32(), n * Hv, D, hp_.rms_eps, ws.go.as<float>(), s);
   });
   mm(p, w.out, ws.go, n, ws.tmp);
+  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
+  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, s); });
 }
 
-// Gated attention (model/qwen3next.cpp attention_block): attn_q yields query and output gate per head;
-// per-head q/k RMSNorm, partial NeoX RoPE (n_rot), f16 KV of the sequence's attention layer l.index,
-// causal attention, output gated by sigmoid(gate), output projection.
+// Gated attention (model/qwen3next.cpp attention_block): attn norm, q|k|v (one Proj; attn_q yields query
+// and output gate per head), per-head q/k RMSNorm, partial NeoX RoPE (n_rot), f16 KV of the sequence's
+// attention layer l.index, causal attention, output gated by sigmoid(gate), output projection, residual
+// add. The fast decode quantizes the gated output in the gating launch and attn_output adds into x.
 void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   const HParams& hp = hp_;
   const AttnLayer& w = l.attn;
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const int64_t n = p.n, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
+  const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
-  const auto* pos = p.step<const int32_t>(sl.pos);
   float* q = ws.q.as<float>();
-  float* k = ws.k.as<float>();
-  mm(p, w.wq, ws.xn, n, ws.qg);
-  mm(p, w.wk, ws.xn, n, ws.k);
-  mm(p, w.wv, ws.xn, n, ws.v);
-  note_launch(cs, {ws.qg.span()}, {ws.q.span(), ws.qgate.span()});
-  op(p, [&] { gdn::split_q_gate(ws.qg.as<const float>(), n, H, D, q, ws.qgate.as<float>(), s); });
-  note_launch(cs, {w.q_norm.buf.span(), w.k_norm.buf.span()}, {ws.q.span(), ws.k.span()});
-  op(p, [&] { ops::rmsnorm(q, w.q_norm.f32(), n * H, D, hp.rms_eps, q, s); });
-  op(p, [&] { ops::rmsnorm(k, w.k_norm.f32(), n * Hkv, D, hp.rms_eps, k, s); });
-  note_launch(cs, {ws.step_in.span()}, {ws.q.span(), ws.k.span()});
-  op(p, [&] { ops::rope_neox(q, pos, n, int(H), int(D), hp.n_rot, hp.rope_base, s); });
-  op(p, [&] { ops::rope_neox(k, pos, n, int(Hkv), int(D), hp.n_rot, hp.rope_base, s); });
-  note_launch(cs, {ws.step_in.span(), ws.k.span(), ws.v.span()}, {});
-  op(p, [&] { ops::kv_store(k, ws.v.as<const float>(), refs, n, l.index, Hkv * D, Hkv * Dv, s); });
+  // The stacked layout when attn_q's output stays contiguous (split_q_gate needs it; attn_prep takes row
+  // strides for k and v), or for one token; decode-sized passes only (as gdn_block).
+  const Proj::Part& qpart = w.proj.parts[0];
+  const bool q_alone = w.proj.stacks[size_t(qpart.stack)].rows == qpart.rows;
+  const bool stacked = !opt_.exact && n < kGemmMinTokens && (n == 1 || q_alone);
+  norm(p, ws.x, l.attn_norm, n, use_q8(p, w.proj));
+  project(p, w.proj, ws.aproj, stacked);
+  const float* qg = part_view(p, w.proj, 0, ws.aproj, stacked).ptr;  // [n][H][2*D] contiguous
+  const PartView k = part_view(p, w.proj, 1, ws.aproj, stacked);     // [n][Hkv][D], row stride k.ld
+  const PartView v = part_view(p, w.proj, 2, ws.aproj, stacked);     // [n][Hkv][Dv], row stride v.ld
+  note_launch(cs, {ws.aproj.span()}, {ws.q.span(), ws.qgate.span()});
+  op(p, [&] { gdn::split_q_gate(qg, n, H, D, q, ws.qgate.as<float>(), s); });
+  // q_norm, k_norm, rope of q and k, K/V into the sequence's cache, in one launch (ops_fused.cuh: bit for
+  // bit the five ops), q normed and rotated in place.
+  note_launch(cs,
+              {ws.q.span(), ws.aproj.span(), ws.rope_cs.span(), ws.step_in.span(), w.q_norm.buf.span(),
+               w.k_norm.buf.span()},
+              {ws.q.span()});
+  const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
+  op(p, [&] {
+    ops::attn_prep(q, H * D, k.ptr, k.ld, v.ptr, v.ld, w.q_norm.f32(), w.k_norm.f32(), ws.rope_cs.as<const float>(),
+                   refs, n, l.index, shape, q, s);
+  });
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   op(p, [&] {
     ops::attention(q, refs, n, l.index, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                    ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
   });
+  if (use_q8(p, w.wo)) {
+    // x += wo . (att * sigmoid(gate)): the gated output only as Q8 activations, the product adds into x.
+    note_launch(cs, {ws.att.span(), ws.qgate.span()}, {ws.xq.span(), ws.xds.span()});
+    op(p, [&] {
+      nextf::mul_sigmoid_quantize(ws.att.as<const float>(), ws.qgate.as<const float>(), n, H * Dv, ws.xq.as<int8_t>(),
+                                  ws.xds.as<float2>(), s);
+    });
+    mm_q8(p, ref(w.wo), n, ws.x, ws.x.as<float>(), /*accumulate=*/true);
+    return;
+  }
   note_launch(cs, {ws.qgate.span()}, {ws.att.span()});
   op(p, [&] { gdn::mul_sigmoid(ws.att.as<float>(), ws.qgate.as<const float>(), n * H * Dv, s); });
   mm(p, w.wo, ws.att, n, ws.tmp);
+  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
+  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, s); });
+}
+
+bool CudaQwen3Next::ffn_q8_input(const Pass& p, int il) const {
+  const Layer& l = layers_[size_t(il)];
+  const SharedExpert& sh = l.shexp;
+  return use_q8(p, l.route) || experts_q8(p, il) || shexp_q8(p, l) || use_q8(p, sh.gate_t, sh.n_embd) ||
+         use_q8(p, sh.up_t, sh.n_embd);
 }
 
 void CudaQwen3Next::route(const Pass& p, int il) const {
@@ -713,34 +1085,85 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
   NextWorkspace& ws = p.ws;
   const int64_t n = p.n;
-  note_launch(dev_->compute(), {ws.x.span(), l.post_norm.buf.span()}, {ws.xn.span()});
-  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.post_norm.f32(), n, hp.n_embd, hp.rms_eps, ws.xn.as<float>(), stream()); });
-  mm(p, l.router, ws.xn, n, ws.router);
-  note_launch(dev_->compute(), {ws.router.span()}, {ws.ids.span(), ws.wts.span()});
+  // -> xn (the router, the experts, the shared expert and the CPU pool read it), and its Q8 activations
+  // where one of them takes them.
+  norm(p, ws.x, l.post_norm, n, ffn_q8_input(p, il));
+  const Proj::Part& rp = l.route.parts[0];
+  const DevWeight& rw = l.route.stacks[size_t(rp.stack)];
+  if (rw.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
+    // Decode: the router product and the top-k in one launch (the values of the product + moe_route).
+    note_launch(dev_->compute(), {rw.buf.span(), ws.xn.span(), ws.route_counter.span()},
+                {ws.rproj.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::router_route(rw.f32() + rp.row0 * hp.n_embd, hp.n_expert, hp.n_embd, ws.xn.as<const float>(), n,
+                        hp.n_expert_used, hp.expert_weights_norm, part_out(p, l.route, 0, ws.rproj), p.ids(il),
+                        ws.wts.as<float>(), ws.route_counter.as<uint32_t>(), stream());
+    });
+    if (!shexp_q8(p, l)) project_part(p, l.route, 1, ws.rproj);  // the shared expert's logit
+    return;
+  }
+  if (shexp_q8(p, l))
+    project_part(p, l.route, 0, ws.rproj);  // router logits (the shared gate: dot_sigmoid in shared_expert)
+  else
+    project(p, l.route, ws.rproj, /*stacked=*/!opt_.exact && n == 1);  // router logits, shared logit
+  const float* router = part_out(p, l.route, 0, ws.rproj);
+  note_launch(dev_->compute(), {ws.rproj.span()}, {ws.ids.span(), ws.wts.span()});
   op(p, [&] {
-    ops::moe_route(ws.router.as<const float>(), n, hp.n_expert, hp.n_expert_used, hp.expert_weights_norm, p.ids(il),
-                   ws.wts.as<float>(), stream());
+    ops::moe_route(router, n, hp.n_expert, hp.n_expert_used, hp.expert_weights_norm, p.ids(il), ws.wts.as<float>(),
+                   stream());
   });
 }
 
-// The shared expert, dense on the GPU: tmp = down(silu(gate x) * up x), sh_logit = ffn_gate_inp_shexp . x
-// (the sigmoid gate is applied in add_ffn_out).
+// The shared expert, dense on the GPU. Fast decode with int8-activation kernels for its types: a
+// one-expert MoE layer on its slot-shaped buffer, weight sigmoid(logit): x += sigmoid(logit) *
+// down(silu(gate x) * up x) in three launches. Otherwise tmp = down(silu(gate x) * up x) (gate|up in one
+// product for one token when they share a type), the sigmoid gate applied in add_ffn_out.
 void CudaQwen3Next::shared_expert(const Pass& p, const Layer& l) const {
   NextWorkspace& ws = p.ws;
-  const int64_t n = p.n;
-  mm(p, l.sh_gate, ws.xn, n, ws.sh_g);
-  mm(p, l.sh_up, ws.xn, n, ws.sh_u);
-  mm(p, l.sh_gate_inp, ws.xn, n, ws.sh_logit);
-  note_launch(dev_->compute(), {ws.sh_g.span(), ws.sh_u.span()}, {ws.sh_g.span()});
-  op(p, [&] { ops::swiglu(ws.sh_g.as<const float>(), ws.sh_u.as<const float>(), n * np_.n_ff_shexp, ws.sh_g.as<float>(), stream()); });
-  mm(p, l.sh_down, ws.sh_g, n, ws.tmp);
+  Stream& cs = dev_->compute();
+  const cudaStream_t s = stream();
+  const SharedExpert& sh = l.shexp;
+  const int64_t n = p.n, F = sh.n_ff, E = sh.n_embd;
+  if (shexp_q8(p, l)) {
+    const Proj::Part& gp = l.route.parts[1];
+    const DevWeight& gw = l.route.stacks[size_t(gp.stack)];  // F32 (shexp_q8): row gp.row0 is ffn_gate_inp_shexp
+    note_launch(cs, {gw.buf.span(), ws.xn.span()}, {ws.sh_w.span()});
+    op(p, [&] { nextf::dot_sigmoid(gw.f32() + gp.row0 * E, ws.xn.as<const float>(), n, E, ws.sh_w.as<float>(), s); });
+    note_launch(cs, {sh.buf.span(), sh_table_.span(), ws.xq.span(), ws.xds.span(), ws.sh_ids.span()},
+                {ws.hq.span(), ws.hds.span()});
+    op(p, [&] {
+      q8::moe_gate_up(sh.view, sh_table_.as<const int32_t>(), ws.xq.as<const int8_t>(), ws.xds.as<const float2>(),
+                      ws.sh_ids.as<const int32_t>(), n, 1, ws.hq.as<int8_t>(), ws.hds.as<float2>(), s);
+    });
+    note_launch(cs, {sh.buf.span(), sh_table_.span(), ws.hq.span(), ws.hds.span(), ws.sh_ids.span(), ws.sh_w.span(),
+                     ws.x.span()},
+                {ws.x.span()});
+    op(p, [&] {
+      q8::moe_down(sh.view, sh_table_.as<const int32_t>(), ws.hq.as<const int8_t>(), ws.hds.as<const float2>(),
+                   ws.sh_ids.as<const int32_t>(), ws.sh_w.as<const float>(), n, 1, ws.x.as<float>(), s);
+    });
+    return;
+  }
+  const auto* base = sh.buf.as<const uint8_t>();
+  const MatRef gate{sh.gate_t, base, F, E, &sh.buf}, up{sh.up_t, base + sh.up_off, F, E, &sh.buf},
+      down{sh.down_t, base + sh.down_off, E, F, &sh.buf};
+  float* gp = ws.sh_g.as<float>();  // [n][F] gate, then [n][F] up
+  float* up_out = gp + n * F;
+  if (n == 1 && !opt_.exact && sh.gate_up_stacked) {
+    mm_any(p, MatRef{sh.gate_t, base, 2 * F, E, &sh.buf}, 1, ws.sh_g, gp);
+  } else {
+    mm_any(p, gate, n, ws.sh_g, gp);
+    mm_any(p, up, n, ws.sh_g, up_out);
+  }
+  note_launch(cs, {ws.sh_g.span()}, {ws.sh_g.span()});
+  op(p, [&] { ops::swiglu(gp, up_out, n * F, gp, s); });
+  mm(p, down, ws.sh_g, n, ws.tmp, ws.tmp.as<float>());
 }
 
 void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
-  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   const moe::ExpertLayerView view = cache_->layer_view(il);
   const int32_t* table = cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
@@ -754,6 +1177,22 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
     });
     return;
   }
+  // Fast decode: int8 activations (the post-norm's, from route), h kept as Q8, the weighted sum added
+  // into x by moe_down (no moe_out, no add).
+  if (experts_q8(p, il)) {
+    note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});
+    op(p, [&] {
+      q8::moe_gate_up(view, table, ws.xq.as<const int8_t>(), ws.xds.as<const float2>(), p.ids(il), p.n, k_used,
+                      ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());
+    });
+    note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
+    op(p, [&] {
+      q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il), ws.wts.as<const float>(),
+                   p.n, k_used, ws.x.as<float>(), stream());
+    });
+    return;
+  }
+  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   op(p, [&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
   op(p, [&] {
     moe::moe_down(view, table, ws.h.as<const float>(), p.ids(il), ws.wts.as<const float>(), p.n, k_used,
@@ -761,13 +1200,23 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
   });
 }
 
-void CudaQwen3Next::add_ffn_out(const Pass& p) const {
+void CudaQwen3Next::add_ffn_out(const Pass& p, int il) const {
   NextWorkspace& ws = p.ws;
-  note_launch(dev_->compute(), {ws.moe_out.span(), ws.tmp.span(), ws.sh_logit.span()}, {ws.x.span()});
-  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
+  const Layer& l = layers_[size_t(il)];
+  if (!experts_q8(p, il)) {
+    note_launch(dev_->compute(), {ws.moe_out.span()}, {ws.x.span()});
+    op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
+  }
+  add_shared_out(p, l);
+}
+
+void CudaQwen3Next::add_shared_out(const Pass& p, const Layer& l) const {
+  if (shexp_q8(p, l)) return;  // added into x by shared_expert
+  NextWorkspace& ws = p.ws;
+  note_launch(dev_->compute(), {ws.tmp.span(), ws.rproj.span()}, {ws.x.span()});
   op(p, [&] {
-    gdn::add_sigmoid_scaled(ws.x.as<float>(), ws.tmp.as<const float>(), ws.sh_logit.as<const float>(), p.n, hp_.n_embd,
-                            stream());
+    gdn::add_sigmoid_scaled(ws.x.as<float>(), ws.tmp.as<const float>(), part_out(p, l.route, 1, ws.rproj), p.n,
+                            hp_.n_embd, stream());
   });
 }
 
@@ -780,27 +1229,16 @@ void CudaQwen3Next::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out, ws.xn.as<float>(),
                     stream());
   });
-  note_launch(dev_->compute(), {ws.xn.span(), output_norm_.buf.span()}, {ws.xn.span()});
-  op(p, [&] {
-    ops::rmsnorm(ws.xn.as<const float>(), output_norm_.f32(), p.n_out, hp_.n_embd, hp_.rms_eps, ws.xn.as<float>(),
-                 stream());
-  });
-  mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
+  norm(p, ws.xn, output_norm_, p.n_out, use_q8(p, *out_w_));  // in place
+  mm_any(p, ref(*out_w_), p.n_out, ws.logits, ws.logits.as<float>());
 }
 
 void CudaQwen3Next::layer_front(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
-  NextWorkspace& ws = p.ws;
-  Stream& cs = dev_->compute();
-  const int64_t n = p.n, E = hp_.n_embd;
-  note_launch(cs, {ws.x.span(), l.attn_norm.buf.span()}, {ws.xn.span()});
-  op(p, [&] { ops::rmsnorm(ws.x.as<const float>(), l.attn_norm.f32(), n, E, hp_.rms_eps, ws.xn.as<float>(), stream()); });
   if (l.recurrent)
     gdn_block(p, l);
   else
     attention_block(p, l);
-  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
-  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, stream()); });
   route(p, il);
 }
 
@@ -810,7 +1248,7 @@ void CudaQwen3Next::compute_resident(const Pass& p) const {
     layer_front(p, il);
     gpu_experts(p, il);
     shared_expert(p, layers_[size_t(il)]);
-    add_ffn_out(p);
+    add_ffn_out(p, il);
   }
   output(p);
 }
@@ -887,15 +1325,12 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   if (opt.usage) opt.usage->add(il, hid, n);
   ws.layer_recorded[size_t(il)] = 1;
   // x += moe_out (the resident pairs; zero when none ran: the kernels are skipped, so add only if they
-  // ran) + sigmoid(sh_logit) * shared expert
-  note_launch(cs, {ws.tmp.span(), ws.sh_logit.span()}, {ws.x.span()});
-  if (n_res > 0) {
+  // ran; the int8-activation kernels added into x already) + sigmoid(shared logit) * shared expert
+  if (n_res > 0 && !experts_q8(p, il)) {
     note_launch(cs, {ws.moe_out.span()}, {ws.x.span()});
     op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), n * E, stream()); });
   }
-  op(p, [&] {
-    gdn::add_sigmoid_scaled(ws.x.as<float>(), ws.tmp.as<const float>(), ws.sh_logit.as<const float>(), n, E, stream());
-  });
+  add_shared_out(p, l);
   if (n_cpu == 0) return;  // this batch only picked resident experts
   if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
   ws.partial_h.note_host_access(strata::stream_check::Access::Write);
@@ -999,7 +1434,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
         // layers' after the last layer (statistics, adaptation).
         gpu_experts(p, il);
         shared_expert(p, layers_[size_t(il)]);
-        add_ffn_out(p);
+        add_ffn_out(p, il);
       } else {
         pool_experts(p, il, pool, opt);
       }

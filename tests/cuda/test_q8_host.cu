@@ -3,7 +3,12 @@
 //  * one lane doing every task of a row in order (lpr = 1) gives q8ref::row_dot's value bit for bit, for
 //    random weights at 2048 and 768 columns and for the zoo tensors (llama.cpp's data), tokens tiled by
 //    8 with a partial tile (the kernels' token loop);
-//  * 32 and 16 lanes per row summed with the kernels' butterfly order: within 1e-5 of sum|w*x|.
+//  * 32 and 16 lanes per row summed with the kernels' butterfly order: within 1e-5 of sum|w*x|;
+//  * rows_lane_partial (moe_gate_up's 8 rows per task loop) and rows_tokens_lane_partial (matvec's two rows
+//    per lane group) bit for bit with row_dot, one lane;
+//  * down_lane_partial (moe_down's lanes over the k experts' tasks), 32 lanes and the butterfly, against
+//    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids;
+//  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -27,8 +32,20 @@ namespace q8ref = strata::cuda::q8ref;
 
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
+// What a warp's warp_copy leaves in a 16-byte aligned staging region (all 32 lanes run on the host).
+struct Stage {
+  std::vector<uint4> mem;
+  uint8_t* region() { return reinterpret_cast<uint8_t*>(mem.data()); }
+};
+const uint8_t* stage_rows(Stage& st, const uint8_t* src, int64_t bytes) {
+  st.mem.assign(size_t(q8d::stage_stride(bytes) / 16), uint4{0xAAAAAAAAu, 0xAAAAAAAAu, 0xAAAAAAAAu, 0xAAAAAAAAu});
+  uint8_t* dst = q8d::stage_dst(st.region(), src);
+  for (int lane = 0; lane < 32; ++lane) q8d::warp_copy(dst, src, bytes, lane);
+  return dst;
+}
+
 struct Result {
-  int64_t not_identical = 0;  // lpr = 1 vs the reference (bits)
+  int64_t not_identical = 0;  // lpr = 1 vs the reference (bits), direct and staged rows
   double worst_split = 0;     // lpr = 16 / 32 vs the reference, error / (1e-5 sum|w*x|)
 };
 
@@ -53,9 +70,18 @@ Result check_rows(GgmlType t, const uint8_t* w, int64_t rows, int64_t cols, std:
       for (int64_t t0 = 0; t0 < n; t0 += 8)  // tiles of 8 tokens, the last one partial
         q8d::row_lane_partial<F, A, 8>(wr, cols, 0, 1, xq.data() + t0 * cols, ds2 + t0 * (cols / 32),
                                        int(std::min<int64_t>(8, n - t0)), one + t0);
+      // The same from a staged copy of the row (the kernels' path for the 2-byte aligned formats).
+      Stage st;
+      const uint8_t* staged = stage_rows(st, wr, rb);
+      res.not_identical += std::memcmp(staged, wr, size_t(rb)) != 0;
+      float one_staged[16] = {};
+      for (int64_t t0 = 0; t0 < n; t0 += 8)
+        q8d::row_lane_partial<F, q8d::kStaged, 8>(staged, cols, 0, 1, xq.data() + t0 * cols, ds2 + t0 * (cols / 32),
+                                                  int(std::min<int64_t>(8, n - t0)), one_staged + t0);
       for (int64_t tk = 0; tk < n; ++tk) {
         const float ref = q8ref::row_dot(t, wr, cols, xq.data() + tk * cols, xds.data() + tk * (cols / 32));
         res.not_identical += !test::same_bits(one[tk], ref);
+        res.not_identical += !test::same_bits(one_staged[tk], ref);
         double mag = 0;
         for (int64_t c = 0; c < cols; ++c) mag += std::fabs(double(wf[c]) * xds[tk * (cols / 32) + c / 32].d * xq[tk * cols + c]);
         for (int lpr : {16, 32}) {
@@ -106,6 +132,115 @@ TEST(Q8Host, LaneTasksMatchReferenceZoo) {
     ++compared;
   }
   EXPECT_EQ(compared, 5) << "zoo tensors of the 5 q8 formats";
+}
+
+
+TEST(Q8Host, MoeGateUpRowsMatchRowDot) {
+  std::mt19937 rng(23);
+  for (GgmlType t : kTypes) {
+    const int64_t cols = 2048, rows = 8, rb = int64_t(row_bytes(t, cols));
+    const auto w = test::random_weights(t, rows, cols, rng);
+    std::vector<float> x(cols);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    for (auto& v : x) v = nd(rng);
+    std::vector<int8_t> xq(cols);
+    std::vector<q8ref::Q8Ds> xds(cols / 32);
+    q8ref::quantize(x.data(), 1, cols, xq.data(), xds.data());
+    float acc[8] = {}, acc2[2][1] = {};
+    q8d::dispatch(t, true, [&](auto f, auto a) {
+      const uint8_t* wr[8];
+      for (int r = 0; r < 8; ++r) wr[r] = w.data() + r * rb;
+      q8d::rows_lane_partial<decltype(f), decltype(a)::value, 8>(wr, cols, 0, 1, xq.data(),
+                                                                 reinterpret_cast<const float2*>(xds.data()), acc);
+      const uint8_t* w2[2] = {wr[3], wr[6]};
+      q8d::rows_tokens_lane_partial<decltype(f), decltype(a)::value, 2, 1>(
+          w2, cols, 0, 1, xq.data(), reinterpret_cast<const float2*>(xds.data()), 1, acc2);
+    });
+    for (int r = 0; r < 8; ++r)
+      EXPECT_TRUE(test::same_bits(acc[r], q8ref::row_dot(t, w.data() + r * rb, cols, xq.data(), xds.data())))
+          << type_name(t) << " row " << r;
+    EXPECT_TRUE(test::same_bits(acc2[0][0], acc[3]) && test::same_bits(acc2[1][0], acc[6])) << type_name(t);
+  }
+}
+
+TEST(Q8Host, MoeDownLanesMatchReference) {
+  std::mt19937 rng(24);
+  for (GgmlType t : kTypes) {
+    const int64_t n_embd = 256, n_ff = 768, n = 2;  // few output rows (the lane code does not depend on them)
+    const int k = 8, n_expert = 12, n_slots = 5;
+    const int64_t drb = int64_t(row_bytes(t, n_ff));
+    q8ref::ExpertView v;
+    v.down_type = v.gate_type = v.up_type = t;
+    v.gate_off = v.up_off = 0, v.down_off = 2;  // only the down tensor is read: rows at an even offset
+    v.slot_bytes = v.down_off + drb * n_embd;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+    std::vector<uint8_t> slots(v.slot_bytes * n_slots);
+    for (int s = 0; s < n_slots; ++s) {
+      const auto d = test::random_weights(t, n_embd, n_ff, rng);
+      std::copy(d.begin(), d.end(), slots.begin() + s * v.slot_bytes + v.down_off);
+    }
+    v.slots = slots.data();
+    const std::vector<int32_t> table = {3, -1, 0, -1, 4, 1, -1, -1, 2, -1, -1, -1};
+    const std::vector<int32_t> ids = {2, 1, 5, 2, -1, 8, 11, 4,   // token 0: 2 twice, non-resident 1, 11, an id -1
+                                      0, 3, 6, 7, 9, 10, 1, 2};   // token 1: resident 0 and 2 only
+    std::vector<float> wts(n * k);
+    for (auto& e : wts) e = 0.05f + float(rng() % 100) / 400.f;
+    std::vector<float> hf(n * k * n_ff);
+    std::normal_distribution<float> nd(0.f, 0.3f);
+    for (auto& e : hf) e = nd(rng);
+    std::vector<int8_t> hq(hf.size());
+    std::vector<q8ref::Q8Ds> hds(hf.size() / 32);
+    q8ref::quantize(hf.data(), n * k, n_ff, hq.data(), hds.data());
+    std::vector<float> x_ref(n * n_embd, 0.25f);
+    q8ref::moe_down(v, table.data(), hq.data(), hds.data(), ids.data(), wts.data(), n, k, x_ref.data());
+    double worst = 0;
+    std::vector<float> wd(n_ff);
+    for (bool staged : {false, true})
+    q8d::dispatch(t, false, [&](auto f, auto a) {
+      for (int64_t tk = 0; tk < n; ++tk)
+        for (int64_t r = 0; r < n_embd; ++r) {
+          float part[32];
+          if (staged) {  // the kernel's staged path: the k experts' rows r copied into one region
+            const int64_t stride = q8d::stage_stride(drb);
+            std::vector<uint4> region(size_t(stride * k / 16));
+            for (int j = 0; j < k; ++j) {
+              const int64_t p = tk * k + j;
+              if (ids[p] < 0 || table[ids[p]] < 0) continue;
+              const uint8_t* src = slots.data() + table[ids[p]] * v.slot_bytes + v.down_off + r * drb;
+              uint8_t* base = reinterpret_cast<uint8_t*>(region.data()) + j * stride;
+              for (int lane = 0; lane < 32; ++lane) q8d::warp_copy(q8d::stage_dst(base, src), src, drb, lane);
+            }
+            for (int l = 0; l < 32; ++l)
+              part[l] = q8d::down_lane_partial<decltype(f), q8d::kStaged>(
+                  slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
+                  reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32,
+                  reinterpret_cast<uint8_t*>(region.data()), stride);
+          } else {
+            for (int l = 0; l < 32; ++l)
+              part[l] = q8d::down_lane_partial<decltype(f), decltype(a)::value>(
+                  slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
+                  reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
+          }
+          for (int o = 16; o > 0; o >>= 1) {
+            float nxt[32];
+            for (int l = 0; l < 32; ++l) nxt[l] = part[l] + part[l ^ o];
+            std::copy(nxt, nxt + 32, part);
+          }
+          const float got = 0.25f + part[0];
+          double mag = 0;
+          for (int j = 0; j < k; ++j) {
+            const int64_t p = tk * k + j;
+            if (ids[p] < 0 || table[ids[p]] < 0) continue;
+            dequantize_row(t, slots.data() + table[ids[p]] * v.slot_bytes + v.down_off + r * drb, wd.data(), n_ff);
+            for (int64_t c = 0; c < n_ff; ++c)
+              mag += std::fabs(wts[p] * wd[c] * double(hds[p * (n_ff / 32) + c / 32].d) * hq[p * n_ff + c]);
+          }
+          worst = std::max(worst, std::fabs(double(got) - x_ref[tk * n_embd + r]) / (1e-5 * mag + 2.4e-7 * 0.25));
+        }
+    });
+    EXPECT_LE(worst, 1.0) << type_name(t);
+    std::printf("q8 host moe down %s: worst error / tolerance %.3g\n", std::string(type_name(t)).c_str(), worst);
+  }
 }
 
 }  // namespace

@@ -4,8 +4,14 @@
 //  * matvec: the 5 formats, shapes 768x2048, 2048x768, 4096x2048, 5120x2048 (n = 1, 3, 8, 11) and
 //    151936x2048 (n = 1), accumulate off and on, plus 2-byte aligned weights: per output
 //    |gpu - ref| <= 1e-5 * sum_c |w_c * x_c| (w dequantized, x the dequantized int8 activations; only the
-//    float summation order differs);
-//  * moe_gate_up / moe_down (further down).
+//    float summation order differs); the 2-byte aligned formats through shared memory (staged rows) and,
+//    for rows too long to stage (12288 columns), straight from global memory;
+//  * moe_gate_up / moe_down: 128 experts, 10 resident in scattered slots, k = 8, n = 1 and 3, a repeated
+//    expert (inside a token and across tokens), negative ids, a token without a resident expert; hq within
+//    half a step of the reference's unquantized h (plus the g, u summation-order tolerance), pairs of
+//    non-resident experts untouched (sentinel bytes); moe_down on the GPU's h vs the reference's moe_down on
+//    the same h within 1e-5 of sum |wts * w * h|; x of a token with no resident expert bit-unchanged;
+//    deterministic.
 // The activations given to matvec come from the CPU quantizer, so each product is tested on its own.
 #include <gtest/gtest.h>
 
@@ -19,6 +25,7 @@
 #include "common/error.h"
 #include "cpu/thread_pool.h"
 #include "cuda/host/q8_reference.h"
+#include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "gpu_test_util.h"
@@ -219,7 +226,7 @@ TEST_F(CudaQ8Matvec, AllFormatsRealShapes) {
   for (GgmlType t : kTypes) {
     check(make_case(t, 768, 2048, 1), {1, 3, 8, 11});
     check(make_case(t, 2048, 768, 2), {1, 3, 8, 11});
-    check(make_case(t, 4096, 2048, 3), {1, 3, 8, 11});
+    check(make_case(t, 4096, 2048, 3), {1, 2, 3, 8, 11});  // n <= 2: two rows per warp
     check(make_case(t, 5120, 2048, 4), {1, 3, 8, 11});
   }
 }
@@ -232,6 +239,8 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
   for (GgmlType t : kTypes) {
     check(make_case(t, 37, 2048, 6), {1, 5}, 2);   // rows not a multiple of a block's rows
     check(make_case(t, 13, 768, 7), {2, 9}, 2);    // two rows per warp, an odd last warp
+    check(make_case(t, 40, 12288, 9), {1, 3});     // rows too long for shared memory: the direct loads
+    check(make_case(t, 4097, 2048, 10), {1, 2}, 2);  // two rows per warp, the last warp's second row past the end
   }
 }
 
@@ -252,6 +261,238 @@ TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb - 2, d_q.ptr<int8_t>()), Error);  // row too short
   EXPECT_THROW(call(GgmlType::Q4_K, d_w1.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);  // odd weight address
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb, d_q.ptr<int8_t>() + 1), Error);  // unaligned activations
+}
+
+
+// ---- MoE ----
+
+struct Q8MoeCase {
+  GgmlType gate, up, down;
+  int64_t extra_offset;  // added to the tensors' offsets and the slot size (2: 2-byte aligned rows)
+};
+
+class CudaQ8Moe : public test::GpuKernelTest {
+ protected:
+  static constexpr int64_t n_embd = 2048, n_ff = 768;
+  static constexpr int n_expert = 128, n_slots = 12, k = 8;
+
+  void run(const Q8MoeCase& mc) {
+    std::mt19937 rng(77 + int(mc.down) + int(mc.extra_offset));
+    // Layer: experts resident[i] in slot slot_of[i]; slots 4 and 8 hold random bytes; the rest of the
+    // 128 experts are not resident (-1).
+    cuda::moe::ExpertLayerView v;
+    const int64_t grb = int64_t(row_bytes(mc.gate, n_embd)), urb = int64_t(row_bytes(mc.up, n_embd)),
+                  drb = int64_t(row_bytes(mc.down, n_ff));
+    v.gate_type = mc.gate, v.up_type = mc.up, v.down_type = mc.down;
+    v.gate_off = mc.extra_offset, v.up_off = v.gate_off + grb * n_ff + mc.extra_offset;
+    v.down_off = v.up_off + urb * n_ff;
+    v.slot_bytes = v.down_off + drb * n_embd + mc.extra_offset;
+    v.n_embd = n_embd, v.n_ff = n_ff;
+    std::vector<int32_t> table(n_expert, -1);
+    std::vector<uint8_t> slots(v.slot_bytes * n_slots);
+    for (auto& b : slots) b = uint8_t(rng());
+    const int resident[] = {0, 3, 17, 31, 42, 64, 77, 100, 126, 127};
+    const int slot_ix[] = {7, 0, 11, 3, 9, 1, 5, 10, 2, 6};
+    for (int i = 0; i < 10; ++i) {
+      table[resident[i]] = slot_ix[i];
+      uint8_t* base = slots.data() + slot_ix[i] * v.slot_bytes;
+      const auto g = test::random_weights(mc.gate, n_ff, n_embd, rng);
+      const auto u = test::random_weights(mc.up, n_ff, n_embd, rng);
+      const auto d = test::random_weights(mc.down, n_embd, n_ff, rng);
+      std::copy(g.begin(), g.end(), base + v.gate_off);
+      std::copy(u.begin(), u.end(), base + v.up_off);
+      std::copy(d.begin(), d.end(), base + v.down_off);
+    }
+    q8ref::ExpertView hv;
+    hv.slots = slots.data(), hv.slot_bytes = v.slot_bytes, hv.gate_type = v.gate_type, hv.up_type = v.up_type;
+    hv.down_type = v.down_type, hv.gate_off = v.gate_off, hv.up_off = v.up_off, hv.down_off = v.down_off;
+    hv.n_embd = n_embd, hv.n_ff = n_ff;
+    ASSERT_TRUE(q8ref::moe_supported(hv));
+    auto d_slots = upload_vec(slots);
+    auto d_table = upload_vec(table);
+    v.slots = d_slots.ptr<uint8_t>();
+    ASSERT_TRUE(q8::moe_supported(v));
+
+    for (int64_t n : {int64_t(1), int64_t(3)}) {
+      // Token 0: resident 17 twice (j 0 and 5), non-resident 5 and 90, a negative id, residents 42, 127, 0.
+      // Token 1: only non-resident experts (x must stay as it was). Token 2: resident 17 again (across
+      // tokens), 3, 64, 77, 100, 126, 31 and non-resident 1.
+      const int32_t routing[3][k] = {{17, 5, 42, -1, 127, 17, 90, 0},
+                                     {1, 2, 4, 5, 6, 7, 8, 9},
+                                     {17, 3, 64, 1, 77, 100, 126, 31}};
+      std::vector<int32_t> ids(n * k);
+      std::vector<float> wts(n * k);
+      for (int64_t t = 0; t < n; ++t)
+        for (int j = 0; j < k; ++j) ids[t * k + j] = routing[t][j], wts[t * k + j] = 0.05f + 0.2f * float(rng() % 100) / 100.f;
+      const auto x = make_acts(n, n_embd, rng);
+      const Q8Host xq = quantize_host(x, n, n_embd);
+      const std::string what = std::string(type_name(mc.gate)) + "/" + std::string(type_name(mc.up)) + "/" +
+                               std::string(type_name(mc.down)) + " offset+" + std::to_string(mc.extra_offset) +
+                               " n " + std::to_string(n);
+      auto resident_pair = [&](int64_t p) { return ids[p] >= 0 && table[ids[p]] >= 0; };
+
+      // gate_up on the GPU; hq / hds filled with sentinels.
+      auto d_ids = upload_vec(ids);
+      auto d_wts = upload_vec(wts);
+      auto d_xq = upload_vec(xq.q);
+      auto d_xds = upload_vec(xq.ds);
+      auto d_hq = output(n * k * n_ff, 0x5A);
+      auto d_hds = output(n * k * (n_ff / 32) * sizeof(float2), 0x5A);
+      q8::moe_gate_up(v, d_table.ptr<int32_t>(), d_xq.ptr<int8_t>(), d_xds.ptr<float2>(), d_ids.ptr<int32_t>(), n, k,
+                      d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids.span()},
+                        {d_hq.span(), d_hds.span()});
+      const auto hq = download<int8_t>(d_hq, n * k * n_ff);
+      const auto hds = download<Q8Ds>(d_hds, n * k * (n_ff / 32));
+
+      // Reference pieces: g, u per row (q8ref::row_dot), h = silu(g) * u unquantized, and the reference's
+      // own quantized h.
+      std::vector<int8_t> hq_ref(n * k * n_ff, 0);
+      std::vector<Q8Ds> hds_ref(n * k * (n_ff / 32));
+      q8ref::moe_gate_up(hv, table.data(), xq.q.data(), xq.ds.data(), ids.data(), n, k, hq_ref.data(), hds_ref.data());
+      int64_t untouched_bad = 0, out_of_bound = 0, q_diff = 0, q_diff_big = 0, ds_bad = 0;
+      double worst_h = 0;
+      std::vector<float> wg(n_embd), wu(n_embd);
+      for (int64_t p = 0; p < n * k; ++p) {
+        const int8_t* qp = hq.data() + p * n_ff;
+        const Q8Ds* dp = hds.data() + p * (n_ff / 32);
+        if (!resident_pair(p)) {
+          for (int64_t r = 0; r < n_ff; ++r) untouched_bad += uint8_t(qp[r]) != 0x5A;
+          for (int64_t b = 0; b < n_ff / 32; ++b) {
+            uint8_t raw[8];
+            std::memcpy(raw, &dp[b], 8);
+            for (uint8_t c : raw) untouched_bad += c != 0x5A;
+          }
+          continue;
+        }
+        const int64_t t = p / k;
+        const uint8_t* base = slots.data() + table[ids[p]] * v.slot_bytes;
+        for (int64_t b = 0; b < n_ff / 32; ++b) {
+          int sum = 0;
+          for (int i = 0; i < 32; ++i) sum += qp[32 * b + i];
+          ds_bad += !(dp[b].s == dp[b].d * float(sum));
+        }
+        for (int64_t r = 0; r < n_ff; ++r) {
+          const uint8_t* gr = base + v.gate_off + r * grb;
+          const uint8_t* ur = base + v.up_off + r * urb;
+          const float g = q8ref::row_dot(mc.gate, gr, n_embd, xq.q.data() + t * n_embd, xq.ds.data() + t * (n_embd / 32));
+          const float u = q8ref::row_dot(mc.up, ur, n_embd, xq.q.data() + t * n_embd, xq.ds.data() + t * (n_embd / 32));
+          dequantize_row(mc.gate, gr, wg.data(), n_embd);
+          dequantize_row(mc.up, ur, wu.data(), n_embd);
+          double mg = 0, mu = 0;
+          for (int64_t c = 0; c < n_embd; ++c) {
+            const double xc = std::fabs(double(xq.ds[t * (n_embd / 32) + c / 32].d) * xq.q[t * n_embd + c]);
+            mg += std::fabs(wg[c]) * xc, mu += std::fabs(wu[c]) * xc;
+          }
+          const double h = q8ref::silu_mul(g, u);
+          const double sg = g / (1.0 + std::exp(-double(g)));
+          // g and u may differ from the reference by 1e-5 of their sum|w*x| (summation order); silu' <= 1.1;
+          // expf on the GPU is within 2 ulp; the GPU's quantization step is d (rounding: d/2).
+          const double tol_h = 1.1 * std::fabs(u) * 1e-5 * mg + std::fabs(sg) * 1e-5 * mu + 4.8e-7 * std::fabs(h);
+          const double d = dp[r / 32].d;
+          const double err = std::fabs(d * qp[r] - h);
+          const double bound = 0.5 * d * (1 + 1e-5) + tol_h;
+          out_of_bound += err > bound;
+          worst_h = std::max(worst_h, err / bound);
+          const int dq_ = std::abs(int(qp[r]) - int(hq_ref[p * n_ff + r]));
+          q_diff += dq_ != 0, q_diff_big += dq_ > 1;
+        }
+      }
+      const int64_t resident_values = [&] {
+        int64_t c = 0;
+        for (int64_t p = 0; p < n * k; ++p) c += resident_pair(p) ? n_ff : 0;
+        return c;
+      }();
+      EXPECT_EQ(untouched_bad, 0) << what << ": hq/hds of non-resident pairs were written";
+      EXPECT_EQ(ds_bad, 0) << what << ": hds.s != d * sum(q)";
+      EXPECT_EQ(out_of_bound, 0) << what << ": dequantized h off the unquantized reference h by more than half a "
+                                 << "step (+ tolerance); worst error / bound " << worst_h;
+      EXPECT_EQ(q_diff_big, 0) << what << ": codes differing from the reference's by more than 1";
+      EXPECT_LE(q_diff, resident_values / 100) << what << ": codes differing from the reference's (rounding ties "
+                                               << "moved by the summation order) in more than 1%";
+      std::printf("q8 moe gate_up %s: worst |h - ref| / bound %.3g, %lld of %lld codes differ by 1 from the reference\n",
+                  what.c_str(), worst_h, (long long)q_diff, (long long)resident_values);
+
+      // down on the GPU (x += ...) vs the reference's moe_down on the GPU's own h.
+      std::vector<float> x0(n * n_embd);
+      for (auto& e : x0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
+      std::vector<float> x_ref = x0;
+      q8ref::moe_down(hv, table.data(), hq.data(), hds.data(), ids.data(), wts.data(), n, k, x_ref.data());
+      auto d_x = upload_vec(x0);
+      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                   d_wts.ptr<float>(), n, k, d_x.ptr<float>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                         d_wts.span()}, {d_x.span()});
+      const auto xo = download<float>(d_x, n * n_embd);
+      std::vector<float> wd(n_ff);
+      double worst_x = 0;
+      int64_t bad_x = 0, changed_t1 = 0;
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t r = 0; r < n_embd; ++r) {
+          const int64_t i = t * n_embd + r;
+          if (t == 1) {  // no resident expert
+            changed_t1 += !test::same_bits(xo[i], x0[i]);
+            continue;
+          }
+          double mag = 0;
+          for (int j = 0; j < k; ++j) {
+            const int64_t p = t * k + j;
+            if (!resident_pair(p)) continue;
+            dequantize_row(mc.down, slots.data() + table[ids[p]] * v.slot_bytes + v.down_off + r * drb, wd.data(), n_ff);
+            for (int64_t c = 0; c < n_ff; ++c)
+              mag += std::fabs(wts[p] * wd[c] * double(hds[p * (n_ff / 32) + c / 32].d) * hq[p * n_ff + c]);
+          }
+          const double tol = 1e-5 * mag + 2.4e-7 * std::fabs(double(x_ref[i]));
+          const double err = std::isfinite(xo[i]) ? std::fabs(double(xo[i]) - x_ref[i]) : 1e30;
+          bad_x += err > tol;
+          worst_x = std::max(worst_x, err / std::max(tol, 1e-30));
+        }
+      EXPECT_EQ(changed_t1, 0) << what << ": x of a token without a resident expert changed";
+      EXPECT_EQ(bad_x, 0) << what << ": moe_down off the reference by more than 1e-5 sum|wts w h|; worst error / "
+                          << "tolerance " << worst_x;
+      std::printf("q8 moe down %s: worst error / tolerance %.3g\n", what.c_str(), worst_x);
+
+      // Deterministic: the same call again gives the same bits.
+      auto d_x2 = upload_vec(x0);
+      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                   d_wts.ptr<float>(), n, k, d_x2.ptr<float>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                         d_wts.span()}, {d_x2.span()});
+      EXPECT_EQ(std::memcmp(download<float>(d_x2, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
+          << what << ": moe_down not deterministic";
+    }
+  }
+};
+
+TEST_F(CudaQ8Moe, Q4KGateUpQ6KDown) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0}); }
+TEST_F(CudaQ8Moe, AllQ4K) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 0}); }
+// Different gate and up formats (two task loops), 2-byte aligned rows (the K-quants' non-vector loads).
+// (All rows 2-byte aligned: gate, up and down all take the shared-memory staged path.)
+TEST_F(CudaQ8Moe, MixedFormatsTwoByteAligned) { run({GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::Q4_0, 2}); }
+// Q4_0 experts (llama.cpp's benchmark format): staged gate/up of one format; Q8_0 down.
+TEST_F(CudaQ8Moe, Q40GateUpQ80Down) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0, 0}); }
+// A 16-byte-load gate with a 2-byte aligned up: two task loops, nothing staged; Q5_K down.
+TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
+
+TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
+  auto d_slots = output(1 << 20, 0);
+  cuda::moe::ExpertLayerView v;
+  v.slots = d_slots.ptr<uint8_t>();
+  v.n_embd = 256, v.n_ff = 256;
+  v.gate_type = v.up_type = v.down_type = GgmlType::Q4_1;  // a GPU kernel, but none with int8 activations
+  v.gate_off = 0, v.up_off = 160 * 256, v.down_off = 2 * 160 * 256, v.slot_bytes = 3 * 160 * 256;  // fits Q4_1 and Q4_K
+  EXPECT_FALSE(q8::moe_supported(v));
+  auto d_buf = output(4096, 0);
+  EXPECT_THROW(q8::moe_gate_up(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
+                               1, 1, d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), stream()),
+               Error);
+  v.gate_type = v.up_type = v.down_type = GgmlType::Q4_K;
+  EXPECT_TRUE(q8::moe_supported(v));
+  v.gate_off = 1;  // odd rows
+  EXPECT_FALSE(q8::moe_supported(v));
+  EXPECT_THROW(q8::moe_down(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
+                            d_buf.ptr<float>(), 1, 1, d_buf.ptr<float>(), stream()),
+               Error);
 }
 
 }  // namespace

@@ -120,6 +120,24 @@ TEST_P(Qwen3MoeGpu, FastWithinLlamaCppKl) {
   EXPECT_LE(r.mean_kl, bound);
 }
 
+// The fast mode's decode path on KL-checked logits: the prompt in chunks of 7 tokens, so every pass is
+// decode-sized (int8-activation products where the types have them, attn_prep, the stacked q|k|v product
+// or three), with every expert resident (passes of <= 8 tokens replay CUDA graphs), with a quarter of them
+// (the GPU experts add into x, then the CPU pool's partial) and with none. Same bound as the whole-prompt
+// fast test: 1.5x llama.cpp's own KL.
+TEST_P(Qwen3MoeGpu, FastDecodeSizedPassesWithinLlamaCppKl) {
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
+  const double bound = 1.5 * kLlamaKl.at(GetParam());
+  for (const char* cache : {"100%", "25%", "0%"}) {
+    const Result r = evaluate(load_gpu(GetParam(), false, cache, 0), ref, MatmulMode::Fast, 7);
+    std::printf("[ gpu fast chunked %-6s %4s ] mean KL %.3e (bound %.3e), top-1 %d/%u, prefill graphs %lld/%lld\n",
+                GetParam().c_str(), cache, r.mean_kl, bound, r.top1, ref.n_prompt,
+                (long long)r.prefill.graph_forwards, (long long)r.prefill.forwards);
+    SCOPED_TRACE(std::string("expert cache ") + cache);
+    EXPECT_LE(r.mean_kl, bound);
+  }
+}
+
 // The same sequence at several expert-cache sizes (exact mode): the CPU pool and the slots must give
 // the same tokens as the CPU engine and as each other.
 TEST_P(Qwen3MoeGpu, ExpertCacheSizesAgree) {

@@ -1,7 +1,9 @@
 // The CUDA qwen3next backend (issue 10's GPU path) vs the llama.cpp-made references of every
 // tiny-qwen3next fixture, with the rules of the CPU test (tests/test_qwen3next.cpp):
 //   exact GPU mode vs *.f32ref.slg: mean KL <= 1e-5, top-1 100%, 24-token greedy continuation identical;
-//   fast GPU mode vs *.f32ref.slg: mean KL <= 1.5x llama.cpp's own KL (fixture README table);
+//   fast GPU mode vs *.f32ref.slg: mean KL <= 1.5x llama.cpp's own KL (fixture README table), for whole-
+//   prompt passes and for decode-sized ones (token by token and chunks of 7: int8-activation products,
+//   q8 MoE for the routed and the shared expert, fused GDN ops) at 100/25/0% of the experts resident;
 //   expert cache at 0%, 25%, 100% of the experts (and 25% adapting every step), exact: greedy tokens
 //   identical to each other, to the reference and to the CPU exact path;
 //   prefill in one batch, in chunks of 7 and token by token: the same exact-mode logits at every position;
@@ -140,6 +142,31 @@ TEST_P(Qwen3NextGpu, FastWithinLlamaCppKl) {
     std::printf("[ gpu qwen3next fast %-6s batch %3d ] mean KL %.3e (bound %.3e = 1.5x llama.cpp), top-1 %d/%u\n",
                 GetParam().c_str(), nb, r.mean_kl, bound, r.top1, ref.n_prompt);
     EXPECT_LE(r.mean_kl, bound) << "batch " << nb;
+  }
+}
+
+// The fast mode's decode path on KL-checked logits: the prompt token by token (one-token passes: the
+// stacked projections in one product each, CUDA graphs when every expert is resident) and in chunks of 7
+// (one product per part), so every pass is decode-sized (< 32 tokens: int8-activation products, the
+// routed and the shared expert through the q8 MoE kernels where the types have them, the fused GDN
+// launches), with every expert resident, a quarter of them (the CPU pool's partial added after the GPU's
+// adds into x) and none. Same bound as the whole-prompt fast test: 1.5x llama.cpp's own KL.
+TEST_P(Qwen3NextGpu, FastDecodeSizedPassesWithinLlamaCppKl) {
+  const Slg ref = read_slg(kBase + GetParam() + ".f32ref.slg");
+  const double bound = 1.5 * kLlamaKl.at(GetParam());
+  for (const char* cache : {"100%", "25%", "0%"}) {
+    for (int nb : {1, 7}) {
+      auto model = load_gpu(kBase + GetParam() + ".gguf", false, cache, 0);
+      const Result r = evaluate(model, ref, MatmulMode::Fast, nb, 0);
+      std::printf("[ gpu qwen3next fast decode-sized %-6s %4s batch %d ] mean KL %.3e (bound %.3e), max KL %.3e, "
+                  "top-1 %d/%u, graphs %lld/%lld forwards, %.1f op calls per forward\n",
+                  GetParam().c_str(), cache, nb, r.mean_kl, bound, r.max_kl, r.top1, ref.n_prompt,
+                  (long long)r.prefill.graph_forwards, (long long)r.prefill.forwards,
+                  r.prefill.forwards ? double(r.prefill.op_calls) / double(r.prefill.forwards) : 0.0);
+      SCOPED_TRACE(std::string("expert cache ") + cache + ", batch " + std::to_string(nb));
+      EXPECT_LE(r.mean_kl, bound);
+      EXPECT_EQ(r.prefill.forwards, (int64_t(ref.n_prompt) + nb - 1) / nb);
+    }
   }
 }
 

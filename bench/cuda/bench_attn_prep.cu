@@ -1,0 +1,170 @@
+// The small ops of a decode layer's attention input on Qwen3-30B-A3B's geometry (32 query / 4 KV heads of
+// 128, f16 KV cache), old against new in the same run: the five launches rmsnorm(q), rmsnorm(k),
+// rope_neox(q), rope_neox(k), kv_store against one ops::attn_prep (plus ops::rope_cos_sin, which a forward
+// runs once for all layers: shown per call and per 48 layers); and the router of a layer (128 x 2048 F32,
+// top 8): quant::matmul + ops::moe_route against ops::router_route.
+// Each row is timed two ways: 48 back-to-back direct launches (a 48-layer decode without graphs) and one
+// CUDA graph of 48 repetitions (the graph decode). Prints a markdown table of microseconds per layer and
+// the ratio new/old.
+//
+// Usage: bench_attn_prep [--reps 200]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/device.h"
+#include "cuda/graph.h"
+#include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
+#include "cuda/quant_kernels.cuh"
+#include "cuda/transfer.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+
+constexpr int kHead = 32, kHeadKv = 4, kDim = 128, kLayers = 48, kCtx = 4096, kExperts = 128, kUsed = 8,
+              kEmbd = 2048;
+constexpr float kBase = 1e6f, kEps = 1e-6f;
+
+// Microseconds per call of `fn` (enqueued on `s`), `reps` calls after 2 warm-up calls.
+template <typename Fn>
+double time_us(cudaStream_t s, int reps, Fn fn) {
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < reps; ++i) fn();
+  CUDA_CHECK(cudaEventRecord(b, s));
+  CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  CUDA_CHECK(cudaEventDestroy(a));
+  CUDA_CHECK(cudaEventDestroy(b));
+  return 1000.0 * ms / reps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 200;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[++i]));
+  if (!device_available()) {
+    std::fprintf(stderr, "bench_attn_prep: no CUDA device\n");
+    return 1;
+  }
+  Device dev(0);
+  Transfer xfer(dev);
+  Stream& cs = dev.compute();
+  const cudaStream_t s = cs.handle();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto upload = [&](const std::vector<float>& h, const char* name) {
+    DeviceBuffer b = dev.alloc(h.size() * 4, name);
+    xfer.upload(b.span(), h.data(), h.size() * 4, cs, {&cs});
+    return b;
+  };
+  auto randv = [&](size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+  };
+  const int max_tok = 8;
+  const int64_t qw = kHead * kDim, kw = kHeadKv * kDim, W = qw + 2 * kw;
+  DeviceBuffer qkv = upload(randv(size_t(max_tok * W)), "qkv");
+  DeviceBuffer q = upload(randv(size_t(max_tok * qw)), "q"), k = upload(randv(size_t(max_tok * kw)), "k"),
+               v = upload(randv(size_t(max_tok * kw)), "v");
+  DeviceBuffer q_out = dev.alloc(size_t(max_tok * qw) * 4, "q_out");
+  DeviceBuffer qn = upload(randv(kDim), "q_norm"), kn = upload(randv(kDim), "k_norm");
+  DeviceBuffer kc = dev.alloc(size_t(kLayers) * kCtx * size_t(kw) * 2, "k cache"),
+               vc = dev.alloc(size_t(kLayers) * kCtx * size_t(kw) * 2, "v cache");
+  std::vector<ops::KvRef> refs(max_tok);
+  std::vector<int32_t> pos(max_tok);
+  for (int t = 0; t < max_tok; ++t) {
+    pos[size_t(t)] = 1000 + t;
+    refs[size_t(t)] = {kc.as<uint16_t>(), vc.as<uint16_t>(), kCtx, pos[size_t(t)]};
+  }
+  DeviceBuffer drefs = dev.alloc(refs.size() * sizeof(ops::KvRef), "refs"), dpos = dev.alloc(pos.size() * 4, "pos");
+  xfer.upload(drefs.span(), refs.data(), refs.size() * sizeof(ops::KvRef), cs, {&cs});
+  xfer.upload(dpos.span(), pos.data(), pos.size() * 4, cs, {&cs});
+  DeviceBuffer cs_tab = dev.alloc(size_t(max_tok) * kDim * 4, "rope cs");
+  DeviceBuffer logits = upload(randv(size_t(max_tok) * kExperts), "router logits");
+  DeviceBuffer ids = dev.alloc(size_t(max_tok) * kUsed * 4, "ids"), wts = dev.alloc(size_t(max_tok) * kUsed * 4, "wts");
+  std::vector<float> rw = randv(size_t(kExperts) * kEmbd);
+  for (auto& f : rw) f *= 0.02f;
+  DeviceBuffer router_w = upload(rw, "router"), xn = upload(randv(size_t(max_tok) * kEmbd), "xn");
+  DeviceBuffer counter = dev.alloc(16, "route counter");
+  xfer.fill(counter.span(), 0, cs, {&cs});
+  cs.synchronize();
+
+  const ops::AttnPrepShape shape{kHead, kHeadKv, kDim, kDim, kDim, kEps};
+  // Per layer: the old five launches, the new one; a forward's one rope_cos_sin; moe_route.
+  auto old_seq = [&](int n, int layer) {
+    ops::rmsnorm(q.as<float>(), qn.as<float>(), n * kHead, kDim, kEps, q.as<float>(), s);
+    ops::rmsnorm(k.as<float>(), kn.as<float>(), n * kHeadKv, kDim, kEps, k.as<float>(), s);
+    ops::rope_neox(q.as<float>(), dpos.as<int32_t>(), n, kHead, kDim, kDim, kBase, s);
+    ops::rope_neox(k.as<float>(), dpos.as<int32_t>(), n, kHeadKv, kDim, kDim, kBase, s);
+    ops::kv_store(k.as<float>(), v.as<float>(), drefs.as<ops::KvRef>(), n, layer, kw, kw, s);
+  };
+  auto new_seq = [&](int n, int layer) {
+    const float* b = qkv.as<float>();
+    ops::attn_prep(b, W, b + qw, W, b + qw + kw, W, qn.as<float>(), kn.as<float>(), cs_tab.as<float>(),
+                   drefs.as<ops::KvRef>(), n, layer, shape, q_out.as<float>(), s);
+  };
+  auto angles = [&](int n) { ops::rope_cos_sin(dpos.as<int32_t>(), n, kDim, kBase, cs_tab.as<float>(), s); };
+  auto route = [&](int n) {
+    ops::moe_route(logits.as<float>(), n, kExperts, kUsed, true, ids.as<int32_t>(), wts.as<float>(), s);
+  };
+  auto router_old = [&](int n) {
+    quant::matmul(GgmlType::F32, router_w.data(), kExperts, kEmbd, xn.as<float>(), n, logits.as<float>(), s);
+    route(n);
+  };
+  auto router_new = [&](int n) {
+    ops::router_route(router_w.as<float>(), kExperts, kEmbd, xn.as<float>(), n, kUsed, true, logits.as<float>(),
+                      ids.as<int32_t>(), wts.as<float>(), counter.as<uint32_t>(), s);
+  };
+  // us per layer: 48 layers launched directly, and 48 layers in one graph.
+  auto per_layer = [&](auto&& layer_fn) {
+    const double direct = time_us(s, reps, [&] {
+      for (int l = 0; l < kLayers; ++l) layer_fn(l);
+    }) / kLayers;
+    Graph g = Graph::capture(cs, [&] {
+      for (int l = 0; l < kLayers; ++l) layer_fn(l);
+    });
+    const double graph = time_us(s, reps, [&] { g.launch(cs); }) / kLayers;
+    return std::pair<double, double>(direct, graph);
+  };
+
+  std::printf("| op (per layer) | tokens | launches | direct us | graph us | graph new/old |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|\n");
+  for (int n : {1, 8}) {
+    angles(n);
+    const auto o = per_layer([&](int l) { old_seq(n, l); });
+    const auto f = per_layer([&](int l) { new_seq(n, l); });
+    const auto a = per_layer([&](int) { angles(n); });
+    const auto r = per_layer([&](int) { route(n); });
+    const auto ro = per_layer([&](int) { router_old(n); });
+    const auto rn = per_layer([&](int) { router_new(n); });
+    std::printf("| rmsnorm q,k + rope q,k + kv_store (old) | %d | 5 | %.2f | %.2f | 1 |\n", n, o.first, o.second);
+    std::printf("| attn_prep (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, f.first, f.second, f.second / o.second);
+    std::printf("| attn_prep + rope_cos_sin/48 (new, per layer of a forward) | %d | 1 + 1/48 | %.2f | %.2f | %.3f |\n", n,
+                f.first + a.first / kLayers, f.second + a.second / kLayers,
+                (f.second + a.second / kLayers) / o.second);
+    std::printf("| rope_cos_sin (once per forward) | %d | 1 | %.2f | %.2f | - |\n", n, a.first, a.second);
+    std::printf("| moe_route (128 experts, top 8) | %d | 1 | %.2f | %.2f | - |\n", n, r.first, r.second);
+    std::printf("| router matmul (F32 128x2048) + moe_route (old) | %d | 2 | %.2f | %.2f | 1 |\n", n, ro.first,
+                ro.second);
+    std::printf("| router_route (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, rn.first, rn.second,
+                rn.second / ro.second);
+  }
+  cs.synchronize();
+  return 0;
+}

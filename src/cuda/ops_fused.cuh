@@ -1,0 +1,63 @@
+#pragma once
+// Fused small ops of the attention input (issue 7), declarations only. Implementation: ops_fused.cu;
+// CPU references with the same signatures: ops_fused_ref.h; tests: tests/cuda/test_ops_fused.cu.
+//
+// Why: per decoded token and layer the attention input took six launches (q_norm, k_norm, two ropes,
+// kv_store, plus the angle loop inside each rope), each a few microseconds of fixed cost for a few KB of
+// data. attn_prep does them in one launch with the values of that sequence bit for bit; the rope angles,
+// the same for every layer, are built once per forward by rope_cos_sin.
+// All pointers are device memory; every call is enqueued on `stream`.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/ops.cuh"
+
+namespace strata::cuda::ops {
+
+// The NeoX rope angles of each token, as ops::rope_neox builds them (theta_0 = pos, theta_{i+1} =
+// theta_i * base^(-2/n_rot) in f32, cos/sin correctly rounded from double).
+//   pos: [n_tok] int32   cs: [n_tok][n_rot/2][2] f32 = (cos theta_i, sin theta_i)
+void rope_cos_sin(const int32_t* pos, int64_t n_tok, int n_rot, float base, float* cs, cudaStream_t stream);
+
+// The shape of attn_prep's heads.
+struct AttnPrepShape {
+  int n_head, n_head_kv;     // query heads, KV heads
+  int head_dim, head_dim_v;  // K/Q and V head sizes (<= kAttnPrepMaxDim)
+  int n_rot;                 // rotated dims per head (even, <= head_dim)
+  float eps;                 // rmsnorm epsilon of q_norm / k_norm
+};
+constexpr int kAttnPrepMaxDim = 1024;
+
+// The attention input of n_tok tokens in one launch, equal bit for bit to the sequence
+//   rmsnorm(q, q_norm, n_tok*n_head, head_dim); rmsnorm(k, k_norm, n_tok*n_head_kv, head_dim);
+//   rope_neox(q); rope_neox(k); kv_store(k, v, refs, ..., layer)       (cuda/ops.cuh)
+// with the rope angles taken from `cs` (rope_cos_sin of the tokens' positions):
+//   q: row t at q + t*q_ld: [n_head][head_dim] f32       (ld in floats)
+//   k: row t at k + t*k_ld: [n_head_kv][head_dim] f32
+//   v: row t at v + t*v_ld: [n_head_kv][head_dim_v] f32
+//     (one concatenated qkv matmul output: q = qkv, k = qkv + n_head*head_dim, v = k + n_head_kv*head_dim,
+//      every ld = the row width; or three separate buffers with their own widths)
+//   q_norm, k_norm: [head_dim] f32    cs: [n_tok][n_rot/2][2]    refs: [n_tok] (KV rows at refs[t].pos)
+//   q_out: [n_tok][n_head][head_dim] f32, the normed and rotated q; may be q itself when q_ld = n_head*head_dim.
+// K goes to the cache normed and rotated, V as it is, both rounded to f16. Throws strata::Error for bad shapes.
+void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const float* v, int64_t v_ld,
+               const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
+               int layer, const AttnPrepShape& shape, float* q_out, cudaStream_t stream);
+
+// The MoE router of a decode batch in one launch: logits = W . x with quant::matmul's F32 arithmetic
+// (same bits), then moe_route on them (same ids and weights), done by the last block to finish, which it
+// learns from `counter`. Why: the router product and the top-k were two launches of a few microseconds
+// each per layer, both dominated by fixed cost.
+//   w: [n_expert][cols] f32   x: [n_tok][cols] f32   logits: [n_tok][n_expert] f32 (written too)
+//   ids: [n_tok][k] int32   weights: [n_tok][k] f32   (as moe_route: ties to the lower id; norm divides by
+//   the sum clamped at 6.103515625e-5)
+//   counter: one device uint32, zero before the first call; every call leaves it zero. Calls sharing one
+//   counter must be ordered (one stream).
+// n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
+// keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
+constexpr int64_t kRouterRouteMaxTokens = 8;
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
+
+}  // namespace strata::cuda::ops

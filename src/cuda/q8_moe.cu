@@ -1,0 +1,253 @@
+// MoE decode with int8 activations, experts read from expert-cache slots through the residency table
+// (contract: q8_kernels.cuh; per-format dots: q8_formats.cuh; CPU reference: host/q8_reference.cpp
+// moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
+// per 32 rows of a pair), sums in a fixed order, so results are deterministic.
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <type_traits>
+#include <utility>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/host/q8_reference.h"
+#include "cuda/q8_common.cuh"
+#include "cuda/q8_formats.cuh"
+#include "cuda/q8_kernels.cuh"
+
+namespace strata::cuda::q8 {
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kRowsPerWarp = 4;  // gate_up: 8 warps x 4 rows = the 32 rows of one quantization block
+
+// Slot of the expert of pair p, or -1 (negative id or not resident), as moe_kernels.cu reads it.
+__device__ __forceinline__ int slot_of(const int32_t* table, const int32_t* ids, int64_t p) {
+  const int32_t e = ids[p];
+  return e < 0 ? -1 : table[e];
+}
+
+// moe_kernels.cu's silu, the same expression.
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// Block (x: 32 rows r0.. of n_ff, y: pairs p = t*k + j, grid-stride): warp w computes gate and up rows
+// r0 + 4w .. r0 + 4w + 3 against x[t] (a whole warp per row: lane = task), h = silu(g) * u into shared
+// memory, then warp 0 quantizes the 32 values into hq[p][r0..r0+32) and hds[p][r0/32].
+// AG == AU == kStaged (gate and up both 2-byte aligned formats: Q4_0 / Q8_0 / Q6_K): the warp's 4 gate
+// rows and 4 up rows (each 4 consecutive rows of memory) are first copied into its shared-memory region
+// (gstride + ustride bytes), coalesced, as matvec_kernel does.
+//   slots: [n_slots][slot_bytes]  table: [n_expert]  xq: [n][n_embd]  xds: [n][n_embd/32]  ids: [n*k]
+//   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]
+template <typename G, int AG, typename U, int AU>
+__global__ void __launch_bounds__(kThreads)
+    gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
+                   int64_t grb, int64_t urb, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
+                   const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int32_t* __restrict__ ids,
+                   int64_t n_pairs, int k, int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride,
+                   int64_t ustride) {
+  static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
+  __shared__ float hs[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int slot = slot_of(table, ids, p);  // block-uniform
+    if (slot < 0) continue;
+    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
+    const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
+    const uint8_t* usrc = base + up_off + rw * urb;
+    if constexpr (AG == q8d::kStaged) {
+      extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
+      uint8_t* region = stage + warp * (gstride + ustride);
+      uint8_t* gdst = q8d::stage_dst(region, gsrc);
+      uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
+      q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
+      q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
+      __syncwarp();  // (the previous pair's reads ended before the __syncthreads closing its iteration)
+      gsrc = gdst, usrc = udst;
+    }
+    const int8_t* xt = xq + (p / k) * n_embd;
+    const float2* dt = xds + (p / k) * (n_embd / 32);
+    float acc[2 * kRowsPerWarp];  // gate rows, then up rows
+#pragma unroll
+    for (int i = 0; i < 2 * kRowsPerWarp; ++i) acc[i] = 0.f;
+    if constexpr (std::is_same_v<G, U> && AG == AU) {
+      // Same format: the 8 rows in one task loop (8 loads in flight per lane).
+      const uint8_t* wr[2 * kRowsPerWarp];
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i)
+        wr[i] = gsrc + i * grb, wr[kRowsPerWarp + i] = usrc + i * urb;
+      q8d::rows_lane_partial<G, AG, 2 * kRowsPerWarp>(wr, n_embd, lane, 32, xt, dt, acc);
+    } else {
+      const uint8_t* wg[kRowsPerWarp];
+      const uint8_t* wu[kRowsPerWarp];
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i)
+        wg[i] = gsrc + i * grb, wu[i] = usrc + i * urb;
+      q8d::rows_lane_partial<G, AG, kRowsPerWarp>(wg, n_embd, lane, 32, xt, dt, acc);
+      q8d::rows_lane_partial<U, AU, kRowsPerWarp>(wu, n_embd, lane, 32, xt, dt, acc + kRowsPerWarp);
+    }
+#pragma unroll
+    for (int i = 0; i < 2 * kRowsPerWarp; ++i)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (lane == 0)
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) hs[kRowsPerWarp * warp + i] = silu(acc[i]) * acc[kRowsPerWarp + i];
+    __syncthreads();
+    if (warp == 0) q8c::quantize_warp(hs[lane], hq + p * n_ff + r0, hds + p * (n_ff / 32) + r0 / 32);
+    __syncthreads();  // hs is rewritten by the next pair
+  }
+}
+
+// Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
+// out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
+// tasks, so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
+// wts[p] * (its task's dot) in its fixed order, then a butterfly, then x[t][r] += the sum once.
+// Non-resident pairs (slot -1) add nothing. A == kStaged (Q4_0 / Q8_0 / Q6_K, 2-byte aligned blocks):
+// the warp first copies the k experts' rows r into its shared-memory region (stride bytes per expert),
+// coalesced, as matvec_kernel does.
+//   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
+constexpr int kDownWarps = 4;
+template <typename F, int A>
+__global__ void __launch_bounds__(32 * kDownWarps)
+    down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
+                int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
+                const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
+                int64_t n, int k, float* __restrict__ x, int64_t stride) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
+  if (r >= n_embd) return;  // warp-uniform
+  uint8_t* region = nullptr;
+  if constexpr (A == q8d::kStaged) {
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][k][stride]
+    region = stage + (threadIdx.x >> 5) * k * stride;
+  }
+  for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    if constexpr (A == q8d::kStaged) {
+      __syncwarp();  // the previous token's reads of the region are done
+      for (int j = 0; j < k; ++j) {
+        const int slot = slot_of(table, ids, t * k + j);  // warp-uniform
+        if (slot < 0) continue;
+        const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
+        q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+      }
+      __syncwarp();
+    }
+    float acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
+                                             lane, 32, region, stride);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) x[t * n_embd + r] += acc;
+  }
+}
+
+q8ref::ExpertView host_view(const moe::ExpertLayerView& v) {
+  q8ref::ExpertView h;
+  h.slots = v.slots, h.slot_bytes = v.slot_bytes;
+  h.gate_type = v.gate_type, h.up_type = v.up_type, h.down_type = v.down_type;
+  h.gate_off = v.gate_off, h.up_off = v.up_off, h.down_off = v.down_off;
+  h.n_embd = v.n_embd, h.n_ff = v.n_ff;
+  return h;
+}
+
+// Every row of a slot tensor at slots + s * slot_bytes + off (row_bytes apart) is 16-byte aligned.
+bool rows16(const moe::ExpertLayerView& v, int64_t off, int64_t rb) {
+  return reinterpret_cast<uintptr_t>(v.slots) % 16 == 0 && v.slot_bytes % 16 == 0 && off % 16 == 0 && rb % 16 == 0;
+}
+
+void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, const void* act, const void* h) {
+  moe::check_expert_view(v, what, n, k);
+  STRATA_REQUIRE(moe_supported(v), "{}: expert types {}/{}/{} or shape n_embd {} n_ff {} have no int8-activation "
+                 "kernel (or rows are not 2-byte aligned)", what, type_name(v.gate_type), type_name(v.up_type),
+                 type_name(v.down_type), v.n_embd, v.n_ff);
+  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(act) % 16 == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0,
+                 "{}: int8 activations must be 16-byte aligned", what);
+}
+
+// The most dynamic shared memory a gate_up block may use on this device: the opt-in limit per block
+// (227 KiB on sm_90) less 1 KiB for the kernel's static shared memory (hs).
+int64_t max_stage_bytes() {
+  int dev = 0, bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return int64_t(bytes) - 1024;
+}
+
+// Lets `kern` launch with up to max_stage_bytes() of dynamic shared memory (above 48 KiB a kernel must opt
+// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
+void allow_stage_bytes(const void* kern, int64_t bytes) {
+  if (bytes <= 48 * 1024) return;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({kern, dev}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes())));
+}
+
+unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
+
+}  // namespace
+
+bool moe_supported(const moe::ExpertLayerView& v) { return q8ref::moe_supported(host_view(v)); }
+
+void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
+                 const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream) {
+  check(v, "q8 moe_gate_up", n, k, xq, hq);
+  if (n == 0) return;
+  const int64_t pairs = n * k;
+  const int64_t grb = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)));
+  const int64_t urb = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)));
+  const dim3 grid(unsigned(v.n_ff / 32), grid_y(pairs));
+  const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
+  const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
+  q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
+    q8d::dispatch(v.up_type, rows16(v, v.up_off, urb), [&](auto u, auto au) {
+      using G = decltype(g);
+      using U = decltype(u);
+      constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
+      if constexpr (AG == 2 && AU == 2) {
+        if (stage_bytes <= max_stage_bytes()) {
+          auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
+          allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
+          kern<<<grid, kThreads, size_t(stage_bytes), stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                                                                v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq,
+                                                                hds, gstride, ustride);
+          CUDA_CHECK_LAUNCH();
+          return;
+        }
+      }
+      gate_up_kernel<G, AG, U, AU><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb,
+                                                                  urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs,
+                                                                  k, hq, hds, 0, 0);
+      CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
+              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream) {
+  check(v, "q8 moe_down", n, k, hq, hq);
+  if (n == 0) return;
+  const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
+  const dim3 grid(unsigned((v.n_embd + kDownWarps - 1) / kDownWarps), grid_y(n));
+  const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * kDownWarps;
+  q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
+    using F = decltype(f);
+    constexpr int A = decltype(a)::value;
+    if constexpr (A == 2) {
+      if (stage_bytes <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
+        down_kernel<F, q8d::kStaged><<<grid, 32 * kDownWarps, size_t(stage_bytes), stream>>>(
+            v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table, hq, hds, ids, wts, n, k, x, stride);
+        CUDA_CHECK_LAUNCH();
+        return;
+      }
+    }
+    down_kernel<F, A><<<grid, 32 * kDownWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
+                                                           table, hq, hds, ids, wts, n, k, x, 0);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace strata::cuda::q8

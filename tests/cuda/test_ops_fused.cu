@@ -1,0 +1,329 @@
+// The fused attention-input op (cuda/ops_fused.cuh) at the real sizes of Qwen3-30B-A3B (32 query / 4 KV
+// heads of 128) and two odd geometries: bit for bit against the op sequence it replaces on the GPU
+// (rmsnorm, rmsnorm, rope_neox, rope_neox, kv_store), within tolerance against its CPU reference, and the
+// CPU reference bit for bit against the CPU ops it is made of. Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/half.h"
+#include "cpu/ops.h"
+#include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
+#include "cuda/ops_fused_ref.h"
+#include "cuda/quant_kernels.cuh"
+#include "gpu_test_util.h"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+using strata::test::same_bits;
+
+class GpuOpsFused : public strata::test::GpuKernelTest {};
+
+struct Case {
+  int64_t n_tok;
+  int n_head, n_head_kv, head_dim, head_dim_v, n_rot;
+  float base;
+  int64_t q_w() const { return int64_t(n_head) * head_dim; }
+  int64_t k_w() const { return int64_t(n_head_kv) * head_dim; }
+  int64_t v_w() const { return int64_t(n_head_kv) * head_dim_v; }
+  int64_t qkv_w() const { return q_w() + k_w() + v_w(); }
+  std::string name() const {
+    return "n " + std::to_string(n_tok) + " heads " + std::to_string(n_head) + "/" + std::to_string(n_head_kv) +
+           " dims " + std::to_string(head_dim) + "/" + std::to_string(head_dim_v) + " n_rot " + std::to_string(n_rot);
+  }
+};
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+size_t count_bit_diffs(const std::vector<float>& a, const std::vector<float>& b, std::string* first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!same_bits(a[i], b[i]) && bad++ == 0)
+      *first = "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+  return bad;
+}
+size_t count_diffs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& b, std::string* first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i] && bad++ == 0)
+      *first = "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+  return bad;
+}
+
+constexpr int kLayers = 2, kLayer = 1, kCtx = 600;
+constexpr float kEps = 1e-6f;
+
+TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
+  for (const Case& c : {Case{1, 32, 4, 128, 128, 128, 1e6f}, Case{3, 32, 4, 128, 128, 128, 1e6f},
+                        Case{8, 32, 4, 128, 128, 128, 1e6f}, Case{5, 16, 2, 256, 256, 64, 1e7f},
+                        Case{4, 6, 3, 80, 64, 80, 1e4f}}) {
+    SCOPED_TRACE(c.name());
+    const int64_t n = c.n_tok;
+    // q|k|v rows of one concatenated product; varied scales so the norms differ per head.
+    std::vector<float> qkv = randn(size_t(n * c.qkv_w()), 100 + uint32_t(n) + uint32_t(c.head_dim), 1.0f);
+    for (size_t i = 0; i < qkv.size(); i += 97) qkv[i] *= 40.0f;
+    const std::vector<float> qn = randn(size_t(c.head_dim), 7, 1.0f), kn = randn(size_t(c.head_dim), 8, 1.0f);
+    std::vector<float> q(size_t(n * c.q_w())), k(size_t(n * c.k_w())), v(size_t(n * c.v_w()));
+    for (int64_t t = 0; t < n; ++t) {
+      const float* row = qkv.data() + t * c.qkv_w();
+      std::memcpy(q.data() + t * c.q_w(), row, size_t(c.q_w()) * 4);
+      std::memcpy(k.data() + t * c.k_w(), row + c.q_w(), size_t(c.k_w()) * 4);
+      std::memcpy(v.data() + t * c.v_w(), row + c.q_w() + c.k_w(), size_t(c.v_w()) * 4);
+    }
+    // Two sequences, tokens alternating, scattered positions (position 0 included).
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    std::mt19937 rng(9);
+    for (auto& p : pos) p = int32_t(rng() % kCtx);
+    pos[0] = 0;
+    const size_t k_cache = size_t(kLayers) * kCtx * size_t(c.k_w()), v_cache = size_t(kLayers) * kCtx * size_t(c.v_w());
+
+    // Three GPU runs into their own caches: the old op sequence, attn_prep on the concatenated rows, and
+    // attn_prep on three separate buffers with q normed in place.
+    struct Run {
+      Buf k[2], v[2];
+      std::vector<ops::KvRef> refs;
+      Buf drefs;
+    };
+    auto make_run = [&](Run& r) {
+      for (int s = 0; s < 2; ++s) {
+        r.k[s] = output(k_cache * 2, 0xab);
+        r.v[s] = output(v_cache * 2, 0xab);
+      }
+      r.refs.resize(size_t(n));
+      for (int64_t t = 0; t < n; ++t)
+        r.refs[size_t(t)] = {r.k[t % 2].ptr<uint16_t>(), r.v[t % 2].ptr<uint16_t>(), kCtx, pos[size_t(t)]};
+      r.drefs = upload_vec(r.refs);
+    };
+    Run old_run, cat_run, sep_run;
+    make_run(old_run);
+    make_run(cat_run);
+    make_run(sep_run);
+    Buf dpos = upload_vec(pos);
+    const ops::AttnPrepShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot, kEps};
+    Buf dqn = upload_vec(qn), dkn = upload_vec(kn);
+
+    // The old sequence.
+    Buf oq = upload_vec(q), ok = upload_vec(k), ov = upload_vec(v);
+    ops::rmsnorm(oq.ptr<float>(), dqn.ptr<float>(), n * c.n_head, c.head_dim, kEps, oq.ptr<float>(), stream());
+    ops::rmsnorm(ok.ptr<float>(), dkn.ptr<float>(), n * c.n_head_kv, c.head_dim, kEps, ok.ptr<float>(), stream());
+    ops::rope_neox(oq.ptr<float>(), dpos.ptr<int32_t>(), n, c.n_head, c.head_dim, c.n_rot, c.base, stream());
+    ops::rope_neox(ok.ptr<float>(), dpos.ptr<int32_t>(), n, c.n_head_kv, c.head_dim, c.n_rot, c.base, stream());
+    ops::kv_store(ok.ptr<float>(), ov.ptr<float>(), old_run.drefs.ptr<ops::KvRef>(), n, kLayer, c.k_w(), c.v_w(),
+                  stream());
+
+    // attn_prep, concatenated rows.
+    Buf dcs = output(size_t(n * c.n_rot) * 4);
+    ops::rope_cos_sin(dpos.ptr<int32_t>(), n, c.n_rot, c.base, dcs.ptr<float>(), stream());
+    Buf dqkv = upload_vec(qkv);
+    Buf cq = output(size_t(n * c.q_w()) * 4);
+    const float* dq = dqkv.ptr<float>();
+    ops::attn_prep(dq, c.qkv_w(), dq + c.q_w(), c.qkv_w(), dq + c.q_w() + c.k_w(), c.qkv_w(), dqn.ptr<float>(),
+                   dkn.ptr<float>(), dcs.ptr<float>(), cat_run.drefs.ptr<ops::KvRef>(), n, kLayer, shape,
+                   cq.ptr<float>(), stream());
+    // attn_prep, separate buffers, q in place.
+    Buf sq = upload_vec(q), sk = upload_vec(k), sv = upload_vec(v);
+    ops::attn_prep(sq.ptr<float>(), c.q_w(), sk.ptr<float>(), c.k_w(), sv.ptr<float>(), c.v_w(), dqn.ptr<float>(),
+                   dkn.ptr<float>(), dcs.ptr<float>(), sep_run.drefs.ptr<ops::KvRef>(), n, kLayer, shape,
+                   sq.ptr<float>(), stream());
+
+    const auto old_q = download<float>(oq, q.size());
+    std::string first;
+    EXPECT_EQ(count_bit_diffs(download<float>(cq, q.size()), old_q, &first), 0u) << "q (concatenated) first " << first;
+    EXPECT_EQ(count_bit_diffs(download<float>(sq, q.size()), old_q, &first), 0u) << "q (separate) first " << first;
+    for (int s = 0; s < 2; ++s) {  // whole caches: the rows written and every other byte untouched
+      const auto ek = download<uint16_t>(old_run.k[s], k_cache), evv = download<uint16_t>(old_run.v[s], v_cache);
+      EXPECT_EQ(count_diffs(download<uint16_t>(cat_run.k[s], k_cache), ek, &first), 0u) << "K cache " << s << " " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(cat_run.v[s], v_cache), evv, &first), 0u) << "V cache " << s << " " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(sep_run.k[s], k_cache), ek, &first), 0u) << "K cache (sep) " << s << " " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(sep_run.v[s], v_cache), evv, &first), 0u) << "V cache (sep) " << s << " " << first;
+    }
+
+    // CPU: the reference against the CPU ops it is made of (bit for bit), then the GPU against it.
+    std::vector<uint16_t> rk[2], rv[2], ck[2], cv[2];
+    std::vector<ops::KvRef> rrefs(static_cast<size_t>(n));
+    for (int s = 0; s < 2; ++s) {
+      rk[s].assign(k_cache, 0xabab);
+      rv[s].assign(v_cache, 0xabab);
+      ck[s] = rk[s];
+      cv[s] = rv[s];
+    }
+    for (int64_t t = 0; t < n; ++t) rrefs[size_t(t)] = {rk[t % 2].data(), rv[t % 2].data(), kCtx, pos[size_t(t)]};
+    std::vector<float> rcs(size_t(n * c.n_rot)), rq(q.size());
+    ops::ref::rope_cos_sin(pos.data(), n, c.n_rot, c.base, rcs.data());
+    ops::ref::attn_prep(qkv.data(), c.qkv_w(), qkv.data() + c.q_w(), c.qkv_w(), qkv.data() + c.q_w() + c.k_w(),
+                        c.qkv_w(), qn.data(), kn.data(), rcs.data(), rrefs.data(), n, kLayer, shape, rq.data());
+    std::vector<float> cq_cpu = q, ck_cpu = k;
+    cpu::rmsnorm(cq_cpu.data(), qn.data(), n * c.n_head, c.head_dim, kEps, cq_cpu.data());
+    cpu::rmsnorm(ck_cpu.data(), kn.data(), n * c.n_head_kv, c.head_dim, kEps, ck_cpu.data());
+    cpu::rope_neox(cq_cpu.data(), pos.data(), n, c.n_head, c.head_dim, c.n_rot, c.base);
+    cpu::rope_neox(ck_cpu.data(), pos.data(), n, c.n_head_kv, c.head_dim, c.n_rot, c.base);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = int64_t(kLayer) * kCtx + pos[size_t(t)];
+      cpu::kv_store(cpu::KvType::F16, ck_cpu.data() + t * c.k_w(), c.k_w(), ck[t % 2].data() + row * c.k_w());
+      cpu::kv_store(cpu::KvType::F16, v.data() + t * c.v_w(), c.v_w(), cv[t % 2].data() + row * c.v_w());
+    }
+    EXPECT_EQ(count_bit_diffs(rq, cq_cpu, &first), 0u) << "CPU reference q vs cpu ops " << first;
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(count_diffs(rk[s], ck[s], &first), 0u) << "CPU reference K vs cpu ops " << first;
+      EXPECT_EQ(count_diffs(rv[s], cv[s], &first), 0u) << "CPU reference V vs cpu ops " << first;
+    }
+    // GPU vs CPU: the angles (cos/sin correctly rounded vs glibc's), q to 1e-5, K within one f16 step.
+    const auto gcs = download<float>(dcs, rcs.size());
+    double cs_err = 0;
+    for (size_t i = 0; i < rcs.size(); ++i) cs_err = std::max(cs_err, std::fabs(double(gcs[i]) - rcs[i]));
+    EXPECT_LE(cs_err, 1.2e-7) << "rope_cos_sin vs CPU: max abs error " << cs_err;
+    const auto gq = download<float>(cq, q.size());
+    double q_err = 0;
+    size_t q_bad = 0, q_exact = 0;
+    for (size_t i = 0; i < rq.size(); ++i) {
+      const double d = std::fabs(double(gq[i]) - rq[i]);
+      q_err = std::max(q_err, d);
+      q_bad += !(d <= 1e-5 + 1e-5 * std::fabs(rq[i]));
+      q_exact += same_bits(gq[i], rq[i]);
+    }
+    EXPECT_EQ(q_bad, 0u) << "q vs CPU: max abs error " << q_err << ", " << q_exact << "/" << rq.size() << " exact";
+    size_t k_bad = 0, k_exact = 0, k_n = 0;
+    for (int s = 0; s < 2; ++s) {
+      const auto gk = download<uint16_t>(cat_run.k[s], k_cache), gv = download<uint16_t>(cat_run.v[s], v_cache);
+      for (size_t i = 0; i < k_cache; ++i, ++k_n) {
+        k_exact += gk[i] == rk[s][i];
+        k_bad += std::abs(int(gk[i]) - int(rk[s][i])) > 1;  // same sign here: adjacent bit patterns = one step
+      }
+      EXPECT_EQ(count_diffs(gv, rv[s], &first), 0u) << "V cache vs CPU " << first;
+    }
+    EXPECT_EQ(k_bad, 0u) << "K cache vs CPU: " << k_bad << " values more than one f16 step apart; " << k_exact << "/"
+                         << k_n << " exact";
+  }
+}
+
+// The CPU reference alone (no GPU needed): bit for bit the CPU ops it stands for, with q_out aliasing q
+// and with q, k, v in separate buffers, at the same sizes.
+TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
+  for (const Case& c : {Case{1, 32, 4, 128, 128, 128, 1e6f}, Case{8, 32, 4, 128, 128, 128, 1e6f},
+                        Case{5, 16, 2, 256, 256, 64, 1e7f}, Case{4, 6, 3, 80, 64, 80, 1e4f}}) {
+    SCOPED_TRACE(c.name());
+    const int64_t n = c.n_tok;
+    std::vector<float> q = randn(size_t(n * c.q_w()), 200 + uint32_t(n), 2.0f), k = randn(size_t(n * c.k_w()), 201, 1.0f),
+                       v = randn(size_t(n * c.v_w()), 202, 1.0f);
+    const std::vector<float> qn = randn(size_t(c.head_dim), 203, 1.0f), kn = randn(size_t(c.head_dim), 204, 1.0f);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) pos[size_t(t)] = int32_t((t * 131 + 17) % kCtx);
+    const size_t k_cache = size_t(kLayers) * kCtx * size_t(c.k_w()), v_cache = size_t(kLayers) * kCtx * size_t(c.v_w());
+    // The reference, q normed in place, one cache.
+    std::vector<uint16_t> rk(k_cache, 0xabab), rv(v_cache, 0xabab), ek = rk, ev = rv;
+    std::vector<ops::KvRef> refs(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) refs[size_t(t)] = {rk.data(), rv.data(), kCtx, pos[size_t(t)]};
+    std::vector<float> cs(size_t(n * c.n_rot)), rq = q;
+    ops::ref::rope_cos_sin(pos.data(), n, c.n_rot, c.base, cs.data());
+    const ops::AttnPrepShape shape{c.n_head, c.n_head_kv, c.head_dim, c.head_dim_v, c.n_rot, kEps};
+    ops::ref::attn_prep(rq.data(), c.q_w(), k.data(), c.k_w(), v.data(), c.v_w(), qn.data(), kn.data(), cs.data(),
+                        refs.data(), n, kLayer, shape, rq.data());
+    // The CPU ops.
+    std::vector<float> eq = q, kk = k;
+    cpu::rmsnorm(eq.data(), qn.data(), n * c.n_head, c.head_dim, kEps, eq.data());
+    cpu::rmsnorm(kk.data(), kn.data(), n * c.n_head_kv, c.head_dim, kEps, kk.data());
+    cpu::rope_neox(eq.data(), pos.data(), n, c.n_head, c.head_dim, c.n_rot, c.base);
+    cpu::rope_neox(kk.data(), pos.data(), n, c.n_head_kv, c.head_dim, c.n_rot, c.base);
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = int64_t(kLayer) * kCtx + pos[size_t(t)];
+      cpu::kv_store(cpu::KvType::F16, kk.data() + t * c.k_w(), c.k_w(), ek.data() + row * c.k_w());
+      cpu::kv_store(cpu::KvType::F16, v.data() + t * c.v_w(), c.v_w(), ev.data() + row * c.v_w());
+    }
+    std::string first;
+    EXPECT_EQ(count_bit_diffs(rq, eq, &first), 0u) << "q " << first;
+    EXPECT_EQ(count_diffs(rk, ek, &first), 0u) << "K cache " << first;
+    EXPECT_EQ(count_diffs(rv, ev, &first), 0u) << "V cache " << first;
+    EXPECT_NE(rq, q) << "q was not transformed";
+    EXPECT_NE(rk, std::vector<uint16_t>(k_cache, 0xabab)) << "no K stored";
+  }
+}
+
+// router_route against the two launches it replaces (quant::matmul F32 + moe_route): logits, ids and
+// weights bit for bit, twice in a row (the counter must come back to zero), at Qwen3's router (128 experts
+// of 2048, top 8, 1/3/8 tokens), a wider one, and an odd width (vector loads off, the tail loop on).
+// Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
+TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
+  struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
+  for (const RCase& c : {RCase{1, 128, 2048, 8, true}, RCase{3, 128, 2048, 8, true}, RCase{8, 128, 2048, 8, false},
+                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
+                 std::to_string(c.cols) + " top " + std::to_string(c.k));
+    const size_t nl = size_t(c.n_tok * c.n_expert), ni = size_t(c.n_tok * c.k);
+    for (int exact_values = 0; exact_values < 2; ++exact_values) {
+      std::vector<float> w = randn(size_t(c.n_expert * c.cols), 300 + uint32_t(c.cols), 0.05f),
+                         x = randn(size_t(c.n_tok * c.cols), 301, 1.0f);
+      if (exact_values)  // multiples of 1/16 in [-1, 1]: every product and partial sum exact in f32
+        for (auto* v : {&w, &x})
+          for (auto& f : *v) f = std::round(std::clamp(f * (v == &w ? 20.0f : 1.0f), -1.0f, 1.0f) * 16.0f) / 16.0f;
+      Buf dw = upload_vec(w), dx = upload_vec(x);
+      Buf l0 = output(nl * 4), i0 = output(ni * 4), w0 = output(ni * 4);
+      quant::matmul(GgmlType::F32, dw.ptr(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, l0.ptr<float>(), stream());
+      ops::moe_route(l0.ptr<float>(), c.n_tok, c.n_expert, c.k, c.norm, i0.ptr<int32_t>(), w0.ptr<float>(), stream());
+      const auto el = download<float>(l0, nl);
+      const auto ei = download<int32_t>(i0, ni);
+      const auto ew = download<float>(w0, ni);
+      Buf counter = output(4, 0);
+      for (int rep = 0; rep < 2; ++rep) {
+        Buf l1 = output(nl * 4), i1 = output(ni * 4), w1 = output(ni * 4);
+        ops::router_route(dw.ptr<float>(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, c.k, c.norm, l1.ptr<float>(),
+                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+        std::string first;
+        EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits, call " << rep << ": " << first;
+        EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids, call " << rep;
+        EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights, call " << rep << ": " << first;
+        EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
+      }
+      if (!exact_values) continue;
+      std::vector<float> rl(nl), rw(ni);
+      std::vector<int32_t> ri(ni);
+      ops::ref::router_route(w.data(), c.n_expert, c.cols, x.data(), c.n_tok, c.k, c.norm, rl.data(), ri.data(),
+                             rw.data());
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(el, rl, &first), 0u) << "exact-valued logits vs the CPU reference: " << first;
+      EXPECT_EQ(ei, ri) << "ids vs the CPU reference";
+      double werr = 0;
+      for (size_t i = 0; i < ni; ++i) werr = std::max(werr, std::fabs(double(ew[i]) - rw[i]));
+      EXPECT_LE(werr, 1e-6) << "weights vs the CPU reference";
+    }
+  }
+  EXPECT_THROW(ops::router_route(nullptr, 128, 2048, nullptr, 9, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);
+  EXPECT_THROW(ops::router_route(nullptr, 2000, 2048, nullptr, 1, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);
+}
+
+TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {
+  const ops::AttnPrepShape odd_rot{32, 4, 128, 128, 127, kEps}, big_rot{32, 4, 64, 64, 128, kEps},
+      huge{1, 1, 2048, 128, 128, kEps}, ok{32, 4, 128, 128, 128, kEps};
+  for (const auto& s : {odd_rot, big_rot, huge})
+    EXPECT_THROW(ops::attn_prep(nullptr, 8192, nullptr, 8192, nullptr, 8192, nullptr, nullptr, nullptr, nullptr, 1, 0, s,
+                                nullptr, stream()),
+                 strata::Error);
+  // Strides shorter than the rows; q_out aliasing q with a stride.
+  EXPECT_THROW(ops::attn_prep(nullptr, 100, nullptr, 512, nullptr, 512, nullptr, nullptr, nullptr, nullptr, 1, 0, ok,
+                              nullptr, stream()),
+               strata::Error);
+  float* fake = reinterpret_cast<float*>(uintptr_t(256));
+  EXPECT_THROW(ops::attn_prep(fake, 5120, fake, 5120, fake, 5120, nullptr, nullptr, nullptr, nullptr, 1, 0, ok, fake,
+                              stream()),
+               strata::Error);
+  EXPECT_THROW(ops::rope_cos_sin(nullptr, 1, 3, 1e4f, nullptr, stream()), strata::Error);
+}
+
+}  // namespace
