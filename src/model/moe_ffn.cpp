@@ -273,7 +273,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     // One region: the expert's down inputs may still be in the making (only near the phase boundary:
     // all gate+up items come first in the list, so they are all handed out already).
     for (uint32_t spin = 0; ready[a].v.load(std::memory_order_acquire) == 0; ++spin) {
-      if (spin < 4096)
+      if (spin < 1024)
         STRATA_MOE_RELAX();
       else
         std::this_thread::yield();  // the producer may be waiting for a core
