@@ -6,6 +6,7 @@
 //   computation on gathered copies (separate matmul() calls, swiglu, weighted sum in slot order).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -139,6 +140,86 @@ TEST(MoeExpertsDecodePath, BitIdenticalToExpertByExpert) {
         const auto ref = reference(ew, x, n, ids, w, k, mode, pool);
         ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4))
             << "mode " << int(mode) << " n " << n << " active " << active;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// The fused decode path (MoeOptions::fused) under every option the benchmark compares: the same bytes
+// as the general path and as the expert-by-expert reference. Mixed formats (gate Q4_K with Q8_K
+// activations, up Q8_0 with 32-value activations, down Q6_K) exercise separate quantized copies of x;
+// tokens that all pick the same experts exercise the 4-token (and FastPrecise 2-token) kernels in down.
+TEST(MoeExpertsFused, EveryVariantSameBytes) {
+  const int64_t E = 512, F = 256;
+  const int X = 16, k = 8;
+  struct Types {
+    GgmlType g, u, d;
+  };
+  for (const Types ty : {Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K},
+                         Types{GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K}}) {
+    std::mt19937 rng(29);
+    Stack gate = random_stack(ty.g, E, F, X, rng), up = random_stack(ty.u, E, F, X, rng),
+          down = random_stack(ty.d, F, E, X, rng);
+    const ExpertWeights ew{gate.w, up.w, down.w};
+    for (int threads : {1, 3}) {
+      ThreadPool pool(threads);
+      for (MatmulMode mode : {MatmulMode::Fast, MatmulMode::FastPrecise}) {
+        for (int64_t n : {1, 2, 5, 8, 9}) {
+          for (int active : {8, 6, 0}) {
+            for (bool shared : {false, true}) {
+              const auto x = test::random_acts(n * E, rng);
+              std::vector<int32_t> ids(n * k);
+              std::vector<float> w(n * k);
+              std::uniform_real_distribution<float> uw(0.01f, 1.0f);
+              std::vector<int32_t> perm(X);
+              for (int e = 0; e < X; ++e) perm[e] = e;
+              for (int64_t t = 0; t < n; ++t) {
+                if (!shared || t == 0) std::shuffle(perm.begin(), perm.end(), rng);
+                for (int j = 0; j < k; ++j) {
+                  ids[t * k + j] = j < active ? perm[j] : -1;
+                  w[t * k + j] = uw(rng);
+                }
+              }
+              const auto ref = reference(ew, x, n, ids, w, k, mode, pool);
+              cpu::MatmulBatch mb(threads, n);
+              MoeOptions general;
+              general.fused = false;
+              MoeScratch s0(n, k, X, E, F);
+              std::vector<float> out0(n * E, 99.0f);
+              moe_experts(ew, x.data(), n, ids.data(), w.data(), k, out0.data(), s0, mb, pool, mode, general);
+              ASSERT_EQ(0, std::memcmp(out0.data(), ref.data(), out0.size() * 4));
+              EXPECT_TRUE(s0.hq.empty());  // the general path never touches the fused path's buffers
+              for (int pf : {0, 256, 4096, -4096}) {  // negative: that distance into L1
+                for (int item : {1, 4096, 32 << 10, 1 << 20})
+                for (bool one_region : {true, false}) {
+                  MoeOptions o;
+                  o.fused = true;
+                  o.one_region = one_region;
+                  o.tail_item_bytes = item == 4096 ? 0 : (item == 1 ? 1 << 20 : 1);  // off, larger, smaller
+                  o.prefetch_bytes = std::abs(pf);
+                  o.prefetch_l2 = pf >= 0;
+                  o.item_bytes = item;
+                  MoeScratch s(n, k, X, E, F);
+                  std::vector<float> out(n * E, 99.0f);
+                  for (int rep = 0; rep < 2; ++rep) {  // a reused scratch gives the same bytes
+                    moe_experts(ew, x.data(), n, ids.data(), w.data(), k, out.data(), s, mb, pool, mode, o);
+                    ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4))
+                        << type_name(ty.g) << "/" << type_name(ty.u) << "/" << type_name(ty.d) << " threads "
+                        << threads << " mode " << int(mode) << " n " << n << " active " << active << " shared "
+                        << shared << " prefetch " << pf << " item " << item << " one region " << one_region << " rep " << rep;
+                  }
+                  // The fused path ran (it quantizes the down inputs into s.hq) iff n is decode-sized
+                  // and some pair runs here.
+                  EXPECT_EQ(n <= kMoeFusedMaxTokens && active > 0, !s.hq.empty()) << "n " << n;
+                }
+              }
+            }
+          }
+        }
       }
     }
   }

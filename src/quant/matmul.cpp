@@ -153,6 +153,22 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
 
 }  // namespace
 
+namespace q {
+
+void quantize_act_row_passes(ActType act, const float* x, void* dst, int64_t n, int passes) {
+  auto* q1 = static_cast<uint8_t*>(dst);
+  quantize_act_row(act, x, q1, n);
+  if (passes != 2) return;
+  // Residual of the first rounding, quantized with its own scales.
+  thread_local std::vector<float> resid;  // [n]
+  if (static_cast<int64_t>(resid.size()) < n) resid.resize(n);
+  dequantize_act(act, q1, resid.data(), n);
+  for (int64_t c = 0; c < n; ++c) resid[c] = x[c] - resid[c];
+  quantize_act_row(act, resid.data(), q1 + act_row_bytes(act, n), n);
+}
+
+}  // namespace q
+
 void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadPool& pool) {
   STRATA_REQUIRE(n_jobs >= 0 && (jobs || n_jobs == 0), "matmul: bad job list");
   thread_local std::vector<Prepared> prep;
@@ -216,17 +232,9 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     const MatmulJob& j = jobs[i];
     if (!pp[i].k.fn || !pp[i].quantize || j.n_tok == 0) continue;
     pool.parallel_for(j.n_tok, 8, [&](int64_t t0, int64_t t1, int) {
-      thread_local std::vector<float> resid;  // [cols]
-      for (int64_t t = t0; t < t1; ++t) {
-        uint8_t* q1 = xq + pp[i].xq_offset + t * pp[i].passes * pp[i].xb;
-        q::quantize_act_row(pp[i].k.act, j.x + t * j.cols, q1, j.cols);
-        if (pp[i].passes == 2) {  // residual of the first rounding, quantized with its own scales
-          if (static_cast<int64_t>(resid.size()) < j.cols) resid.resize(j.cols);
-          dequantize_act(pp[i].k.act, q1, resid.data(), j.cols);
-          for (int64_t c = 0; c < j.cols; ++c) resid[c] = j.x[t * j.cols + c] - resid[c];
-          q::quantize_act_row(pp[i].k.act, resid.data(), q1 + pp[i].xb, j.cols);
-        }
-      }
+      for (int64_t t = t0; t < t1; ++t)
+        q::quantize_act_row_passes(pp[i].k.act, j.x + t * j.cols, xq + pp[i].xq_offset + t * pp[i].passes * pp[i].xb,
+                                   j.cols, pp[i].passes);
     });
   }
   // Permuted copies of the activations the repacked Q4_K jobs read: [n_tok][cols] bytes each.

@@ -69,7 +69,12 @@ void quantize_act_row(ActType act, const float* x, void* dst, int64_t n) {
   switch (act) {
     case ActType::F32: std::memcpy(dst, x, n * 4); return;
     case ActType::Q8_32: quantize_act_q8_32(x, static_cast<BlockQ8A*>(dst), n); return;
-    case ActType::Q8_K: quantize_act_q8_k(x, static_cast<BlockQ8_K*>(dst), n); return;
+    case ActType::Q8_K:
+      if (cpu_level() >= CpuLevel::Avx2)
+        quantize_act_q8_k_avx2(x, static_cast<BlockQ8_K*>(dst), n);
+      else
+        quantize_act_q8_k(x, static_cast<BlockQ8_K*>(dst), n);
+      return;
   }
 }
 

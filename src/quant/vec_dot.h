@@ -32,11 +32,18 @@ static_assert(sizeof(BlockQ8A) == 40);
 void quantize_act_q8_32(const float* x, BlockQ8A* y, int64_t n);
 // x: [n] f32 -> y: [n / 256] (n a multiple of 256), ggml's Q8_K rule (d = max / -127).
 void quantize_act_q8_k(const float* x, BlockQ8_K* y, int64_t n);
+// The same bytes with AVX2 (needs an AVX2 CPU; quantize_act_row picks it at that level).
+void quantize_act_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t n);
 
 // Bytes of one activation row of n values in `act` format.
 int64_t act_row_bytes(ActType act, int64_t n);
 // Quantizes one activation row into `dst` (act_row_bytes(act, n) bytes; F32 copies).
 void quantize_act_row(ActType act, const float* x, void* dst, int64_t n);
+// As quantize_act_row for passes == 1; passes == 2 (FastPrecise) also writes, right after the first
+// row (at dst + act_row_bytes(act, n)), the first rounding's residual x - q * d quantized with its own
+// scales: 2 * act_row_bytes(act, n) bytes. matmul_many and the fused MoE decode path both use this,
+// so their quantized activations are the same bytes.
+void quantize_act_row_passes(ActType act, const float* x, void* dst, int64_t n, int passes);
 
 // w: one row of n values in the weight type; xq: one activation row in the kernel's ActType.
 using VecDotFn = float (*)(int64_t n, const void* w, const void* xq);
