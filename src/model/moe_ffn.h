@@ -66,8 +66,10 @@ struct MoeOptions {
   bool one_region = true;
   // Target weight bytes per work item (row chunk); at least 8 rows (gate+up) / 16 rows (down). Why
   // this large: every item starts new weight streams, each paying a DRAM latency or more before the
-  // prefetchers run ahead (dev box, 2 threads: 32 KiB items 0.75x memcpy, 64 KiB 0.85x, 128 KiB ~1x).
-  int item_bytes = 64 << 10;
+  // prefetchers run ahead (dev box, 2 threads: 32 KiB items 0.75x memcpy, 64 KiB 0.85x, 128 KiB ~1x;
+  // H200 box, 16 threads, 6 experts of a decode layer, one run: 32 KiB 200 us, 64 KiB 209-220 us,
+  // 128 KiB 192 us; bench/results/2026-11-29-gpu-session3-h200.md).
+  int item_bytes = 128 << 10;
   // The same for the down items of the last active expert, the last items handed out: smaller, so the
   // threads run out of work together (0: item_bytes).
   int tail_item_bytes = 16 << 10;
