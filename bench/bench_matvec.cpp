@@ -21,6 +21,7 @@
 #include "cpu/cpu_features.h"
 #include "cpu/thread_pool.h"
 #include "quant/matmul.h"
+#include "quant/q4k_gemm.h"
 #include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
 
@@ -109,24 +110,30 @@ void BM_Matmul(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, 
   state.SetLabel(fmt::format("{} bytes/matrix", w.matrix_bytes));
 }
 
-// Prefill (n_tok = 64) against one in-cache expert-sized matrix, fast mode, with the Q4_K 8-row
-// repack cache off (the 4-token kernel) or on (q4k_repack.h; the copy is built before timing).
-// Both arms run in this process: compare their GMAC/s.
-void BM_Prefill(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, bool repack) {
+// Prefill (n_tok tokens) against one in-cache expert-sized matrix, fast mode, Q4_K through one of three
+// paths: the 4-token decode kernels ("4tok"), the 8-row repack cache (q4k_repack.h, "repack8"; the copy is
+// built before timing) or the 16-row integer kernel (q4k_gemm.h, "gemm16"). All arms run in this process:
+// compare their GMAC/s.
+enum class PrefillPath { Tok4, Repack8, Gemm16 };
+void BM_Prefill(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, int64_t n_tok, PrefillPath path) {
   ThreadPool& pool = default_thread_pool();
-  const int64_t n_tok = 64;
   const Weights w = make_weights(t, rows, cols);
   std::mt19937 rng(3);
   const auto x = test::random_acts(cols * n_tok, rng);
   std::vector<float> y(rows * n_tok);
-  q::q4k_repack_set_budget(repack ? size_t(1) << 30 : 0);
+  const bool gemm_was = q::q4k_gemm_enabled();
+  q::q4k_gemm_set_enabled(path == PrefillPath::Gemm16);
+  if (path == PrefillPath::Gemm16 && !q::q4k_gemm_cpu_ok()) state.SkipWithError("CPU lacks AVX-512 VNNI");
+  q::q4k_repack_set_budget(path == PrefillPath::Repack8 ? size_t(1) << 30 : 0);
   matmul(t, w.data.data(), rows, cols, x.data(), n_tok, y.data(), MatmulMode::Fast, pool);  // builds the copy
-  if (repack && q::q4k_repack_bytes() == 0) state.SkipWithError("no repacked copy (CPU lacks AVX-512 VNNI+VBMI?)");
+  if (path == PrefillPath::Repack8 && q::q4k_repack_bytes() == 0)
+    state.SkipWithError("no repacked copy (CPU lacks AVX-512 VNNI+VBMI?)");
   for (auto _ : state) {
     matmul(t, w.data.data(), rows, cols, x.data(), n_tok, y.data(), MatmulMode::Fast, pool);
     benchmark::DoNotOptimize(y.data());
   }
   q::q4k_repack_set_budget(0);
+  q::q4k_gemm_set_enabled(gemm_was);
   state.counters["GMAC/s"] =
       benchmark::Counter(double(rows) * cols * n_tok * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
@@ -201,11 +208,13 @@ int main(int argc, char** argv) {
                             GgmlType::IQ3_S,  GgmlType::IQ1_M,   GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ2_S,
                             GgmlType::IQ1_S,  GgmlType::Q5_0,    GgmlType::Q5_1,   GgmlType::Q4_1,  GgmlType::F16,
                             GgmlType::BF16};
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
-    for (bool repack : {false, true})
-      benchmark::RegisterBenchmark(fmt::format("Prefill64/{}x{}/Q4_K/{}", cols, rows, repack ? "repack8" : "4tok").c_str(),
-                                   BM_Prefill, GgmlType::Q4_K, rows, cols, repack)
-          ->Unit(benchmark::kMillisecond);
+  for (const int64_t n_tok : {64, 32, 8})
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
+      for (const auto& [path, name] : {std::pair{PrefillPath::Tok4, "4tok"}, {PrefillPath::Repack8, "repack8"},
+                                       {PrefillPath::Gemm16, "gemm16"}})
+        benchmark::RegisterBenchmark(fmt::format("Prefill{}/{}x{}/Q4_K/{}", n_tok, cols, rows, name).c_str(), BM_Prefill,
+                                     GgmlType::Q4_K, rows, cols, n_tok, path)
+            ->Unit(benchmark::kMillisecond);
   for (GgmlType t : types) {
     const std::string n(type_name(t));
     benchmark::RegisterBenchmark(("Matvec/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 1, MatmulMode::Fast)

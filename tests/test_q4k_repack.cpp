@@ -13,6 +13,7 @@
 #include "cpu/cpu_features.h"
 #include "engine/engine.h"
 #include "quant/matmul.h"
+#include "quant/q4k_gemm.h"
 #include "quant/q4k_repack.h"
 #include "quant_test_util.h"
 #include "slg.h"
@@ -33,8 +34,13 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::
   return w;
 }
 
-struct BudgetGuard {  // restores "off" whatever a test does
-  ~BudgetGuard() { q::q4k_repack_set_budget(0); }
+struct BudgetGuard {  // restores "off" whatever a test does; the 16-row kernel (q4k_gemm.h) off meanwhile
+  bool gemm = q::q4k_gemm_enabled();
+  BudgetGuard() { q::q4k_gemm_set_enabled(false); }
+  ~BudgetGuard() {
+    q::q4k_repack_set_budget(0);
+    q::q4k_gemm_set_enabled(gemm);
+  }
 };
 
 }  // namespace

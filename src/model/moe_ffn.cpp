@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "cpu/ops.h"
+#include "quant/q4k_gemm.h"
 #include "quant/vec_dot.h"
 
 namespace strata {
@@ -153,6 +154,10 @@ int64_t item_rows(int64_t item_bytes, int64_t bytes_per_row, int64_t align, int6
   r = std::max(align, (r + align - 1) / align * align);
   return std::min(r, (total + align - 1) / align * align);
 }
+
+// The fused path promises matmul_many's bytes; matmul_many's Q4_K prefill kernel rounds differently and
+// must never see a decode-sized batch.
+static_assert(q::kQ4kGemmMinTok > kMoeFusedMaxTokens);
 
 // The fused decode path (n <= kMoeFusedMaxTokens, an integer kernel for all three matrices): one
 // parallel region (or two, MoeOptions::one_region = false) and no serial work between the phases:

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
+#include "quant/q4k_gemm.h"
 #include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
 
@@ -58,6 +59,7 @@ struct Prepared {
   std::shared_ptr<const q::RepQ4K8[]> rep;
   int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
   bool permute = false;       // this job (the owner of its activations) fills that permuted copy
+  bool gemm16 = false;        // Q4_K prefill: the 16-row integer kernel (q4k_gemm.h) on whole 16-row groups
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
@@ -95,6 +97,20 @@ struct Chunk {
 void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, int64_t r0,
                int64_t r1) {
   const auto* wb = static_cast<const uint8_t*>(j.w);
+  if (p.gemm16) {  // 16 rows x every token per kernel call (the rows are transposed once per call)
+    const int64_t g0 = (r0 + 15) / 16 * 16, g1 = r1 / 16 * 16;
+    for (int64_t g = g0; g < g1; g += 16)
+      q::q4k_gemm16_avx512(j.cols, wb + g * p.row_bytes, p.row_bytes, xq, p.xb, j.n_tok, j.y + g, j.rows);
+    for (int64_t r = r0; r < r1; ++r) {  // rows outside whole groups
+      if (r >= g0 && r < g1) continue;
+      const uint8_t* wr = wb + r * p.row_bytes;
+      int64_t t = 0;
+      if (p.k.fn4)
+        for (; t + 4 <= j.n_tok; t += 4) p.k.fn4(j.cols, wr, xq + t * p.xb, p.xb, j.y + t * j.rows + r, j.rows);
+      for (; t < j.n_tok; ++t) j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + t * p.xb);
+    }
+    return;
+  }
   if (p.rep) {  // 8 rows x 4 tokens per kernel call over the repacked copy (bit-identical to fn4/fn)
     const int64_t g0 = (r0 + 7) / 8 * 8, g1 = r1 / 8 * 8;  // whole 8-row groups of this chunk
     const int64_t nb = j.cols / q::QK_K, tq = j.n_tok / 4 * 4;
@@ -206,8 +222,15 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
       }
       // Prefill (>= 4 tokens) of Q4_K in fast mode at the AVX-512 level: the 8-row repacked kernel
       // when the engine has turned the repack cache on and the matrix fits its budget.
-      if (j.type == GgmlType::Q4_K && p.passes == 1 && j.n_tok >= 4 && p.k.level == CpuLevel::Avx512)
-        p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
+      // Prefill of Q4_K in fast mode at the AVX-512 level: the 16-row integer kernel (q4k_gemm.h; on unless
+      // STRATA_Q4K_GEMM=0), else the 8-row repacked kernel when the engine has turned the repack cache on
+      // and the matrix fits its budget.
+      if (j.type == GgmlType::Q4_K && p.passes == 1 && p.k.level == CpuLevel::Avx512) {
+        if (j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
+          p.gemm16 = true;
+        else if (j.n_tok >= 4)
+          p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
+      }
       if (p.rep) {
         Prepared& own = same >= 0 ? prep[same] : p;
         if (own.xperm_offset < 0) {
@@ -220,6 +243,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     }
     int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
+    if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
     if (j.n_tok > 0)
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
   }

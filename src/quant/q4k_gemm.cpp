@@ -1,0 +1,79 @@
+// Q4_K x Q8_K prefill product: switch and scalar reference (arithmetic in q4k_gemm.h).
+#include "quant/q4k_gemm.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/error.h"
+#include "cpu/cpu_features.h"
+#include "quant/blocks.h"
+
+namespace strata::q {
+namespace {
+
+std::atomic<int>& enabled_flag() {  // -1: not read yet
+  static std::atomic<int> f{-1};
+  return f;
+}
+
+}  // namespace
+
+bool q4k_gemm_enabled() {
+  int v = enabled_flag().load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("STRATA_Q4K_GEMM");
+    v = 1;
+    if (e && *e) {
+      STRATA_REQUIRE(std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0, "STRATA_Q4K_GEMM must be 0 or 1, got '{}'", e);
+      v = e[0] == '1';
+    }
+    enabled_flag().store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void q4k_gemm_set_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool q4k_gemm_cpu_ok() { return cpu_level() == CpuLevel::Avx512 && cpu_features().avx512vnni; }
+
+void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    const auto* a = reinterpret_cast<const BlockQ4_K*>(w + r * row_bytes);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* s = a[b].scales;
+        int32_t S = 0, M = 0;
+        for (int sb = 0; sb < 8; ++sb) {
+          int sc, m;
+          if (sb < 4) {
+            sc = s[sb] & 63;
+            m = s[sb + 4] & 63;
+          } else {
+            sc = (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4);
+            m = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+          }
+          int32_t dot = 0;
+          for (int i = 0; i < 32; ++i) {
+            const uint8_t byte = a[b].qs[32 * (sb / 2) + i];
+            const int qv = sb % 2 ? byte >> 4 : byte & 0xF;
+            dot += qv * x[b].qs[32 * sb + i];
+          }
+          S += sc * dot;
+          M += m * (x[b].bsums[2 * sb] + x[b].bsums[2 * sb + 1]);
+        }
+        const float dd = fp16_to_fp32(a[b].d) * x[b].d, dm = fp16_to_fp32(a[b].dmin) * x[b].d;
+        acc = std::fma(dd, static_cast<float>(S), acc);
+        acc = std::fma(-dm, static_cast<float>(M), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
+}
+
+}  // namespace strata::q

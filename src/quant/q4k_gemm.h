@@ -1,0 +1,45 @@
+#pragma once
+// Q4_K x Q8_K multi-token product for prefill (fast mode): 16 weight rows x a tile of tokens, with the
+// integer work merged across a whole 256-value super-block before one float step.
+//
+// Arithmetic (the contract the unit tests check; the same in the scalar reference and the AVX-512 kernel):
+// for row r, token t, super-block b (Q4_K block: d, dmin, 6-bit scales sc[8] and mins m[8], quants q;
+// Q8_K block: d, quants x, bsums):
+//   S   = sum_{s<8} sc[s] * sum_{i<32} q[32 s + i] * x[32 s + i]          (int32, exact)
+//   M   = sum_{s<8} m[s] * (bsums[2 s] + bsums[2 s + 1])                  (int32, exact)
+//   acc = fma(-(dmin * x.d), float(M), fma(d * x.d, float(S), acc))       (float, acc starts at 0, b = 0, 1, ...)
+// The decode kernels (vec_dot.h) keep 8 int32 lanes per sub-block group and convert each to float with
+// its own FMA, so this rounds differently from them: prefill in fast mode is measured against the
+// fixtures' KL bound (tests/test_qwen3moe_fixtures.cpp), not bit-for-bit against decode.
+//
+// The AVX-512 kernel (VNNI): a zmm holds 4 consecutive quants of each of the 16 rows (one int32 lane per
+// row), so one vpdpbusd against a broadcast dword of one token's activations does 64 multiply-adds; the
+// 32-value sub-block sums are scaled by vpmulld and summed in int32 over the super-block. The 16 rows are
+// transposed ("repacked") on the fly into a per-thread buffer (~5 KB per 256 columns), once per call for
+// all tokens: no copy of the model is kept.
+//
+// On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K jobs with
+// >= kQ4kGemmMinTok (16) tokens in MatmulMode::Fast; STRATA_Q4K_GEMM=0 turns it off (read once; tests and
+// benchmarks switch it with q4k_gemm_set_enabled).
+#include <cstdint>
+
+namespace strata::q {
+
+// Fewer tokens: the 4-token kernels (the per-call transpose does not pay off: 0.8x at 8 tokens in bench_matvec).
+// Also keeps the fused MoE decode path (<= kMoeFusedMaxTokens = 8 tokens) bit-identical to matmul_many.
+inline constexpr int64_t kQ4kGemmMinTok = 16;
+inline constexpr int64_t kQ4kGemmRows = 16;   // rows per kernel call
+
+bool q4k_gemm_enabled();          // STRATA_Q4K_GEMM (default on), or the last q4k_gemm_set_enabled
+void q4k_gemm_set_enabled(bool on);
+bool q4k_gemm_cpu_ok();           // this process runs the AVX-512 level (VNNI)
+
+// 16 rows x n_tok tokens: out[t * os + r] = row r of W . token t (r < 16, t < n_tok).
+//   w: row 0 of the 16 (Q4_K, cols values a row, row_bytes apart); xq: n_tok Q8_K rows xs bytes apart.
+void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os);
+// The same numbers (bit-identical to the reference), AVX-512 VNNI; only call when q4k_gemm_cpu_ok().
+void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os);
+
+}  // namespace strata::q

@@ -1,0 +1,137 @@
+// The 16-row Q4_K x Q8_K prefill kernel (AVX-512 F/BW/VNNI); arithmetic and layout: q4k_gemm.h.
+#include <immintrin.h>
+
+// GCC 12 reports _mm512_cvtepi32_ps's internal _mm512_undefined_ps() as maybe-uninitialized (a false positive).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <cstring>
+#include <vector>
+
+#include "quant/blocks.h"
+#include "quant/q4k_gemm.h"
+
+namespace strata::q {
+namespace {
+
+// One super-block of 16 rows, transposed: lane r (int32) of every vector is row r.
+struct alignas(64) Blk16 {
+  uint8_t q[8][8][64];  // [sub-block s][k]: lane r = quants 4k .. 4k+3 of sub-block s of row r (u8, 0..15)
+  int32_t sc[8][16];    // [s][r] 6-bit scale
+  int32_t mp[4][16];    // [pair p][r]: i16 pair (min 2p, min 2p+1)
+  float d[16], dmin[16];
+};
+static_assert(sizeof(Blk16) == 4992);
+
+// rows [0, 16) of W (row_bytes apart), super-blocks [0, nb) -> out[nb]
+void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
+  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk16& o = out[b];
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ4_K));
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 8; ++k) {
+        // dword k of quant chunk j of each row: low nibbles = sub-block 2j, high = 2j + 1
+        const __m512i g = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ4_K, qs) + 32 * j + 4 * k, 1);
+        _mm512_store_si512(o.q[2 * j][k], _mm512_and_si512(g, m4));
+        _mm512_store_si512(o.q[2 * j + 1][k], _mm512_and_si512(_mm512_srli_epi32(g, 4), m4));
+      }
+    for (int r = 0; r < kQ4kGemmRows; ++r) {
+      const auto& a = *reinterpret_cast<const BlockQ4_K*>(base + r * row_bytes);
+      const uint8_t* s = a.scales;
+      int mn[8];
+      for (int sb = 0; sb < 8; ++sb) {
+        if (sb < 4) {
+          o.sc[sb][r] = s[sb] & 63;
+          mn[sb] = s[sb + 4] & 63;
+        } else {
+          o.sc[sb][r] = (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4);
+          mn[sb] = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
+        }
+      }
+      for (int p = 0; p < 4; ++p) o.mp[p][r] = mn[2 * p] | (mn[2 * p + 1] << 16);
+      o.d[r] = fp16_to_fp32(a.d);
+      o.dmin[r] = fp16_to_fp32(a.dmin);
+    }
+  }
+}
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// 16 rows x NT tokens over the transposed blocks.
+template <int NT>
+void tile(int64_t nb, const Blk16* wb, const uint8_t* xq, int64_t xs, float* out, int64_t os) {
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const Blk16& B = wb[b];
+    const BlockQ8_K* x[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(xq + t * xs) + b;
+    __m512i tot[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 8; ++s) {
+      __m512i S[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i wq = _mm512_load_si512(B.q[s][k]);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t)
+          S[t] = _mm512_dpbusd_epi32(S[t], wq, _mm512_set1_epi32(load_i32(x[t]->qs + 32 * s + 4 * k)));
+      }
+      const __m512i scv = _mm512_load_si512(B.sc[s]);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(S[t], scv));
+    }
+    const __m512 d = _mm512_load_ps(B.d), dmin = _mm512_load_ps(B.dmin);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      // (bsums[4p] + bsums[4p+1], bsums[4p+2] + bsums[4p+3]) as an i16 pair, p < 4
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[t]->bsums));
+      const __m128i ps = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+      __m512i M = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_load_si512(B.mp[0]),
+                                      _mm512_set1_epi32(_mm_extract_epi32(ps, 0)));
+      M = _mm512_dpwssd_epi32(M, _mm512_load_si512(B.mp[1]), _mm512_set1_epi32(_mm_extract_epi32(ps, 1)));
+      M = _mm512_dpwssd_epi32(M, _mm512_load_si512(B.mp[2]), _mm512_set1_epi32(_mm_extract_epi32(ps, 2)));
+      M = _mm512_dpwssd_epi32(M, _mm512_load_si512(B.mp[3]), _mm512_set1_epi32(_mm_extract_epi32(ps, 3)));
+      const __m512 xd = _mm512_set1_ps(x[t]->d);
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(tot[t]), acc[t]);
+      acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, xd), _mm512_cvtepi32_ps(M), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
+}  // namespace
+
+void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  thread_local std::vector<Blk16> buf;  // [nb]; grows once, reused
+  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
+  transpose16(w, row_bytes, nb, buf.data());
+  const Blk16* wb = buf.data();
+  int64_t t = 0;
+  for (; t + 8 <= n_tok; t += 8) tile<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  if (t + 4 <= n_tok) {
+    tile<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 4;
+  }
+  if (t + 2 <= n_tok) {
+    tile<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 2;
+  }
+  if (t < n_tok) tile<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+}
+
+}  // namespace strata::q
