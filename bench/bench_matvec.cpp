@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
                             GgmlType::IQ3_S,  GgmlType::IQ1_M,   GgmlType::IQ2_XXS, GgmlType::IQ3_XXS, GgmlType::IQ2_S,
                             GgmlType::IQ1_S,  GgmlType::Q5_0,    GgmlType::Q5_1,   GgmlType::Q4_1,  GgmlType::F16,
                             GgmlType::BF16};
-  for (const int64_t n_tok : {64, 32, 8})
+  for (const int64_t n_tok : {64, 32, 16, 9})
     for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
       for (const auto& [path, name] : {std::pair{PrefillPath::Tok4, "4tok"}, {PrefillPath::Repack8, "repack8"},
                                        {PrefillPath::Gemm16, "gemm16"}})

@@ -19,15 +19,15 @@
 // all tokens: no copy of the model is kept.
 //
 // On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K jobs with
-// >= kQ4kGemmMinTok (16) tokens in MatmulMode::Fast; STRATA_Q4K_GEMM=0 turns it off (read once; tests and
+// >= kQ4kGemmMinTok (9) tokens in MatmulMode::Fast; STRATA_Q4K_GEMM=0 turns it off (read once; tests and
 // benchmarks switch it with q4k_gemm_set_enabled).
 #include <cstdint>
 
 namespace strata::q {
 
-// Fewer tokens: the 4-token kernels (the per-call transpose does not pay off: 0.8x at 8 tokens in bench_matvec).
-// Also keeps the fused MoE decode path (<= kMoeFusedMaxTokens = 8 tokens) bit-identical to matmul_many.
-inline constexpr int64_t kQ4kGemmMinTok = 16;
+// Fewer tokens: the decode kernels. Not lower: the fused MoE decode path (<= kMoeFusedMaxTokens = 8
+// tokens) promises matmul_many's bytes. (At 9 tokens this kernel is already ~1.8x the 4-token kernels.)
+inline constexpr int64_t kQ4kGemmMinTok = 9;
 inline constexpr int64_t kQ4kGemmRows = 16;   // rows per kernel call
 
 bool q4k_gemm_enabled();          // STRATA_Q4K_GEMM (default on), or the last q4k_gemm_set_enabled

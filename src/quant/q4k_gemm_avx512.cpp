@@ -22,6 +22,34 @@ struct alignas(64) Blk16 {
 };
 static_assert(sizeof(Blk16) == 4992);
 
+// 16 x 16 dword transpose: out[c] lane r = in[r] lane c. Stage 1-2 (unpacks) leave u[4i + q] with, in
+// 128-bit lane L, rows 4i .. 4i+3 of column 4L + q; stage 3-4 move those 128-bit lanes into place.
+inline void transpose16x16(const __m512i in[16], __m512i out[16]) {
+  __m512i t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {
+    const __m512i a0 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0x44), a1 = _mm512_shuffle_i32x4(u[q], u[4 + q], 0xEE);
+    const __m512i a2 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0x44),
+                  a3 = _mm512_shuffle_i32x4(u[8 + q], u[12 + q], 0xEE);
+    out[q] = _mm512_shuffle_i32x4(a0, a2, 0x88);       // column q      (L = 0)
+    out[4 + q] = _mm512_shuffle_i32x4(a0, a2, 0xDD);   // column 4 + q  (L = 1)
+    out[8 + q] = _mm512_shuffle_i32x4(a1, a3, 0x88);   // column 8 + q  (L = 2)
+    out[12 + q] = _mm512_shuffle_i32x4(a1, a3, 0xDD);  // column 12 + q (L = 3)
+  }
+}
+
 // rows [0, 16) of W (row_bytes apart), super-blocks [0, nb) -> out[nb]
 void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
   const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -30,30 +58,42 @@ void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
   for (int64_t b = 0; b < nb; ++b) {
     Blk16& o = out[b];
     const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ4_K));
-    for (int j = 0; j < 4; ++j)
-      for (int k = 0; k < 8; ++k) {
-        // dword k of quant chunk j of each row: low nibbles = sub-block 2j, high = 2j + 1
-        const __m512i g = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ4_K, qs) + 32 * j + 4 * k, 1);
-        _mm512_store_si512(o.q[2 * j][k], _mm512_and_si512(g, m4));
-        _mm512_store_si512(o.q[2 * j + 1][k], _mm512_and_si512(_mm512_srli_epi32(g, 4), m4));
+    // quants: dword c = 8j + k of each row's qs (chunk j, low nibbles = sub-block 2j, high = 2j + 1)
+    for (int h = 0; h < 2; ++h) {
+      __m512i in[16], tr[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(BlockQ4_K, qs) + 64 * h);
+      transpose16x16(in, tr);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) {
+        const int j = 2 * h + c / 8, k = c % 8;
+        _mm512_store_si512(o.q[2 * j][k], _mm512_and_si512(tr[c], m4));
+        _mm512_store_si512(o.q[2 * j + 1][k], _mm512_and_si512(_mm512_srli_epi32(tr[c], 4), m4));
       }
-    for (int r = 0; r < kQ4kGemmRows; ++r) {
-      const auto& a = *reinterpret_cast<const BlockQ4_K*>(base + r * row_bytes);
-      const uint8_t* s = a.scales;
-      int mn[8];
-      for (int sb = 0; sb < 8; ++sb) {
-        if (sb < 4) {
-          o.sc[sb][r] = s[sb] & 63;
-          mn[sb] = s[sb + 4] & 63;
-        } else {
-          o.sc[sb][r] = (s[sb + 4] & 0xF) | ((s[sb - 4] >> 6) << 4);
-          mn[sb] = (s[sb + 4] >> 4) | ((s[sb] >> 6) << 4);
-        }
-      }
-      for (int p = 0; p < 4; ++p) o.mp[p][r] = mn[2 * p] | (mn[2 * p + 1] << 16);
-      o.d[r] = fp16_to_fp32(a.d);
-      o.dmin[r] = fp16_to_fp32(a.dmin);
     }
+    // d, dmin (dword 0), the 12 scale bytes s[0..11] (dwords 1..3) of the 16 rows, lane r = row r
+    const __m512i dd = _mm512_i32gather_epi32(vidx, base, 1);
+    const __m512i s0 = _mm512_i32gather_epi32(vidx, base + 4, 1), s1 = _mm512_i32gather_epi32(vidx, base + 8, 1),
+                  s2 = _mm512_i32gather_epi32(vidx, base + 12, 1);
+    _mm512_store_ps(o.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+    _mm512_store_ps(o.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    const __m512i m63 = _mm512_set1_epi32(63), m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    __m512i mn[8];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      // sc[j] = s[j] & 63, m[j] = s[j + 4] & 63
+      _mm512_store_si512(o.sc[j], _mm512_and_si512(_mm512_srli_epi32(s0, 8 * j), m63));
+      mn[j] = _mm512_and_si512(_mm512_srli_epi32(s1, 8 * j), m63);
+      // sc[j + 4] = (s[j + 8] & 15) | (s[j] >> 6) << 4, m[j + 4] = (s[j + 8] >> 4) | (s[j + 4] >> 6) << 4
+      _mm512_store_si512(o.sc[j + 4],
+                         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 8 * j), m15),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s0, 8 * j + 6), m3), 4)));
+      mn[j + 4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(s2, 8 * j + 4), m15),
+                                  _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(s1, 8 * j + 6), m3), 4));
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) _mm512_store_si512(o.mp[p], _mm512_or_si512(mn[2 * p], _mm512_slli_epi32(mn[2 * p + 1], 16)));
   }
 }
 
