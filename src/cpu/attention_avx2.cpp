@@ -60,11 +60,36 @@ float dot_f16_ggml(const __m256* q, const void* k, int64_t kb, int head_dim, KvT
   }
   return static_cast<float>(sd);
 }
+
+// Pass 3 of attend_ggml_f16_avx2: acc[head_dim_v] (f16 values) += the V rows weighted by w[p] (see there).
+// NV > 0: NV vectors of 8 (the accumulator stays in registers); NV = 0: nv_rt of them, in memory.
+template <int NV>
+void accumulate_v(const void* v, const float* w, int32_t n, int64_t v_row, int64_t v_off, KvType type, float* acc,
+                  int nv_rt = NV) {
+  constexpr int kMaxVec = kMaxHeadDim / 8;
+  const int nv = NV > 0 ? NV : nv_rt;
+  __m256 a[NV > 0 ? NV : kMaxVec];
+  for (int j = 0; j < nv; ++j) a[j] = _mm256_loadu_ps(acc + 8 * j);
+  for (int32_t p = 0; p < n; ++p) {
+    float vs = w[p];
+    if (std::signbit(vs)) {
+      const __m256 vms = _mm256_set1_ps(-vs);
+#pragma GCC unroll 16
+      for (int j = 0; j < nv; ++j) a[j] = round16(_mm256_mul_ps(a[j], vms));
+      vs = 1.0f;
+    }
+    const __m256 vvs = _mm256_set1_ps(vs);
+    const int64_t vb = p * v_row + v_off;
+#pragma GCC unroll 16
+    for (int j = 0; j < nv; ++j) a[j] = round16(_mm256_fmadd_ps(load8(v, vb + 8 * j, type), vvs, a[j]));
+  }
+  for (int j = 0; j < nv; ++j) _mm256_storeu_ps(acc + 8 * j, a[j]);
+}
 }  // namespace
 
 bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t n, int64_t k_row,
                           int64_t v_row, int64_t k_off, int64_t v_off, int head_dim,
-                          int head_dim_v, KvType type, float scale, float* oh) {
+                          int head_dim_v, KvType type, float scale, float* sc, float* oh) {
   constexpr int kMaxVec = kMaxHeadDim / 8;
   if (head_dim % 8 != 0 || head_dim_v % 8 != 0) return false;
   const int nq = head_dim / 8, nv = head_dim_v / 8;
@@ -72,28 +97,31 @@ bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t
   for (int i = 0; i < nq; ++i) q[i] = round16(_mm256_loadu_ps(qh + 8 * i));
   float acc[kMaxHeadDim];  // f16-representable values
   for (int i = 0; i < head_dim_v; ++i) acc[i] = 0.0f;
+  // Three passes over the positions with the operations (and order) of one online-softmax loop, so the
+  // same bits: (1) all scores (independent dot products); (2) the softmax chain (max, exp, sum) alone,
+  // leaving in sc[p] the V weight vs, or -ms where the max moved (the accumulator is rescaled by ms,
+  // then vs = 1; -ms keeps the sign bit even for ms = 0); (3) the f16 V accumulation, which no longer
+  // waits on a dot product or an exp.
+  for (int32_t p = 0; p < n; ++p) sc[p] = dot_f16_ggml(q, k, p * k_row + k_off, head_dim, type) * scale;
   float M = -INFINITY, S = 0.0f;
   for (int32_t p = 0; p < n; ++p) {
-    const int64_t kb = p * k_row + k_off;
-    const float s = dot_f16_ggml(q, k, kb, head_dim, type) * scale;
+    const float s = sc[p];
     float ms = 1.0f, vs = 1.0f;
     if (s > M) {
       const float m_old = M;
       M = s;
       ms = std::exp(m_old - M);
-      const __m256 vms = _mm256_set1_ps(ms);
-      for (int j = 0; j < nv; ++j)
-        _mm256_storeu_ps(acc + 8 * j, round16(_mm256_mul_ps(_mm256_loadu_ps(acc + 8 * j), vms)));
+      sc[p] = -ms;
     } else {
       vs = std::exp(s - M);
+      sc[p] = vs;
     }
-    const __m256 vvs = _mm256_set1_ps(vs);
-    const int64_t vb = p * v_row + v_off;
-    for (int j = 0; j < nv; ++j)
-      _mm256_storeu_ps(acc + 8 * j, round16(_mm256_fmadd_ps(load8(v, vb + 8 * j, type), vvs,
-                                                            _mm256_loadu_ps(acc + 8 * j))));
-    S = S * ms + vs;
+    S = std::fma(S, ms, vs);  // one rounding, as the compiler contracted the single-loop S * ms + vs
   }
+  if (nv == 16)
+    accumulate_v<16>(v, sc, n, v_row, v_off, type, acc);
+  else
+    accumulate_v<0>(v, sc, n, v_row, v_off, type, acc, nv);
   const float inv = S == 0.0f ? 0.0f : 1.0f / S;
   for (int i = 0; i < head_dim_v; ++i) oh[i] = acc[i] * inv;
   return true;

@@ -10,9 +10,9 @@ namespace strata::cpu {
 // One (token, head) of AttnMath::GgmlF16 attention. Returns false when the shape is not supported
 // (head sizes not multiples of 8): the caller then runs the scalar reference.
 //   qh: [head_dim]; k/v: cache bases, position p's head at p * k_row + k_off (v: v_row, v_off);
-//   oh: [head_dim_v]
+//   sc: scratch [n] (the scores); oh: [head_dim_v]
 bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t n, int64_t k_row,
                           int64_t v_row, int64_t k_off, int64_t v_off, int head_dim,
-                          int head_dim_v, KvType type, float scale, float* oh);
+                          int head_dim_v, KvType type, float scale, float* sc, float* oh);
 
 }  // namespace strata::cpu

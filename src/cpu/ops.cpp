@@ -189,7 +189,7 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
                      max_kv);
       if (math == AttnMath::GgmlF16) {
         if (avx2 && attend_ggml_f16_avx2(qh, kv[t].k, kv[t].v, n, k_row, v_row, hk * head_dim,
-                                         hk * head_dim_v, head_dim, head_dim_v, type, scale, oh))
+                                         hk * head_dim_v, head_dim, head_dim_v, type, scale, sc, oh))
           continue;
         attend_ggml_f16(qh, kv[t].k, kv[t].v, n, k_row, v_row, hk * head_dim, hk * head_dim_v,
                         head_dim, head_dim_v, type, scale, oh);
