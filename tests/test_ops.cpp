@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -232,6 +233,37 @@ TEST(Ops, GetRowsF32AndKvStore) {
   std::vector<uint16_t> h(16);
   kv_store(KvType::F16, tbl.data(), 16, h.data());
   for (int i = 0; i < 16; ++i) EXPECT_EQ(h[i], float_to_half(tbl[i]));
+}
+
+// The AVX-512 ggml-f16 attention kernel gives the AVX2 kernel's bits (same arithmetic on 16 lanes):
+// head sizes 64, 128 (both kernels) and 96 (AVX-512 declines: head % 64; both run the AVX2 kernel),
+// F32 and F16 caches, 1 to 300 positions.
+TEST(Ops, AttentionGgmlF16Avx512SameBitsAsAvx2) {
+  if (cpu_max_level() < CpuLevel::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const int n_head = 8, n_kv = 2, n_ctx = 300;
+  ThreadPool pool(2);
+  std::vector<float> scratch(size_t(pool.size()) * n_ctx);
+  for (int hd : {64, 128, 96})
+    for (KvType type : {KvType::F32, KvType::F16}) {
+      auto k = randn(size_t(n_ctx) * n_kv * hd, 50 + hd), v = randn(size_t(n_ctx) * n_kv * hd, 51 + hd);
+      std::vector<uint8_t> K(k.size() * kv_type_size(type)), V(v.size() * kv_type_size(type));
+      kv_store(type, k.data(), int64_t(k.size()), K.data());
+      kv_store(type, v.data(), int64_t(v.size()), V.data());
+      const std::vector<AttnKv> kv = {{K.data(), V.data(), 1}, {K.data(), V.data(), 9}, {K.data(), V.data(), 77},
+                                      {K.data(), V.data(), 300}};
+      auto q = randn(kv.size() * n_head * hd, 52);
+      for (auto& x : q) x *= 3.0f;  // sharper softmax: more max changes and underflowing weights
+      const float scale = 1.0f / std::sqrt(float(hd));
+      std::vector<float> out[2];
+      for (int i = 0; i < 2; ++i) {
+        set_cpu_level(i ? CpuLevel::Avx512 : CpuLevel::Avx2);
+        out[i].assign(kv.size() * n_head * hd, -1.f);
+        attention(q.data(), kv.data(), int64_t(kv.size()), n_head, n_kv, hd, hd, type, scale, out[i].data(),
+                  scratch.data(), n_ctx, pool, AttnMath::GgmlF16);
+      }
+      set_cpu_level(cpu_max_level());
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0) << "head " << hd << " " << kv_type_name(type);
+    }
 }
 
 // ggml's flash-attention arithmetic: the AVX2 kernel matches the scalar reference (up to f32 sum

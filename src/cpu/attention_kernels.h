@@ -15,4 +15,9 @@ bool attend_ggml_f16_avx2(const float* qh, const void* k, const void* v, int32_t
                           int64_t v_row, int64_t k_off, int64_t v_off, int head_dim,
                           int head_dim_v, KvType type, float scale, float* sc, float* oh);
 
+// The same bits with AVX-512 (needs the Avx512 level); false also when head_dim % 64 or head_dim_v % 16.
+bool attend_ggml_f16_avx512(const float* qh, const void* k, const void* v, int32_t n, int64_t k_row,
+                            int64_t v_row, int64_t k_off, int64_t v_off, int head_dim, int head_dim_v, KvType type,
+                            float scale, float* sc, float* oh);
+
 }  // namespace strata::cpu

@@ -174,7 +174,7 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
   STRATA_REQUIRE(head_dim <= kMaxHeadDim && head_dim_v <= kMaxHeadDim,
                  "attention: head size {}/{} above {}", head_dim, head_dim_v, kMaxHeadDim);
   const int group = n_head / n_head_kv;
-  const bool avx2 = cpu_level() >= CpuLevel::Avx2;
+  const bool avx2 = cpu_level() >= CpuLevel::Avx2, avx512 = cpu_level() >= CpuLevel::Avx512;
   const int64_t k_row = static_cast<int64_t>(n_head_kv) * head_dim;    // values per cache position
   const int64_t v_row = static_cast<int64_t>(n_head_kv) * head_dim_v;
   pool.parallel_for(n_tok * n_head, 1, [&](int64_t b, int64_t e, int thread) {
@@ -188,6 +188,9 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
       STRATA_REQUIRE(n >= 1 && n <= max_kv, "attention: {} cache positions, scratch holds {}", n,
                      max_kv);
       if (math == AttnMath::GgmlF16) {
+        if (avx512 && attend_ggml_f16_avx512(qh, kv[t].k, kv[t].v, n, k_row, v_row, hk * head_dim,
+                                             hk * head_dim_v, head_dim, head_dim_v, type, scale, sc, oh))
+          continue;
         if (avx2 && attend_ggml_f16_avx2(qh, kv[t].k, kv[t].v, n, k_row, v_row, hk * head_dim,
                                          hk * head_dim_v, head_dim, head_dim_v, type, scale, sc, oh))
           continue;
