@@ -18,8 +18,8 @@ int run_profile(const EngineFlags& ef, const std::string& path, const std::strin
                 bool counts) {
   std::shared_ptr<const Model> model = load_model_for(ef);
   const HParams& hp = model->hparams();
-  STRATA_REQUIRE(hp.arch == "qwen3moe", "profile: {} is a {} model; expert usage is counted for qwen3moe",
-                 ef.model, hp.arch);
+  STRATA_REQUIRE(hp.arch == "qwen3moe" || hp.arch == "qwen3next",
+                 "profile: {} is a {} model; expert usage is counted for qwen3moe and qwen3next", ef.model, hp.arch);
   const std::vector<int32_t> ids = tokenize_file(*model, path);
   const int32_t ctx = ef.n_ctx > 0 ? ef.n_ctx : std::min<int32_t>(512, hp.n_ctx_train);
   moe::ExpertUsage usage(hp.n_layer, hp.n_expert, hp.n_expert_used);
