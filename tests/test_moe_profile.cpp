@@ -114,6 +114,7 @@ void check_usage_counts(const std::string& model_file, const std::string& slg_fi
   std::shared_ptr<const Model> model = load_model(model_file);
   const HParams& hp = model->hparams();
   const test::Slg ref = test::read_slg(slg_file);
+  ASSERT_EQ(model->routed_layers(), hp.n_layer);  // the fixtures have no MTP block
   moe::ExpertUsage one(hp.n_layer, hp.n_expert, hp.n_expert_used), all(one);
   EngineOptions o;
   o.n_ctx = 256;
@@ -231,7 +232,7 @@ TEST(ProfileCli, JsonIsReloadableAndSummaryPrinted) {
   sn << fn.rdbuf();
   const moe::ExpertUsage un = moe::ExpertUsage::from_json(sn.str());
   std::shared_ptr<const Model> next_model = load_model(next);
-  EXPECT_EQ(un.n_layer(), next_model->hparams().n_layer);
+  EXPECT_EQ(un.n_layer(), next_model->routed_layers());
   EXPECT_EQ(un.n_expert(), next_model->hparams().n_expert);
   EXPECT_EQ(un.tokens(0), n_tok);  // the same text and tokenizer
   // a file that is not a model

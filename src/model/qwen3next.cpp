@@ -132,6 +132,8 @@ class Qwen3Next final : public Model {
     load();
   }
 
+  int32_t routed_layers() const override { return np_.n_layer; }  // the MTP blocks do not run
+
   // One object per sequence: the KV cache of each attention layer (n_ctx positions) and the conv +
   // delta-rule state of each Gated DeltaNet layer, all allocated here.
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {
@@ -326,7 +328,7 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
                  ws.n_tok_max);
   const int64_t E = hp_.n_embd;
-  STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp_.n_layer && opt.usage->n_expert() == hp_.n_expert &&
+  STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == np_.n_layer && opt.usage->n_expert() == hp_.n_expert &&
                                 opt.usage->n_expert_used() == hp_.n_expert_used),
                  "forward: expert-usage counter shaped for another model");
   for (int64_t t = 0; t < n; ++t) {
