@@ -107,11 +107,14 @@ TEST(ExpertUsage, JsonRoundTripAndBadDocuments) {
 }
 
 // The router's choices do not depend on how the prompt is batched: counts from a 1-token-per-pass
-// prefill equal those from one pass, and every layer saw every token k times.
-TEST(ExpertUsage, FixtureModelCountsEveryTokenIndependentOfBatching) {
-  std::shared_ptr<const Model> model = load_model(kTiny);
+// prefill equal those from one pass, and every layer saw every token k times (qwen3moe and qwen3next).
+namespace {
+void check_usage_counts(const std::string& model_file, const std::string& slg_file) {
+  SCOPED_TRACE(model_file);
+  std::shared_ptr<const Model> model = load_model(model_file);
   const HParams& hp = model->hparams();
-  const test::Slg ref = test::read_slg(kModels + "tiny-qwen3moe-A-Q8_0.logits.slg");
+  const test::Slg ref = test::read_slg(slg_file);
+  ASSERT_EQ(model->routed_layers(), hp.n_layer);  // the fixtures have no MTP block
   moe::ExpertUsage one(hp.n_layer, hp.n_expert, hp.n_expert_used), all(one);
   EngineOptions o;
   o.n_ctx = 256;
@@ -150,6 +153,15 @@ TEST(ExpertUsage, FixtureModelCountsEveryTokenIndependentOfBatching) {
   Engine eng(model, o);
   auto seq = eng.new_sequence();
   EXPECT_THROW(eng.prefill(*seq, ref.prompt, nullptr), Error);
+}
+}  // namespace
+
+TEST(ExpertUsage, FixtureModelCountsEveryTokenIndependentOfBatching) {
+  check_usage_counts(kTiny, kModels + "tiny-qwen3moe-A-Q8_0.logits.slg");
+}
+
+TEST(ExpertUsage, Qwen3NextFixtureCountsEveryTokenIndependentOfBatching) {
+  check_usage_counts(kModels + "tiny-qwen3next-N-Q4_K_M.gguf", kModels + "tiny-qwen3next-N-Q4_K_M.logits.slg");
 }
 
 // Perplexity of the fixture prompt as one chunk (exact mode) equals the one computed from the
@@ -211,8 +223,22 @@ TEST(ProfileCli, JsonIsReloadableAndSummaryPrinted) {
   r = run_cli("profile -m " + kTiny + " -f /nonexistent/text.txt");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("strata: error:"), std::string::npos) << r.out;
-  r = run_cli("profile -m " + kModels + "tiny-qwen3next-N-Q4_K_M.gguf -f " + text);
+  // qwen3next: counted too (its file's usage reloads with its shape)
+  const std::string next = kModels + "tiny-qwen3next-N-Q4_K_M.gguf";
+  r = run_cli("profile -m " + next + " -f " + text + " --ctx 64 -t 2 --json " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream fn(out);
+  std::stringstream sn;
+  sn << fn.rdbuf();
+  const moe::ExpertUsage un = moe::ExpertUsage::from_json(sn.str());
+  std::shared_ptr<const Model> next_model = load_model(next);
+  EXPECT_EQ(un.n_layer(), next_model->routed_layers());
+  EXPECT_EQ(un.n_expert(), next_model->hparams().n_expert);
+  EXPECT_EQ(un.tokens(0), n_tok);  // the same text and tokenizer
+  // a file that is not a model
+  r = run_cli("profile -m " + std::string(STRATA_FIXTURES_DIR) + "/vocab/ggml-vocab-qwen2.gguf -f " + text);
   EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("strata: error:"), std::string::npos) << r.out;
   std::filesystem::remove(text);
   std::filesystem::remove(out);
 }

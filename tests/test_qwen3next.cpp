@@ -305,7 +305,10 @@ TEST(Qwen3NextFiles, MtpBlockLoadsAndLeavesTheDecoderAlone) {
   ed.meta = {{"qwen3next.block_count", gguf::make_value<uint32_t>(5)},
              {"qwen3next.nextn_predict_layers", gguf::make_value<uint32_t>(1)}};
   const std::string path = write_edited("mtp", ed);
-  const Eval a = run(load_model(path), prompt, 0, MatmulMode::Exact, 16);
+  std::shared_ptr<const Model> with_mtp = load_model(path);
+  EXPECT_EQ(with_mtp->hparams().n_layer, 5);
+  EXPECT_EQ(with_mtp->routed_layers(), 4);  // the shape of its expert-usage profile: the MTP block does not run
+  const Eval a = run(with_mtp, prompt, 0, MatmulMode::Exact, 16);
   const Eval b = run(load_model(base + ".gguf"), prompt, 0, MatmulMode::Exact, 16);
   EXPECT_EQ(a.logits, b.logits);
   std::filesystem::remove(path);

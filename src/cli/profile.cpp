@@ -18,11 +18,11 @@ int run_profile(const EngineFlags& ef, const std::string& path, const std::strin
                 bool counts) {
   std::shared_ptr<const Model> model = load_model_for(ef);
   const HParams& hp = model->hparams();
-  STRATA_REQUIRE(hp.arch == "qwen3moe", "profile: {} is a {} model; expert usage is counted for qwen3moe",
-                 ef.model, hp.arch);
+  STRATA_REQUIRE(hp.arch == "qwen3moe" || hp.arch == "qwen3next",
+                 "profile: {} is a {} model; expert usage is counted for qwen3moe and qwen3next", ef.model, hp.arch);
   const std::vector<int32_t> ids = tokenize_file(*model, path);
   const int32_t ctx = ef.n_ctx > 0 ? ef.n_ctx : std::min<int32_t>(512, hp.n_ctx_train);
-  moe::ExpertUsage usage(hp.n_layer, hp.n_expert, hp.n_expert_used);
+  moe::ExpertUsage usage(model->routed_layers(), hp.n_expert, hp.n_expert_used);
   EngineOptions o = ef.options(ctx);
   o.usage = &usage;
   Engine eng(model, o);
@@ -33,11 +33,11 @@ int run_profile(const EngineFlags& ef, const std::string& path, const std::strin
     const size_t n = std::min(ids.size() - b, size_t(ctx));
     eng.prefill(*seq, std::span<const int32_t>(ids).subspan(b, n), nullptr);
   }
-  std::printf("%zu tokens, %d layers, %d experts (%d used per token)\n", ids.size(), hp.n_layer,
+  std::printf("%zu tokens, %d layers, %d experts (%d used per token)\n", ids.size(), usage.n_layer(),
               hp.n_expert, hp.n_expert_used);
   std::printf("layer  entropy(bits)  /max   top25%%  unused  most used\n");
   double sum_top = 0, sum_norm = 0;
-  for (int l = 0; l < hp.n_layer; ++l) {
+  for (int l = 0; l < usage.n_layer(); ++l) {
     const moe::LayerUsageStats s = usage.layer_stats(l);
     sum_top += s.top25_share;
     sum_norm += s.entropy_norm;
@@ -54,7 +54,7 @@ int run_profile(const EngineFlags& ef, const std::string& path, const std::strin
     }
   }
   std::printf("mean   entropy/max %.3f, top 25%% of experts serve %.1f%% (uniform: %.1f%%)\n",
-              sum_norm / hp.n_layer, 100.0 * sum_top / hp.n_layer,
+              sum_norm / usage.n_layer(), 100.0 * sum_top / usage.n_layer(),
               100.0 * double((hp.n_expert + 3) / 4) / double(hp.n_expert));
   if (!json_out.empty()) {
     std::ofstream f(json_out);

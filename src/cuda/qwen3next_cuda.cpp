@@ -404,6 +404,7 @@ class CudaQwen3Next final : public Model {
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
+  int32_t routed_layers() const override { return np_.n_layer; }  // the MTP blocks do not run
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
     const ExpertCache::Stats s = cache_->stats();

@@ -89,6 +89,9 @@ class Model {
   virtual size_t weight_bytes() const = 0;
   // "cpu", or "cuda:N" for the GPU backend.
   virtual std::string backend_name() const { return "cpu"; }
+  // Layers whose routed experts the forward counts in ForwardOptions::usage (the shape of an expert
+  // usage profile for this model): every layer, except e.g. qwen3next's MTP blocks, which do not run.
+  virtual int32_t routed_layers() const { return hp_.n_layer; }
   // Expert-cache statistics since the last reset (a GPU model's cache is shared by its sequences, so
   // these are the model's, not a sequence's).
   virtual ExpertCacheReport cache_report() const { return {}; }

@@ -12,6 +12,7 @@
 #include "model/moe_ffn.h"
 #include "model/qwen3next_weights.h"
 #include "model/weights.h"
+#include "moe/expert_usage.h"
 #include "quant/dequant.h"
 
 namespace strata {
@@ -131,6 +132,8 @@ class Qwen3Next final : public Model {
     load();
   }
 
+  int32_t routed_layers() const override { return np_.n_layer; }  // the MTP blocks do not run
+
   // One object per sequence: the KV cache of each attention layer (n_ctx positions) and the conv +
   // delta-rule state of each Gated DeltaNet layer, all allocated here.
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {
@@ -168,8 +171,9 @@ class Qwen3Next final : public Model {
                  int64_t n_runs, int il, ThreadPool& pool, MatmulMode mode) const;
   void attention_block(const Layer& l, const Batch& batch, Qwen3NextWorkspace& ws, int64_t n,
                        int il, ThreadPool& pool, const ForwardOptions& opt) const;
-  void ffn_block(const Layer& l, Qwen3NextWorkspace& ws, int64_t n, ThreadPool& pool,
-                 MatmulMode mode) const;
+  // usage: when given, counts the routed experts of layer il (strata profile).
+  void ffn_block(const Layer& l, Qwen3NextWorkspace& ws, int64_t n, int il, moe::ExpertUsage* usage,
+                 ThreadPool& pool, MatmulMode mode) const;
 
   NextParams np_;
   qwen3next::Weights w_;  // every tensor, checked (model/qwen3next_weights.h); MTP blocks kept, not run
@@ -294,8 +298,8 @@ void Qwen3Next::attention_block(const Layer& l, const Batch& batch, Qwen3NextWor
   matmul_into(w.wo, ws.att.data(), n, ws.tmp.data(), pool, mode);
 }
 
-void Qwen3Next::ffn_block(const Layer& l, Qwen3NextWorkspace& ws, int64_t n, ThreadPool& pool,
-                          MatmulMode mode) const {
+void Qwen3Next::ffn_block(const Layer& l, Qwen3NextWorkspace& ws, int64_t n, int il, moe::ExpertUsage* usage,
+                          ThreadPool& pool, MatmulMode mode) const {
   const int64_t E = hp_.n_embd, X = hp_.n_expert, Fs = np_.n_ff_shexp;
   const float* xn = ws.xn.data();
   ws.mb.clear();
@@ -307,6 +311,7 @@ void Qwen3Next::ffn_block(const Layer& l, Qwen3NextWorkspace& ws, int64_t n, Thr
   // routed experts
   cpu::moe_route(ws.router.data(), n, hp_.n_expert, hp_.n_expert_used, hp_.expert_weights_norm,
                  ws.ids.data(), ws.wts.data());
+  if (usage) usage->add(il, ws.ids.data(), n);
   moe_experts(l.experts, xn, n, ws.ids.data(), ws.wts.data(), hp_.n_expert_used, ws.tmp.data(),
               ws.moe, ws.mb, pool, mode);
   // shared expert, scaled by sigmoid(ffn_gate_inp_shexp . x)
@@ -323,6 +328,9 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
                  ws.n_tok_max);
   const int64_t E = hp_.n_embd;
+  STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == np_.n_layer && opt.usage->n_expert() == hp_.n_expert &&
+                                opt.usage->n_expert_used() == hp_.n_expert_used),
+                 "forward: expert-usage counter shaped for another model");
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = batch.tokens[size_t(t)];
     STRATA_REQUIRE(bt.seq >= 0 && size_t(bt.seq) < batch.seqs.size(), "forward: bad sequence index");
@@ -346,7 +354,7 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
       attention_block(l, batch, ws, n, il, pool, opt);
     cpu::add_inplace(x, ws.tmp.data(), n * E);
     cpu::rmsnorm(x, l.post_norm.f32(), n, E, hp_.rms_eps, xn);
-    ffn_block(l, ws, n, pool, mode);
+    ffn_block(l, ws, n, il, opt.usage, pool, mode);
     cpu::add_inplace(x, ws.tmp.data(), n * E);
   }
   // output: only the rows that want logits, packed

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "tokenizer/jinja/callable.h"
+#include "tokenizer/utf8_decode.h"
 
 namespace strata::jinja {
 
@@ -116,72 +117,23 @@ void Dict::set(const std::string& key, Value v) {
     index_[key] = items_.size() - 1;
 }
 
-// ---- UTF-8 ----
-bool utf8_valid(std::string_view s) {
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    auto c = static_cast<uint8_t>(s[i]);
-    int len;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      auto cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-      return false;
-    i += len;
-  }
-  return true;
-}
+// ---- UTF-8 ---- (one decoder for the project: tokenizer/utf8_decode.h)
+bool utf8_valid(std::string_view s) { return tokenizer::is_valid_utf8(s); }
 
 std::vector<uint32_t> utf8_decode(std::string_view s) {
   std::vector<uint32_t> out;
   out.reserve(s.size());
-  size_t i = 0, n = s.size();
-  while (i < n) {
-    auto c = static_cast<uint8_t>(s[i]);
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 1;
-    if (i + len > n) len = 1;
-    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
-    out.push_back(cp);
-    i += len;
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    const tokenizer::Utf8Step st = tokenizer::utf8_step(p + i, s.size() - i);
+    // Values are valid UTF-8 (checked where strings enter); a stray byte would pass through as itself.
+    out.push_back(st.kind == tokenizer::Utf8Step::kValid ? st.codepoint : p[i]);
+    i += st.kind == tokenizer::Utf8Step::kValid ? st.len : 1;
   }
   return out;
 }
 
-void utf8_append(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+void utf8_append(std::string& out, uint32_t cp) { tokenizer::append_utf8(out, cp); }
 
 std::string utf8_encode(const std::vector<uint32_t>& cps, size_t begin, size_t end) {
   std::string out;
