@@ -1,7 +1,7 @@
-// The 16-row Q4_K x Q8_K prefill kernel (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
+// The 16-row Q4_K (and Q6_K) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
 // bits (same integer sums, same float steps); the reference's integer part is exact (checked against
 // int64 sums at the extreme values) and its float result stays within a rounding bound of the
-// dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K tensor; matmul
+// dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K and Q6_K tensors; matmul
 // dispatches to it (fast mode, Q4_K, >= 8 tokens, whole 16-row groups) and only there.
 #include <gtest/gtest.h>
 
@@ -47,9 +47,9 @@ std::vector<float> random_tokens(int64_t n_tok, int64_t cols, std::mt19937& rng)
 
 // f64 dot of the dequantized weights and the dequantized Q8_K activations (the real-number value the
 // integer formula computes exactly), and sum |w x| for the rounding bound.
-void f64_dot(const uint8_t* w, int64_t cols, const uint8_t* xq, double* dot, double* mag) {
+void f64_dot(GgmlType type, const uint8_t* w, int64_t cols, const uint8_t* xq, double* dot, double* mag) {
   std::vector<float> wf(cols);
-  dequantize_row(GgmlType::Q4_K, w, wf.data(), cols);
+  dequantize_row(type, w, wf.data(), cols);
   const auto* x = reinterpret_cast<const q::BlockQ8_K*>(xq);
   double s = 0, m = 0;
   for (int64_t c = 0; c < cols; ++c) {
@@ -62,12 +62,14 @@ void f64_dot(const uint8_t* w, int64_t cols, const uint8_t* xq, double* dot, dou
 }
 
 // Checks kernel == reference (bits) and reference ~ f64 for 16 rows of w (row_bytes apart).
-void check_rows16(const uint8_t* w, int64_t row_bytes, int64_t cols, const std::vector<uint8_t>& xq, int64_t n_tok) {
+void check_rows16(GgmlType type, const uint8_t* w, int64_t row_bytes, int64_t cols, const std::vector<uint8_t>& xq,
+                  int64_t n_tok) {
   const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, cols);
   std::vector<float> ref(16 * n_tok, -1.f), ker(16 * n_tok, -2.f);
-  q::q4k_gemm16_ref(cols, w, row_bytes, xq.data(), xb, n_tok, ref.data(), 16);
+  const bool q6 = type == GgmlType::Q6_K;
+  (q6 ? q::q6k_gemm16_ref : q::q4k_gemm16_ref)(cols, w, row_bytes, xq.data(), xb, n_tok, ref.data(), 16);
   if (q::q4k_gemm_cpu_ok()) {
-    q::q4k_gemm16_avx512(cols, w, row_bytes, xq.data(), xb, n_tok, ker.data(), 16);
+    (q6 ? q::q6k_gemm16_avx512 : q::q4k_gemm16_avx512)(cols, w, row_bytes, xq.data(), xb, n_tok, ker.data(), 16);
     size_t differ = 0;
     for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&ref[i], &ker[i], 4) != 0;
     EXPECT_EQ(differ, 0u) << "first: ref " << ref[0] << " kernel " << ker[0];
@@ -79,12 +81,12 @@ void check_rows16(const uint8_t* w, int64_t row_bytes, int64_t cols, const std::
   for (int r = 0; r < 16; ++r)
     for (int64_t t = 0; t < n_tok; ++t) {
       double dot, mag;
-      f64_dot(w + r * row_bytes, cols, xq.data() + t * xb, &dot, &mag);
+      f64_dot(type, w + r * row_bytes, cols, xq.data() + t * xb, &dot, &mag);
       const double err = std::fabs(ref[t * 16 + r] - dot);
       worst = std::max(worst, err / (mag + 1e-30));
       EXPECT_LE(err, bound_ulps * mag + 1e-30) << "row " << r << " token " << t << ": " << ref[t * 16 + r] << " vs " << dot;
     }
-  std::printf("cols %lld n_tok %lld: worst |ref - f64| / sum|wx| = %.3g (bound %.3g)\n", (long long)cols,
+  std::printf("%s cols %lld n_tok %lld: worst |ref - f64| / sum|wx| = %.3g (bound %.3g)\n", std::string(type_name(type)).c_str(), (long long)cols,
               (long long)n_tok, worst, bound_ulps);
 }
 
@@ -92,16 +94,18 @@ void check_rows16(const uint8_t* w, int64_t row_bytes, int64_t cols, const std::
 
 TEST(Q4kGemm, KernelBitIdenticalToReferenceAndCloseToF64) {
   std::mt19937 rng(21);
-  for (const int64_t cols : {256, 768, 2048})
-    for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
-      SCOPED_TRACE(testing::Message() << "cols " << cols << " n_tok " << n_tok);
-      std::vector<uint8_t> w;
-      for (int r = 0; r < 16; ++r) {
-        const auto row = random_row(GgmlType::Q4_K, cols, rng);
-        w.insert(w.end(), row.begin(), row.end());
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (const int64_t cols : {256, 768, 2048})
+      for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
+        SCOPED_TRACE(testing::Message() << type_name(type) << " cols " << cols << " n_tok " << n_tok);
+        std::vector<uint8_t> w;
+        for (int r = 0; r < 16; ++r) {
+          const auto row = random_row(type, cols, rng);
+          w.insert(w.end(), row.begin(), row.end());
+        }
+        check_rows16(type, w.data(), row_bytes(type, cols), cols, quantize_acts(random_tokens(n_tok, cols, rng), cols),
+                     n_tok);
       }
-      check_rows16(w.data(), row_bytes(GgmlType::Q4_K, cols), cols, quantize_acts(random_tokens(n_tok, cols, rng), cols), n_tok);
-    }
 }
 
 TEST(Q4kGemm, ExtremeValuesIntegerPartExact) {
@@ -134,7 +138,7 @@ TEST(Q4kGemm, ExtremeValuesIntegerPartExact) {
     EXPECT_NEAR(ref[t * 16], want, 8.0 * nb * std::ldexp(1.0, -24) * std::fabs(want) + 1e-3) << "token " << t;
     for (int r = 1; r < 16; ++r) EXPECT_EQ(ref[t * 16 + r], ref[t * 16]);
   }
-  check_rows16(w.data(), rb, cols, xq, 2);
+  check_rows16(GgmlType::Q4_K, w.data(), rb, cols, xq, 2);
 }
 
 TEST(Q4kGemm, FixtureZooQ4K) {
@@ -142,15 +146,15 @@ TEST(Q4kGemm, FixtureZooQ4K) {
   std::mt19937 rng(22);
   int checked = 0;
   for (const auto& t : f.tensors()) {
-    if (t.type != GgmlType::Q4_K || t.n_rows() < 16) continue;
+    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q6_K) || t.n_rows() < 16) continue;
     SCOPED_TRACE(t.name);
-    const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = row_bytes(GgmlType::Q4_K, cols);
+    const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = row_bytes(t.type, cols);
     const int64_t n_tok = 11;
     const auto xq = quantize_acts(random_tokens(n_tok, cols, rng), cols);
-    for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.data + r0 * rb, rb, cols, xq, n_tok);
+    for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 1) << "zoo.gguf has no Q4_K tensor of >= 16 rows";
+  EXPECT_GE(checked, 2) << "zoo.gguf has no Q4_K or no Q6_K tensor of >= 16 rows";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {
@@ -159,27 +163,28 @@ TEST(Q4kGemm, MatmulDispatch) {
   ThreadPool pool(2);
   std::mt19937 rng(23);
   struct Shape { int64_t rows, cols, n_tok; };
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
   for (const Shape s : {Shape{768, 2048, 37}, Shape{2048, 768, 64}, Shape{40, 512, 21}, Shape{40, 512, 9}, Shape{40, 512, 8},
                         Shape{8, 256, 17}}) {
-    SCOPED_TRACE(testing::Message() << s.rows << "x" << s.cols << " n_tok " << s.n_tok);
+    SCOPED_TRACE(testing::Message() << type_name(type) << " " << s.rows << "x" << s.cols << " n_tok " << s.n_tok);
     std::vector<uint8_t> w;
     for (int64_t r = 0; r < s.rows; ++r) {
-      const auto row = random_row(GgmlType::Q4_K, s.cols, rng);
+      const auto row = random_row(type, s.cols, rng);
       w.insert(w.end(), row.begin(), row.end());
     }
     const auto x = random_tokens(s.n_tok, s.cols, rng);
     std::vector<float> off(s.rows * s.n_tok), on(s.rows * s.n_tok, -1.f);
     q::q4k_gemm_set_enabled(false);
-    matmul(GgmlType::Q4_K, w.data(), s.rows, s.cols, x.data(), s.n_tok, off.data(), MatmulMode::Fast, pool);
+    matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, off.data(), MatmulMode::Fast, pool);
     q::q4k_gemm_set_enabled(true);
-    matmul(GgmlType::Q4_K, w.data(), s.rows, s.cols, x.data(), s.n_tok, on.data(), MatmulMode::Fast, pool);
+    matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, on.data(), MatmulMode::Fast, pool);
     const bool used = s.n_tok >= q::kQ4kGemmMinTok && s.rows >= 16;
     const auto xq = quantize_acts(x, s.cols);
-    const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, s.cols), rb = row_bytes(GgmlType::Q4_K, s.cols);
+    const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, s.cols), rb = row_bytes(type, s.cols);
     size_t differ_ref = 0, differ_off = 0, same_off = 0;
     std::vector<float> ref(16 * s.n_tok);
     for (int64_t g = 0; g + 16 <= s.rows; g += 16) {
-      q::q4k_gemm16_ref(s.cols, w.data() + g * rb, rb, xq.data(), xb, s.n_tok, ref.data(), 16);
+      (type == GgmlType::Q4_K ? q::q4k_gemm16_ref : q::q6k_gemm16_ref)(s.cols, w.data() + g * rb, rb, xq.data(), xb, s.n_tok, ref.data(), 16);
       for (int64_t t = 0; t < s.n_tok; ++t)
         for (int r = 0; r < 16; ++r) {
           differ_ref += std::memcmp(&ref[t * 16 + r], &on[t * s.rows + g + r], 4) != 0;
@@ -198,7 +203,7 @@ TEST(Q4kGemm, MatmulDispatch) {
     }
     double worst = 0;
     for (size_t i = 0; i < on.size(); ++i) worst = std::max(worst, double(std::fabs(on[i] - off[i])));
-    std::printf("%lldx%lld n_tok %lld: max |gemm16 - decode kernels| = %.3g\n", (long long)s.cols, (long long)s.rows,
+    std::printf("%s %lldx%lld n_tok %lld: max |gemm16 - decode kernels| = %.3g\n", std::string(type_name(type)).c_str(), (long long)s.cols, (long long)s.rows,
                 (long long)s.n_tok, worst);
   }
 }

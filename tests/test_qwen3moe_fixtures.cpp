@@ -92,7 +92,8 @@ TEST_P(Qwen3MoeFixture, FastWithinLlamaCppKl) {
               GetParam().c_str(), r.mean_kl, bound, r.top1, ref.n_prompt, r.kl_llama);
   // Every format meets the bound: the fast kernels, RoPE and attention follow llama.cpp's float
   // order (Q8_0 one FMA chain, Q5_K's scalar min chain, ggml's f16 dot order for Q.K, RoPE with
-  // the FMA its compiler makes), so fast mode's logits track llama.cpp's own (KL to them <= 5e-4).
+  // the FMA its compiler makes), so fast mode's logits track llama.cpp's own (KL to them <= 5e-4 before the
+  // Q4_K/Q6_K prefill kernels of quant/q4k_gemm.h, which round their own way: 5.1e-4 on Q4_K_M, 1.0e-4 on Q6_K).
   EXPECT_LE(r.mean_kl, bound);
 }
 

@@ -59,7 +59,7 @@ struct Prepared {
   std::shared_ptr<const q::RepQ4K8[]> rep;
   int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
   bool permute = false;       // this job (the owner of its activations) fills that permuted copy
-  bool gemm16 = false;        // Q4_K prefill: the 16-row integer kernel (q4k_gemm.h) on whole 16-row groups
+  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q6_K prefill: the 16-row integer kernel (q4k_gemm.h) on whole 16-row groups
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
@@ -100,7 +100,7 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
   if (p.gemm16) {  // 16 rows x every token per kernel call (the rows are transposed once per call)
     const int64_t g0 = (r0 + 15) / 16 * 16, g1 = r1 / 16 * 16;
     for (int64_t g = g0; g < g1; g += 16)
-      q::q4k_gemm16_avx512(j.cols, wb + g * p.row_bytes, p.row_bytes, xq, p.xb, j.n_tok, j.y + g, j.rows);
+      p.gemm16(j.cols, wb + g * p.row_bytes, p.row_bytes, xq, p.xb, j.n_tok, j.y + g, j.rows);
     for (int64_t r = r0; r < r1; ++r) {  // rows outside whole groups
       if (r >= g0 && r < g1) continue;
       const uint8_t* wr = wb + r * p.row_bytes;
@@ -222,13 +222,13 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
       }
       // Prefill (>= 4 tokens) of Q4_K in fast mode at the AVX-512 level: the 8-row repacked kernel
       // when the engine has turned the repack cache on and the matrix fits its budget.
-      // Prefill of Q4_K in fast mode at the AVX-512 level: the 16-row integer kernel (q4k_gemm.h; on unless
-      // STRATA_Q4K_GEMM=0), else the 8-row repacked kernel when the engine has turned the repack cache on
-      // and the matrix fits its budget.
-      if (j.type == GgmlType::Q4_K && p.passes == 1 && p.k.level == CpuLevel::Avx512) {
+      // Prefill of Q4_K/Q6_K in fast mode at the AVX-512 level: the 16-row integer kernels (q4k_gemm.h; on
+      // unless STRATA_Q4K_GEMM=0), else for Q4_K the 8-row repacked kernel when the engine has turned the
+      // repack cache on and the matrix fits its budget.
+      if ((j.type == GgmlType::Q4_K || j.type == GgmlType::Q6_K) && p.passes == 1 && p.k.level == CpuLevel::Avx512) {
         if (j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
-          p.gemm16 = true;
-        else if (j.n_tok >= 4)
+          p.gemm16 = j.type == GgmlType::Q4_K ? q::q4k_gemm16_avx512 : q::q6k_gemm16_avx512;
+        else if (j.type == GgmlType::Q4_K && j.n_tok >= 4)
           p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
       }
       if (p.rep) {

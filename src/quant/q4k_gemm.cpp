@@ -76,4 +76,33 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
   }
 }
 
+void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    const auto* a = reinterpret_cast<const BlockQ6_K*>(w + r * row_bytes);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t S = 0, M = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i) {
+            const int v = 16 * s + i, n = v / 128, quarter = (v % 128) / 32, l = v % 32;
+            const uint8_t lo = a[b].ql[64 * n + 32 * (quarter % 2) + l];
+            const int u = (quarter < 2 ? lo & 0xF : lo >> 4) | (((a[b].qh[32 * n + l] >> (2 * quarter)) & 3) << 4);
+            dot += u * x[b].qs[v];
+          }
+          S += a[b].scales[s] * dot;
+          M += a[b].scales[s] * x[b].bsums[s];
+        }
+        const float dd = fp16_to_fp32(a[b].d) * x[b].d;
+        acc = std::fma(dd, static_cast<float>(S - 32 * M), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
+}
+
 }  // namespace strata::q

@@ -42,4 +42,17 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
 
+// Q6_K, the same scheme (q4k_gemm_enabled() switches both). Per (row, token, super-block), with the
+// unsigned 6-bit quants u = q + 32 (0..63), the 16 int8 scales sc[16] of 16-value sub-blocks and Q8_K bsums:
+//   S   = sum_{s<16} sc[s] * sum_{i<16} u[16 s + i] * x[16 s + i]      (int32, exact)
+//   M   = sum_{s<16} sc[s] * bsums[s]                                    (int32, exact)
+//   acc = fma(d * x.d, float(S - 32 M), acc)
+void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os);
+void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os);
+
+using Gemm16Fn = void (*)(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                          int64_t n_tok, float* out, int64_t os);
+
 }  // namespace strata::q

@@ -152,6 +152,107 @@ void tile(int64_t nb, const Blk16* wb, const uint8_t* xq, int64_t xs, float* out
   for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * os, acc[t]);
 }
 
+// Q6_K: one super-block of 16 rows, transposed (lane r = row r).
+struct alignas(64) Blk6 {
+  uint8_t q[64][64];   // [c]: lane r = unsigned quants 4c .. 4c+3 of row r (0..63)
+  int32_t sc[16][16];  // [s][r] int8 scale
+  int32_t mp[8][16];   // [m][r]: i16 pair (scale 2m, scale 2m+1)
+  float d[16];
+};
+static_assert(sizeof(Blk6) == 5696);
+
+void transpose16_q6(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
+  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m256i m3 = _mm256_set1_epi8(3);
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk6& o = out[b];
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ6_K));
+    for (int z = 0; z < 4; ++z) {  // values 64 z .. 64 z + 63 of each row: half n = z / 2, quarters 2 (z % 2) ..
+      const int n = z / 2, hi = z % 2;
+      __m512i in[16], tr[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) {
+        const uint8_t* a = base + r * row_bytes;
+        const __m512i L = _mm512_loadu_si512(a + offsetof(BlockQ6_K, ql) + 64 * n);
+        const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + offsetof(BlockQ6_K, qh) + 32 * n));
+        // quarters 2 hi and 2 hi + 1: qh bits 4 hi .. 4 hi + 1 and 4 hi + 2 .. 4 hi + 3
+        const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(H, 4 * hi), m3);
+        const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(H, 4 * hi + 2), m3);
+        const __m512i hb = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+        const __m512i lo = hi ? _mm512_and_si512(_mm512_srli_epi16(L, 4), m4) : _mm512_and_si512(L, m4);
+        in[r] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+      }
+      transpose16x16(in, tr);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) _mm512_store_si512(o.q[16 * z + c], tr[c]);
+    }
+    // scales (bytes 192..207) and d (bytes 208..209, read as the high half of the dword at 206)
+    __m512i sg[4];
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) sg[g] = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ6_K, scales) + 4 * g, 1);
+    const __m512i dd = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ6_K, d) - 2, 1);
+    _mm512_store_ps(o.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    __m512i sc[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(sg[s / 4], 24 - 8 * (s % 4)), 24);
+      _mm512_store_si512(o.sc[s], sc[s]);
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < 8; ++m)
+      _mm512_store_si512(o.mp[m], _mm512_or_si512(_mm512_and_si512(sc[2 * m], _mm512_set1_epi32(0xFFFF)),
+                                                  _mm512_slli_epi32(sc[2 * m + 1], 16)));
+  }
+}
+
+template <int NT>
+void tile_q6(int64_t nb, const Blk6* wb, const uint8_t* xq, int64_t xs, float* out, int64_t os) {
+  __m512 acc[NT];
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const Blk6& B = wb[b];
+    const BlockQ8_K* x[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) x[t] = reinterpret_cast<const BlockQ8_K*>(xq + t * xs) + b;
+    __m512i tot[NT];
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) tot[t] = _mm512_setzero_si512();
+    for (int s = 0; s < 16; ++s) {
+      __m512i S[NT];
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) S[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m512i wq = _mm512_load_si512(B.q[4 * s + k]);
+#pragma GCC unroll 8
+        for (int t = 0; t < NT; ++t)
+          S[t] = _mm512_dpbusd_epi32(S[t], wq, _mm512_set1_epi32(load_i32(x[t]->qs + 16 * s + 4 * k)));
+      }
+      const __m512i scv = _mm512_load_si512(B.sc[s]);
+#pragma GCC unroll 8
+      for (int t = 0; t < NT; ++t) tot[t] = _mm512_add_epi32(tot[t], _mm512_mullo_epi32(S[t], scv));
+    }
+    const __m512 d = _mm512_load_ps(B.d);
+#pragma GCC unroll 8
+    for (int t = 0; t < NT; ++t) {
+      __m512i M = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int m = 0; m < 8; ++m) {
+        int32_t pair;
+        std::memcpy(&pair, x[t]->bsums + 2 * m, 4);  // (bsums[2m], bsums[2m+1])
+        M = _mm512_dpwssd_epi32(M, _mm512_load_si512(B.mp[m]), _mm512_set1_epi32(pair));
+      }
+      const __m512i T = _mm512_sub_epi32(tot[t], _mm512_slli_epi32(M, 5));
+      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x[t]->d)), _mm512_cvtepi32_ps(T), acc[t]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * os, acc[t]);
+}
+
 }  // namespace
 
 void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
@@ -172,6 +273,26 @@ void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
     t += 2;
   }
   if (t < n_tok) tile<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+}
+
+void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  thread_local std::vector<Blk6> buf;  // [nb]; grows once, reused
+  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
+  transpose16_q6(w, row_bytes, nb, buf.data());
+  const Blk6* wb = buf.data();
+  int64_t t = 0;
+  for (; t + 8 <= n_tok; t += 8) tile_q6<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  if (t + 4 <= n_tok) {
+    tile_q6<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 4;
+  }
+  if (t + 2 <= n_tok) {
+    tile_q6<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 2;
+  }
+  if (t < n_tok) tile_q6<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
 }
 
 }  // namespace strata::q
