@@ -18,7 +18,7 @@
 // transposed ("repacked") on the fly into a per-thread buffer (~5 KB per 256 columns), once per call for
 // all tokens: no copy of the model is kept.
 //
-// On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K jobs with
+// On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K (and Q6_K, below) jobs with
 // >= kQ4kGemmMinTok (9) tokens in MatmulMode::Fast; STRATA_Q4K_GEMM=0 turns it off (read once; tests and
 // benchmarks switch it with q4k_gemm_set_enabled).
 #include <cstdint>
