@@ -88,6 +88,35 @@ TEST(Synthetic, RepeatLayersCopiesTheFirstLayer) {
   std::remove(p.c_str());
 }
 
+// A mix (Q4_K_M) gives some layers' tensors another type than layer 0's: those are made once for their
+// type and repeated from there (the file used to fail: layer 0's bytes for another type's size).
+TEST(Synthetic, RepeatLayersWithAMixKeepsEachLayersType) {
+  SyntheticSpec s = small();
+  s.repeat_layers = true;
+  s.n_layer = 8;
+  s.format = "Q4_K_M";
+  const std::string p = tmp_path("repmix");
+  ThreadPool pool(2);
+  write_synthetic_model(s, p, pool);
+  auto f = gguf::File::open(p);
+  int other_type = 0;
+  for (int l = 1; l < s.n_layer; ++l)
+    for (const char* n : {"attn_v.weight", "ffn_down_exps.weight"}) {
+      const auto& t0 = f.tensor("blk.0." + std::string(n));
+      const auto& tl = f.tensor("blk." + std::to_string(l) + "." + n);
+      if (tl.type == t0.type) {
+        ASSERT_EQ(t0.nbytes, tl.nbytes);
+        EXPECT_EQ(0, std::memcmp(t0.data, tl.data, t0.nbytes));
+      } else {
+        ++other_type;
+        EXPECT_EQ(tl.nbytes, row_bytes(tl.type, tl.ne[0]) * tl.ne[1] * (tl.n_dims > 2 ? tl.ne[2] : 1));
+      }
+    }
+  EXPECT_GT(other_type, 0) << "the mix should give some layers another type";
+  EXPECT_NO_THROW(load_model(p));
+  std::remove(p.c_str());
+}
+
 TEST(Synthetic, BadSpecsAreErrors) {
   ThreadPool pool(1);
   SyntheticSpec s = small();

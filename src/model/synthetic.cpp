@@ -276,7 +276,9 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
 
   // Generate and encode each tensor, rows split over the pool. Every row has its own generator
   // (seeded by tensor and row), so the file does not depend on the thread count.
-  std::map<std::string, std::vector<uint8_t>> first_layer;  // repeat_layers: name after "blk.N."
+  // repeat_layers: the first layer's bytes of each tensor, keyed by its name after "blk.N." and its type
+  // (a mix such as Q4_K_M gives the same tensor another type in some layers: that one is made once too).
+  std::map<std::string, std::vector<uint8_t>> first_layer;
   auto layer_suffix = [](const std::string& name) -> std::string {
     if (name.rfind("blk.", 0) != 0) return {};
     return name.substr(name.find('.', 4) + 1);
@@ -284,8 +286,9 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
   for (size_t ti = 0; ti < ts.size(); ++ti) {
     const PlannedTensor& t = ts[ti];
     const std::string suffix = layer_suffix(t.name);
-    if (s.repeat_layers && !suffix.empty() && t.name.rfind("blk.0.", 0) != 0) {
-      const auto it = first_layer.find(suffix);
+    const std::string repeat_key = suffix.empty() ? suffix : suffix + "|" + std::string(type_name(t.type));
+    if (s.repeat_layers && !suffix.empty()) {
+      const auto it = first_layer.find(repeat_key);
       if (it != first_layer.end()) {
         w.add_tensor(t.name, t.type, t.dims, it->second);
         continue;
@@ -315,7 +318,7 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
       }
     });
     w.add_tensor(t.name, t.type, t.dims, bytes);
-    if (s.repeat_layers && t.name.rfind("blk.0.", 0) == 0) first_layer.emplace(suffix, std::move(bytes));
+    if (s.repeat_layers && !suffix.empty()) first_layer.emplace(repeat_key, std::move(bytes));
   }
   w.write(path);
 }
