@@ -100,7 +100,7 @@ TEST(Synthetic, RepeatLayersWithAMixKeepsEachLayersType) {
   write_synthetic_model(s, p, pool);
   auto f = gguf::File::open(p);
   int other_type = 0;
-  for (int l = 1; l < s.n_layer; ++l)
+  for (int l = 1; l < int(s.n_layer); ++l)
     for (const char* n : {"attn_v.weight", "ffn_down_exps.weight"}) {
       const auto& t0 = f.tensor("blk.0." + std::string(n));
       const auto& tl = f.tensor("blk." + std::to_string(l) + "." + n);

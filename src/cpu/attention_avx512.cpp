@@ -8,7 +8,9 @@
 #include "cpu/attention_kernels.h"
 
 // GCC 12 reports the intrinsics' internal _mm512_undefined_*() as maybe-uninitialized (a false positive).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace strata::cpu {
 

@@ -2,8 +2,11 @@
 #include <immintrin.h>
 
 // GCC 12 reports _mm512_cvtepi32_ps's internal _mm512_undefined_ps() as maybe-uninitialized (a false positive).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
+#include <cstddef>  // offsetof
 #include <cstring>
 #include <vector>
 
