@@ -10,6 +10,7 @@
 // GCC 12 reports the intrinsics' internal _mm512_undefined_*() as maybe-uninitialized (a false positive).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace strata::cpu {

@@ -1,9 +1,10 @@
 // The 16-row Q4_K x Q8_K prefill kernel (AVX-512 F/BW/VNNI); arithmetic and layout: q4k_gemm.h.
 #include <immintrin.h>
 
-// GCC 12 reports _mm512_cvtepi32_ps's internal _mm512_undefined_ps() as maybe-uninitialized (a false positive).
+// GCC 12 reports the intrinsics' internal _mm512_undefined_*() as (maybe-)uninitialized (a false positive).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <cstddef>  // offsetof
