@@ -1,5 +1,6 @@
 #include "cuda/model_common.h"
 
+#include <cstring>
 #include <vector>
 
 #include "common/error.h"
@@ -46,37 +47,79 @@ void RepackLog::add(GgmlType from, GgmlType to, size_t fb, size_t gb) {
   if (types.find(t) == std::string::npos) types += (types.empty() ? "" : ", ") + t;
 }
 
-DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
-                        RepackLog& log) {
-  DevWeight d;
-  d.cols = w.ne[0];
-  d.rows = w.ne[1] * w.ne[2] * w.ne[3];
-  const int64_t n_values = d.rows * d.cols;
-  const size_t file_bytes = row_bytes(w.type, d.cols) * size_t(d.rows);
-  d.type = exact ? GgmlType::F32 : quant::storage_type(w.type);
-  Stream& cs = dev.compute();
-  if (d.type == w.type) {
-    d.buf = dev.alloc(file_bytes, name);
-    xfer.upload(d.buf.span(), w.data, file_bytes, cs, {&cs});
-    return d;
+GgmlType device_type(GgmlType file_type, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(file_type); }
+
+namespace {
+// A matrix as it goes to the GPU: the mapped file's bytes, or a repacked copy it owns.
+struct HostMatrix {
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;  // the mapping or `owned`
+  size_t bytes = 0;
+  std::vector<uint8_t> owned;
+};
+
+HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log) {
+  HostMatrix m;
+  m.cols = w.ne[0];
+  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
+  const int64_t n_values = m.rows * m.cols;
+  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
+  m.type = device_type(w.type, exact);
+  if (m.type == w.type) {
+    m.data = w.data;
+    m.bytes = file_bytes;
+    return m;
   }
   // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
   STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
                  name, type_name(w.type));
   std::vector<float> f(static_cast<size_t>(n_values));
   dequantize_row(w.type, w.data, f.data(), n_values);
-  if (d.type == GgmlType::F32) {
-    d.buf = dev.alloc(f.size() * 4, name);
-    xfer.upload(d.buf.span(), f.data(), f.size() * 4, cs, {&cs});
-  } else if (d.type == GgmlType::F16) {
-    std::vector<uint16_t> hb(f.size());
+  if (m.type == GgmlType::F32) {
+    m.owned.resize(f.size() * 4);
+    std::memcpy(m.owned.data(), f.data(), m.owned.size());
+  } else if (m.type == GgmlType::F16) {
+    m.owned.resize(f.size() * 2);
+    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
     for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
-    d.buf = dev.alloc(hb.size() * 2, name);
-    xfer.upload(d.buf.span(), hb.data(), hb.size() * 2, cs, {&cs});
   } else {
-    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(d.type));
+    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
   }
-  log.add(w.type, d.type, file_bytes, d.buf.bytes());
+  m.data = m.owned.data();
+  m.bytes = m.owned.size();
+  log.add(w.type, m.type, file_bytes, m.bytes);
+  return m;
+}
+}  // namespace
+
+DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
+                        RepackLog& log) {
+  return upload_stacked(dev, xfer, {&w}, name, exact, log);
+}
+
+DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<const Weight*> ws,
+                         const std::string& name, bool exact, RepackLog& log) {
+  DevWeight d;
+  std::vector<HostMatrix> parts;
+  size_t bytes = 0;
+  for (const Weight* w : ws) {
+    parts.push_back(host_matrix(*w, name, exact, log));
+    const HostMatrix& m = parts.back();
+    STRATA_REQUIRE(parts.size() == 1 || (m.type == d.type && m.cols == d.cols),
+                   "cuda: {}: stacked matrices of different types or widths", name);
+    d.type = m.type;
+    d.cols = m.cols;
+    d.rows += m.rows;
+    bytes += m.bytes;
+  }
+  d.buf = dev.alloc(bytes, name);
+  Stream& cs = dev.compute();
+  size_t off = 0;
+  for (const HostMatrix& m : parts) {  // staged uploads: the host bytes may go once this returns
+    xfer.upload(slice(d.buf, off, m.bytes), m.data, m.bytes, cs, {&cs});
+    off += m.bytes;
+  }
   return d;
 }
 

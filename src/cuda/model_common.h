@@ -5,6 +5,7 @@
 // dequantized on the CPU and stored as F16; everything F32 in exact mode).
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "cuda/device.h"
@@ -43,6 +44,13 @@ struct RepackLog {
 // (producer = consumer = compute). exact: dequantized to F32 on the CPU.
 DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
                         RepackLog& log);
+// The matrices one under the other ([sum of rows][cols]) in one buffer (e.g. q|k|v for one product).
+// Needs one device_type() and one column count for all (same row bytes); throws strata::Error otherwise.
+DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<const Weight*> ws,
+                         const std::string& name, bool exact, RepackLog& log);
+// The type a weight of file_type has on the GPU: F32 in exact mode, else quant::storage_type (the file's
+// type where it has kernels, F16 otherwise).
+GgmlType device_type(GgmlType file_type, bool exact);
 // An f32 vector ([ne[0]]: norm weights, biases) onto the GPU as is.
 DevWeight upload_f32(Device& dev, Transfer& xfer, const Weight& w, const std::string& name);
 // n f32 values from host memory (not the file: e.g. a converted conv kernel) as a [1][n] F32 weight.

@@ -28,6 +28,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
@@ -105,18 +106,14 @@ struct WsSizes {
   }
 };
 
-class CudaWorkspace final : public Workspace {
+class CudaWorkspace final : public Workspace, public PoolIo {
  public:
   // prefill: when batches of kGemmMinTokens or more fit and the mode is not exact, the dense products take
   // the cuBLAS path (gemm_context.h) and the MoE block the grouped kernels (moe_scratch_bytes of scratch).
   // q8_paths: the Q8 activation buffers of the fast decode (q8_kernels.cuh) are allocated.
   CudaWorkspace(Device& dev, const HParams& hp, int32_t max_tok, int32_t n_ctx, int n_threads,
                 bool prefill_paths, size_t moe_scratch_bytes, bool q8_paths)
-      : n_tok_max(max_tok),
-        n_ctx_max(n_ctx),
-        k_used(hp.n_expert_used),
-        moe(max_tok, hp.n_expert_used, hp.n_expert, hp.n_embd, hp.n_ff_exp),
-        mb(n_threads, max_tok) {
+      : PoolIo(dev, hp.n_layer, max_tok, hp, n_threads), n_tok_max(max_tok), n_ctx_max(n_ctx) {
     const WsSizes z(hp, max_tok, n_ctx);
     x = dev.alloc(size_t(z.E) * 4, "ws.x");
     xn = dev.alloc(size_t(z.E) * 4, "ws.xn");
@@ -128,29 +125,18 @@ class CudaWorkspace final : public Workspace {
     rope_cs = dev.alloc(size_t(z.rope) * 4, "ws.rope_cs");
     att = dev.alloc(size_t(z.att) * 4, "ws.att");
     router = dev.alloc(size_t(z.router) * 4, "ws.router");
-    ids = dev.alloc(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids");
-    ids_h = dev.alloc_pinned(size_t(z.ids) * size_t(hp.n_layer) * 4, "ws.ids_h");
-    layer_recorded.resize(size_t(hp.n_layer));
-    wts = dev.alloc(size_t(z.ids) * 4, "ws.wts");
     h = dev.alloc(size_t(z.h) * 4, "ws.h");
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
-    partial = dev.alloc(size_t(z.E) * 4, "ws.partial");
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
     route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
-    logits = dev.alloc(size_t(z.logits) * 4, "ws.logits");
     if (q8_paths) {
       xq = dev.alloc(size_t(z.xq), "ws.xq");
       xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
       hq = dev.alloc(size_t(z.hq), "ws.hq");
       hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
     }
-    wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
-    xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
-    partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
-    logits_h = dev.alloc_pinned(size_t(z.logits) * 4, "ws.logits_h");
     step_host.resize(StepLayout(max_tok).bytes);
-    ids_cpu.resize(size_t(z.ids));
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
       const int64_t qkv_rows = int64_t(hp.n_head) * hp.head_dim + int64_t(hp.n_head_kv) * (hp.head_dim + hp.head_dim_v);
       const int64_t max_rows = std::max({int64_t(hp.n_vocab), qkv_rows, int64_t(hp.n_embd), int64_t(hp.n_expert)});
@@ -161,18 +147,15 @@ class CudaWorkspace final : public Workspace {
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
-    size_t b = x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() + qkv.bytes() +
-               rope_cs.bytes() + att.bytes() +
-               router.bytes() + wts.bytes() + h.bytes() + moe_out.bytes() + partial.bytes() +
-               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + logits.bytes() + wts_h.bytes() + xn_h.bytes() +
-               partial_h.bytes() + logits_h.bytes() + moe.memory_bytes() + ids.bytes() + ids_h.bytes() +
-               moe_scratch.bytes() + xq.bytes() + xds.bytes() + hq.bytes() + hds.bytes();
+    size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
+               qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
+               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
+               xds.bytes() + hq.bytes() + hds.bytes();
     return b;
   }
 
   int32_t n_tok_max, n_ctx_max;
-  int k_used;  // experts per token
-  // device, f32 unless said
+  // device, f32 unless said (and PoolIo's: ids, wts, partial, logits and their host copies)
   DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
@@ -181,34 +164,19 @@ class CudaWorkspace final : public Workspace {
   DeviceBuffer rope_cs;        // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;            // [n_tok][n_head][head_dim_v]
   DeviceBuffer router;         // [n_tok][n_expert]
-  DeviceBuffer ids;             // [n_layer][n][k] int32 for a batch of n tokens (layer stride n*k, so
-                                // one download of n_layer*n*k values takes every layer's routing)
-  DeviceBuffer wts;            // [n_tok][k]
   DeviceBuffer h;              // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
-  DeviceBuffer partial;        // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
   DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
-  DeviceBuffer logits;         // [n_tok][n_vocab]
   // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
   DeviceBuffer xq, xds;        // [n_tok][max(n_embd, n_head*head_dim_v)] int8, [..][../32] float2: the normed
                                // input of a dense product (attn_norm, ffn_norm, output norm) or att (wo)
   DeviceBuffer hq, hds;        // [n_tok * k][n_ff] int8, [..][n_ff/32] float2: resident experts' silu(gate)*up
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
-  // pinned host
-  PinnedBuffer ids_h;               // [n_layer][n][k] int32, as ids
-  PinnedBuffer wts_h;               // [n_tok][k]
-  PinnedBuffer xn_h;                // [n_tok][n_embd]
-  PinnedBuffer partial_h;           // [n_tok][n_embd] written by the CPU pool
-  PinnedBuffer logits_h;            // [n_tok][n_vocab]
   // host
   std::vector<uint8_t> step_host;  // StepLayout(n), filled by forward() and uploaded in one copy
-  std::vector<int32_t> ids_cpu;  // [n_tok][k]: expert id, or -1 where the GPU runs the pair
-  Ticket ids_ticket;                    // pending end-of-forward download of ids_h
-  std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
-  Ticket partial_ticket;                // last upload that reads partial_h
   // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math,
   // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
   struct GraphKey {
@@ -225,8 +193,6 @@ class CudaWorkspace final : public Workspace {
   uint64_t graphs_model = 0;            // CudaQwen3Moe::model_id_ of the model that captured them
   const void* graphs_slots = nullptr;   // the expert cache's slot and table allocations they read
   const void* graphs_table = nullptr;
-  MoeScratch moe;
-  cpu::MatmulBatch mb;
 };
 
 class CudaQwen3Moe final : public Model {
@@ -277,29 +243,7 @@ class CudaQwen3Moe final : public Model {
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    const ExpertCache::Stats s = cache_->stats();
-    ExpertCacheReport r;
-    r.present = true;
-    r.hits = s.hits;
-    r.misses = s.misses;
-    r.swaps = s.swaps;
-    r.slots_used = s.slots_used;
-    r.n_slots = s.n_slots;
-    r.n_experts_total = hp_.n_layer * hp_.n_expert;
-    r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
-    r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
-    r.slot_bytes = uint64_t(cache_->slot_bytes());
-    r.graphs_enabled = graphs_;
-    r.forwards = int64_t(work_.forwards);
-    r.graph_forwards = int64_t(work_.graph_forwards);
-    r.graph_captures = int64_t(work_.captures);
-    r.op_calls = int64_t(work_.op_calls);
-    r.transfers = int64_t(work_.transfers);
-    r.host_s = std::chrono::duration<double>(work_.host).count();
-    r.wait_s = std::chrono::duration<double>(work_.wait).count();
-    r.pool_s = std::chrono::duration<double>(work_.pool).count();
-    r.route_wait_s = std::chrono::duration<double>(work_.route_wait).count();
-    return r;
+    return make_cache_report(*cache_, *xfer_, h2d_base_, d2h_base_, hp_.n_layer, hp_.n_expert, graphs_, work_);
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -325,17 +269,6 @@ class CudaQwen3Moe final : public Model {
     }
     int32_t* ids(int il) const;  // layer il's [n][k] in ws.ids
   };
-  // Host work of the forward passes (for `strata bench`): counted, never timed.
-  struct HostWork {
-    uint64_t forwards = 0, graph_forwards = 0, captures = 0;
-    uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
-    uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
-    // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
-    // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
-    // bottleneck.
-    std::chrono::steady_clock::duration host{}, wait{};
-    std::chrono::steady_clock::duration pool{}, route_wait{};  // parts of host: CPU experts, routing waits
-  };
   template <typename F>
   void op(const Pass& p, F&& f) const {
     if (!p.launch) return;
@@ -358,20 +291,16 @@ class CudaQwen3Moe final : public Model {
 
   void load();
   // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
-  struct HostMatrix {
-    GgmlType type = GgmlType::F32;
-    int64_t rows = 0, cols = 0;
-    const void* data = nullptr;  // the mapping or `owned`
-    size_t bytes = 0;
-    std::vector<uint8_t> owned;
-  };
-  HostMatrix host_matrix(const Weight& w, const std::string& name, RepackLog& log) const;
-  GgmlType device_type(const Weight& w) const { return opt_.exact ? GgmlType::F32 : quant::storage_type(w.type); }
-  DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log);
-  // The matrices one under the other ([sum of rows][cols]) in one buffer. Needs one device_type() and one
-  // column count for all (same row bytes).
-  DevWeight upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name, RepackLog& log);
-  DevWeight upload_f32(const Weight& w, const std::string& name);
+  GgmlType device_type(const Weight& w) const { return cuda::device_type(w.type, opt_.exact); }
+  DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
+    return cuda::upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log);
+  }
+  DevWeight upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name, RepackLog& log) {
+    return cuda::upload_stacked(*dev_, *xfer_, ws, name, opt_.exact, log);
+  }
+  DevWeight upload_f32(const Weight& w, const std::string& name) {
+    return cuda::upload_f32(*dev_, *xfer_, w, name);
+  }
   // y [n][w.rows] = x [n][w.cols] . W^T on the compute stream.
   void mm(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
           Site site = Site::here()) const {
@@ -461,80 +390,6 @@ class CudaQwen3Moe final : public Model {
 
 int32_t* CudaQwen3Moe::Pass::ids(int il) const {
   return ws.ids.as<int32_t>() + size_t(il) * size_t(n) * size_t(ws.k_used);
-}
-
-CudaQwen3Moe::HostMatrix CudaQwen3Moe::host_matrix(const Weight& w, const std::string& name, RepackLog& log) const {
-  HostMatrix m;
-  m.cols = w.ne[0];
-  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
-  const int64_t n_values = m.rows * m.cols;
-  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
-  m.type = device_type(w);
-  if (m.type == w.type) {
-    m.data = w.data;
-    m.bytes = file_bytes;
-    return m;
-  }
-  // Repack: dequantize on the CPU (bit-exact with ggml), store as f32 (exact) or f16.
-  STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU",
-                 name, type_name(w.type));
-  std::vector<float> f(static_cast<size_t>(n_values));
-  dequantize_row(w.type, w.data, f.data(), n_values);
-  if (m.type == GgmlType::F32) {
-    m.owned.resize(f.size() * 4);
-    std::memcpy(m.owned.data(), f.data(), m.owned.size());
-  } else if (m.type == GgmlType::F16) {
-    m.owned.resize(f.size() * 2);
-    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
-    for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
-  } else {
-    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
-  }
-  m.data = m.owned.data();
-  m.bytes = m.owned.size();
-  log.add(w.type, m.type, file_bytes, m.bytes);
-  return m;
-}
-
-DevWeight CudaQwen3Moe::upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
-  return upload_stacked({&w}, name, log);
-}
-
-DevWeight CudaQwen3Moe::upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name,
-                                       RepackLog& log) {
-  DevWeight d;
-  std::vector<HostMatrix> parts;
-  size_t bytes = 0;
-  for (const Weight* w : ws) {
-    parts.push_back(host_matrix(*w, name, log));
-    const HostMatrix& m = parts.back();
-    STRATA_REQUIRE(parts.size() == 1 || (m.type == d.type && m.cols == d.cols),
-                   "cuda: {}: stacked matrices of different types or widths", name);
-    d.type = m.type;
-    d.cols = m.cols;
-    d.rows += m.rows;
-    bytes += m.bytes;
-  }
-  d.buf = dev_->alloc(bytes, name);
-  Stream& cs = dev_->compute();
-  size_t off = 0;
-  for (const HostMatrix& m : parts) {  // staged uploads: the host bytes may go once this returns
-    xfer_->upload(slice(d.buf, off, m.bytes), m.data, m.bytes, cs, {&cs});
-    off += m.bytes;
-  }
-  return d;
-}
-
-DevWeight CudaQwen3Moe::upload_f32(const Weight& w, const std::string& name) {
-  DevWeight d;
-  d.type = GgmlType::F32;
-  d.cols = w.ne[0];
-  d.rows = 1;
-  const size_t bytes = size_t(w.ne[0]) * 4;
-  d.buf = dev_->alloc(bytes, name);
-  Stream& cs = dev_->compute();
-  xfer_->upload(d.buf.span(), w.data, bytes, cs, {&cs});
-  return d;
 }
 
 void CudaQwen3Moe::load() {
@@ -937,8 +792,6 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
                  ws.n_tok_max);
   const int64_t E = hp.n_embd, V = hp.n_vocab;
-  const int k_used = hp.n_expert_used;
-  const int64_t nk = n * k_used;
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),
                  "forward: expert-usage counter shaped for another model");
@@ -968,17 +821,8 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
   const strata::moe::Residency& res = cache_->residency();
-
-  // Leftovers of a forward pass that threw half-way: its copies must be done before buffers are reused.
-  if (ws.ids_ticket.valid()) ws.ids_ticket.wait(), ws.ids_ticket = Ticket();
-  if (ws.partial_ticket.valid()) ws.partial_ticket.wait(), ws.partial_ticket = Ticket();
-  cache_->begin_step();  // host and device tables fixed from here to end_step()
-  ++work_.forwards;
-  // All inputs of the pass in one copy (producer = consumer = compute: after the previous pass's readers,
-  // before every kernel of this one).
-  xfer_->upload(head(ws.step_in, sl.bytes), ws.step_host.data(), sl.bytes, cs, {&cs});
-  ++work_.transfers;
-  std::fill(ws.layer_recorded.begin(), ws.layer_recorded.end(), uint8_t(0));
+  const PoolCtx pc{*xfer_, cs, *cache_, work_};
+  begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
 
   const Pass p{ws, n, n_out, opt.attn, true};
   bool all_resident = true;
@@ -1009,87 +853,16 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
         continue;
       }
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
-      // ids of this layer go to its own slice of ids_h; the host waits for them before it enqueues the
-      // next layer's router (which writes another slice of the same device buffer).
-      const size_t ib = size_t(nk) * 4, ioff = size_t(il) * ib;
-      const Ticket t_ids = xfer_->download(slice(ws.ids_h, ioff, ib), slice(ws.ids, ioff, ib), cs);
-      const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
-      const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
-      work_.transfers += 3;
+      const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
       if (n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
-      const auto t_rw = std::chrono::steady_clock::now();
-      t_ids.wait();
-      t_wts.wait();
-      t_xn.wait();
-      work_.route_wait += std::chrono::steady_clock::now() - t_rw;
-      ws.ids_h.note_host_access(strata::stream_check::Access::Read);
-      ws.wts_h.note_host_access(strata::stream_check::Access::Read);
-      ws.xn_h.note_host_access(strata::stream_check::Access::Read);
-      const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
-      const int32_t* row = res.layer_row(il);
-      int64_t n_cpu = 0;
-      for (int64_t i = 0; i < nk; ++i) {
-        STRATA_REQUIRE(hid[i] >= 0 && hid[i] < hp.n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
-        const bool on_gpu = row[hid[i]] >= 0;
-        ws.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
-        n_cpu += !on_gpu;
-      }
-      cache_->record(il, hid, nk);
-      if (opt.usage) opt.usage->add(il, hid, n);
-      ws.layer_recorded[size_t(il)] = 1;
-      if (n_cpu == 0) continue;  // this batch only picked resident experts
-      if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
-      ws.partial_h.note_host_access(strata::stream_check::Access::Write);
-      const auto t_pool = std::chrono::steady_clock::now();
-      moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(), k_used,
-                  ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
-      work_.pool += std::chrono::steady_clock::now() - t_pool;
-      ws.partial_ticket = xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4),
-                                        cs, {&cs});
-      ++work_.transfers;
+      if (pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage) == 0) continue;  // only resident experts picked
+      pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
       note_launch(cs, {ws.partial.span()}, {ws.x.span()});
       op(p, [&] { ops::add_inplace(x, ws.partial.as<const float>(), n * E, s); });
     }
     output(p);
   }
-  // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
-  // slices come along unchanged), read after the end-of-forward wait.
-  bool any_unrecorded = false;
-  for (uint8_t r : ws.layer_recorded) any_unrecorded |= r == 0;
-  if (any_unrecorded) {
-    const size_t ib = size_t(hp.n_layer) * size_t(nk) * 4;
-    ws.ids_ticket = xfer_->download(head(ws.ids_h, ib), head(ws.ids, ib), cs);
-    ++work_.transfers;
-  }
-  const auto t_wait = std::chrono::steady_clock::now();
-  if (n_out > 0) {
-    const size_t lb = size_t(n_out) * size_t(V) * 4;
-    xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
-    ++work_.transfers;
-    ws.logits_h.note_host_access(strata::stream_check::Access::Read);
-    std::memcpy(logits, ws.logits_h.data(), lb);
-  } else {
-    cs.synchronize();
-  }
-  const auto t_waited = std::chrono::steady_clock::now();
-  if (ws.ids_ticket.valid()) {
-    ws.ids_ticket.wait();
-    ws.ids_ticket = Ticket();
-    ws.ids_h.note_host_access(strata::stream_check::Access::Read);
-    for (int il = 0; il < hp.n_layer; ++il) {
-      if (ws.layer_recorded[size_t(il)]) continue;
-      const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
-      cache_->record(il, hid, nk);
-      if (opt.usage) opt.usage->add(il, hid, n);
-    }
-  }
-  if (ws.partial_ticket.valid()) {
-    ws.partial_ticket.wait();
-    ws.partial_ticket = Ticket();
-  }
-  cache_->end_step();
-  work_.wait += t_waited - t_wait;
-  work_.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
+  finish_forward(pc, ws, n, n_out, V, logits, opt.usage, t_start);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "cuda/next_fused.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
@@ -175,15 +176,11 @@ struct WsSizes {
   }
 };
 
-class NextWorkspace final : public Workspace {
+class NextWorkspace final : public Workspace, public PoolIo {
  public:
   NextWorkspace(Device& dev, const HParams& hp, const NextParams& np, int32_t max_tok, int32_t n_ctx,
                 int n_threads, bool prefill_paths, size_t moe_scratch_bytes, bool q8_paths)
-      : n_tok_max(max_tok),
-        n_ctx_max(n_ctx),
-        k_used(hp.n_expert_used),
-        moe(max_tok, hp.n_expert_used, hp.n_expert, hp.n_embd, hp.n_ff_exp),
-        mb(n_threads, max_tok) {
+      : PoolIo(dev, np.n_layer, max_tok, hp, n_threads), n_tok_max(max_tok), n_ctx_max(n_ctx) {
     const WsSizes z(hp, np, max_tok, n_ctx);
     auto f32 = [&](int64_t values, const char* name) { return dev.alloc(size_t(std::max<int64_t>(values, 1)) * 4, name); };
     x = f32(z.E, "ws.x");
@@ -203,11 +200,8 @@ class NextWorkspace final : public Workspace {
     rope_cs = f32(z.rope, "ws.rope_cs");
     att = f32(z.att, "ws.att");
     rproj = f32(z.rproj, "ws.rproj");
-    ids = dev.alloc(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids");
-    wts = f32(z.ids, "ws.wts");
     h = f32(z.h, "ws.h");
     moe_out = f32(z.E, "ws.moe_out");
-    partial = f32(z.E, "ws.partial");
     sh_g = f32(2 * z.fs, "ws.sh_g");
     sh_w = f32(z.n, "ws.sh_w");
     sh_ids = dev.alloc(size_t(z.n) * 4, "ws.sh_ids");  // zeroed by new_workspace
@@ -220,15 +214,7 @@ class NextWorkspace final : public Workspace {
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
     route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = f32(z.scratch, "ws.attn_scratch");
-    logits = f32(z.logits, "ws.logits");
-    ids_h = dev.alloc_pinned(size_t(z.ids) * size_t(np.n_layer) * 4, "ws.ids_h");
-    wts_h = dev.alloc_pinned(size_t(z.ids) * 4, "ws.wts_h");
-    xn_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.xn_h");
-    partial_h = dev.alloc_pinned(size_t(z.E) * 4, "ws.partial_h");
-    logits_h = dev.alloc_pinned(size_t(z.logits) * 4, "ws.logits_h");
     step_host.resize(StepLayout(max_tok).bytes);
-    ids_cpu.resize(size_t(z.ids));
-    layer_recorded.resize(size_t(np.n_layer));
     runs.resize(size_t(max_tok));
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
       const int64_t max_rows =
@@ -242,17 +228,16 @@ class NextWorkspace final : public Workspace {
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
-    size_t b = moe.memory_bytes() + moe_scratch.bytes();
+    size_t b = PoolIo::memory_bytes() + moe_scratch.bytes();
     for (const DeviceBuffer* d : {&x, &xn, &tmp, &gproj, &conv, &g, &beta, &gq, &gk, &gv, &go, &aproj, &q, &qgate,
-                                  &rope_cs, &att, &rproj, &ids, &wts, &h, &moe_out, &partial, &sh_g, &sh_w, &sh_ids, &step_in,
-                                  &route_counter, &attn_scratch, &logits, &xq, &xds, &hq, &hds})
+                                  &rope_cs, &att, &rproj, &h, &moe_out, &sh_g, &sh_w, &sh_ids, &step_in,
+                                  &route_counter, &attn_scratch, &xq, &xds, &hq, &hds})
       b += d->bytes();
-    for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h}) b += p->bytes();
     return b;
   }
 
   int32_t n_tok_max, n_ctx_max;
-  int k_used;  // experts per token
+  // (PoolIo: ids, wts, partial, logits and their host copies)
   // device, f32 unless said
   DeviceBuffer x, xn, tmp;      // [n_tok][n_embd] residual stream, normed input, sub-block output
   DeviceBuffer gproj;           // GdnLayer::proj's output: qkv [n_tok][conv_dim], z [n_tok][Hv][D], ba [n_tok][2*Hv]
@@ -266,11 +251,8 @@ class NextWorkspace final : public Workspace {
   DeviceBuffer rope_cs;         // [n_tok][n_rot/2][2] the batch's rope angles (ops::rope_cos_sin)
   DeviceBuffer att;             // [n_tok][n_head][head_dim_v]
   DeviceBuffer rproj;           // Layer::route's output: router logits [n_tok][n_expert], shared logit [n_tok]
-  DeviceBuffer ids;             // [n_layer][n][k] int32 (layer stride n*k, as qwen3moe_cuda.cpp)
-  DeviceBuffer wts;             // [n_tok][k]
   DeviceBuffer h;               // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;         // [n_tok][n_embd] resident experts' weighted sum
-  DeviceBuffer partial;         // [n_tok][n_embd] the CPU pool's weighted sum, uploaded
   DeviceBuffer sh_g;            // shared expert gate [n_tok][n_ff_shexp] (then swiglu), up [n_tok][n_ff_shexp]
                                 // (one token: gate | up of the stacked product, the same places)
   DeviceBuffer sh_w;            // [n_tok] sigmoid(shared logit): the one-expert moe_down's weight (q8)
@@ -283,22 +265,11 @@ class NextWorkspace final : public Workspace {
   DeviceBuffer step_in;         // StepLayout(n): refs, tokens, positions, logit rows of the batch
   DeviceBuffer route_counter;   // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;    // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
-  DeviceBuffer logits;          // [n_tok][n_vocab]
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;           // moe::moe_grouped_scratch_bytes for the largest layer
-  // pinned host
-  PinnedBuffer ids_h;      // [n_layer][n][k] int32, as ids
-  PinnedBuffer wts_h;      // [n_tok][k]
-  PinnedBuffer xn_h;       // [n_tok][n_embd]
-  PinnedBuffer partial_h;  // [n_tok][n_embd] written by the CPU pool
-  PinnedBuffer logits_h;   // [n_tok][n_vocab]
   // host
   std::vector<uint8_t> step_host;       // StepLayout(n), filled by forward() and uploaded in one copy
-  std::vector<int32_t> ids_cpu;         // [n_tok][k]: expert id, or -1 where the GPU runs the pair
-  std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
   std::vector<Run> runs;                // [<= n_tok]
-  Ticket ids_ticket;                    // pending end-of-forward download of ids_h
-  Ticket partial_ticket;                // last upload that reads partial_h
   // CUDA graphs of the compute section (CudaQwen3Next::run_graph). Besides what qwen3moe's key holds,
   // the key names each run's tokens and its sequence's state buffers: the GDN ops take the state
   // pointers as kernel arguments, so a graph is valid for those sequences' device state only (an address
@@ -316,8 +287,6 @@ class NextWorkspace final : public Workspace {
   uint64_t graphs_model = 0;           // CudaQwen3Next::model_id_ of the model that captured them
   const void* graphs_slots = nullptr;  // the expert cache's slot and table allocations they read
   const void* graphs_table = nullptr;
-  MoeScratch moe;
-  cpu::MatmulBatch mb;
 };
 
 // Legacy files carry one fused `ssm_in` per GDN layer, rows grouped per key head j (r = Hv / Hk):
@@ -407,27 +376,7 @@ class CudaQwen3Next final : public Model {
   int32_t routed_layers() const override { return np_.n_layer; }  // the MTP blocks do not run
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    const ExpertCache::Stats s = cache_->stats();
-    ExpertCacheReport r;
-    r.present = true;
-    r.hits = s.hits;
-    r.misses = s.misses;
-    r.swaps = s.swaps;
-    r.slots_used = s.slots_used;
-    r.n_slots = s.n_slots;
-    r.n_experts_total = np_.n_layer * hp_.n_expert;
-    r.bytes_h2d = xfer_->bytes_h2d() - h2d_base_;
-    r.bytes_d2h = xfer_->bytes_d2h() - d2h_base_;
-    r.slot_bytes = uint64_t(cache_->slot_bytes());
-    r.graphs_enabled = graphs_;
-    r.forwards = int64_t(work_.forwards);
-    r.graph_forwards = int64_t(work_.graph_forwards);
-    r.graph_captures = int64_t(work_.captures);
-    r.op_calls = int64_t(work_.op_calls);
-    r.transfers = int64_t(work_.transfers);
-    r.host_s = std::chrono::duration<double>(work_.host).count();
-    r.wait_s = std::chrono::duration<double>(work_.wait).count();
-    return r;
+    return make_cache_report(*cache_, *xfer_, h2d_base_, d2h_base_, np_.n_layer, hp_.n_expert, graphs_, work_);
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -455,10 +404,6 @@ class CudaQwen3Next final : public Model {
     int32_t* ids(int il) const {  // layer il's [n][k] in ws.ids
       return ws.ids.as<int32_t>() + size_t(il) * size_t(n) * size_t(ws.k_used);
     }
-  };
-  struct HostWork {
-    uint64_t forwards = 0, graph_forwards = 0, captures = 0, op_calls = 0, transfers = 0;
-    std::chrono::steady_clock::duration host{}, wait{};
   };
   template <typename F>
   void op(const Pass& p, F&& f) const {
@@ -1296,35 +1241,14 @@ void CudaQwen3Next::run_graph(const Pass& p) const {
 void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const ForwardOptions& opt) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
+  const PoolCtx pc{*xfer_, cs, *cache_, work_};
   const Layer& l = layers_[size_t(il)];
-  const int64_t n = p.n, E = hp_.n_embd, nk = n * hp_.n_expert_used;
-  const size_t ib = size_t(nk) * 4, ioff = size_t(il) * ib;
-  const Ticket t_ids = xfer_->download(slice(ws.ids_h, ioff, ib), slice(ws.ids, ioff, ib), cs);
-  const Ticket t_wts = xfer_->download(head(ws.wts_h, size_t(nk) * 4), head(ws.wts, size_t(nk) * 4), cs);
-  const Ticket t_xn = xfer_->download(head(ws.xn_h, size_t(n * E) * 4), head(ws.xn, size_t(n * E) * 4), cs);
-  work_.transfers += 3;
-  const strata::moe::Residency& res = cache_->residency();
-  const int n_res = res.resident_in_layer(il);
+  const int64_t n = p.n, E = hp_.n_embd;
+  const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
+  const int n_res = cache_->residency().resident_in_layer(il);
   if (n_res > 0) gpu_experts(p, il);
   shared_expert(p, l);  // reads xn, writes tmp / sh_*: nothing the downloads read
-  t_ids.wait();
-  t_wts.wait();
-  t_xn.wait();
-  ws.ids_h.note_host_access(strata::stream_check::Access::Read);
-  ws.wts_h.note_host_access(strata::stream_check::Access::Read);
-  ws.xn_h.note_host_access(strata::stream_check::Access::Read);
-  const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
-  const int32_t* row = res.layer_row(il);
-  int64_t n_cpu = 0;
-  for (int64_t i = 0; i < nk; ++i) {
-    STRATA_REQUIRE(hid[i] >= 0 && hid[i] < hp_.n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
-    const bool on_gpu = row[hid[i]] >= 0;
-    ws.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
-    n_cpu += !on_gpu;
-  }
-  cache_->record(il, hid, nk);
-  if (opt.usage) opt.usage->add(il, hid, n);
-  ws.layer_recorded[size_t(il)] = 1;
+  const int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp_.n_expert, opt.usage);
   // x += moe_out (the resident pairs; zero when none ran: the kernels are skipped, so add only if they
   // ran; the int8-activation kernels added into x already) + sigmoid(shared logit) * shared expert
   if (n_res > 0 && !experts_q8(p, il)) {
@@ -1333,13 +1257,7 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   }
   add_shared_out(p, l);
   if (n_cpu == 0) return;  // this batch only picked resident experts
-  if (ws.partial_ticket.valid()) ws.partial_ticket.wait();  // the previous upload has read partial_h
-  ws.partial_h.note_host_access(strata::stream_check::Access::Write);
-  moe_experts(l.experts, ws.xn_h.as<const float>(), n, ws.ids_cpu.data(), ws.wts_h.as<const float>(),
-              hp_.n_expert_used, ws.partial_h.as<float>(), ws.moe, ws.mb, pool, opt.mode);
-  ws.partial_ticket =
-      xfer_->upload(head(ws.partial, size_t(n * E) * 4), head(ws.partial_h, size_t(n * E) * 4), cs, {&cs});
-  ++work_.transfers;
+  pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
   note_launch(cs, {ws.partial.span()}, {ws.x.span()});
   op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.partial.as<const float>(), n * E, stream()); });
 }
@@ -1354,7 +1272,6 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n, ws.n_tok_max);
   const int64_t V = hp.n_vocab;
-  const int64_t nk = n * hp.n_expert_used;
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() >= np_.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),
                  "forward: expert-usage counter shaped for another model");
@@ -1399,12 +1316,8 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   for (int64_t t = n_out; t < n; ++t) rows_host[t] = 0;  // unused entries: defined bytes
   Stream& cs = dev_->compute();
   const strata::moe::Residency& res = cache_->residency();
-
-  // Leftovers of a forward pass that threw half-way: its copies must be done before buffers are reused.
-  if (ws.ids_ticket.valid()) ws.ids_ticket.wait(), ws.ids_ticket = Ticket();
-  if (ws.partial_ticket.valid()) ws.partial_ticket.wait(), ws.partial_ticket = Ticket();
-  cache_->begin_step();  // host and device tables fixed from here to end_step()
-  ++work_.forwards;
+  const PoolCtx pc{*xfer_, cs, *cache_, work_};
+  begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
   // A sequence starting at position 0 starts from a zero recurrent state (a new or reset sequence; its
   // device state may hold an earlier conversation's). Ordered on compute before this pass's kernels.
   for (int64_t r = 0; r < n_runs; ++r) {
@@ -1414,10 +1327,6 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
     xfer_->fill(run.st->ssm.span(), 0, cs, {&cs});
     work_.transfers += 2;
   }
-  // All inputs of the pass in one copy (producer = consumer = compute).
-  xfer_->upload(head(ws.step_in, sl.bytes), ws.step_host.data(), sl.bytes, cs, {&cs});
-  ++work_.transfers;
-  std::fill(ws.layer_recorded.begin(), ws.layer_recorded.end(), uint8_t(0));
 
   const Pass p{ws, n, n_out, n_runs, opt.attn, true};
   bool all_resident = true;
@@ -1442,44 +1351,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
     }
     output(p);
   }
-  // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
-  // slices come along unchanged), read after the end-of-forward wait.
-  bool any_unrecorded = false;
-  for (uint8_t r : ws.layer_recorded) any_unrecorded |= r == 0;
-  if (any_unrecorded) {
-    const size_t ib = size_t(np_.n_layer) * size_t(nk) * 4;
-    ws.ids_ticket = xfer_->download(head(ws.ids_h, ib), head(ws.ids, ib), cs);
-    ++work_.transfers;
-  }
-  const auto t_wait = std::chrono::steady_clock::now();
-  if (n_out > 0) {
-    const size_t lb = size_t(n_out) * size_t(V) * 4;
-    xfer_->download(head(ws.logits_h, lb), head(ws.logits, lb), cs).wait();
-    ++work_.transfers;
-    ws.logits_h.note_host_access(strata::stream_check::Access::Read);
-    std::memcpy(logits, ws.logits_h.data(), lb);
-  } else {
-    cs.synchronize();
-  }
-  const auto t_waited = std::chrono::steady_clock::now();
-  if (ws.ids_ticket.valid()) {
-    ws.ids_ticket.wait();
-    ws.ids_ticket = Ticket();
-    ws.ids_h.note_host_access(strata::stream_check::Access::Read);
-    for (int il = 0; il < np_.n_layer; ++il) {
-      if (ws.layer_recorded[size_t(il)]) continue;
-      const int32_t* hid = ws.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
-      cache_->record(il, hid, nk);
-      if (opt.usage) opt.usage->add(il, hid, n);
-    }
-  }
-  if (ws.partial_ticket.valid()) {
-    ws.partial_ticket.wait();
-    ws.partial_ticket = Ticket();
-  }
-  cache_->end_step();
-  work_.wait += t_waited - t_wait;
-  work_.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
+  finish_forward(pc, ws, n, n_out, V, logits, opt.usage, t_start);
 }
 
 }  // namespace

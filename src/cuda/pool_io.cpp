@@ -1,0 +1,176 @@
+#include "cuda/pool_io.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+#include "cuda/model_common.h"
+#include "moe/expert_usage.h"
+
+namespace strata::cuda {
+
+PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int n_threads)
+    : n_layer(n_layer_),
+      k_used(hp.n_expert_used),
+      moe(n_tok, hp.n_expert_used, hp.n_expert, hp.n_embd, hp.n_ff_exp),
+      mb(n_threads, n_tok) {
+  const size_t nk = size_t(n_tok) * size_t(hp.n_expert_used), E = size_t(n_tok) * size_t(hp.n_embd);
+  const size_t V = size_t(n_tok) * size_t(hp.n_vocab);
+  ids = dev.alloc(nk * size_t(n_layer) * 4, "ws.ids");
+  wts = dev.alloc(nk * 4, "ws.wts");
+  partial = dev.alloc(E * 4, "ws.partial");
+  logits = dev.alloc(V * 4, "ws.logits");
+  ids_h = dev.alloc_pinned(nk * size_t(n_layer) * 4, "ws.ids_h");
+  wts_h = dev.alloc_pinned(nk * 4, "ws.wts_h");
+  xn_h = dev.alloc_pinned(E * 4, "ws.xn_h");
+  partial_h = dev.alloc_pinned(E * 4, "ws.partial_h");
+  logits_h = dev.alloc_pinned(V * 4, "ws.logits_h");
+  ids_cpu.resize(nk);
+  layer_recorded.resize(size_t(n_layer));
+}
+
+size_t PoolIo::memory_bytes() const {
+  size_t b = moe.memory_bytes();
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits}) b += d->bytes();
+  for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h}) b += p->bytes();
+  return b;
+}
+
+void begin_forward(const PoolCtx& c, PoolIo& io, const DeviceBuffer& step_in, const void* step_host,
+                   size_t step_bytes) {
+  // Leftovers of a forward pass that threw half-way: its copies must be done before buffers are reused.
+  if (io.ids_ticket.valid()) io.ids_ticket.wait(), io.ids_ticket = Ticket();
+  if (io.partial_ticket.valid()) io.partial_ticket.wait(), io.partial_ticket = Ticket();
+  c.cache.begin_step();  // host and device tables fixed from here to end_step()
+  ++c.work.forwards;
+  // All inputs of the pass in one copy (producer = consumer = compute: after the previous pass's readers,
+  // before every kernel of this one).
+  c.xfer.upload(head(step_in, step_bytes), step_host, step_bytes, c.cs, {&c.cs});
+  ++c.work.transfers;
+  std::fill(io.layer_recorded.begin(), io.layer_recorded.end(), uint8_t(0));
+}
+
+PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n,
+                            int64_t n_embd) {
+  // ids of this layer go to its own slice of ids_h; the host waits for them before it enqueues the
+  // next layer's router (which writes another slice of the same device buffer).
+  const size_t nk = size_t(n) * size_t(io.k_used), ib = nk * 4, ioff = size_t(il) * ib;
+  PoolDownloads d;
+  d.ids = c.xfer.download(slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib), c.cs);
+  d.wts = c.xfer.download(head(io.wts_h, nk * 4), head(io.wts, nk * 4), c.cs);
+  d.xn = c.xfer.download(head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4), c.cs);
+  c.work.transfers += 3;
+  return d;
+}
+
+int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
+                   strata::moe::ExpertUsage* usage) {
+  const auto t0 = std::chrono::steady_clock::now();
+  d.ids.wait();
+  d.wts.wait();
+  d.xn.wait();
+  c.work.route_wait += std::chrono::steady_clock::now() - t0;
+  io.ids_h.note_host_access(strata::stream_check::Access::Read);
+  io.wts_h.note_host_access(strata::stream_check::Access::Read);
+  io.xn_h.note_host_access(strata::stream_check::Access::Read);
+  const int64_t nk = n * io.k_used;
+  const int32_t* hid = io.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
+  const int32_t* row = c.cache.residency().layer_row(il);
+  int64_t n_cpu = 0;
+  for (int64_t i = 0; i < nk; ++i) {
+    STRATA_REQUIRE(hid[i] >= 0 && hid[i] < n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
+    const bool on_gpu = row[hid[i]] >= 0;
+    io.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
+    n_cpu += !on_gpu;
+  }
+  c.cache.record(il, hid, nk);
+  if (usage) usage->add(il, hid, n);
+  io.layer_recorded[size_t(il)] = 1;
+  return n_cpu;
+}
+
+void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
+                  ThreadPool& pool, MatmulMode mode) {
+  if (io.partial_ticket.valid()) io.partial_ticket.wait();  // the previous upload has read partial_h
+  io.partial_h.note_host_access(strata::stream_check::Access::Write);
+  const auto t0 = std::chrono::steady_clock::now();
+  moe_experts(experts, io.xn_h.as<const float>(), n, io.ids_cpu.data(), io.wts_h.as<const float>(), io.k_used,
+              io.partial_h.as<float>(), io.moe, io.mb, pool, mode);
+  c.work.pool += std::chrono::steady_clock::now() - t0;
+  const size_t bytes = size_t(n * n_embd) * 4;
+  io.partial_ticket = c.xfer.upload(head(io.partial, bytes), head(io.partial_h, bytes), c.cs, {&c.cs});
+  ++c.work.transfers;
+}
+
+void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
+                    strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start) {
+  // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
+  // slices come along unchanged), read after the end-of-forward wait.
+  const int64_t nk = n * io.k_used;
+  const bool any_unrecorded =
+      std::any_of(io.layer_recorded.begin(), io.layer_recorded.end(), [](uint8_t r) { return r == 0; });
+  if (any_unrecorded) {
+    const size_t ib = size_t(io.n_layer) * size_t(nk) * 4;
+    io.ids_ticket = c.xfer.download(head(io.ids_h, ib), head(io.ids, ib), c.cs);
+    ++c.work.transfers;
+  }
+  const auto t_wait = std::chrono::steady_clock::now();
+  if (n_out > 0) {
+    const size_t lb = size_t(n_out) * size_t(n_vocab) * 4;
+    c.xfer.download(head(io.logits_h, lb), head(io.logits, lb), c.cs).wait();
+    ++c.work.transfers;
+    io.logits_h.note_host_access(strata::stream_check::Access::Read);
+    std::memcpy(logits, io.logits_h.data(), lb);
+  } else {
+    c.cs.synchronize();
+  }
+  const auto t_waited = std::chrono::steady_clock::now();
+  if (io.ids_ticket.valid()) {
+    io.ids_ticket.wait();
+    io.ids_ticket = Ticket();
+    io.ids_h.note_host_access(strata::stream_check::Access::Read);
+    for (int il = 0; il < io.n_layer; ++il) {
+      if (io.layer_recorded[size_t(il)]) continue;
+      const int32_t* hid = io.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
+      c.cache.record(il, hid, nk);
+      if (usage) usage->add(il, hid, n);
+    }
+  }
+  if (io.partial_ticket.valid()) {
+    io.partial_ticket.wait();
+    io.partial_ticket = Ticket();
+  }
+  c.cache.end_step();
+  c.work.wait += t_waited - t_wait;
+  c.work.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
+}
+
+ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, uint64_t h2d_base,
+                                    uint64_t d2h_base, int n_layer, int n_expert, bool graphs,
+                                    const HostWork& work) {
+  const ExpertCache::Stats s = cache.stats();
+  ExpertCacheReport r;
+  r.present = true;
+  r.hits = s.hits;
+  r.misses = s.misses;
+  r.swaps = s.swaps;
+  r.slots_used = s.slots_used;
+  r.n_slots = s.n_slots;
+  r.n_experts_total = n_layer * n_expert;
+  r.bytes_h2d = xfer.bytes_h2d() - h2d_base;
+  r.bytes_d2h = xfer.bytes_d2h() - d2h_base;
+  r.slot_bytes = uint64_t(cache.slot_bytes());
+  r.graphs_enabled = graphs;
+  r.forwards = int64_t(work.forwards);
+  r.graph_forwards = int64_t(work.graph_forwards);
+  r.graph_captures = int64_t(work.captures);
+  r.op_calls = int64_t(work.op_calls);
+  r.transfers = int64_t(work.transfers);
+  r.host_s = std::chrono::duration<double>(work.host).count();
+  r.wait_s = std::chrono::duration<double>(work.wait).count();
+  r.pool_s = std::chrono::duration<double>(work.pool).count();
+  r.route_wait_s = std::chrono::duration<double>(work.route_wait).count();
+  return r;
+}
+
+}  // namespace strata::cuda

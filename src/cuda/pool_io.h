@@ -1,0 +1,109 @@
+#pragma once
+// The host side of a CUDA MoE model's forward pass, the same for every architecture (qwen3moe_cuda.cpp,
+// qwen3next_cuda.cpp): the routing / CPU-pool / logits buffers of a workspace, and the steps around
+// them — the pass's start, a CPU-pool layer (routing and activations down, the non-resident pairs on CPU
+// threads, their sum up), the end-of-pass downloads, and the expert-cache report.
+//
+// Ordering (every copy through the transfer module, docs/stream_order.md): the downloads of a layer's
+// ids / weights / xn are recorded after the kernels that wrote them on the compute stream; the host
+// waits for them before it enqueues anything that rewrites xn or that layer's slice of ids; the partial
+// goes up on compute (ordered before the add that reads it) and the host waits for the previous upload
+// before it writes partial_h again.
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/matmul_batch.h"
+#include "cuda/device.h"
+#include "cuda/expert_cache.h"
+#include "cuda/transfer.h"
+#include "model/model.h"
+#include "model/moe_ffn.h"
+
+namespace strata::cuda {
+
+// Host work of the forward passes (for `strata bench`): counted, never timed.
+struct HostWork {
+  uint64_t forwards = 0, graph_forwards = 0, captures = 0;
+  uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
+  uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
+  // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
+  // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
+  // bottleneck.
+  std::chrono::steady_clock::duration host{}, wait{};
+  std::chrono::steady_clock::duration pool{}, route_wait{};  // parts of host: CPU experts, routing waits
+};
+
+// A workspace's routing, CPU-pool and logits buffers (the model's workspace derives from it).
+struct PoolIo {
+  // n_tok tokens a pass at most, k experts per token, n_layer routed layers.
+  PoolIo(Device& dev, int n_layer, int32_t n_tok, const HParams& hp, int n_threads);
+  size_t memory_bytes() const;
+
+  int n_layer;
+  int k_used;  // experts per token
+  // device
+  DeviceBuffer ids;      // [n_layer][n][k] int32 for a batch of n tokens (layer stride n*k, so one
+                         // download of n_layer*n*k values takes every layer's routing)
+  DeviceBuffer wts;      // [n_tok][k] f32
+  DeviceBuffer partial;  // [n_tok][n_embd] f32, the CPU pool's weighted sum, uploaded
+  DeviceBuffer logits;   // [n_tok][n_vocab] f32
+  // pinned host
+  PinnedBuffer ids_h;      // [n_layer][n][k] int32, as ids
+  PinnedBuffer wts_h;      // [n_tok][k]
+  PinnedBuffer xn_h;       // [n_tok][n_embd]
+  PinnedBuffer partial_h;  // [n_tok][n_embd] written by the CPU pool
+  PinnedBuffer logits_h;   // [n_tok][n_vocab]
+  // host
+  std::vector<int32_t> ids_cpu;         // [n_tok][k]: expert id, or -1 where the GPU runs the pair
+  std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
+  Ticket ids_ticket;                    // pending end-of-forward download of ids_h
+  Ticket partial_ticket;                // last upload that reads partial_h
+  MoeScratch moe;
+  cpu::MatmulBatch mb;
+};
+
+// What the parts below need of the model.
+struct PoolCtx {
+  Transfer& xfer;
+  Stream& cs;  // the compute stream: producer and consumer of every copy here
+  ExpertCache& cache;
+  HostWork& work;
+};
+
+// The start of a forward pass (after the batch's inputs are packed into step_host): waits for the
+// copies of a pass that threw half-way, fixes the expert-cache tables for the pass (begin_step), and
+// uploads the step inputs (step_bytes of step_host into step_in) in one copy.
+void begin_forward(const PoolCtx& c, PoolIo& io, const DeviceBuffer& step_in, const void* step_host,
+                   size_t step_bytes);
+
+// Layer il's routing and normed activations on their way to the host (enqueued after the router).
+struct PoolDownloads {
+  Ticket ids, wts, xn;
+};
+PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd);
+
+// Waits for the downloads, records the layer's routing (expert cache statistics, usage), and splits its
+// pairs: io.ids_cpu = the expert id where the CPU runs the pair, -1 where a GPU slot does. Returns the
+// number of pairs for the CPU. Throws strata::Error for an expert id out of range.
+int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
+                   strata::moe::ExpertUsage* usage);
+
+// The CPU's pairs (io.ids_cpu) on the pool's threads, their weighted sum uploaded to io.partial on the
+// compute stream. The caller then adds io.partial into x with a kernel on the compute stream.
+void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
+                  ThreadPool& pool, MatmulMode mode);
+
+// The end of a forward pass: the routing of the layers the pool did not record comes down (one copy),
+// the n_out rows of logits ([n_out][n_vocab]) are copied to `logits`, the usage of those layers is
+// recorded, the expert cache's step ends, and the host / wait times are counted from t_start.
+void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
+                    strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start);
+
+// The expert-cache report of a model (n_layer routed layers of n_expert), with the transfer module's
+// bytes since (h2d_base, d2h_base).
+ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, uint64_t h2d_base,
+                                    uint64_t d2h_base, int n_layer, int n_expert, bool graphs,
+                                    const HostWork& work);
+
+}  // namespace strata::cuda
