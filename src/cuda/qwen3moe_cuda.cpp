@@ -263,6 +263,7 @@ class CudaQwen3Moe final : public Model {
     int64_t n, n_out;  // tokens in the batch, rows that want logits
     cpu::AttnMath attn;
     bool launch;
+    bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -317,8 +318,12 @@ class CudaQwen3Moe final : public Model {
   // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
   // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
   // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
+  // Not in passes that run the CPU pool: they are bound by the pool (25% resident, 48-layer 30B-A3B:
+  // 52.1 / 56.9 tok/s with int8 activations vs 56.8 without, run-to-run noise), and there the int8
+  // activations' error adds to the pool's Q8_K error: mean KL over the 8 fixtures at 25% / 0% resident
+  // 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
   bool q8_decode(const Pass& p) const {
-    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+    return !opt_.exact && !p.pool && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
   }
   bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::supported(w.type); }
   bool experts_grouped(const Pass& p, int il) const {
@@ -776,7 +781,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
     ++work_.captures;
     it = ws.graphs.emplace(key, std::move(g)).first;
   } else if (strata::stream_check::enabled()) {
-    body(Pass{ws, p.n, p.n_out, p.attn, false});  // the replayed launches' notes, no kernel
+    body(Pass{ws, p.n, p.n_out, p.attn, false, p.pool});  // the replayed launches' notes, no kernel
   }
   it->second.launch(cs);
 }
@@ -824,9 +829,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   const PoolCtx pc{*xfer_, cs, *cache_, work_};
   begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
 
-  const Pass p{ws, n, n_out, opt.attn, true};
   bool all_resident = true;
   for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
+  const Pass p{ws, n, n_out, opt.attn, true, !all_resident};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {

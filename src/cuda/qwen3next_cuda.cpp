@@ -397,6 +397,7 @@ class CudaQwen3Next final : public Model {
     int64_t n_runs;    // ws.runs[0, n_runs): the batch's sequences
     cpu::AttnMath attn;
     bool launch;
+    bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -485,8 +486,12 @@ class CudaQwen3Next final : public Model {
   // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
   // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
   // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
+  // Not in passes that run the CPU pool: they are bound by the pool (25% resident, 48-layer 30B-A3B:
+  // 52.1 / 56.9 tok/s with int8 activations vs 56.8 without, run-to-run noise), and there the int8
+  // activations' error adds to the pool's Q8_K error: mean KL over the 8 fixtures at 25% / 0% resident
+  // 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
   bool q8_decode(const Pass& p) const {
-    return !opt_.exact && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+    return !opt_.exact && !p.pool && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
   }
   bool use_q8(const Pass& p, GgmlType t, int64_t cols) const {
     return q8_decode(p) && q8::supported(t) && cols % 32 == 0;
@@ -1328,9 +1333,9 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
     work_.transfers += 2;
   }
 
-  const Pass p{ws, n, n_out, n_runs, opt.attn, true};
   bool all_resident = true;
   for (int il = 0; il < np_.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
+  const Pass p{ws, n, n_out, n_runs, opt.attn, true, !all_resident};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {
