@@ -2,6 +2,8 @@
 // penalties, stop strings.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <set>
@@ -187,4 +189,107 @@ TEST(StopStrings, FinishReleasesHeldTextAndEarliestMatchWins) {
   EXPECT_EQ(m2.matched(), "bcd");
   StopMatcher none({});
   EXPECT_EQ(none.feed("anything"), "anything");
+}
+
+// The sampler's candidate selection (a heap over the raw logits plus the history's penalized tokens)
+// against the direct rule: every logit penalized in a full copy, sorted (partial_sort for top-k), then
+// the same top-p / min-p / temperature / draw. Same seed, same picks, on logits with many ties, with and
+// without penalties and top-k, histories with repeats and out-of-range ids.
+namespace {
+int32_t reference_pick(const SamplingParams& P, const std::vector<float>& logits, const std::vector<int32_t>& hist,
+                       Rng& rng) {
+  struct C {
+    int32_t id;
+    float logit;
+    double p;
+  };
+  const int32_t V = int32_t(logits.size());
+  std::vector<C> c(logits.size());
+  for (int32_t i = 0; i < V; ++i) c[size_t(i)] = {i, logits[size_t(i)], 0};
+  std::map<int32_t, int> counts;
+  for (int32_t t : hist)
+    if (t >= 0 && t < V) ++counts[t];
+  if (P.repeat_penalty != 1.0f || P.presence_penalty != 0.0f || P.frequency_penalty != 0.0f)
+    for (const auto& [t, k] : counts) {
+      float& l = c[size_t(t)].logit;
+      l = l > 0 ? l / P.repeat_penalty : l * P.repeat_penalty;
+      l -= float(k) * P.frequency_penalty + P.presence_penalty;
+    }
+  auto before = [](const C& a, const C& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+  if (P.temperature <= 0) return std::min_element(c.begin(), c.end(), before)->id;
+  size_t n = c.size();
+  if (P.top_k > 0 && size_t(P.top_k) < n) {
+    n = size_t(P.top_k);
+    std::partial_sort(c.begin(), c.begin() + std::ptrdiff_t(n), c.end(), before);
+  } else {
+    std::sort(c.begin(), c.end(), before);
+  }
+  auto softmax_n = [&](size_t m, float temp) {
+    double sum = 0;
+    for (size_t i = 0; i < m; ++i) sum += (c[i].p = std::exp((c[i].logit - c[0].logit) / temp));
+    for (size_t i = 0; i < m; ++i) c[i].p = float(c[i].p / sum);
+  };
+  if (P.top_p < 1.0f) {
+    softmax_n(n, 1.0f);
+    double cum = 0;
+    for (size_t i = 0; i < n; ++i)
+      if ((cum += c[i].p) >= P.top_p) {
+        n = i + 1;
+        break;
+      }
+  }
+  if (P.min_p > 0.0f) {
+    const float th = c[0].logit + std::log(P.min_p);
+    size_t keep = 1;
+    while (keep < n && c[keep].logit >= th) ++keep;
+    n = keep;
+  }
+  softmax_n(n, P.temperature);
+  const double u = rng.uniform();
+  double cum = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (u < (cum += c[i].p)) return c[i].id;
+  return c[n - 1].id;
+}
+}  // namespace
+
+TEST(Sampling, CandidateSelectionMatchesFullSort) {
+  Rng gen(7);
+  int checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int32_t V = trial % 3 == 0 ? 50 : 3000;
+    SamplingParams P;
+    P.seed = uint64_t(trial);
+    P.temperature = trial % 5 == 0 ? 0.0f : 0.3f + 0.1f * float(trial % 9);
+    P.top_k = std::array<int, 4>{0, 1, 40, 2999}[size_t(trial % 4)];
+    P.top_p = trial % 2 ? 0.9f : 1.0f;
+    P.min_p = trial % 3 ? 0.05f : 0.0f;
+    P.repeat_last_n = trial % 7 == 0 ? -1 : 16;
+    if (trial % 4 != 1) {
+      P.repeat_penalty = trial % 8 < 4 ? 1.3f : 0.7f;  // < 1 raises positive logits
+      P.presence_penalty = trial % 6 < 3 ? 0.5f : -0.5f;
+      P.frequency_penalty = 0.25f;
+    }
+    Sampler s(P, V);
+    Rng ref_rng(P.seed);
+    std::vector<int32_t> hist;
+    std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+    for (int step = 0; step < 40; ++step) {
+      for (float& l : logits) l = float(int(gen.uniform() * 16)) * 0.5f - 4.0f;  // coarse: many ties
+      const int32_t got = s.sample(logits.data());
+      std::vector<int32_t> window = hist;
+      if (P.repeat_last_n > 0 && window.size() > size_t(P.repeat_last_n))
+        window.erase(window.begin(), window.end() - P.repeat_last_n);
+      const int32_t want = reference_pick(P, logits, window, ref_rng);
+      ASSERT_EQ(got, want) << "trial " << trial << " step " << step;
+      // Accept the pick, and now and then a token the model did not pick (a prompt token, an id the
+      // vocabulary does not have: ignored by the penalties).
+      const int32_t extra = step % 5 == 0 ? (step % 10 == 0 ? V + 3 : int32_t(gen.uniform() * V)) : -2;
+      s.accept(got);
+      hist.push_back(got);
+      if (extra != -2) s.accept(extra), hist.push_back(extra);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 60 * 40);
 }

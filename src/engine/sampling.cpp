@@ -49,6 +49,7 @@ Sampler::Sampler(const SamplingParams& params, int32_t n_vocab)
   STRATA_REQUIRE(n_vocab > 0, "sampler: vocabulary size must be > 0");
   counts_.assign(static_cast<size_t>(n_vocab), 0);
   cand_.resize(static_cast<size_t>(n_vocab));
+  pen_.reserve(static_cast<size_t>(std::min(n_vocab, params_.repeat_last_n > 0 ? params_.repeat_last_n : 1024)));
 }
 
 void Sampler::reset() {
@@ -63,11 +64,18 @@ void Sampler::accept(int32_t token) {
     history_.pop_front();
 }
 
+namespace {
+// The candidate order of every step: higher logit first, the lower id on ties (a total order).
+bool by_logit(const float la, int32_t ia, const float lb, int32_t ib) { return la > lb || (la == lb && ia < ib); }
+}  // namespace
+
 int32_t Sampler::sample(const float* logits) {
   const auto& P = params_;
-  for (int32_t i = 0; i < n_vocab_; ++i) cand_[i] = {i, logits[i], 0.0f};
+  const auto before = [](const Cand& a, const Cand& b) { return by_logit(a.logit, a.id, b.logit, b.id); };
 
-  // Penalties over the window (llama.cpp's penalties sampler).
+  // Penalties over the window (llama.cpp's penalties sampler): the adjusted logit of each distinct
+  // token of the history, in pen_ (every other token keeps its logit).
+  pen_.clear();
   const bool penalize = P.repeat_penalty != 1.0f || P.presence_penalty != 0.0f ||
                         P.frequency_penalty != 0.0f;
   if (penalize && !history_.empty()) {
@@ -75,27 +83,65 @@ int32_t Sampler::sample(const float* logits) {
       if (t >= 0 && t < n_vocab_) ++counts_[t];
     for (int32_t t : history_) {
       if (t < 0 || t >= n_vocab_ || counts_[t] == 0) continue;  // each token once
-      float& l = cand_[t].logit;
+      float l = logits[t];
       l = l > 0 ? l / P.repeat_penalty : l * P.repeat_penalty;
       l -= static_cast<float>(counts_[t]) * P.frequency_penalty + P.presence_penalty;
+      pen_.push_back({t, l, 0.0f});
       counts_[t] = 0;
     }
   }
 
-  auto by_logit = [](const Cand& a, const Cand& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-  };
-  if (P.temperature <= 0.0f)
-    return std::min_element(cand_.begin(), cand_.end(), by_logit)->id;  // greedy
-
-  // top-k: the k best, sorted; without top-k everything sorted.
-  size_t n = cand_.size();
-  if (P.top_k > 0 && static_cast<size_t>(P.top_k) < n) {
-    n = static_cast<size_t>(P.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+  // The first n candidates in order, n = top-k (1 when greedy), or every token when top-k is off.
+  // Why not sort a copy of all n_vocab logits: only the k best can survive, and a token outside the
+  // history keeps its logit, so the k best are among the k + |history| best raw logits (one pass with a
+  // small heap) plus the history's adjusted ones: the same candidates in the same order, ~10x faster.
+  const bool greedy = P.temperature <= 0.0f;
+  const size_t V = static_cast<size_t>(n_vocab_);
+  size_t n = greedy ? 1 : (P.top_k > 0 ? std::min(static_cast<size_t>(P.top_k), V) : V);
+  if (n == V) {
+    for (int32_t i = 0; i < n_vocab_; ++i) cand_[size_t(i)] = {i, logits[i], 0.0f};
+    for (const Cand& c : pen_) cand_[size_t(c.id)].logit = c.logit;
+    std::sort(cand_.begin(), cand_.end(), before);
   } else {
-    std::sort(cand_.begin(), cand_.end(), by_logit);
+    const size_t m = std::min(V, n + pen_.size());
+    // A heap of the m best raw logits so far, its worst on top. Ids come in increasing order, so a new
+    // token beats the worst only with a strictly higher logit.
+    auto heap_begin = cand_.begin(), heap_end = heap_begin;
+    const auto offer = [&](int32_t i) {
+      const float l = logits[i];
+      if (size_t(heap_end - heap_begin) < m) {
+        *heap_end++ = {i, l, 0.0f};
+        std::push_heap(heap_begin, heap_end, before);
+      } else if (l > heap_begin->logit) {
+        std::pop_heap(heap_begin, heap_end, before);
+        *(heap_end - 1) = {i, l, 0.0f};
+        std::push_heap(heap_begin, heap_end, before);
+      }
+    };
+    // Blocks of 32 whose maximum cannot enter a full heap are skipped after one vectorizable max.
+    constexpr int32_t kBlock = 32;
+    int32_t i = 0;
+    for (; i + kBlock <= n_vocab_; i += kBlock) {
+      if (size_t(heap_end - heap_begin) == m) {
+        float mx = logits[i];
+        for (int32_t j = 1; j < kBlock; ++j) mx = std::max(mx, logits[i + j]);
+        if (!(mx > heap_begin->logit)) continue;
+      }
+      for (int32_t j = 0; j < kBlock; ++j) offer(i + j);
+    }
+    for (; i < n_vocab_; ++i) offer(i);
+    // The history's tokens with their adjusted logits (replacing a raw entry, or added).
+    size_t count = size_t(heap_end - heap_begin);
+    for (const Cand& c : pen_) {
+      bool found = false;
+      for (size_t i = 0; i < m && !found; ++i)
+        if (cand_[i].id == c.id) cand_[i].logit = c.logit, found = true;
+      if (!found) cand_[count++] = c;
+    }
+    std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(count), before);
   }
+  if (greedy) return cand_[0].id;
+
   auto softmax_n = [&](size_t m, float temp) {
     const float mx = cand_[0].logit;
     double sum = 0.0;

@@ -57,7 +57,8 @@ class Sampler {
   Rng rng_;
   std::deque<int32_t> history_;   // bounded by repeat_last_n (or the whole run for -1)
   std::vector<int32_t> counts_;   // [n_vocab] scratch for the penalties
-  std::vector<Cand> cand_;        // [n_vocab]
+  std::vector<Cand> cand_;        // [n_vocab]: the candidates, best first (a heap while selecting)
+  std::vector<Cand> pen_;         // the history's distinct tokens with their penalized logits
 };
 
 // Stop strings over streamed text: feed() returns the part of the text that can be shown now (held
