@@ -213,3 +213,61 @@ TEST(Engine, F16CacheAndF32AttentionStayClose) {
   EXPECT_LT(dc, 1e-2);
   EXPECT_EQ(c, d);  // ggml arithmetic rounds K/V to f16 anyway: the cache type does not matter
 }
+
+// decode_sample on the CPU backend (which does not sample inside the pass): the same picks as decode
+// followed by each sequence's Sampler, with penalties on; a CPU forward asked to sample is an error.
+TEST(Engine, DecodeSampleOnCpuEqualsDecodeThenSample) {
+  TinyModel m(TinySpec{});
+  EXPECT_FALSE(m.model->samples_on_device());
+  Engine eng(m.model, exact_opts());
+  const int V = eng.n_vocab();
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.repeat_penalty = 1.2f;
+  std::vector<int32_t> got[2], want[2];
+  for (int mode = 0; mode < 2; ++mode) {
+    auto a = eng.new_sequence(), b = eng.new_sequence();
+    std::vector<float> logits(size_t(V) * 2);
+    eng.prefill(*a, some_tokens(5, V, 1), logits.data());
+    eng.prefill(*b, some_tokens(3, V, 2), logits.data() + V);
+    sp.seed = 5;
+    Sampler sa(sp, V);
+    sp.seed = 6;
+    Sampler sb(sp, V);
+    std::vector<int32_t> cur = {sa.sample(logits.data()), sb.sample(logits.data() + V)};
+    SequenceState* seqs[2] = {a.get(), b.get()};
+    Sampler* samplers[2] = {&sa, &sb};
+    for (int step = 0; step < 10; ++step) {
+      sa.accept(cur[0]);
+      sb.accept(cur[1]);
+      (mode ? got : want)[0].push_back(cur[0]);
+      (mode ? got : want)[1].push_back(cur[1]);
+      const std::vector<int32_t> in = cur;
+      if (mode == 0) {
+        eng.decode(seqs, in, logits.data());
+        cur = {sa.sample(logits.data()), sb.sample(logits.data() + V)};
+      } else {
+        eng.decode_sample(seqs, in, samplers, cur.data());
+      }
+    }
+  }
+  EXPECT_EQ(got[0], want[0]);
+  EXPECT_EQ(got[1], want[1]);
+
+  auto seq = eng.new_sequence();
+  const int32_t tok = 1;
+  BatchToken bt{tok, 0, 0, true};
+  SequenceState* sp_seq = seq.get();
+  auto ws = m.model->new_workspace(4, 64, 1);
+  ThreadPool pool(1);
+  float u = 0.5f;
+  int32_t out = -1;
+  DeviceSampling ds;
+  ds.u = &u;
+  ds.out = &out;
+  ForwardOptions fo;
+  fo.sampling = &ds;
+  EXPECT_THROW(m.model->forward({std::span<const BatchToken>(&bt, 1), std::span<SequenceState* const>(&sp_seq, 1)},
+                                *ws, nullptr, pool, fo),
+               Error);
+}

@@ -67,8 +67,11 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
   const char* why = "length";
   auto td = std::chrono::steady_clock::now();
   SequenceState* sp_seq = seq.get();
+  // The first pick from the prompt's logits; every later one made with the decode (on the GPU when the
+  // backend samples there: Engine::decode_sample).
+  int32_t t = sampler.sample(logits.data());
+  Sampler* sp_sampler = &sampler;
   for (int i = 0; i < a.n_predict; ++i) {
-    const int32_t t = sampler.sample(logits.data());
     sampler.accept(t);
     ++n_gen;
     if (!a.no_eos_stop && tok.is_eog(t)) {
@@ -82,7 +85,10 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
       why = "stop string";
       break;
     }
-    if (i + 1 < a.n_predict) eng.decode({&sp_seq, 1}, {&t, 1}, logits.data());
+    if (i + 1 < a.n_predict) {
+      const int32_t in = t;
+      eng.decode_sample({&sp_seq, 1}, {&in, 1}, {&sp_sampler, 1}, &t);
+    }
   }
   if (!stop.stopped()) {
     const std::string rest = stop.feed(dec.flush());

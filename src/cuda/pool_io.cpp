@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "cuda/model_common.h"
+#include "cuda/ops.cuh"
 #include "moe/expert_usage.h"
 
 namespace strata::cuda {
@@ -20,6 +21,9 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   wts = dev.alloc(nk * 4, "ws.wts");
   partial = dev.alloc(E * 4, "ws.partial");
   logits = dev.alloc(V * 4, "ws.logits");
+  samp_u = dev.alloc(size_t(n_tok) * 4, "ws.samp_u");
+  samp_ids = dev.alloc(size_t(n_tok) * 4, "ws.samp_ids");
+  samp_ids_h = dev.alloc_pinned(size_t(n_tok) * 4, "ws.samp_ids_h");
   ids_h = dev.alloc_pinned(nk * size_t(n_layer) * 4, "ws.ids_h");
   wts_h = dev.alloc_pinned(nk * 4, "ws.wts_h");
   xn_h = dev.alloc_pinned(E * 4, "ws.xn_h");
@@ -31,8 +35,8 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits}) b += d->bytes();
-  for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h}) b += p->bytes();
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids}) b += d->bytes();
+  for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
   return b;
 }
 
@@ -103,7 +107,8 @@ void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, in
 }
 
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
-                    strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start) {
+                    const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
+                    std::chrono::steady_clock::time_point t_start) {
   // Routing of the fully resident layers: one download of every layer's ids (the CPU pool's layers'
   // slices come along unchanged), read after the end-of-forward wait.
   const int64_t nk = n * io.k_used;
@@ -115,7 +120,21 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     ++c.work.transfers;
   }
   const auto t_wait = std::chrono::steady_clock::now();
-  if (n_out > 0) {
+  if (n_out > 0 && sampling) {
+    // Why on the device: the pick needs one pass over each row; copying the rows (600 KB a row at a
+    // 152k vocabulary) and sampling on the CPU costs more than the kernel.
+    const size_t ub = size_t(n_out) * 4;
+    c.xfer.upload(head(io.samp_u, ub), sampling->u, ub, c.cs, {&c.cs});
+    note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
+    ops::sample(io.logits.as<const float>(), n_out, n_vocab,
+                ops::SampleParams{sampling->temperature, sampling->top_k, sampling->top_p, sampling->min_p},
+                io.samp_u.as<const float>(), nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
+    ++c.work.op_calls;
+    c.xfer.download(head(io.samp_ids_h, ub), head(io.samp_ids, ub), c.cs).wait();
+    c.work.transfers += 2;
+    io.samp_ids_h.note_host_access(strata::stream_check::Access::Read);
+    std::memcpy(sampling->out, io.samp_ids_h.data(), ub);
+  } else if (n_out > 0) {
     const size_t lb = size_t(n_out) * size_t(n_vocab) * 4;
     c.xfer.download(head(io.logits_h, lb), head(io.logits, lb), c.cs).wait();
     ++c.work.transfers;

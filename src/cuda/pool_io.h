@@ -48,6 +48,9 @@ struct PoolIo {
   DeviceBuffer wts;      // [n_tok][k] f32
   DeviceBuffer partial;  // [n_tok][n_embd] f32, the CPU pool's weighted sum, uploaded
   DeviceBuffer logits;   // [n_tok][n_vocab] f32
+  DeviceBuffer samp_u;   // [n_tok] f32 draws of device sampling (ForwardOptions::sampling)
+  DeviceBuffer samp_ids; // [n_tok] int32 its picks
+  PinnedBuffer samp_ids_h;  // [n_tok] int32
   // pinned host
   PinnedBuffer ids_h;      // [n_layer][n][k] int32, as ids
   PinnedBuffer wts_h;      // [n_tok][k]
@@ -95,10 +98,13 @@ void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, in
                   ThreadPool& pool, MatmulMode mode);
 
 // The end of a forward pass: the routing of the layers the pool did not record comes down (one copy),
-// the n_out rows of logits ([n_out][n_vocab]) are copied to `logits`, the usage of those layers is
-// recorded, the expert cache's step ends, and the host / wait times are counted from t_start.
+// the n_out rows of logits ([n_out][n_vocab]) are copied to `logits` — or with sampling, picked on the
+// device (ops::sample on the compute stream, after the draws go up) and only the ids come back —, the
+// usage of those layers is recorded, the expert cache's step ends, and the host / wait times are
+// counted from t_start.
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
-                    strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start);
+                    const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
+                    std::chrono::steady_clock::time_point t_start);
 
 // The expert-cache report of a model (n_layer routed layers of n_expert), with the transfer module's
 // bytes since (h2d_base, d2h_base).

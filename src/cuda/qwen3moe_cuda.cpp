@@ -241,6 +241,7 @@ class CudaQwen3Moe final : public Model {
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
+  bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return make_cache_report(*cache_, *xfer_, h2d_base_, d2h_base_, hp_.n_layer, hp_.n_expert, graphs_, work_);
@@ -867,7 +868,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     }
     output(p);
   }
-  finish_forward(pc, ws, n, n_out, V, logits, opt.usage, t_start);
+  finish_forward(pc, ws, n, n_out, V, logits, opt.sampling, opt.usage, t_start);
 }
 
 }  // namespace

@@ -55,6 +55,43 @@ void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float*
 
 void Engine::decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                     float* logits) {
+  decode_impl(seqs, tokens, logits, nullptr);
+}
+
+void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                           std::span<Sampler* const> samplers, int32_t* out) {
+  STRATA_REQUIRE(samplers.size() == seqs.size(), "decode: {} sequences but {} samplers", seqs.size(),
+                 samplers.size());
+  // On the device when it can: every sampler without penalties and with the same parameters (one rule
+  // per pass).
+  bool device = model_->samples_on_device();
+  for (Sampler* s : samplers) {
+    const SamplingParams &p = s->params(), &p0 = samplers[0]->params();
+    device = device && s->penalties_off() && p.temperature == p0.temperature && p.top_k == p0.top_k &&
+             p.top_p == p0.top_p && p.min_p == p0.min_p;
+  }
+  if (device) {
+    const SamplingParams& p = samplers[0]->params();
+    draws_.resize(samplers.size());
+    for (size_t i = 0; i < samplers.size(); ++i) draws_[i] = float(samplers[i]->next_draw());
+    DeviceSampling ds;
+    ds.temperature = p.temperature;
+    ds.top_k = std::max(p.top_k, 0);
+    ds.top_p = p.top_p;
+    ds.min_p = p.min_p;
+    ds.u = draws_.data();
+    ds.out = out;
+    decode_impl(seqs, tokens, nullptr, &ds);
+    return;
+  }
+  const size_t V = size_t(n_vocab());
+  logits_.resize(seqs.size() * V);  // grows once to the largest batch seen, then reused
+  decode_impl(seqs, tokens, logits_.data(), nullptr);
+  for (size_t i = 0; i < samplers.size(); ++i) out[i] = samplers[i]->sample(logits_.data() + i * V);
+}
+
+void Engine::decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
+                         const DeviceSampling* sampling) {
   STRATA_REQUIRE(!seqs.empty(), "decode: no sequences");
   STRATA_REQUIRE(seqs.size() == tokens.size(), "decode: {} sequences but {} tokens", seqs.size(),
                  tokens.size());
@@ -73,7 +110,14 @@ void Engine::decode(std::span<SequenceState* const> seqs, std::span<const int32_
     batch_.clear();
     for (size_t i = b; i < e; ++i)
       batch_.push_back({tokens[i], seqs[i]->n_past(), int32_t(i - b), true});
-    model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits + b * V, pool_, {opt_.mode, opt_.attn, opt_.usage});
+    DeviceSampling part;
+    if (sampling) {  // this chunk's draws and picks
+      part = *sampling;
+      part.u = sampling->u + b;
+      part.out = sampling->out + b;
+    }
+    model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits ? logits + b * V : nullptr, pool_,
+                    {opt_.mode, opt_.attn, opt_.usage, sampling ? &part : nullptr});
     for (size_t i = b; i < e; ++i) seqs[i]->advance(1);
   }
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/thread_pool.h"
+#include "engine/sampling.h"
 #include "model/model.h"
 
 namespace strata {
@@ -45,14 +46,23 @@ class Engine {
   // One token for each sequence (seqs distinct), in one forward pass (split if more than n_batch).
   // logits: [seqs.size()][n_vocab].
   void decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits);
+  // decode, then a pick for each sequence by samplers[i] into out[i] (the caller accept()s it). Where the
+  // model samples on its device (a GPU) and every sampler is penalty-free with the same parameters, the
+  // picks are made there from the same draws (Sampler::next_draw) and no logits come back; else on the CPU.
+  void decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                     std::span<Sampler* const> samplers, int32_t* out);
 
  private:
   void check_token(int32_t t) const;
+  void decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
+                   const DeviceSampling* sampling);
   std::shared_ptr<const Model> model_;
   EngineOptions opt_;
   ThreadPool pool_;
   std::unique_ptr<Workspace> ws_;
   std::vector<BatchToken> batch_;  // [n_batch], reused
+  std::vector<float> logits_;      // decode_sample's logits on the CPU path ([n_seqs][n_vocab], reused)
+  std::vector<float> draws_;       // decode_sample's draws on the device path ([n_seqs])
 };
 
 }  // namespace strata

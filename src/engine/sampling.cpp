@@ -57,6 +57,12 @@ void Sampler::reset() {
   rng_.reseed(params_.seed);
 }
 
+bool Sampler::penalties_off() const {
+  return params_.repeat_penalty == 1.0f && params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f;
+}
+
+double Sampler::next_draw() { return params_.temperature <= 0.0f ? 0.0 : rng_.uniform(); }
+
 void Sampler::accept(int32_t token) {
   if (params_.repeat_last_n == 0) return;
   history_.push_back(token);

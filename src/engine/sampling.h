@@ -42,6 +42,11 @@ class Sampler {
 
   // Picks a token from logits [n_vocab] (not modified). Does not record it: call accept().
   int32_t sample(const float* logits);
+  // For a pick made elsewhere with this sampler's rule (Engine::decode_sample on a GPU): true when the
+  // penalties are off (the device rule has none), and the draw sample() would make now (none when greedy:
+  // returns 0 and leaves the generator as sample() would).
+  bool penalties_off() const;
+  double next_draw();
   // Adds a token (prompt or generated) to the penalty history.
   void accept(int32_t token);
   void reset();  // forget the history, reseed

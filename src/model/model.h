@@ -37,10 +37,25 @@ struct Batch {
   std::span<SequenceState* const> seqs;
 };
 
+// A pick per logits row made by the backend where the logits are (Model::samples_on_device): the
+// engine's Sampler rule without penalties (top-k -> top-p -> min-p -> temperature -> draw; temperature
+// <= 0: greedy) with the caller's uniform draws, so no logits are copied back.
+struct DeviceSampling {
+  float temperature = 0.8f;
+  int32_t top_k = 40;    // <= 0: off
+  float top_p = 0.95f;   // 1: off
+  float min_p = 0.05f;   // 0: off
+  const float* u = nullptr;  // [n_out] draws in [0, 1) (ignored when greedy)
+  int32_t* out = nullptr;    // [n_out] the picked ids, in the order of the rows that want logits
+};
+
 struct ForwardOptions {
   MatmulMode mode = MatmulMode::Fast;
   cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // see cpu/ops.h
   moe::ExpertUsage* usage = nullptr;  // when set, every MoE layer adds its tokens' top-k expert ids
+  // When set (only for a model whose samples_on_device() is true): the rows that want logits are
+  // sampled by the backend into sampling->out and forward's logits argument is not written (may be null).
+  const DeviceSampling* sampling = nullptr;
 };
 
 // What a backend with a GPU expert cache reports (issue 7); `present` is false on the CPU backend.
@@ -95,6 +110,8 @@ class Model {
   // Expert-cache statistics since the last reset (a GPU model's cache is shared by its sequences, so
   // these are the model's, not a sequence's).
   virtual ExpertCacheReport cache_report() const { return {}; }
+  // The backend can pick tokens where it computes the logits (ForwardOptions::sampling).
+  virtual bool samples_on_device() const { return false; }
   virtual void reset_cache_stats() const {}
 
  protected:

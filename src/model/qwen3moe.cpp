@@ -139,6 +139,7 @@ void Qwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Thread
                        const ForwardOptions& opt) const {
   const MatmulMode mode = opt.mode;
   auto& ws = static_cast<Qwen3MoeWorkspace&>(wsb);
+  STRATA_REQUIRE(!opt.sampling, "forward: the CPU backend does not sample inside the pass (samples_on_device)");
   const HParams& hp = hp_;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,

@@ -324,6 +324,7 @@ void Qwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, Threa
                         const ForwardOptions& opt) const {
   const MatmulMode mode = opt.mode;
   auto& ws = static_cast<Qwen3NextWorkspace&>(wsb);
+  STRATA_REQUIRE(!opt.sampling, "forward: the CPU backend does not sample inside the pass (samples_on_device)");
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n,
                  ws.n_tok_max);
