@@ -60,19 +60,18 @@ PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn
   // next layer's router (which writes another slice of the same device buffer).
   const size_t nk = size_t(n) * size_t(io.k_used), ib = nk * 4, ioff = size_t(il) * ib;
   PoolDownloads d;
-  d.ids = c.xfer.download(slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib), c.cs);
-  d.wts = c.xfer.download(head(io.wts_h, nk * 4), head(io.wts, nk * 4), c.cs);
-  d.xn = c.xfer.download(head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4), c.cs);
-  c.work.transfers += 3;
+  d.done = c.xfer.download({{slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib)},
+                            {head(io.wts_h, nk * 4), head(io.wts, nk * 4)},
+                            {head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4)}},
+                           c.cs);
+  ++c.work.transfers;
   return d;
 }
 
 int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
                    strata::moe::ExpertUsage* usage) {
   const auto t0 = std::chrono::steady_clock::now();
-  d.ids.wait();
-  d.wts.wait();
-  d.xn.wait();
+  d.done.wait();
   c.work.route_wait += std::chrono::steady_clock::now() - t0;
   io.ids_h.note_host_access(strata::stream_check::Access::Read);
   io.wts_h.note_host_access(strata::stream_check::Access::Read);

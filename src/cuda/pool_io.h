@@ -80,9 +80,10 @@ struct PoolCtx {
 void begin_forward(const PoolCtx& c, PoolIo& io, const DeviceBuffer& step_in, const void* step_host,
                    size_t step_bytes);
 
-// Layer il's routing and normed activations on their way to the host (enqueued after the router).
+// Layer il's routing and normed activations on their way to the host (enqueued after the router, one
+// transfer for the three copies).
 struct PoolDownloads {
-  Ticket ids, wts, xn;
+  Ticket done;
 };
 PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd);
 

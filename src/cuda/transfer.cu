@@ -149,6 +149,25 @@ Ticket Transfer::download(const HostSpan& dst, const DevSpan& src, Stream& produ
   return finish(cs, consumers);
 }
 
+Ticket Transfer::download(std::initializer_list<DownloadPart> parts, Stream& producer, Consumers consumers,
+                          Site site) {
+  for (const DownloadPart& p : parts) {
+    STRATA_REQUIRE(p.src.bytes <= p.dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
+                   p.src.bytes, p.dst.bytes);
+    STRATA_REQUIRE(p.dst.pinned, "transfer: async download needs pinned host memory (use download_sync)");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  Stream& cs = dev_.d2h();
+  begin(cs, producer);
+  for (const DownloadPart& p : parts) {
+    note(cs, p.src.check_id, sc::Access::Read, site);
+    note(cs, p.dst.check_id, sc::Access::Write, site);
+    CUDA_CHECK(cudaMemcpyAsync(p.dst.ptr, p.src.ptr, p.src.bytes, cudaMemcpyDeviceToHost, cs.handle()));
+    bytes_d2h_ += p.src.bytes;
+  }
+  return finish(cs, consumers);
+}
+
 void Transfer::download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site) {
   STRATA_REQUIRE(bytes <= src.bytes, "transfer: download of {} bytes from a {}-byte buffer", bytes, src.bytes);
   STRATA_REQUIRE(dst != nullptr || bytes == 0, "transfer: download into a null host pointer");

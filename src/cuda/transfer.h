@@ -64,6 +64,14 @@ class Transfer {
   // Device -> pinned host (activations to the CPU pool, KV offload). Read `dst` after ticket.wait().
   Ticket download(const HostSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers = {},
                   Site site = Site::here());
+  // Several device -> pinned host copies after one producer point, with one completion (one event
+  // record, one wait, n copies, one record: a CPU-pool layer's ids, weights and activations).
+  struct DownloadPart {
+    HostSpan dst;
+    DevSpan src;
+  };
+  Ticket download(std::initializer_list<DownloadPart> parts, Stream& producer, Consumers consumers = {},
+                  Site site = Site::here());
   // Device -> any host memory, staged; returns when the data is in `dst`.
   void download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site = Site::here());
   // Device -> device (KV compaction, slot moves).

@@ -326,6 +326,38 @@ TEST_F(Gpu, ActivationsToHostAndBack) {
   EXPECT_EQ(sum, float(n));
 }
 
+// Several downloads after one producer point, one ticket (a CPU-pool layer's ids, weights, activations):
+// every part holds the slow kernel's values; naming the wrong producer is caught for each part.
+TEST_F(Gpu, MultiPartDownloadWaitsForTheProducer) {
+  const int n = 1 << 18;  // a [n], b [n / 4] float
+  auto a = dev->alloc(n * sizeof(float), "part a");
+  auto b = dev->alloc(n / 4 * sizeof(float), "part b");
+  auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
+  auto hb = dev->alloc_pinned(n / 4 * sizeof(float), "part b (host)");
+  for (int planted = 0; planted < 2; ++planted) {
+    note_launch(dev->compute(), {}, {a.span(), b.span()});
+    slow_fill<<<64, 256, 0, dev->compute().handle()>>>(a.as<float>(), n, kSpin, 0.5f, 1.0f + planted);
+    slow_fill<<<16, 256, 0, dev->compute().handle()>>>(b.as<float>(), n / 4, kSpin, 2.0f, -3.0f - planted);
+    CUDA_CHECK_LAUNCH();
+    Ticket t = xfer->download({{ha.span(), a.span()}, {hb.span(), b.span()}},
+                              planted ? dev->d2h() : dev->compute());
+    t.wait();
+    if (planted) break;
+    ha.note_host_access(sc::Access::Read);
+    hb.note_host_access(sc::Access::Read);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += ha.as<float>()[i] != i * 0.5f + 1.0f;
+    for (int i = 0; i < n / 4; ++i) wrong += hb.as<float>()[i] != i * 2.0f - 3.0f;
+    EXPECT_EQ(wrong, 0);
+    EXPECT_TRUE(reports().empty());
+  }
+  dev->synchronize();
+  auto r = reports();
+  ASSERT_EQ(r.size(), 2u);  // both parts read buffers the compute stream was still writing
+  EXPECT_EQ(r[0].buffer, "part a");
+  EXPECT_EQ(r[1].buffer, "part b");
+}
+
 TEST_F(Gpu, PinnedSourceRewrittenBeforeItsTicketIsCaught) {
   const int n = 1 << 16;
   auto dst = dev->alloc(n * sizeof(float), "dst");
