@@ -74,6 +74,16 @@ class Backend {
   virtual void decode(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
                       float* logits) = 0;
 
+  // decode, then a pick for each sequence by samplers[i] into out[i] (the caller accept()s it). A backend
+  // may pick where its logits are (EngineBackend on a GPU: Engine::decode_sample); by default the logits
+  // go to `logits` ([n][n_vocab]) and each sampler picks from its row.
+  virtual void decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
+                             TokenSampler* const* samplers, float* logits, int32_t* out) {
+    decode(seqs, tokens, n, logits);
+    const size_t nv = size_t(info().n_vocab);
+    for (int32_t i = 0; i < n; ++i) out[i] = samplers[i]->sample(logits + size_t(i) * nv);
+  }
+
   virtual std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) = 0;
 };
 

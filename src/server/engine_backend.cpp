@@ -26,6 +26,7 @@ class EngineSampler : public TokenSampler {
   EngineSampler(const SamplingParams& p, int32_t n_vocab) : s_(p, n_vocab) {}
   int32_t sample(const float* logits) override { return s_.sample(logits); }
   void accept(int32_t token) override { s_.accept(token); }
+  Sampler& sampler() { return s_; }
 
  private:
   Sampler s_;
@@ -145,6 +146,19 @@ void EngineBackend::decode(BackendSequence* const* seqs, const int32_t* tokens, 
   std::vector<SequenceState*> states(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
   impl_->engine->decode(states, std::span<const int32_t>(tokens, size_t(n)), logits);
+}
+
+void EngineBackend::decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
+                                  TokenSampler* const* samplers, float* logits, int32_t* out) {
+  std::vector<SequenceState*> states(static_cast<size_t>(n));
+  std::vector<Sampler*> ss(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
+    auto* es = dynamic_cast<EngineSampler*>(samplers[i]);
+    if (!es) return Backend::decode_sample(seqs, tokens, n, samplers, logits, out);  // not ours: on the host
+    ss[size_t(i)] = &es->sampler();
+  }
+  impl_->engine->decode_sample(states, std::span<const int32_t>(tokens, size_t(n)), ss, out);
 }
 
 std::unique_ptr<TokenSampler> EngineBackend::new_sampler(const SamplingOptions& o, uint64_t seed) {

@@ -322,8 +322,19 @@ void Scheduler::decode_all() {
     toks.push_back(s->pending);
   }
   const size_t nv = size_t(info_.n_vocab);
+  // ignore_eos edits the logits before the pick, so such a batch samples here; otherwise the backend
+  // picks (on its GPU where it can: no logits come back).
+  bool edit_logits = false;
+  for (Slot* s : batch) edit_logits |= s->job->ignore_eos;
+  std::vector<TokenSampler*> samplers;
+  for (Slot* s : batch) samplers.push_back(s->sampler.get());
+  std::vector<int32_t> picks(batch.size(), -1);
   try {
-    backend_.decode(seqs.data(), toks.data(), int32_t(batch.size()), logits_.data());
+    if (edit_logits)
+      backend_.decode(seqs.data(), toks.data(), int32_t(batch.size()), logits_.data());
+    else
+      backend_.decode_sample(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), logits_.data(),
+                             picks.data());
   } catch (const std::exception& e) {
     for (Slot* s : batch) fail(*s, e.what());
     return;
@@ -334,7 +345,7 @@ void Scheduler::decode_all() {
     Slot& s = *batch[i];
     s.tokens.push_back(s.pending);
     s.pending = -1;
-    on_token(s, sample(s, logits_.data() + i * nv));
+    on_token(s, edit_logits ? sample(s, logits_.data() + i * nv) : picks[i]);
   }
 }
 
