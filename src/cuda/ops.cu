@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <cub/block/block_scan.cuh>
 
 #include "common/error.h"
@@ -595,6 +597,88 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
   if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
 }
 
+// ---- router_route, block per row (the default; RouterRouteKernel::kBlockPerRow).
+// Why: the warp-per-row kernel above runs n_expert / 4 blocks (32 for Qwen3's 128 experts: a quarter of
+// the H200's SMs) and each lane's 8 KB-per-warp row arrives only as fast as one warp's loads are in
+// flight; ncu showed 10 us for 1 MB. Here one block of kRouterRowThreads takes one router row: all its
+// threads load the row (one 16-byte load each per 2 KB, so the whole row is one memory round trip) into
+// shared memory, then warp w runs the dot products of tokens w, w + 4, ... from there with exactly the
+// per-lane order of router_row_dot (lane i takes units i, i+32, ... of 8 values, one FMA chain, then the
+// xor butterfly), so the logits are the same bits. Rows longer than kRouterStage floats go in passes of
+// kRouterStage (a multiple of 256 floats = 32 units, so a unit keeps its lane across passes).
+constexpr int kRouterRowThreads = 128;
+constexpr int kRouterStage = 2048;  // floats of a row staged per pass (8 KB)
+static_assert(kRouterStage % 256 == 0, "a pass must hold whole rounds of 32 units");
+constexpr int kRouterTokPerWarp = int((kRouterRouteMaxTokens + kRouterRowThreads / 32 - 1) / (kRouterRowThreads / 32));
+
+// w: [n_expert][cols] f32 (rb bytes per row, aligned to A); x: [n_tok][cols]; logits: [n_tok][n_expert];
+// ids, weights: [n_tok][k]; counter as router_route_kernel. grid: n_expert blocks of kRouterRowThreads.
+template <int A>
+__global__ void __launch_bounds__(kRouterRowThreads)
+    router_route_row_kernel(const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb,
+                            const float* __restrict__ x, int n_tok, bool xvec, int k, bool norm, float* logits,
+                            int32_t* ids, float* weights, unsigned* counter) {
+  using F = dq::Fmt<GgmlType::F32>;
+  __shared__ __align__(16) float row[kRouterStage];
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kRouterRowThreads / 32;
+  const uint8_t* wr = w + int64_t(r) * rb;
+  const int64_t whole = cols / 8 * 8;  // values in whole units; the rest go by the tail loop
+  float acc[kRouterTokPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRouterTokPerWarp; ++i) acc[i] = 0.f;
+  for (int64_t c0 = 0; c0 < whole; c0 += kRouterStage) {
+    const int len = int(min(int64_t(kRouterStage), whole - c0));  // a multiple of 8
+    if constexpr (A >= 16) {
+      const float4* src = reinterpret_cast<const float4*>(wr + c0 * 4);  // 16-byte aligned: rb % 16 == 0
+      for (int i = threadIdx.x; i < len / 4; i += kRouterRowThreads) reinterpret_cast<float4*>(row)[i] = __ldg(src + i);
+    } else {
+      for (int i = threadIdx.x; i < len; i += kRouterRowThreads) row[i] = F::one(wr, c0 + i);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRouterTokPerWarp; ++i) {
+      const int t = warp + i * kWarps;
+      if (t >= n_tok) break;
+      const float* xr = x + int64_t(t) * cols;
+      float a = acc[i];
+#pragma unroll 4
+      for (int u = lane; u < len / 8; u += 32) {
+        const float4 p = reinterpret_cast<const float4*>(row)[2 * u], q = reinterpret_cast<const float4*>(row)[2 * u + 1];
+        const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        float xv[8];
+        dq::load_x8(xr, c0 + int64_t(u) * 8, xvec, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv[j], a);
+      }
+      acc[i] = a;
+    }
+    __syncthreads();  // row is rewritten by the next pass
+  }
+#pragma unroll
+  for (int i = 0; i < kRouterTokPerWarp; ++i) {
+    const int t = warp + i * kWarps;
+    if (t >= n_tok) break;
+    const float* xr = x + int64_t(t) * cols;
+    float a = acc[i];
+    for (int64_t c = whole + lane; c < cols; c += 32) a = fmaf(F::one(wr, c), __ldg(xr + c), a);
+    a = dq::warp_sum(a);
+    if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+}
+
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
 
 // logits: [n_tok][n_vocab]; out: [n_tok]. One block per row.
@@ -951,8 +1035,22 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
 }
 
 // Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
+RouterRouteKernel router_route_default() {
+  static const RouterRouteKernel kern = [] {
+    const char* e = std::getenv("STRATA_CUDA_ROUTER");
+    return e != nullptr && std::string(e) == "warp" ? RouterRouteKernel::kWarpPerRow : RouterRouteKernel::kBlockPerRow;
+  }();
+  return kern;
+}
+
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  router_route(w, n_expert, cols, x, n_tok, k, norm, logits, ids, weights, counter, stream, router_route_default());
+}
+
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream,
+                  RouterRouteKernel kern) {
   STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
                  "router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
                  n_expert, k, cpu::kMaxExperts);
@@ -961,9 +1059,21 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
   if (n_tok <= 0) return;
   const int64_t rb = cols * 4;
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;  // as quant::matmul
-  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
   const auto* wb = reinterpret_cast<const uint8_t*>(w);
-  if (dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb))
+  const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
+  if (kern == RouterRouteKernel::kBlockPerRow) {
+    const unsigned rows = static_cast<unsigned>(n_expert);
+    if (aligned)
+      router_route_row_kernel<16><<<rows, kRouterRowThreads, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec,
+                                                                          k, norm, logits, ids, weights, counter);
+    else
+      router_route_row_kernel<1><<<rows, kRouterRowThreads, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec,
+                                                                         k, norm, logits, ids, weights, counter);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
+  if (aligned)
     router_route_kernel<16><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
                                                                      norm, logits, ids, weights, counter);
   else

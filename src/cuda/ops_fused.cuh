@@ -60,4 +60,15 @@ constexpr int64_t kRouterRouteMaxTokens = 8;
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
 
+// The two kernels of router_route; both give the same bits (tests compare them). kWarpPerRow: the first
+// kernel, one warp per router row (n_expert / 4 blocks). kBlockPerRow: one block per row, the row staged
+// in shared memory by all its threads in one memory round trip (n_expert blocks: every SM busy).
+// The call without `kern` takes router_route_default(): kBlockPerRow unless the environment sets
+// STRATA_CUDA_ROUTER=warp (read once; for comparisons on the device).
+enum class RouterRouteKernel { kWarpPerRow, kBlockPerRow };
+RouterRouteKernel router_route_default();
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream,
+                  RouterRouteKernel kern);
+
 }  // namespace strata::cuda::ops

@@ -255,13 +255,16 @@ TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
 }
 
 // router_route against the two launches it replaces (quant::matmul F32 + moe_route): logits, ids and
-// weights bit for bit, twice in a row (the counter must come back to zero), at Qwen3's router (128 experts
-// of 2048, top 8, 1/3/8 tokens), a wider one, and an odd width (vector loads off, the tail loop on).
+// weights bit for bit, both kernels (block per row, warp per row) twice each (the counter must come back to
+// zero), at Qwen3's router (128 experts of 2048, top 8, 1/3/8 tokens), a wider one, an odd width (vector
+// loads off, the tail loop on), and rows longer than the block kernel's 2048-float pass (4608: 2 full
+// passes + a part; 5003: odd, 3 passes and the tail).
 // Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
 TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
   struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
   for (const RCase& c : {RCase{1, 128, 2048, 8, true}, RCase{3, 128, 2048, 8, true}, RCase{8, 128, 2048, 8, false},
-                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}}) {
+                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}, RCase{7, 64, 4608, 6, true},
+                         RCase{1, 32, 5003, 2, false}}) {
     SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
                  std::to_string(c.cols) + " top " + std::to_string(c.k));
     const size_t nl = size_t(c.n_tok * c.n_expert), ni = size_t(c.n_tok * c.k);
@@ -279,10 +282,12 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
       const auto ei = download<int32_t>(i0, ni);
       const auto ew = download<float>(w0, ni);
       Buf counter = output(4, 0);
-      for (int rep = 0; rep < 2; ++rep) {
+      for (int rep = 0; rep < 4; ++rep) {  // each kernel twice, the calls interleaved on one counter
+        const auto kern = rep % 2 ? ops::RouterRouteKernel::kWarpPerRow : ops::RouterRouteKernel::kBlockPerRow;
+        SCOPED_TRACE(rep % 2 ? "warp-per-row kernel" : "block-per-row kernel");
         Buf l1 = output(nl * 4), i1 = output(ni * 4), w1 = output(ni * 4);
         ops::router_route(dw.ptr<float>(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, c.k, c.norm, l1.ptr<float>(),
-                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream(), kern);
         std::string first;
         EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits, call " << rep << ": " << first;
         EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids, call " << rep;
