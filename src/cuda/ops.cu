@@ -389,9 +389,17 @@ __global__ void __launch_bounds__(32 * kSplitWarps)
 
 // Flash-decoding, phase 2: merges the n_split partial states of each (token, head).
 // part: [n_tok*n_head][n_split][2 + head_dim_v]; out: [n_tok][n_head][head_dim_v]. One block per row.
+// Compact (the default): the value loop runs only over the splits that saw positions (m > -inf), listed
+// in order by warp 0. Why: a decode graph is built for the whole context (max_kv = n_ctx), so at a short
+// context nearly all of the ~64 splits are empty, and the old loop read all of them (64 x 128 floats per
+// row, one dependent add each). An empty split adds c * acc = 0 * 0, so skipping it leaves every sum the
+// same (up to the sign of an exact zero). !Compact: the first kernel (STRATA_CUDA_ATTN_COMBINE=all).
+template <bool Compact>
 __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out) {
   __shared__ float w[kMaxSplits];
+  __shared__ int live[kMaxSplits];
   __shared__ float s_total;
+  __shared__ int n_live;
   const int row = 2 + head_dim_v;
   const float* pr = part + blockIdx.x * int64_t(n_split) * row;
   if (threadIdx.x < 32) {
@@ -399,22 +407,54 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
     for (int i = threadIdx.x; i < n_split; i += 32) M = fmaxf(M, pr[i * row]);
     M = warp_reduce(M, MaxOp{});
     float S = 0.0f;
-    for (int i = threadIdx.x; i < n_split; i += 32) {
-      const float mi = pr[i * row];
+    int base = 0;
+    for (int i0 = 0; i0 < n_split; i0 += 32) {  // warp-uniform trip count
+      const int i = i0 + int(threadIdx.x);
+      const float mi = i < n_split ? pr[i * row] : -INFINITY;
       const float c = mi == -INFINITY ? 0.0f : expf(mi - M);
-      w[i] = c;
-      S += c * pr[i * row + 1];
+      if (i < n_split) {
+        w[i] = c;
+        S += c * pr[i * row + 1];
+      }
+      if constexpr (Compact) {
+        const unsigned b = __ballot_sync(0xffffffffu, mi != -INFINITY);
+        if (mi != -INFINITY) live[base + __popc(b & ((1u << threadIdx.x) - 1u))] = i;
+        base += __popc(b);
+      }
     }
     S = warp_reduce(S, SumOp{});
-    if (threadIdx.x == 0) s_total = S;
+    if (threadIdx.x == 0) {
+      s_total = S;
+      n_live = base;
+    }
   }
   __syncthreads();
   const float inv = s_total == 0.0f ? 0.0f : 1.0f / s_total;
   for (int d = threadIdx.x; d < head_dim_v; d += blockDim.x) {
     float a = 0.0f;
-    for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
+    if constexpr (Compact) {
+      for (int j = 0; j < n_live; ++j) {
+        const int i = live[j];
+        a += w[i] * pr[i * row + 2 + d];
+      }
+    } else {
+      for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
+    }
     out[blockIdx.x * int64_t(head_dim_v) + d] = a * inv;
   }
+}
+
+// The combine kernel to launch: compact unless the environment sets STRATA_CUDA_ATTN_COMBINE=all (read once).
+void launch_combine(const float* part, int64_t rows, int n_split, int head_dim_v, float* out, cudaStream_t stream) {
+  static const bool all = [] {
+    const char* e = std::getenv("STRATA_CUDA_ATTN_COMBINE");
+    return e != nullptr && std::string(e) == "all";
+  }();
+  if (all)
+    attn_combine_kernel<false><<<static_cast<unsigned>(rows), 128, 0, stream>>>(part, n_split, head_dim_v, out);
+  else
+    attn_combine_kernel<true><<<static_cast<unsigned>(rows), 128, 0, stream>>>(part, n_split, head_dim_v, out);
+  CUDA_CHECK_LAUNCH();
 }
 
 int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane covering both head sizes
@@ -442,10 +482,7 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
     const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
     const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
     attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream);
-    if (used > 1) {
-      attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, used, head_dim_v, out);
-      CUDA_CHECK_LAUNCH();
-    }
+    if (used > 1) launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, stream);
     return;
   }
   constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
@@ -455,9 +492,7 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
   attn_split_kernel<DPL, GT><<<grid, 32 * kSplitWarps, 0, stream>>>(q, refs, layer, n_head, n_head_kv, head_dim,
                                                                    head_dim_v, scale, n_split, chunk, scratch);
   CUDA_CHECK_LAUNCH();
-  attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, n_split, head_dim_v,
-                                                                                 out);
-  CUDA_CHECK_LAUNCH();
+  launch_combine(scratch, n_tok * n_head, n_split, head_dim_v, out, stream);
 }
 
 // ---------------------------------------------------------------- routing and sampling
