@@ -61,6 +61,13 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream);
 
+// moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
+// per warp, in parallel, and the lanes' weight loads all in flight (on: the default), or the first kernel,
+// where each term looks up its own slot (off). Process-wide; the first call reads the environment
+// (STRATA_CUDA_Q8_DOWN=loop: off) unless set_moe_down_slots ran before.
+void set_moe_down_slots(bool on);
+bool moe_down_slots();
+
 // True when the three expert tensors' types are supported and n_ff, n_embd are multiples of 32 and of
 // their types' block sizes (else the caller keeps moe::moe_gate_up / moe::moe_down).
 bool moe_supported(const moe::ExpertLayerView& v);
