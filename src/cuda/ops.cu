@@ -19,6 +19,8 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/q8_common.cuh"
+#include "cuda/q8_kernels.cuh"
 
 namespace strata::cuda::ops {
 
@@ -394,8 +396,12 @@ __global__ void __launch_bounds__(32 * kSplitWarps)
 // context nearly all of the ~64 splits are empty, and the old loop read all of them (64 x 128 floats per
 // row, one dependent add each). An empty split adds c * acc = 0 * 0, so skipping it leaves every sum the
 // same (up to the sign of an exact zero). !Compact: the first kernel (STRATA_CUDA_ATTN_COMBINE=all).
-template <bool Compact>
-__global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out) {
+// Q8 (xq != null): the row is also written as Q8 activations of [rows][head_dim_v] (q8_kernels.cuh layout;
+// head_dim_v % 32 == 0, so warp w's 32 values of a pass are one quantization block), the same bits as
+// q8::quantize of `out` would give (quantize_warp on the same floats).
+template <bool Compact, bool Q8>
+__global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out, int8_t* xq,
+                                    float2* xds) {
   __shared__ float w[kMaxSplits];
   __shared__ int live[kMaxSplits];
   __shared__ float s_total;
@@ -430,6 +436,7 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
   }
   __syncthreads();
   const float inv = s_total == 0.0f ? 0.0f : 1.0f / s_total;
+  // (trip count uniform per warp when Q8: head_dim_v and blockDim are multiples of 32)
   for (int d = threadIdx.x; d < head_dim_v; d += blockDim.x) {
     float a = 0.0f;
     if constexpr (Compact) {
@@ -440,20 +447,28 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
     } else {
       for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
     }
-    out[blockIdx.x * int64_t(head_dim_v) + d] = a * inv;
+    const int64_t f = blockIdx.x * int64_t(head_dim_v) + d;
+    out[f] = a * inv;
+    if constexpr (Q8) q8c::quantize_warp(a * inv, xq + (f - (threadIdx.x & 31)), xds + f / 32);
   }
 }
 
-// The combine kernel to launch: compact unless the environment sets STRATA_CUDA_ATTN_COMBINE=all (read once).
-void launch_combine(const float* part, int64_t rows, int n_split, int head_dim_v, float* out, cudaStream_t stream) {
+// The combine kernel to launch: compact unless the environment sets STRATA_CUDA_ATTN_COMBINE=all (read
+// once); with Q8 output when xq != null.
+void launch_combine(const float* part, int64_t rows, int n_split, int head_dim_v, float* out, int8_t* xq,
+                    float2* xds, cudaStream_t stream) {
   static const bool all = [] {
     const char* e = std::getenv("STRATA_CUDA_ATTN_COMBINE");
     return e != nullptr && std::string(e) == "all";
   }();
-  if (all)
-    attn_combine_kernel<false><<<static_cast<unsigned>(rows), 128, 0, stream>>>(part, n_split, head_dim_v, out);
-  else
-    attn_combine_kernel<true><<<static_cast<unsigned>(rows), 128, 0, stream>>>(part, n_split, head_dim_v, out);
+  const unsigned grid = static_cast<unsigned>(rows);
+  if (xq != nullptr) {
+    if (all) attn_combine_kernel<false, true><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
+    else attn_combine_kernel<true, true><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
+  } else {
+    if (all) attn_combine_kernel<false, false><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
+    else attn_combine_kernel<true, false><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
+  }
   CUDA_CHECK_LAUNCH();
 }
 
@@ -462,17 +477,18 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
   return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
 }
 
+// Returns whether xq/xds were written (only when xq != null and the call ended in the combine kernel).
 template <int DPL>
-void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                       int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
-                      float* scratch, float* out, cudaStream_t stream) {
+                      float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
   if (math == cpu::AttnMath::GgmlF16) {
     const int64_t warps = n_tok * n_head;
     const unsigned blocks = static_cast<unsigned>((warps + kGgmlWarps - 1) / kGgmlWarps);
     attn_ggml_f16_kernel<DPL><<<blocks, 32 * kGgmlWarps, 0, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv,
                                                                       head_dim, head_dim_v, scale, out);
     CUDA_CHECK_LAUNCH();
-    return;
+    return false;
   }
   const int n_split = attn_splits(n_tok, n_head, max_kv);
   if (attn_tile::supported(head_dim, head_dim_v)) {
@@ -482,8 +498,9 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
     const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
     const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
     attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream);
-    if (used > 1) launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, stream);
-    return;
+    if (used == 1) return false;
+    launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
+    return xq != nullptr;
   }
   constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
@@ -492,7 +509,8 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
   attn_split_kernel<DPL, GT><<<grid, 32 * kSplitWarps, 0, stream>>>(q, refs, layer, n_head, n_head_kv, head_dim,
                                                                    head_dim_v, scale, n_split, chunk, scratch);
   CUDA_CHECK_LAUNCH();
-  launch_combine(scratch, n_tok * n_head, n_split, head_dim_v, out, stream);
+  launch_combine(scratch, n_tok * n_head, n_split, head_dim_v, out, xq, xds, stream);
+  return xq != nullptr;
 }
 
 // ---------------------------------------------------------------- routing and sampling
@@ -1032,29 +1050,57 @@ size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64
          static_cast<size_t>(head_dim_v + 2);
 }
 
-void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
-               float* out, cudaStream_t stream) {
+namespace {
+bool attention_impl(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                    int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                    float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
   STRATA_REQUIRE(head_dim >= 1 && head_dim_v >= 1 && head_dim <= kMaxHeadDimGpu && head_dim_v <= kMaxHeadDimGpu,
                  "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
   STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
                  "attention: {} query heads not a multiple of {} KV heads", n_head, n_head_kv);
   STRATA_REQUIRE(max_kv >= 1 && layer >= 0, "attention: max_kv {} must be >= 1, layer {} >= 0", max_kv, layer);
-  if (n_tok <= 0) return;
+  if (n_tok <= 0) return true;
   switch (lanes_per_dim(head_dim, head_dim_v)) {
     case 1:
       return launch_attention<1>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     case 2:
       return launch_attention<2>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     case 4:
       return launch_attention<4>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     default:
       return launch_attention<8>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
   }
+}
+}  // namespace
+
+void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+               float* out, cudaStream_t stream) {
+  attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv, scratch, out,
+                 nullptr, nullptr, stream);
+}
+
+bool attention_q8_fused() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_ATTN_Q8");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused) {
+  STRATA_REQUIRE((int64_t(n_head) * head_dim_v) % 32 == 0, "attention_q8: {} x {} output columns, not a multiple of 32",
+                 n_head, head_dim_v);
+  fused = fused && head_dim_v % 32 == 0;  // the combine's warps quantize whole blocks of one head
+  const bool done = attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv,
+                                   scratch, out, fused ? xq : nullptr, fused ? xds : nullptr, stream);
+  if (!done || !fused) q8::quantize(out, n_tok, int64_t(n_head) * head_dim_v, xq, xds, stream);
 }
 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,

@@ -45,6 +45,17 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
                const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                int layer, const AttnPrepShape& shape, float* q_out, cudaStream_t stream);
 
+// ops::attention, and its output also as Q8 activations (q8_kernels.cuh layout) of [n_tok][n_head *
+// head_dim_v]: xq, xds equal bit for bit to q8::quantize(out, n_tok, n_head * head_dim_v, xq, xds).
+// fused (default attention_q8_fused()): when the call ends in the split combine (decode over more than one
+// K/V tile of max_kv, the engine's graphs), the combine kernel quantizes the rows it writes (one launch
+// less per layer; head_dim_v % 32 == 0); otherwise, and with !fused, q8::quantize runs after.
+// n_head * head_dim_v % 32 == 0 (else strata::Error). attention_q8_fused(): on unless the environment sets STRATA_CUDA_ATTN_Q8=0 (read once).
+bool attention_q8_fused();
+void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused = attention_q8_fused());
+
 // The MoE router of a decode batch in one launch: logits = W . x with quant::matmul's F32 arithmetic
 // (same bits), then moe_route on them (same ids and weights), done by the last block to finish, which it
 // learns from `counter`. Why: the router product and the top-k were two launches of a few microseconds

@@ -735,18 +735,23 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   });
   // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
   // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
-  note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  op(p, [&] {
-    ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
-                   ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
-  });
   if (use_q8(p, l.wo)) {
-    // x += wo . att: att to Q8 activations, the product adds into x (no separate add).
-    note_launch(cs, {ws.att.span()}, {ws.xq.span(), ws.xds.span()});
-    op(p, [&] { q8::quantize(ws.att.as<const float>(), n, H * Dv, ws.xq.as<int8_t>(), ws.xds.as<float2>(), s); });
+    // x += wo . att: att also as Q8 activations (by the attention's combine kernel when it runs: ops_fused.cuh),
+    // the product adds into x (no separate add).
+    note_launch(cs, {ws.step_in.span(), ws.q.span()},
+                {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
+    op(p, [&] {
+      ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                        ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+    });
     mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
   } else {
+    note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
+    op(p, [&] {
+      ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                     ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
+    });
     mm(p, l.wo, ws.att, n, ws.tmp);
     op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
   }

@@ -18,6 +18,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/ops_fused_ref.h"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
 
@@ -311,6 +312,59 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
                strata::Error);
   EXPECT_THROW(ops::router_route(nullptr, 2000, 2048, nullptr, 1, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
                strata::Error);
+}
+
+// attention_q8 against ops::attention + q8::quantize: out, xq and xds bit for bit, fused (the combine kernel
+// quantizes) and not, at Qwen3's decode shape (32 / 4 heads of 128): short and long contexts of a
+// 4096-position cache (the combine path, mostly empty splits at ctx 9), 3 tokens of one batch, a 1000
+// cache with 2 tokens, and max_kv 64 (one split, no combine: the quantize launch must run instead).
+TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
+  constexpr int H = 32, Hkv = 4, D = 128, L = 2, layer = 1;
+  const float scale = 1.0f / std::sqrt(float(D));
+  struct ACase { int n_ctx; int64_t max_kv; std::vector<int> pos; };
+  for (const ACase& c : {ACase{4096, 4096, {8}}, ACase{4096, 4096, {3000}}, ACase{4096, 4096, {5, 700, 4095}},
+                         ACase{1000, 1000, {999, 3}}, ACase{64, 64, {40}}}) {
+    const int64_t n = int64_t(c.pos.size());
+    SCOPED_TRACE("cache " + std::to_string(c.n_ctx) + " max_kv " + std::to_string(c.max_kv) + " tokens " +
+                 std::to_string(n) + " first pos " + std::to_string(c.pos[0]));
+    std::vector<uint16_t> kc(size_t(L) * size_t(c.n_ctx) * Hkv * D), vc(kc.size());
+    std::mt19937 rng(7 + uint32_t(c.n_ctx));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : kc) x = cpu::float_to_half(nd(rng));
+    for (auto& x : vc) x = cpu::float_to_half(nd(rng));
+    Buf dk = upload_vec(kc), dv = upload_vec(vc);
+    std::vector<ops::KvRef> refs;
+    for (int p : c.pos) refs.push_back({dk.ptr<uint16_t>(), dv.ptr<uint16_t>(), c.n_ctx, p});
+    Buf drefs = upload_vec(refs);
+    Buf dq = upload_vec(randn(size_t(n * H * D), 900 + uint32_t(n), 1.5f));
+    const size_t n_out = size_t(n * H * D), n_blk = n_out / 32;
+    Buf scratch = output(ops::attention_scratch_floats(n, H, D, c.max_kv) * 4);
+    // Reference: the two launches.
+    Buf o0 = output(n_out * 4), q0 = output(n_out), d0 = output(n_blk * 8);
+    ops::attention(dq.ptr<float>(), drefs.ptr<ops::KvRef>(), n, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
+                   c.max_kv, scratch.ptr<float>(), o0.ptr<float>(), stream());
+    q8::quantize(o0.ptr<float>(), n, H * D, q0.ptr<int8_t>(), d0.ptr<float2>(), stream());
+    const auto eo = download<float>(o0, n_out);
+    const auto eq = download<int8_t>(q0, n_out);
+    const auto ed = download<float>(d0, 2 * n_blk);
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(fused ? "fused" : "not fused");
+      Buf o1 = output(n_out * 4), q1 = output(n_out), d1 = output(n_blk * 8);
+      ops::attention_q8(dq.ptr<float>(), drefs.ptr<ops::KvRef>(), n, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
+                        c.max_kv, scratch.ptr<float>(), o1.ptr<float>(), q1.ptr<int8_t>(), d1.ptr<float2>(), stream(),
+                        fused);
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(o1, n_out), eo, &first), 0u) << "out: " << first;
+      const auto gq = download<int8_t>(q1, n_out);
+      size_t qbad = 0;
+      for (size_t i = 0; i < n_out; ++i) qbad += gq[i] != eq[i];
+      EXPECT_EQ(qbad, 0u) << "xq codes differ";
+      EXPECT_EQ(count_bit_diffs(download<float>(d1, 2 * n_blk), ed, &first), 0u) << "xds: " << first;
+    }
+  }
+  EXPECT_THROW(ops::attention_q8(nullptr, nullptr, 1, 0, 1, 1, 40, 40, 1.0f, cpu::AttnMath::F32, 64, nullptr, nullptr,
+                                 nullptr, nullptr, stream()),
+               strata::Error);  // 40 output columns: not whole Q8 blocks
 }
 
 TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {
