@@ -56,6 +56,12 @@ void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
                   int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
                   float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused = attention_q8_fused());
 
+// attn_prep's kernels (same results; tests run both): every global load issued at the start (the
+// default), or the first kernel (angles, KvRef and value head loaded after the norm). Process-wide; the
+// first call reads the environment (STRATA_CUDA_ATTN_PREP=first) unless set_attn_prep_first ran before.
+void set_attn_prep_first(bool on);
+bool attn_prep_first();
+
 // The MoE router of a decode batch in one launch: logits = W . x with quant::matmul's F32 arithmetic
 // (same bits), then moe_route on them (same ids and weights), done by the last block to finish, which it
 // learns from `counter`. Why: the router product and the top-k were two launches of a few microseconds

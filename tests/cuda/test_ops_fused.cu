@@ -70,11 +70,15 @@ size_t count_diffs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
 constexpr int kLayers = 2, kLayer = 1, kCtx = 600;
 constexpr float kEps = 1e-6f;
 
+// Both attn_prep kernels (loads issued at the start: the default; the first kernel).
 TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
+  const bool was_first = ops::attn_prep_first();
+  for (const bool first_kernel : {false, true})
   for (const Case& c : {Case{1, 32, 4, 128, 128, 128, 1e6f}, Case{3, 32, 4, 128, 128, 128, 1e6f},
                         Case{8, 32, 4, 128, 128, 128, 1e6f}, Case{5, 16, 2, 256, 256, 64, 1e7f},
-                        Case{4, 6, 3, 80, 64, 80, 1e4f}}) {
-    SCOPED_TRACE(c.name());
+                        Case{4, 6, 3, 80, 64, 80, 1e4f}, Case{2, 4, 2, 64, 128, 32, 1e4f}}) {
+    ops::set_attn_prep_first(first_kernel);
+    SCOPED_TRACE(c.name() + (first_kernel ? " (first kernel)" : " (loads first)"));
     const int64_t n = c.n_tok;
     // q|k|v rows of one concatenated product; varied scales so the norms differ per head.
     std::vector<float> qkv = randn(size_t(n * c.qkv_w()), 100 + uint32_t(n) + uint32_t(c.head_dim), 1.0f);
@@ -211,6 +215,7 @@ TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
     EXPECT_EQ(k_bad, 0u) << "K cache vs CPU: " << k_bad << " values more than one f16 step apart; " << k_exact << "/"
                          << k_n << " exact";
   }
+  ops::set_attn_prep_first(was_first);
 }
 
 // The CPU reference alone (no GPU needed): bit for bit the CPU ops it stands for, with q_out aliasing q
