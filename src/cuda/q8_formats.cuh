@@ -312,12 +312,23 @@ __host__ __device__ __forceinline__ void rows_tokens_lane_partial(const uint8_t*
                                                                   float acc[R][NT]) {
   const int tasks = int(cols / F::kVals) * F::kTasks;
   const int64_t dss = cols / 32;
-  for (int task = sub; task < tasks; task += lpr) {
-    const int b = task / F::kTasks;
+  if constexpr (R == 1) {
+    // Two tasks per step: a 4096-column K-quant row (wo) gives each lane 2 tasks, both loads in flight.
+    // (Not for R = 2: the output product's 1-task rows gain nothing and ptxas gives them more registers.)
+STRATA_Q8_UNROLL2
+    for (int task = sub; task < tasks; task += lpr) {
+      const int b = task / F::kTasks;
+      F::template dot<A, NT>(wr[0] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[0]);
+    }
+  } else {
+    for (int task = sub; task < tasks; task += lpr) {
+      const int b = task / F::kTasks;
 STRATA_FD_UNROLL
-    for (int r = 0; r < R; ++r)
-      F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
-                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+      for (int r = 0; r < R; ++r)
+        F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                               dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+    }
   }
 }
 
