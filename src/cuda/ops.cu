@@ -19,6 +19,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_kernels.cuh"
 
@@ -406,6 +407,8 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
   __shared__ int live[kMaxSplits];
   __shared__ float s_total;
   __shared__ int n_live;
+  pdl_wait();
+  pdl_launch_dependents();
   const int row = 2 + head_dim_v;
   const float* pr = part + blockIdx.x * int64_t(n_split) * row;
   if (threadIdx.x < 32) {
@@ -462,14 +465,9 @@ void launch_combine(const float* part, int64_t rows, int n_split, int head_dim_v
     return e != nullptr && std::string(e) == "all";
   }();
   const unsigned grid = static_cast<unsigned>(rows);
-  if (xq != nullptr) {
-    if (all) attn_combine_kernel<false, true><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
-    else attn_combine_kernel<true, true><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
-  } else {
-    if (all) attn_combine_kernel<false, false><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
-    else attn_combine_kernel<true, false><<<grid, 128, 0, stream>>>(part, n_split, head_dim_v, out, xq, xds);
-  }
-  CUDA_CHECK_LAUNCH();
+  auto* kern = xq != nullptr ? (all ? attn_combine_kernel<false, true> : attn_combine_kernel<true, true>)
+                             : (all ? attn_combine_kernel<false, false> : attn_combine_kernel<true, false>);
+  pdl::launch(kern, grid, 128, 0, stream, part, n_split, head_dim_v, out, xq, xds);
 }
 
 int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane covering both head sizes
@@ -690,6 +688,10 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     } else {
       for (int i = threadIdx.x; i < len; i += kRouterRowThreads) row[i] = F::one(wr, c0 + i);
     }
+    if (c0 == 0) {  // PDL: the first pass of the row (weights) is loaded while the previous kernel ends
+      pdl_wait();
+      pdl_launch_dependents();
+    }
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kRouterTokPerWarp; ++i) {
@@ -710,6 +712,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     }
     __syncthreads();  // row is rewritten by the next pass
   }
+  pdl_wait();  // (no-op after the first; the one wait of a row shorter than 8)
 #pragma unroll
   for (int i = 0; i < kRouterTokPerWarp; ++i) {
     const int t = warp + i * kWarps;
@@ -1144,13 +1147,8 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
   const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
   if (kern == RouterRouteKernel::kBlockPerRow) {
     const unsigned rows = static_cast<unsigned>(n_expert);
-    if (aligned)
-      router_route_row_kernel<16><<<rows, kRouterRowThreads, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec,
-                                                                          k, norm, logits, ids, weights, counter);
-    else
-      router_route_row_kernel<1><<<rows, kRouterRowThreads, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec,
-                                                                         k, norm, logits, ids, weights, counter);
-    CUDA_CHECK_LAUNCH();
+    pdl::launch(aligned ? router_route_row_kernel<16> : router_route_row_kernel<1>, rows, kRouterRowThreads, 0, stream,
+                wb, n_expert, cols, rb, x, int(n_tok), xvec, k, norm, logits, ids, weights, counter);
     return;
   }
   const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::ops {
 
@@ -79,6 +80,8 @@ __global__ void __launch_bounds__(32 * kPrepWarps)
                      const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                      int layer, AttnPrepShape s, float* q_out) {
   extern __shared__ float prep_sh[];  // [kPrepWarps][head_dim]
+  pdl_wait();  // (PDL: everything below reads the q|k|v product or writes the KV cache)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int heads = s.n_head + s.n_head_kv;
   const int64_t wi = blockIdx.x * int64_t(kPrepWarps) + warp;
@@ -267,9 +270,8 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
   const size_t shmem = size_t(kPrepWarps) * size_t(s.head_dim) * sizeof(float);
   const int dmax = s.head_dim > s.head_dim_v ? s.head_dim : s.head_dim_v;
   auto launch = [&](auto kern) {
-    kern<<<static_cast<unsigned>(blocks), 32 * kPrepWarps, shmem, stream>>>(q, q_ld, k, k_ld, v, v_ld, q_norm, k_norm,
-                                                                         cs, refs, n_tok, layer, s, q_out);
-    CUDA_CHECK_LAUNCH();
+    pdl::launch(kern, static_cast<unsigned>(blocks), 32 * kPrepWarps, shmem, stream, q, q_ld, k, k_ld, v, v_ld, q_norm,
+                k_norm, cs, refs, n_tok, layer, s, q_out);
   };
   if (attn_prep_first()) launch(attn_prep_first_kernel);
   else if (dmax <= 128) launch(attn_prep_kernel<4>);

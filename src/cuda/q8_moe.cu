@@ -17,6 +17,7 @@
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_formats.cuh"
 #include "cuda/q8_kernels.cuh"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -50,6 +51,8 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t ustride) {
   static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
+  pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
@@ -124,6 +127,8 @@ __global__ void __launch_bounds__(32 * kDownWarps)
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
                 int64_t n, int k, float* __restrict__ x, int64_t stride) {
   __shared__ int jslot_all[kDownWarps][Slots ? kDownMaxK : 1];
+  pdl_wait();  // (PDL: everything below reads ids, h and x of earlier kernels)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
   if (r >= n_embd) return;  // warp-uniform
@@ -234,17 +239,13 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
         if (stage_bytes <= max_stage_bytes()) {
           auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
           allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
-          kern<<<grid, kThreads, size_t(stage_bytes), stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
-                                                                v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq,
-                                                                hds, gstride, ustride);
-          CUDA_CHECK_LAUNCH();
+          pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+                      grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride);
           return;
         }
       }
-      gate_up_kernel<G, AG, U, AU><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb,
-                                                                  urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs,
-                                                                  k, hq, hds, 0, 0);
-      CUDA_CHECK_LAUNCH();
+      pdl::launch(gate_up_kernel<G, AG, U, AU>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+                  grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0));
     });
   });
 }
@@ -279,9 +280,8 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     auto launch = [&](auto kern, size_t smem, int64_t st) {
-      kern<<<grid, 32 * kDownWarps, smem, stream>>>(v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table, hq,
-                                                    hds, ids, wts, n, k, x, st);
-      CUDA_CHECK_LAUNCH();
+      pdl::launch(kern, grid, 32 * kDownWarps, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
+                  table, hq, hds, ids, wts, n, k, x, st);
     };
     if constexpr (A == 2) {
       if (stage_bytes <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
