@@ -159,6 +159,8 @@ __global__ void __launch_bounds__(32 * kPrepWarps)
                      const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                      int layer, AttnPrepShape s, float* q_out) {
   extern __shared__ float prep_sh[];  // [kPrepWarps][head_dim]
+  pdl_wait();  // (launched through pdl::launch like the default kernel)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int heads = s.n_head + s.n_head_kv;
   const int64_t wi = blockIdx.x * int64_t(kPrepWarps) + warp;

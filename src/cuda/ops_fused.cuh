@@ -71,6 +71,9 @@ bool attn_prep_first();
 //   the sum clamped at 6.103515625e-5)
 //   counter: one device uint32, zero before the first call; every call leaves it zero. Calls sharing one
 //   counter must be ordered (one stream).
+// PDL (cuda/pdl.cuh): the default kernel loads the first 8 KB of its row of w before it waits for the
+// previous kernel of the stream, so w must not be written by a kernel earlier in the same stream (model
+// weights: uploads are ordered by events, which PDL does not relax).
 // n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
 // keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
 constexpr int64_t kRouterRouteMaxTokens = 8;

@@ -36,7 +36,10 @@ bool supported(GgmlType t);
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream);
 
 // y = rmsnorm(x) * w exactly as ops::rmsnorm computes it (same values), and (q, ds) = quantize(y), in one
-// launch. x, y: [n][cols] f32 (y may be x)  w: [cols] f32.
+// launch. x, y: [n][cols] f32 (y may be x)  w: [cols] f32. With PDL (cuda/pdl.cuh) w is loaded before the
+// kernel waits for the previous kernel of the stream: w must not be written by an earlier kernel of the
+// same stream (norm weights: uploaded, ordered by events). matvec only prefetches its weights into L2
+// before that wait (harmless whatever wrote them).
 void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
                       float2* ds, cudaStream_t stream);
 
