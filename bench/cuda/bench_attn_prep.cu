@@ -23,6 +23,7 @@
 #include "cuda/graph.h"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 
@@ -161,6 +162,10 @@ int main(int argc, char** argv) {
     const auto ro = per_layer([&](int l) { router_old(n, l); }, kRouterCopies);
     const auto rw1 = per_layer([&](int l) { router_new(n, l, ops::RouterRouteKernel::kWarpPerRow); }, kRouterCopies);
     const auto rn = per_layer([&](int l) { router_new(n, l, ops::RouterRouteKernel::kBlockPerRow); }, kRouterCopies);
+    const bool pdl_was = pdl::enabled();
+    pdl::set_enabled(!pdl_was);  // the same kernel launched the other way (PDL lets the next row's weights load early)
+    const auto rp = per_layer([&](int l) { router_new(n, l, ops::RouterRouteKernel::kBlockPerRow); }, kRouterCopies);
+    pdl::set_enabled(pdl_was);
     std::printf("| rmsnorm q,k + rope q,k + kv_store (old) | %d | 5 | %.2f | %.2f | 1 |\n", n, o.first, o.second);
     std::printf("| attn_prep (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, f.first, f.second, f.second / o.second);
     std::printf("| attn_prep + rope_cos_sin/48 (new, per layer of a forward) | %d | 1 + 1/48 | %.2f | %.2f | %.3f |\n", n,
@@ -172,8 +177,10 @@ int main(int argc, char** argv) {
                 ro.second);
     std::printf("| router_route, warp per row (STRATA_CUDA_ROUTER=warp) | %d | 1 | %.2f | %.2f | %.3f |\n", n,
                 rw1.first, rw1.second, rw1.second / ro.second);
-    std::printf("| router_route, block per row (default) | %d | 1 | %.2f | %.2f | %.3f |\n", n, rn.first, rn.second,
-                rn.second / ro.second);
+    std::printf("| router_route, block per row (default), PDL %s | %d | 1 | %.2f | %.2f | %.3f |\n",
+                pdl_was ? "on" : "off", n, rn.first, rn.second, rn.second / ro.second);
+    std::printf("| router_route, block per row, PDL %s | %d | 1 | %.2f | %.2f | %.3f |\n", pdl_was ? "off" : "on", n,
+                rp.first, rp.second, rp.second / ro.second);
   }
   cs.synchronize();
   return 0;
