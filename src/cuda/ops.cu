@@ -735,6 +735,87 @@ __global__ void __launch_bounds__(kRouterRowThreads)
   if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
 }
 
+// ---- norm_router_route: ffn_norm (+ its Q8 activations) and the router in one launch.
+// Block = one router row (as router_route_row_kernel): the row is staged before the PDL wait; then for each
+// token every block computes rmsnorm(x[t]) itself (x is 8 KB, read from L2) with ops::rmsnorm's exact
+// arithmetic: the double sum of a 256-thread block (thread j: x[j], x[j+256], ...; the xor butterfly per
+// warp; the 8 warp sums in order) emulated by 128 threads holding virtual threads j and j + 128; then
+// y = x * scale * w in shared memory, the row's dot product on y with router_row_dot's lane order (same
+// bits as quant::matmul F32 on xn), and this block's share of xn and its Q8 quantization (32-value groups
+// g = 4 * block + warp, + 4 * gridDim: each written once). cols % 32 == 0, cols <= kRouterStage.
+template <int A>
+__global__ void __launch_bounds__(kRouterRowThreads)
+    norm_router_route_kernel(const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                             const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb, int n_tok, int k,
+                             bool norm, float* __restrict__ xn, int8_t* __restrict__ xq, float2* __restrict__ xds,
+                             float* logits, int32_t* ids, float* weights, unsigned* counter) {
+  using F = dq::Fmt<GgmlType::F32>;
+  static_assert(kRouterRowThreads == 128, "the 256-thread sum order is emulated with 2 values per thread");
+  __shared__ __align__(16) float row[kRouterStage];
+  __shared__ __align__(16) float ys[kRouterStage];
+  __shared__ double red[8];
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int len = int(cols);
+  const uint8_t* wr = w + int64_t(r) * rb;
+  if constexpr (A >= 16) {
+    const float4* src = reinterpret_cast<const float4*>(wr);
+    for (int i = tid; i < len / 4; i += kRouterRowThreads) reinterpret_cast<float4*>(row)[i] = __ldg(src + i);
+  } else {
+    for (int i = tid; i < len; i += kRouterRowThreads) row[i] = F::one(wr, i);
+  }
+  pdl_wait();  // (PDL: x comes from the previous kernel; the row is a weight)
+  pdl_launch_dependents();
+  __syncthreads();
+  const int groups = len / 32;
+  for (int t = 0; t < n_tok; ++t) {
+    const float* xt = x + int64_t(t) * cols;
+    double s0 = 0.0, s1 = 0.0;  // virtual threads tid and tid + 128 of rmsnorm_kernel's 256
+    for (int i = tid; i < len; i += 256) s0 += static_cast<double>(xt[i]) * xt[i];
+    for (int i = tid + 128; i < len; i += 256) s1 += static_cast<double>(xt[i]) * xt[i];
+    s0 = warp_reduce(s0, SumOp{});
+    s1 = warp_reduce(s1, SumOp{});
+    if (lane == 0) red[warp] = s0, red[warp + 4] = s1;
+    __syncthreads();
+    double s = red[0];
+    for (int v = 1; v < 8; ++v) s = s + red[v];
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = tid; i < len; i += kRouterRowThreads) ys[i] = xt[i] * scale * nw[i];
+    __syncthreads();
+    if (warp == (t & 3)) {  // the token's dot product: one warp, router_row_dot's order
+      float a = 0.f;
+      for (int u = lane; u < len / 8; u += 32) {
+        const float4 p = reinterpret_cast<const float4*>(row)[2 * u], q = reinterpret_cast<const float4*>(row)[2 * u + 1];
+        const float4 b = reinterpret_cast<const float4*>(ys)[2 * u], c = reinterpret_cast<const float4*>(ys)[2 * u + 1];
+        const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        const float xv[8] = {b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv[j], a);
+      }
+      a = dq::warp_sum(a);
+      if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
+    }
+    for (int g = blockIdx.x * 4 + warp; g < groups; g += gridDim.x * 4) {  // this block's share of xn / xq
+      const float v = ys[32 * g + lane];
+      if (xn != nullptr) xn[int64_t(t) * cols + 32 * g + lane] = v;
+      if (xq != nullptr) q8c::quantize_warp(v, xq + int64_t(t) * cols + 32 * g, xds + int64_t(t) * groups + g);
+    }
+    __syncthreads();  // red and ys are rewritten for the next token
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+}
+
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
 
 // logits: [n_tok][n_vocab]; out: [n_tok]. One block per row.
@@ -1159,6 +1240,36 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
     router_route_kernel<1><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
                                                                     norm, logits, ids, weights, counter);
   CUDA_CHECK_LAUNCH();
+}
+
+bool norm_router_route_supported(int64_t cols) { return cols >= 32 && cols % 32 == 0 && cols <= kRouterStage; }
+
+bool norm_router_route_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_NORM_ROUTER");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
+                 "norm_router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts "
+                 "<= {})", n_expert, k, cpu::kMaxExperts);
+  STRATA_REQUIRE(n_tok <= kRouterRouteMaxTokens && norm_router_route_supported(cols),
+                 "norm_router_route (cuda): {} tokens (at most {}), {} columns (a multiple of 32, at most {})", n_tok,
+                 kRouterRouteMaxTokens, cols, kRouterStage);
+  STRATA_REQUIRE(xn != x && (xq == nullptr) == (xds == nullptr), "norm_router_route: xn may not alias x; xq and xds "
+                 "go together");
+  if (n_tok <= 0) return;
+  const int64_t rb = cols * 4;
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
+  pdl::launch(aligned ? norm_router_route_kernel<16> : norm_router_route_kernel<1>, static_cast<unsigned>(n_expert),
+              kRouterRowThreads, 0, stream, x, norm_w, eps, wb, n_expert, cols, rb, int(n_tok), k, norm, xn, xq, xds,
+              logits, ids, weights, counter);
 }
 
 void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream) {

@@ -77,6 +77,23 @@ bool attn_prep_first();
 // n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
 // keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
 constexpr int64_t kRouterRouteMaxTokens = 8;
+
+// The ffn norm and the router of a decode batch in one launch: the same values as
+//   q8::rmsnorm_quantize(x, norm_w, n_tok, cols, eps, xn, xq, xds)   (ops::rmsnorm(...) when xq is null)
+//   router_route(w, n_expert, cols, xn, n_tok, k, norm, logits, ids, weights, counter)
+// bit for bit. Why: the norm was a one-block launch whose only consumers are the router (same layer) and
+// the experts (after the router); each router block recomputes the norm of x (8 KB from L2) instead.
+//   x: [n_tok][cols] f32 (not aliasing xn)  norm_w: [cols]  w: [n_expert][cols] f32  xn: [n_tok][cols] (may
+//   be null)  xq, xds: Q8 activations of xn (both null: not written)  the rest as router_route.
+// Needs norm_router_route_supported(cols) (cols % 32 == 0, cols <= 2048) and n_tok <= kRouterRouteMaxTokens
+// (else strata::Error). norm_router_route_enabled(): on unless the environment sets
+// STRATA_CUDA_NORM_ROUTER=0 (read once; the forward then keeps the two launches). PDL: the router row is
+// read before the wait, as in router_route.
+bool norm_router_route_supported(int64_t cols);
+bool norm_router_route_enabled();
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
 

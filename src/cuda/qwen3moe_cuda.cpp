@@ -763,6 +763,26 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
   // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
+  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens && ops::norm_router_route_enabled() &&
+      ops::norm_router_route_supported(hp.n_embd)) {
+    // Decode: the norm, the router product and the top-k in one launch (same values as norm + router_route).
+    const bool q8e = experts_q8(p, il);
+    if (q8e)
+      note_launch(dev_->compute(), {ws.x.span(), l.ffn_norm.buf.span(), l.router.buf.span(), ws.route_counter.span()},
+                  {ws.xn.span(), ws.xq.span(), ws.xds.span(), ws.router.span(), ws.ids.span(), ws.wts.span(),
+                   ws.route_counter.span()});
+    else
+      note_launch(dev_->compute(), {ws.x.span(), l.ffn_norm.buf.span(), l.router.buf.span(), ws.route_counter.span()},
+                  {ws.xn.span(), ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::norm_router_route(ws.x.as<const float>(), l.ffn_norm.f32(), hp.rms_eps, l.router.f32(), hp.n_expert,
+                             hp.n_embd, n, hp.n_expert_used, hp.expert_weights_norm, ws.xn.as<float>(),
+                             q8e ? ws.xq.as<int8_t>() : nullptr, q8e ? ws.xds.as<float2>() : nullptr,
+                             ws.router.as<float>(), p.ids(il), ws.wts.as<float>(), ws.route_counter.as<uint32_t>(),
+                             stream());
+    });
+    return;
+  }
   norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
   if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
     // Decode: the router product and the top-k in one launch (same values as the two below).

@@ -372,6 +372,97 @@ TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
                strata::Error);  // 40 output columns: not whole Q8 blocks
 }
 
+// norm_router_route against the launches it replaces (q8::rmsnorm_quantize, or ops::rmsnorm without Q8
+// output, then router_route): xn, xq, xds, logits, ids and weights bit for bit, twice in a row (the counter
+// comes back to zero), at Qwen3's shapes (2048 columns, 128 experts, top 8, 1/3/8 tokens), a narrower and an
+// odd expert count, and misaligned router rows (scalar loads). Then against the CPU reference within
+// tolerance (its sums run in another order).
+TEST_F(GpuOpsFused, NormRouterRouteEqualsNormThenRouter) {
+  struct NCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; size_t w_offset; };
+  constexpr float eps = 1e-6f;
+  for (const NCase& c : {NCase{1, 128, 2048, 8, true, 0}, NCase{3, 128, 2048, 8, true, 0},
+                         NCase{8, 128, 2048, 8, false, 0}, NCase{2, 60, 1024, 4, true, 0},
+                         NCase{5, 512, 992, 10, true, 4}, NCase{1, 128, 2048, 8, true, 4}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
+                 std::to_string(c.cols) + " top " + std::to_string(c.k) + " w offset " + std::to_string(c.w_offset));
+    const int64_t n = c.n_tok, E = c.cols;
+    const size_t nx = size_t(n * E), nl = size_t(n * c.n_expert), ni = size_t(n * c.k), ng = nx / 32;
+    std::vector<float> x = randn(nx, 400 + uint32_t(E), 1.0f), nw = randn(size_t(E), 401, 0.2f),
+                       w = randn(size_t(c.n_expert * E), 402, 0.05f);
+    for (size_t i = 0; i < x.size(); i += 61) x[i] *= 30.0f;
+    for (auto& v : nw) v += 1.0f;
+    Buf dx = upload_vec(x), dnw = upload_vec(nw), dw = upload_vec(w, c.w_offset);
+    // Reference launches.
+    Buf y0 = output(nx * 4), q0 = output(nx), d0 = output(ng * 8), l0 = output(nl * 4), i0 = output(ni * 4),
+        w0 = output(ni * 4), c0 = output(16, 0);
+    q8::rmsnorm_quantize(dx.ptr<float>(), dnw.ptr<float>(), n, E, eps, y0.ptr<float>(), q0.ptr<int8_t>(),
+                         d0.ptr<float2>(), stream());
+    ops::router_route(dw.ptr<float>(), c.n_expert, E, y0.ptr<float>(), n, c.k, c.norm, l0.ptr<float>(),
+                      i0.ptr<int32_t>(), w0.ptr<float>(), c0.ptr<uint32_t>(), stream());
+    const auto ey = download<float>(y0, nx);
+    const auto eq = download<int8_t>(q0, nx);
+    const auto ed = download<float>(d0, 2 * ng);
+    const auto el = download<float>(l0, nl);
+    const auto ei = download<int32_t>(i0, ni);
+    const auto ew = download<float>(w0, ni);
+    Buf counter = output(16, 0);
+    for (int rep = 0; rep < 3; ++rep) {  // rep 2: without the Q8 output
+      const bool with_q8 = rep < 2;
+      SCOPED_TRACE("call " + std::to_string(rep) + (with_q8 ? " with Q8 output" : " without Q8 output"));
+      Buf y1 = output(nx * 4), q1 = output(nx), d1 = output(ng * 8), l1 = output(nl * 4), i1 = output(ni * 4),
+          w1 = output(ni * 4);
+      ops::norm_router_route(dx.ptr<float>(), dnw.ptr<float>(), eps, dw.ptr<float>(), c.n_expert, E, n, c.k, c.norm,
+                             y1.ptr<float>(), with_q8 ? q1.ptr<int8_t>() : nullptr,
+                             with_q8 ? d1.ptr<float2>() : nullptr, l1.ptr<float>(), i1.ptr<int32_t>(),
+                             w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(y1, nx), ey, &first), 0u) << "xn: " << first;
+      if (with_q8) {
+        const auto gq = download<int8_t>(q1, nx);
+        size_t qbad = 0;
+        for (size_t i = 0; i < nx; ++i) qbad += gq[i] != eq[i];
+        EXPECT_EQ(qbad, 0u) << "xq codes differ";
+        EXPECT_EQ(count_bit_diffs(download<float>(d1, 2 * ng), ed, &first), 0u) << "xds: " << first;
+      } else {
+        const auto gq = download<uint8_t>(q1, nx);
+        size_t touched = 0;
+        for (uint8_t b : gq) touched += b != 0xFF;
+        EXPECT_EQ(touched, 0u) << "xq written although null was passed";  // (q1 was not passed: stays 0xFF)
+      }
+      EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits: " << first;
+      EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids";
+      EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights: " << first;
+      EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
+    }
+    // The CPU reference (cpu::rmsnorm, q8ref::quantize, serial dot products): within tolerance.
+    std::vector<float> ry(nx), rl(nl), rw(ni);
+    std::vector<int8_t> rq(nx);
+    std::vector<float2> rd(ng);
+    std::vector<int32_t> ri(ni);
+    ops::ref::norm_router_route(x.data(), nw.data(), eps, w.data(), c.n_expert, E, n, c.k, c.norm, ry.data(),
+                                rq.data(), rd.data(), rl.data(), ri.data(), rw.data());
+    double yerr = 0, ymax = 0, lerr = 0, lmax = 0;
+    for (size_t i = 0; i < nx; ++i) yerr = std::max(yerr, std::fabs(double(ey[i]) - ry[i])), ymax = std::max(ymax, std::fabs(double(ry[i])));
+    for (size_t i = 0; i < nl; ++i) lerr = std::max(lerr, std::fabs(double(el[i]) - rl[i])), lmax = std::max(lmax, std::fabs(double(rl[i])));
+    size_t qbig = 0;
+    for (size_t i = 0; i < nx; ++i) qbig += std::abs(int(eq[i]) - int(rq[i])) > 1;
+    EXPECT_LE(yerr, 1e-6 * ymax) << "xn vs the CPU reference";
+    EXPECT_LE(lerr, 1e-5 * lmax) << "logits vs the CPU reference";
+    EXPECT_EQ(qbig, 0u) << "xq codes more than 1 from the CPU reference's";
+    std::printf("[norm_router_route n %lld cols %lld] vs CPU: xn max err %.3g (max |xn| %.3g), logits max err %.3g "
+                "(max |logit| %.3g)\n", (long long)n, (long long)E, yerr, ymax, lerr, lmax);
+  }
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 2050, 1, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // columns not a multiple of 32
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 2048, 9, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // too many tokens
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 4096, 1, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // wider than one staged row
+}
+
 TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {
   const ops::AttnPrepShape odd_rot{32, 4, 128, 128, 127, kEps}, big_rot{32, 4, 64, 64, 128, kEps},
       huge{1, 1, 2048, 128, 128, kEps}, ok{32, 4, 128, 128, 128, kEps};
