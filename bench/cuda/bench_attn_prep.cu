@@ -4,7 +4,8 @@
 // runs once for all layers: shown per call and per 48 layers); and the router of a layer (128 x 2048 F32,
 // top 8): quant::matmul + ops::moe_route against ops::router_route's two kernels (warp per row, block per
 // row). The router rows go through 96 different matrices (96 MB, more than the H200's 50 MB L2) so each
-// call reads its weights from HBM, as in a 48-layer decode.
+// call reads its weights from HBM, as in a 48-layer decode. The block kernel also with PDL switched the
+// other way, and the ffn norm + router (q8::rmsnorm_quantize + router_route against norm_router_route).
 // Each row is timed two ways: 48 back-to-back direct launches (a 48-layer decode without graphs) and one
 // CUDA graph of 48 repetitions (the graph decode). Prints a markdown table of microseconds per layer and
 // the ratio new/old.
@@ -24,6 +25,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 
@@ -135,6 +137,21 @@ int main(int argc, char** argv) {
     quant::matmul(GgmlType::F32, rmat(l), kExperts, kEmbd, xn.as<float>(), n, logits.as<float>(), s);
     route(n);
   };
+  // The ffn norm + router: q8::rmsnorm_quantize then router_route (two launches) against norm_router_route.
+  DeviceBuffer nw = upload(randv(kEmbd), "ffn_norm"), xres = upload(randv(size_t(max_tok) * kEmbd), "x");
+  DeviceBuffer ny = dev.alloc(size_t(max_tok) * kEmbd * 4, "xn"), nq = dev.alloc(size_t(max_tok) * kEmbd, "xq"),
+               nds = dev.alloc(size_t(max_tok) * kEmbd / 32 * 8, "xds");
+  auto norm_then_router = [&](int n, int l) {
+    q8::rmsnorm_quantize(xres.as<float>(), nw.as<float>(), n, kEmbd, kEps, ny.as<float>(), nq.as<int8_t>(),
+                         nds.as<float2>(), s);
+    ops::router_route(rmat(l), kExperts, kEmbd, ny.as<float>(), n, kUsed, true, logits.as<float>(), ids.as<int32_t>(),
+                      wts.as<float>(), counter.as<uint32_t>(), s);
+  };
+  auto norm_router = [&](int n, int l) {
+    ops::norm_router_route(xres.as<float>(), nw.as<float>(), kEps, rmat(l), kExperts, kEmbd, n, kUsed, true,
+                           ny.as<float>(), nq.as<int8_t>(), nds.as<float2>(), logits.as<float>(), ids.as<int32_t>(),
+                           wts.as<float>(), counter.as<uint32_t>(), s);
+  };
   auto router_new = [&](int n, int l, ops::RouterRouteKernel kern) {
     ops::router_route(rmat(l), kExperts, kEmbd, xn.as<float>(), n, kUsed, true, logits.as<float>(),
                       ids.as<int32_t>(), wts.as<float>(), counter.as<uint32_t>(), s, kern);
@@ -166,6 +183,8 @@ int main(int argc, char** argv) {
     pdl::set_enabled(!pdl_was);  // the same kernel launched the other way (PDL lets the next row's weights load early)
     const auto rp = per_layer([&](int l) { router_new(n, l, ops::RouterRouteKernel::kBlockPerRow); }, kRouterCopies);
     pdl::set_enabled(pdl_was);
+    const auto nr2 = per_layer([&](int l) { norm_then_router(n, l); }, kRouterCopies);
+    const auto nr1 = per_layer([&](int l) { norm_router(n, l); }, kRouterCopies);
     std::printf("| rmsnorm q,k + rope q,k + kv_store (old) | %d | 5 | %.2f | %.2f | 1 |\n", n, o.first, o.second);
     std::printf("| attn_prep (new) | %d | 1 | %.2f | %.2f | %.3f |\n", n, f.first, f.second, f.second / o.second);
     std::printf("| attn_prep + rope_cos_sin/48 (new, per layer of a forward) | %d | 1 + 1/48 | %.2f | %.2f | %.3f |\n", n,
@@ -181,6 +200,10 @@ int main(int argc, char** argv) {
                 pdl_was ? "on" : "off", n, rn.first, rn.second, rn.second / ro.second);
     std::printf("| router_route, block per row, PDL %s | %d | 1 | %.2f | %.2f | %.3f |\n", pdl_was ? "off" : "on", n,
                 rp.first, rp.second, rp.second / ro.second);
+    std::printf("| q8::rmsnorm_quantize + router_route (STRATA_CUDA_NORM_ROUTER=0) | %d | 2 | %.2f | %.2f | 1 |\n", n,
+                nr2.first, nr2.second);
+    std::printf("| norm_router_route (default) | %d | 1 | %.2f | %.2f | %.3f |\n", n, nr1.first, nr1.second,
+                nr1.second / nr2.second);
   }
   cs.synchronize();
   return 0;
