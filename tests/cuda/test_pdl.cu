@@ -2,7 +2,7 @@
 // attribute gives the same bits as the same chain launched without it, both launched directly and
 // replayed from a CUDA graph (stream capture turns the attribute into programmatic edges). The chain is
 // what a decode layer does between its products: rmsnorm_quantize(x) -> router_route(y) -> q8 matvec that
-// adds into x, 12 times, so every kernel reads what the one before it wrote (a kernel that ran ahead of
+// adds into x -> norm_router_route(x), 12 times, so every kernel reads what the one before it wrote (a kernel that ran ahead of
 // its pdl_wait() would read a stale x, y or xq and change the result). Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -39,12 +39,14 @@ TEST_F(CudaPdl, DependentChainSameBitsWithAndWithoutPdl) {
 
   struct Result {
     std::vector<float> x, wts;
-    std::vector<int32_t> ids;
+    std::vector<int32_t> ids, ids2;
   };
   auto run = [&](bool pdl_on, bool graph) {
     pdl::set_enabled(pdl_on);
     Buf dx = upload_vec(x0), dy = output(E * 4), dq = output(E), dds = output(E / 32 * 8), dl = output(kExperts * 4),
         di = output(kSteps * kUsed * 4), dwt = output(kSteps * kUsed * 4), cnt = output(16, 0);
+    Buf dy2 = output(E * 4), dq2 = output(E), dds2 = output(E / 32 * 8), dl2 = output(kExperts * 4),
+        di2 = output(kSteps * kUsed * 4), dwt2 = output(kSteps * kUsed * 4), cnt2 = output(16, 0);
     auto enqueue = [&] {
       for (int s = 0; s < kSteps; ++s) {
         q8::rmsnorm_quantize(dx.ptr<float>(), dn.ptr<float>(), 1, E, 1e-6f, dy.ptr<float>(), dq.ptr<int8_t>(),
@@ -53,6 +55,10 @@ TEST_F(CudaPdl, DependentChainSameBitsWithAndWithoutPdl) {
                           di.ptr<int32_t>() + s * kUsed, dwt.ptr<float>() + s * kUsed, cnt.ptr<uint32_t>(), stream());
         q8::matvec(GgmlType::Q4_K, dw.ptr(), E, E, rb, dq.ptr<int8_t>(), dds.ptr<float2>(), 1, dx.ptr<float>(), true,
                    stream());
+        ops::norm_router_route(dx.ptr<float>(), dn.ptr<float>(), 1e-6f, dr.ptr<float>(), kExperts, E, 1, kUsed, true,
+                               dy2.ptr<float>(), dq2.ptr<int8_t>(), dds2.ptr<float2>(), dl2.ptr<float>(),
+                               di2.ptr<int32_t>() + s * kUsed, dwt2.ptr<float>() + s * kUsed, cnt2.ptr<uint32_t>(),
+                               stream());
       }
     };
     if (graph) {
@@ -61,7 +67,8 @@ TEST_F(CudaPdl, DependentChainSameBitsWithAndWithoutPdl) {
     } else {
       enqueue();
     }
-    return Result{download<float>(dx, E), download<float>(dwt, kSteps * kUsed), download<int32_t>(di, kSteps * kUsed)};
+    return Result{download<float>(dx, E), download<float>(dwt, kSteps * kUsed), download<int32_t>(di, kSteps * kUsed),
+                  download<int32_t>(di2, kSteps * kUsed)};
   };
   const bool was = pdl::enabled();
   const Result ref = run(false, false);
@@ -73,6 +80,7 @@ TEST_F(CudaPdl, DependentChainSameBitsWithAndWithoutPdl) {
     for (size_t i = 0; i < got.wts.size(); ++i) wbad += !strata::test::same_bits(got.wts[i], ref.wts[i]);
     EXPECT_EQ(xbad, 0u) << "x after " << kSteps << " steps differs with PDL; x[0] " << got.x[0] << " vs " << ref.x[0];
     EXPECT_EQ(got.ids, ref.ids) << "router ids differ with PDL";
+    EXPECT_EQ(got.ids2, ref.ids2) << "norm_router_route ids differ with PDL";
     EXPECT_EQ(wbad, 0u) << "router weights differ with PDL";
   }
   // The graph without PDL too (the same chain, plain edges).
