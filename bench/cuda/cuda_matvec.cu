@@ -7,7 +7,8 @@
 // (Named cuda_matvec, not bench_matvec: bench/bench_matvec.cpp already owns that target name.)
 //
 // Then one MoE layer's routed experts (moe_gate_up + moe_down, Q4_K gate/up and Q6_K down, 128 experts all
-// resident, k = 8, n = 1) with the token's experts drawn at random per call from 64 precomputed sets.
+// resident, k = 8, n = 1) with the token's experts drawn at random per call from 64 precomputed sets
+// (the q8 part also with Q4_K down, and moe_down alone with each of its two kernels).
 //
 // Every case is timed twice in the same process: the default path (fast_dot.cuh for these formats) and the
 // generic per-8-values kernels (quant::set_generic_only): the last column is the speed-up.
@@ -158,8 +159,8 @@ int main(int argc, char** argv) {
   };
   const Shape shapes[] = {{"expert gate/up", 768, 2048}, {"expert down", 2048, 768}, {"attn q", 4096, 2048},
                           {"output", 151936, 2048}};
-  DeviceBuffer x = dev.alloc(8 * 2048 * sizeof(float), "x"), y = dev.alloc(8 * 151936 * sizeof(float), "y");
-  init_acts<<<64, 256, 0, s>>>(x.as<float>(), 8 * 2048);
+  DeviceBuffer x = dev.alloc(8 * 4096 * sizeof(float), "x"), y = dev.alloc(8 * 151936 * sizeof(float), "y");
+  init_acts<<<64, 256, 0, s>>>(x.as<float>(), 8 * 4096);
   CUDA_CHECK_LAUNCH();
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K}) {
     const auto& tt = type_traits(t);
@@ -259,7 +260,7 @@ int main(int argc, char** argv) {
   }
   // ---- int8 activations (q8_kernels.cuh) against the default f32 path, same shapes ----
   {
-    DeviceBuffer xq = dev.alloc(8 * 2048, "xq"), xds = dev.alloc(8 * 64 * sizeof(float2), "xds");
+    DeviceBuffer xq = dev.alloc(8 * 4096, "xq"), xds = dev.alloc(8 * 128 * sizeof(float2), "xds");
     std::printf("\n# q8::matvec (int8 activations, dp4a) vs quant::matmul (f32 activations, default path)\n\n");
     {
       q8::quantize(x.as<float>(), 8, 2048, xq.as<int8_t>(), xds.as<float2>(), s);  // warm-up
@@ -269,8 +270,11 @@ int main(int argc, char** argv) {
         std::printf("q8::quantize of %lld x 2048 activations: %.2f us/call\n", (long long)n,
                     timer.stop_ms(s) / iters * 1e3);
       }
-      q8::quantize(x.as<float>(), 8, 2048, xq.as<int8_t>(), xds.as<float2>(), s);
+      q8::quantize(x.as<float>(), 8, 4096, xq.as<int8_t>(), xds.as<float2>(), s);  // (wo reads 4096 columns)
     }
+    // The shapes above plus Qwen3-30B-A3B's attention output (wo: 2048 rows of 4096 columns, 2 tasks per lane).
+    std::vector<Shape> shapes_q8(std::begin(shapes), std::end(shapes));
+    shapes_q8.push_back({"attn out (wo)", 2048, 4096});
     std::printf("\n| type | rows x cols | n | q8 us/call | q8 weight GB/s | q8 %% of read | f32 us/call | f32 %% of read | "
                 "f32/q8 speed-up |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
@@ -278,7 +282,7 @@ int main(int argc, char** argv) {
       const auto& tt = type_traits(t);
       int f0, f1;
       scale_fields(t, f0, f1);
-      for (const Shape& sh : shapes) {
+      for (const Shape& sh : shapes_q8) {
         const int64_t rb = int64_t(row_bytes(t, sh.cols)), bytes = rb * sh.rows;
         const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / bytes));
         DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");
@@ -309,13 +313,16 @@ int main(int argc, char** argv) {
     }
     // One MoE layer as above (Q4_K gate/up, Q6_K down, 128 experts, k 8, n 1, random expert sets), q8
     // (moe_gate_up + moe_down on the quantized x; the x quantization itself is the line printed above)
-    // against the f32 moe::moe_gate_up + moe::moe_down.
+    // against the f32 moe::moe_gate_up + moe::moe_down; then the same with Q4_K down (the all-Q4_K files).
+    // Then moe_down alone with each of its kernels (q8::set_moe_down_slots: slots looked up once per warp,
+    // the default, or per term, the first kernel).
+    for (const GgmlType down_t : {GgmlType::Q6_K, GgmlType::Q4_K}) {
     const int64_t n_embd = 2048, n_ff = 768;
     const int n_expert = 128, k = 8, n_sets = 64;
     moe::ExpertLayerView v;
-    v.gate_type = v.up_type = GgmlType::Q4_K, v.down_type = GgmlType::Q6_K;
+    v.gate_type = v.up_type = GgmlType::Q4_K, v.down_type = down_t;
     const int64_t gb = int64_t(row_bytes(GgmlType::Q4_K, n_embd)) * n_ff;
-    const int64_t db = int64_t(row_bytes(GgmlType::Q6_K, n_ff)) * n_embd;
+    const int64_t db = int64_t(row_bytes(down_t, n_ff)) * n_embd;
     v.gate_off = 0, v.up_off = gb, v.down_off = 2 * gb;
     v.slot_bytes = (2 * gb + db + 255) / 256 * 256;
     v.n_embd = n_embd, v.n_ff = n_ff;
@@ -373,10 +380,25 @@ int main(int argc, char** argv) {
     });
     const double bytes = double(k) * (2 * gb + db);
     const double gq = bytes / (ms_q8 * 1e6), gf = bytes / (ms_f32 * 1e6);
-    std::printf("| moe layer (q4_K gate/up, q6_K down) | 128 experts, k 8, 2048/768 | 1 | %.1f (gate_up %.1f) | %.0f | "
+    std::printf("| moe layer (q4_K gate/up, %s down) | 128 experts, k 8, 2048/768 | 1 | %.1f (gate_up %.1f) | %.0f | "
                 "%.1f%% | %.1f | %.1f%% | %.2fx |\n",
-                ms_q8 * 1e3, ms_gu * 1e3, gq, 100.0 * gq / read_gbs, ms_f32 * 1e3, 100.0 * gf / read_gbs,
-                ms_f32 / ms_q8);
+                std::string(type_name(down_t)).c_str(), ms_q8 * 1e3, ms_gu * 1e3, gq, 100.0 * gq / read_gbs,
+                ms_f32 * 1e3, 100.0 * gf / read_gbs, ms_f32 / ms_q8);
+    const bool slots_was = q8::moe_down_slots();
+    double ms_down[2];
+    for (int slots_on = 0; slots_on < 2; ++slots_on) {
+      q8::set_moe_down_slots(slots_on != 0);
+      ms_down[slots_on] = time_layers([&](int i) {
+        const int q = i % n_sets;
+        q8::moe_down(v, d_table.as<int32_t>(), d_hq.as<int8_t>(), d_hds.as<float2>(), d_ids.as<int32_t>() + q * k,
+                     d_wts.as<float>() + q * k, 1, k, d_out.as<float>(), s);
+      });
+    }
+    q8::set_moe_down_slots(slots_was);
+    std::printf("q8 moe_down alone (%s down, k 8, n 1): slots once per warp (default) %.2f us, per term "
+                "(STRATA_CUDA_Q8_DOWN=loop) %.2f us, %.2fx\n",
+                std::string(type_name(down_t)).c_str(), ms_down[1] * 1e3, ms_down[0] * 1e3, ms_down[0] / ms_down[1]);
+    }
   }
   dev.synchronize();
   std::printf("\n(total %.1f s)\n",

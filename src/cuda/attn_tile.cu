@@ -33,6 +33,7 @@
 
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::attn_tile {
 
@@ -122,6 +123,8 @@ __global__ void __launch_bounds__(32 * W, 1)
   float* ps = reinterpret_cast<float*>(smem + L::p_off);               // [W][RPW][KT]
   ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);     // [R]
 
+  pdl_wait();  // (PDL: q, the KV cache and refs come from earlier kernels)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = n_head / n_head_kv;
   const int64_t bx = blockIdx.x;
@@ -626,9 +629,8 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   static std::atomic<uint64_t> shared_set{0};
   allow_shared(kernel, L::bytes, shared_set);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
-  kernel<<<grid, 32 * W, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale,
-                                             n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(kernel, grid, 32 * W, L::bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
+              scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <cub/block/block_scan.cuh>
 
 #include "common/error.h"
@@ -17,6 +19,9 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pdl.cuh"
+#include "cuda/q8_common.cuh"
+#include "cuda/q8_kernels.cuh"
 
 namespace strata::cuda::ops {
 
@@ -387,9 +392,23 @@ __global__ void __launch_bounds__(32 * kSplitWarps)
 
 // Flash-decoding, phase 2: merges the n_split partial states of each (token, head).
 // part: [n_tok*n_head][n_split][2 + head_dim_v]; out: [n_tok][n_head][head_dim_v]. One block per row.
-__global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out) {
+// Compact (the default): the value loop runs only over the splits that saw positions (m > -inf), listed
+// in order by warp 0. Why: a decode graph is built for the whole context (max_kv = n_ctx), so at a short
+// context nearly all of the ~64 splits are empty, and the old loop read all of them (64 x 128 floats per
+// row, one dependent add each). An empty split adds c * acc = 0 * 0, so skipping it leaves every sum the
+// same (up to the sign of an exact zero). !Compact: the first kernel (STRATA_CUDA_ATTN_COMBINE=all).
+// Q8 (xq != null): the row is also written as Q8 activations of [rows][head_dim_v] (q8_kernels.cuh layout;
+// head_dim_v % 32 == 0, so warp w's 32 values of a pass are one quantization block), the same bits as
+// q8::quantize of `out` would give (quantize_warp on the same floats).
+template <bool Compact, bool Q8>
+__global__ void attn_combine_kernel(const float* part, int n_split, int head_dim_v, float* out, int8_t* xq,
+                                    float2* xds) {
   __shared__ float w[kMaxSplits];
+  __shared__ int live[kMaxSplits];
   __shared__ float s_total;
+  __shared__ int n_live;
+  pdl_wait();
+  pdl_launch_dependents();
   const int row = 2 + head_dim_v;
   const float* pr = part + blockIdx.x * int64_t(n_split) * row;
   if (threadIdx.x < 32) {
@@ -397,22 +416,58 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
     for (int i = threadIdx.x; i < n_split; i += 32) M = fmaxf(M, pr[i * row]);
     M = warp_reduce(M, MaxOp{});
     float S = 0.0f;
-    for (int i = threadIdx.x; i < n_split; i += 32) {
-      const float mi = pr[i * row];
+    int base = 0;
+    for (int i0 = 0; i0 < n_split; i0 += 32) {  // warp-uniform trip count
+      const int i = i0 + int(threadIdx.x);
+      const float mi = i < n_split ? pr[i * row] : -INFINITY;
       const float c = mi == -INFINITY ? 0.0f : expf(mi - M);
-      w[i] = c;
-      S += c * pr[i * row + 1];
+      if (i < n_split) {
+        w[i] = c;
+        S += c * pr[i * row + 1];
+      }
+      if constexpr (Compact) {
+        const unsigned b = __ballot_sync(0xffffffffu, mi != -INFINITY);
+        if (mi != -INFINITY) live[base + __popc(b & ((1u << threadIdx.x) - 1u))] = i;
+        base += __popc(b);
+      }
     }
     S = warp_reduce(S, SumOp{});
-    if (threadIdx.x == 0) s_total = S;
+    if (threadIdx.x == 0) {
+      s_total = S;
+      n_live = base;
+    }
   }
   __syncthreads();
   const float inv = s_total == 0.0f ? 0.0f : 1.0f / s_total;
+  // (trip count uniform per warp when Q8: head_dim_v and blockDim are multiples of 32)
   for (int d = threadIdx.x; d < head_dim_v; d += blockDim.x) {
     float a = 0.0f;
-    for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
-    out[blockIdx.x * int64_t(head_dim_v) + d] = a * inv;
+    if constexpr (Compact) {
+      for (int j = 0; j < n_live; ++j) {
+        const int i = live[j];
+        a += w[i] * pr[i * row + 2 + d];
+      }
+    } else {
+      for (int i = 0; i < n_split; ++i) a += w[i] * pr[i * row + 2 + d];
+    }
+    const int64_t f = blockIdx.x * int64_t(head_dim_v) + d;
+    out[f] = a * inv;
+    if constexpr (Q8) q8c::quantize_warp(a * inv, xq + (f - (threadIdx.x & 31)), xds + f / 32);
   }
+}
+
+// The combine kernel to launch: compact unless the environment sets STRATA_CUDA_ATTN_COMBINE=all (read
+// once); with Q8 output when xq != null.
+void launch_combine(const float* part, int64_t rows, int n_split, int head_dim_v, float* out, int8_t* xq,
+                    float2* xds, cudaStream_t stream) {
+  static const bool all = [] {
+    const char* e = std::getenv("STRATA_CUDA_ATTN_COMBINE");
+    return e != nullptr && std::string(e) == "all";
+  }();
+  const unsigned grid = static_cast<unsigned>(rows);
+  auto* kern = xq != nullptr ? (all ? attn_combine_kernel<false, true> : attn_combine_kernel<true, true>)
+                             : (all ? attn_combine_kernel<false, false> : attn_combine_kernel<true, false>);
+  pdl::launch(kern, grid, 128, 0, stream, part, n_split, head_dim_v, out, xq, xds);
 }
 
 int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane covering both head sizes
@@ -420,17 +475,18 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
   return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
 }
 
+// Returns whether xq/xds were written (only when xq != null and the call ended in the combine kernel).
 template <int DPL>
-void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                       int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
-                      float* scratch, float* out, cudaStream_t stream) {
+                      float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
   if (math == cpu::AttnMath::GgmlF16) {
     const int64_t warps = n_tok * n_head;
     const unsigned blocks = static_cast<unsigned>((warps + kGgmlWarps - 1) / kGgmlWarps);
     attn_ggml_f16_kernel<DPL><<<blocks, 32 * kGgmlWarps, 0, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv,
                                                                       head_dim, head_dim_v, scale, out);
     CUDA_CHECK_LAUNCH();
-    return;
+    return false;
   }
   const int n_split = attn_splits(n_tok, n_head, max_kv);
   if (attn_tile::supported(head_dim, head_dim_v)) {
@@ -440,11 +496,9 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
     const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
     const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
     attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream);
-    if (used > 1) {
-      attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, used, head_dim_v, out);
-      CUDA_CHECK_LAUNCH();
-    }
-    return;
+    if (used == 1) return false;
+    launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
+    return xq != nullptr;
   }
   constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
@@ -453,9 +507,8 @@ void launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
   attn_split_kernel<DPL, GT><<<grid, 32 * kSplitWarps, 0, stream>>>(q, refs, layer, n_head, n_head_kv, head_dim,
                                                                    head_dim_v, scale, n_split, chunk, scratch);
   CUDA_CHECK_LAUNCH();
-  attn_combine_kernel<<<static_cast<unsigned>(n_tok * n_head), 128, 0, stream>>>(scratch, n_split, head_dim_v,
-                                                                                 out);
-  CUDA_CHECK_LAUNCH();
+  launch_combine(scratch, n_tok * n_head, n_split, head_dim_v, out, xq, xds, stream);
+  return xq != nullptr;
 }
 
 // ---------------------------------------------------------------- routing and sampling
@@ -582,6 +635,174 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
       const float s = router_row_dot<A>(wr, cols, x + int64_t(t) * cols, xvec);
       if ((threadIdx.x & 31) == 0) logits[int64_t(t) * n_expert + r] = s;
     }
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+}
+
+// ---- router_route, block per row (the default; RouterRouteKernel::kBlockPerRow).
+// Why: the warp-per-row kernel above runs n_expert / 4 blocks (32 for Qwen3's 128 experts: a quarter of
+// the H200's SMs) and each lane's 8 KB-per-warp row arrives only as fast as one warp's loads are in
+// flight; ncu showed 10 us for 1 MB. Here one block of kRouterRowThreads takes one router row: all its
+// threads load the row (one 16-byte load each per 2 KB, so the whole row is one memory round trip) into
+// shared memory, then warp w runs the dot products of tokens w, w + 4, ... from there with exactly the
+// per-lane order of router_row_dot (lane i takes units i, i+32, ... of 8 values, one FMA chain, then the
+// xor butterfly), so the logits are the same bits. Rows longer than kRouterStage floats go in passes of
+// kRouterStage (a multiple of 256 floats = 32 units, so a unit keeps its lane across passes).
+constexpr int kRouterRowThreads = 128;
+constexpr int kRouterStage = 2048;  // floats of a row staged per pass (8 KB)
+static_assert(kRouterStage % 256 == 0, "a pass must hold whole rounds of 32 units");
+constexpr int kRouterTokPerWarp = int((kRouterRouteMaxTokens + kRouterRowThreads / 32 - 1) / (kRouterRowThreads / 32));
+
+// w: [n_expert][cols] f32 (rb bytes per row, aligned to A); x: [n_tok][cols]; logits: [n_tok][n_expert];
+// ids, weights: [n_tok][k]; counter as router_route_kernel. grid: n_expert blocks of kRouterRowThreads.
+template <int A>
+__global__ void __launch_bounds__(kRouterRowThreads)
+    router_route_row_kernel(const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb,
+                            const float* __restrict__ x, int n_tok, bool xvec, int k, bool norm, float* logits,
+                            int32_t* ids, float* weights, unsigned* counter) {
+  using F = dq::Fmt<GgmlType::F32>;
+  __shared__ __align__(16) float row[kRouterStage];
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = kRouterRowThreads / 32;
+  const uint8_t* wr = w + int64_t(r) * rb;
+  const int64_t whole = cols / 8 * 8;  // values in whole units; the rest go by the tail loop
+  float acc[kRouterTokPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRouterTokPerWarp; ++i) acc[i] = 0.f;
+  for (int64_t c0 = 0; c0 < whole; c0 += kRouterStage) {
+    const int len = int(min(int64_t(kRouterStage), whole - c0));  // a multiple of 8
+    if constexpr (A >= 16) {
+      const float4* src = reinterpret_cast<const float4*>(wr + c0 * 4);  // 16-byte aligned: rb % 16 == 0
+      for (int i = threadIdx.x; i < len / 4; i += kRouterRowThreads) reinterpret_cast<float4*>(row)[i] = __ldg(src + i);
+    } else {
+      for (int i = threadIdx.x; i < len; i += kRouterRowThreads) row[i] = F::one(wr, c0 + i);
+    }
+    if (c0 == 0) {  // PDL: the first pass of the row (weights) is loaded while the previous kernel ends
+      pdl_wait();
+      pdl_launch_dependents();
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRouterTokPerWarp; ++i) {
+      const int t = warp + i * kWarps;
+      if (t >= n_tok) break;
+      const float* xr = x + int64_t(t) * cols;
+      float a = acc[i];
+#pragma unroll 4
+      for (int u = lane; u < len / 8; u += 32) {
+        const float4 p = reinterpret_cast<const float4*>(row)[2 * u], q = reinterpret_cast<const float4*>(row)[2 * u + 1];
+        const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        float xv[8];
+        dq::load_x8(xr, c0 + int64_t(u) * 8, xvec, xv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv[j], a);
+      }
+      acc[i] = a;
+    }
+    __syncthreads();  // row is rewritten by the next pass
+  }
+  pdl_wait();  // (no-op after the first; the one wait of a row shorter than 8)
+#pragma unroll
+  for (int i = 0; i < kRouterTokPerWarp; ++i) {
+    const int t = warp + i * kWarps;
+    if (t >= n_tok) break;
+    const float* xr = x + int64_t(t) * cols;
+    float a = acc[i];
+    for (int64_t c = whole + lane; c < cols; c += 32) a = fmaf(F::one(wr, c), __ldg(xr + c), a);
+    a = dq::warp_sum(a);
+    if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
+  }
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+}
+
+// ---- norm_router_route: ffn_norm (+ its Q8 activations) and the router in one launch.
+// Block = one router row (as router_route_row_kernel): the row is staged before the PDL wait; then for each
+// token every block computes rmsnorm(x[t]) itself (x is 8 KB, read from L2) with ops::rmsnorm's exact
+// arithmetic: the double sum of a 256-thread block (thread j: x[j], x[j+256], ...; the xor butterfly per
+// warp; the 8 warp sums in order) emulated by 128 threads holding virtual threads j and j + 128; then
+// y = x * scale * w in shared memory, the row's dot product on y with router_row_dot's lane order (same
+// bits as quant::matmul F32 on xn), and this block's share of xn and its Q8 quantization (32-value groups
+// g = 4 * block + warp, + 4 * gridDim: each written once). cols % 32 == 0, cols <= kRouterStage.
+template <int A>
+__global__ void __launch_bounds__(kRouterRowThreads)
+    norm_router_route_kernel(const float* __restrict__ x, const float* __restrict__ nw, float eps,
+                             const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb, int n_tok, int k,
+                             bool norm, float* __restrict__ xn, int8_t* __restrict__ xq, float2* __restrict__ xds,
+                             float* logits, int32_t* ids, float* weights, unsigned* counter) {
+  using F = dq::Fmt<GgmlType::F32>;
+  static_assert(kRouterRowThreads == 128, "the 256-thread sum order is emulated with 2 values per thread");
+  __shared__ __align__(16) float row[kRouterStage];
+  __shared__ __align__(16) float ys[kRouterStage];
+  __shared__ double red[8];
+  __shared__ RouteShared sh;
+  __shared__ bool last;
+  const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int len = int(cols);
+  const uint8_t* wr = w + int64_t(r) * rb;
+  if constexpr (A >= 16) {
+    const float4* src = reinterpret_cast<const float4*>(wr);
+    for (int i = tid; i < len / 4; i += kRouterRowThreads) reinterpret_cast<float4*>(row)[i] = __ldg(src + i);
+  } else {
+    for (int i = tid; i < len; i += kRouterRowThreads) row[i] = F::one(wr, i);
+  }
+  pdl_wait();  // (PDL: x comes from the previous kernel; the row is a weight)
+  pdl_launch_dependents();
+  __syncthreads();
+  const int groups = len / 32;
+  for (int t = 0; t < n_tok; ++t) {
+    const float* xt = x + int64_t(t) * cols;
+    double s0 = 0.0, s1 = 0.0;  // virtual threads tid and tid + 128 of rmsnorm_kernel's 256
+    for (int i = tid; i < len; i += 256) s0 += static_cast<double>(xt[i]) * xt[i];
+    for (int i = tid + 128; i < len; i += 256) s1 += static_cast<double>(xt[i]) * xt[i];
+    s0 = warp_reduce(s0, SumOp{});
+    s1 = warp_reduce(s1, SumOp{});
+    if (lane == 0) red[warp] = s0, red[warp + 4] = s1;
+    __syncthreads();
+    double s = red[0];
+    for (int v = 1; v < 8; ++v) s = s + red[v];
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = tid; i < len; i += kRouterRowThreads) ys[i] = xt[i] * scale * nw[i];
+    __syncthreads();
+    if (warp == (t & 3)) {  // the token's dot product: one warp, router_row_dot's order
+      float a = 0.f;
+      for (int u = lane; u < len / 8; u += 32) {
+        const float4 p = reinterpret_cast<const float4*>(row)[2 * u], q = reinterpret_cast<const float4*>(row)[2 * u + 1];
+        const float4 b = reinterpret_cast<const float4*>(ys)[2 * u], c = reinterpret_cast<const float4*>(ys)[2 * u + 1];
+        const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+        const float xv[8] = {b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv[j], a);
+      }
+      a = dq::warp_sum(a);
+      if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
+    }
+    for (int g = blockIdx.x * 4 + warp; g < groups; g += gridDim.x * 4) {  // this block's share of xn / xq
+      const float v = ys[32 * g + lane];
+      if (xn != nullptr) xn[int64_t(t) * cols + 32 * g + lane] = v;
+      if (xq != nullptr) q8c::quantize_warp(v, xq + int64_t(t) * cols + 32 * g, xds + int64_t(t) * groups + g);
+    }
+    __syncthreads();  // red and ys are rewritten for the next token
   }
   __threadfence();  // this block's logits visible to the whole device before its ticket
   __syncthreads();
@@ -913,29 +1134,57 @@ size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64
          static_cast<size_t>(head_dim_v + 2);
 }
 
-void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
-               float* out, cudaStream_t stream) {
+namespace {
+bool attention_impl(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                    int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                    float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
   STRATA_REQUIRE(head_dim >= 1 && head_dim_v >= 1 && head_dim <= kMaxHeadDimGpu && head_dim_v <= kMaxHeadDimGpu,
                  "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
   STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
                  "attention: {} query heads not a multiple of {} KV heads", n_head, n_head_kv);
   STRATA_REQUIRE(max_kv >= 1 && layer >= 0, "attention: max_kv {} must be >= 1, layer {} >= 0", max_kv, layer);
-  if (n_tok <= 0) return;
+  if (n_tok <= 0) return true;
   switch (lanes_per_dim(head_dim, head_dim_v)) {
     case 1:
       return launch_attention<1>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     case 2:
       return launch_attention<2>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     case 4:
       return launch_attention<4>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
     default:
       return launch_attention<8>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, stream);
+                                 max_kv, scratch, out, xq, xds, stream);
   }
+}
+}  // namespace
+
+void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+               int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+               float* out, cudaStream_t stream) {
+  attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv, scratch, out,
+                 nullptr, nullptr, stream);
+}
+
+bool attention_q8_fused() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_ATTN_Q8");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused) {
+  STRATA_REQUIRE((int64_t(n_head) * head_dim_v) % 32 == 0, "attention_q8: {} x {} output columns, not a multiple of 32",
+                 n_head, head_dim_v);
+  fused = fused && head_dim_v % 32 == 0;  // the combine's warps quantize whole blocks of one head
+  const bool done = attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv,
+                                   scratch, out, fused ? xq : nullptr, fused ? xds : nullptr, stream);
+  if (!done || !fused) q8::quantize(out, n_tok, int64_t(n_head) * head_dim_v, xq, xds, stream);
 }
 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,
@@ -951,8 +1200,22 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
 }
 
 // Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
+RouterRouteKernel router_route_default() {
+  static const RouterRouteKernel kern = [] {
+    const char* e = std::getenv("STRATA_CUDA_ROUTER");
+    return e != nullptr && std::string(e) == "warp" ? RouterRouteKernel::kWarpPerRow : RouterRouteKernel::kBlockPerRow;
+  }();
+  return kern;
+}
+
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  router_route(w, n_expert, cols, x, n_tok, k, norm, logits, ids, weights, counter, stream, router_route_default());
+}
+
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream,
+                  RouterRouteKernel kern) {
   STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
                  "router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts <= {})",
                  n_expert, k, cpu::kMaxExperts);
@@ -961,15 +1224,52 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
   if (n_tok <= 0) return;
   const int64_t rb = cols * 4;
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;  // as quant::matmul
-  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
   const auto* wb = reinterpret_cast<const uint8_t*>(w);
-  if (dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb))
+  const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
+  if (kern == RouterRouteKernel::kBlockPerRow) {
+    const unsigned rows = static_cast<unsigned>(n_expert);
+    pdl::launch(aligned ? router_route_row_kernel<16> : router_route_row_kernel<1>, rows, kRouterRowThreads, 0, stream,
+                wb, n_expert, cols, rb, x, int(n_tok), xvec, k, norm, logits, ids, weights, counter);
+    return;
+  }
+  const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
+  if (aligned)
     router_route_kernel<16><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
                                                                      norm, logits, ids, weights, counter);
   else
     router_route_kernel<1><<<blocks, 32 * kRouterWarps, 0, stream>>>(wb, n_expert, cols, rb, x, int(n_tok), xvec, k,
                                                                     norm, logits, ids, weights, counter);
   CUDA_CHECK_LAUNCH();
+}
+
+bool norm_router_route_supported(int64_t cols) { return cols >= 32 && cols % 32 == 0 && cols <= kRouterStage; }
+
+bool norm_router_route_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_NORM_ROUTER");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream) {
+  STRATA_REQUIRE(n_expert >= 1 && n_expert <= cpu::kMaxExperts && k >= 1 && k <= n_expert && k <= 64,
+                 "norm_router_route (cuda): {} experts, {} used (supported: 1 <= used <= min(experts, 64), experts "
+                 "<= {})", n_expert, k, cpu::kMaxExperts);
+  STRATA_REQUIRE(n_tok <= kRouterRouteMaxTokens && norm_router_route_supported(cols),
+                 "norm_router_route (cuda): {} tokens (at most {}), {} columns (a multiple of 32, at most {})", n_tok,
+                 kRouterRouteMaxTokens, cols, kRouterStage);
+  STRATA_REQUIRE(xn != x && (xq == nullptr) == (xds == nullptr), "norm_router_route: xn may not alias x; xq and xds "
+                 "go together");
+  if (n_tok <= 0) return;
+  const int64_t rb = cols * 4;
+  const auto* wb = reinterpret_cast<const uint8_t*>(w);
+  const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
+  pdl::launch(aligned ? norm_router_route_kernel<16> : norm_router_route_kernel<1>, static_cast<unsigned>(n_expert),
+              kRouterRowThreads, 0, stream, x, norm_w, eps, wb, n_expert, cols, rb, int(n_tok), k, norm, xn, xq, xds,
+              logits, ids, weights, counter);
 }
 
 void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream) {

@@ -45,6 +45,23 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
                const float* q_norm, const float* k_norm, const float* cs, const KvRef* refs, int64_t n_tok,
                int layer, const AttnPrepShape& shape, float* q_out, cudaStream_t stream);
 
+// ops::attention, and its output also as Q8 activations (q8_kernels.cuh layout) of [n_tok][n_head *
+// head_dim_v]: xq, xds equal bit for bit to q8::quantize(out, n_tok, n_head * head_dim_v, xq, xds).
+// fused (default attention_q8_fused()): when the call ends in the split combine (decode over more than one
+// K/V tile of max_kv, the engine's graphs), the combine kernel quantizes the rows it writes (one launch
+// less per layer; head_dim_v % 32 == 0); otherwise, and with !fused, q8::quantize runs after.
+// n_head * head_dim_v % 32 == 0 (else strata::Error). attention_q8_fused(): on unless the environment sets STRATA_CUDA_ATTN_Q8=0 (read once).
+bool attention_q8_fused();
+void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused = attention_q8_fused());
+
+// attn_prep's kernels (same results; tests run both): every global load issued at the start (the
+// default), or the first kernel (angles, KvRef and value head loaded after the norm). Process-wide; the
+// first call reads the environment (STRATA_CUDA_ATTN_PREP=first) unless set_attn_prep_first ran before.
+void set_attn_prep_first(bool on);
+bool attn_prep_first();
+
 // The MoE router of a decode batch in one launch: logits = W . x with quant::matmul's F32 arithmetic
 // (same bits), then moe_route on them (same ids and weights), done by the last block to finish, which it
 // learns from `counter`. Why: the router product and the top-k were two launches of a few microseconds
@@ -54,10 +71,41 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
 //   the sum clamped at 6.103515625e-5)
 //   counter: one device uint32, zero before the first call; every call leaves it zero. Calls sharing one
 //   counter must be ordered (one stream).
+// PDL (cuda/pdl.cuh): the default kernel loads the first 8 KB of its row of w before it waits for the
+// previous kernel of the stream, so w must not be written by a kernel earlier in the same stream (model
+// weights: uploads are ordered by events, which PDL does not relax).
 // n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
 // keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
 constexpr int64_t kRouterRouteMaxTokens = 8;
+
+// The ffn norm and the router of a decode batch in one launch: the same values as
+//   q8::rmsnorm_quantize(x, norm_w, n_tok, cols, eps, xn, xq, xds)   (ops::rmsnorm(...) when xq is null)
+//   router_route(w, n_expert, cols, xn, n_tok, k, norm, logits, ids, weights, counter)
+// bit for bit. Why: the norm was a one-block launch whose only consumers are the router (same layer) and
+// the experts (after the router); each router block recomputes the norm of x (8 KB from L2) instead.
+//   x: [n_tok][cols] f32 (not aliasing xn)  norm_w: [cols]  w: [n_expert][cols] f32  xn: [n_tok][cols] (may
+//   be null)  xq, xds: Q8 activations of xn (both null: not written)  the rest as router_route.
+// Needs norm_router_route_supported(cols) (cols % 32 == 0, cols <= 2048) and n_tok <= kRouterRouteMaxTokens
+// (else strata::Error). norm_router_route_enabled(): on unless the environment sets
+// STRATA_CUDA_NORM_ROUTER=0 (read once; the forward then keeps the two launches). PDL: the router row is
+// read before the wait, as in router_route.
+bool norm_router_route_supported(int64_t cols);
+bool norm_router_route_enabled();
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream);
+
+// The two kernels of router_route; both give the same bits (tests compare them). kWarpPerRow: the first
+// kernel, one warp per router row (n_expert / 4 blocks). kBlockPerRow: one block per row, the row staged
+// in shared memory by all its threads in one memory round trip (n_expert blocks: every SM busy).
+// The call without `kern` takes router_route_default(): kBlockPerRow unless the environment sets
+// STRATA_CUDA_ROUTER=warp (read once; for comparisons on the device).
+enum class RouterRouteKernel { kWarpPerRow, kBlockPerRow };
+RouterRouteKernel router_route_default();
+void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
+                  float* logits, int32_t* ids, float* weights, uint32_t* counter, cudaStream_t stream,
+                  RouterRouteKernel kern);
 
 }  // namespace strata::cuda::ops

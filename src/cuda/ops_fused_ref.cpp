@@ -1,11 +1,13 @@
 // CPU references of the fused attention-input ops (cuda/ops_fused_ref.h).
 #include "cuda/ops_fused_ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "common/error.h"
 #include "cpu/ops.h"
+#include "cuda/host/q8_reference.h"
 
 namespace strata::cuda::ops::ref {
 
@@ -68,6 +70,16 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
       logits[t * n_expert + e] = s;
     }
   cpu::moe_route(logits, n_tok, n_expert, k, norm, ids, weights);
+}
+
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights) {
+  std::vector<float> y(static_cast<size_t>(n_tok * cols));
+  cpu::rmsnorm(x, norm_w, n_tok, cols, eps, y.data());
+  if (xn != nullptr) std::copy(y.begin(), y.end(), xn);
+  if (xq != nullptr) q8ref::quantize(y.data(), n_tok, cols, xq, reinterpret_cast<q8ref::Q8Ds*>(xds));
+  router_route(w, n_expert, cols, y.data(), n_tok, k, norm, logits, ids, weights);
 }
 
 }  // namespace strata::cuda::ops::ref

@@ -21,4 +21,10 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
 void router_route(const float* w, int n_expert, int64_t cols, const float* x, int64_t n_tok, int k, bool norm,
                   float* logits, int32_t* ids, float* weights);
 
+// As ops::norm_router_route without the counter: cpu::rmsnorm of x into xn (if not null), q8ref::quantize of
+// it into xq/xds (if not null), then router_route on it.
+void norm_router_route(const float* x, const float* norm_w, float eps, const float* w, int n_expert, int64_t cols,
+                       int64_t n_tok, int k, bool norm, float* xn, int8_t* xq, float2* xds, float* logits,
+                       int32_t* ids, float* weights);
+
 }  // namespace strata::cuda::ops::ref

@@ -312,12 +312,23 @@ __host__ __device__ __forceinline__ void rows_tokens_lane_partial(const uint8_t*
                                                                   float acc[R][NT]) {
   const int tasks = int(cols / F::kVals) * F::kTasks;
   const int64_t dss = cols / 32;
-  for (int task = sub; task < tasks; task += lpr) {
-    const int b = task / F::kTasks;
+  if constexpr (R == 1) {
+    // Two tasks per step: a 4096-column K-quant row (wo) gives each lane 2 tasks, both loads in flight.
+    // (Not for R = 2: the output product's 1-task rows gain nothing and ptxas gives them more registers.)
+STRATA_Q8_UNROLL2
+    for (int task = sub; task < tasks; task += lpr) {
+      const int b = task / F::kTasks;
+      F::template dot<A, NT>(wr[0] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[0]);
+    }
+  } else {
+    for (int task = sub; task < tasks; task += lpr) {
+      const int b = task / F::kTasks;
 STRATA_FD_UNROLL
-    for (int r = 0; r < R; ++r)
-      F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
-                             dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+      for (int r = 0; r < R; ++r)
+        F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
+                               dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
+    }
   }
 }
 
@@ -367,6 +378,65 @@ STRATA_Q8_UNROLL2
     float d[1] = {0.f};
     F::template dot<A, 1>(row + int64_t(b) * F::kBytes,
                           task % F::kTasks, hq + p * n_ff + int64_t(b) * F::kVals, n_ff,
+                          hds + p * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
+    acc = fmaf(wts[p], d[0], acc);
+  }
+  return acc;
+}
+
+// down_lane_partial with the k experts' slots resolved beforehand: jslot[j] = the slot of pair t*k + j or
+// -1 (the kernel looks the k of them up once, in parallel, into shared memory). The lane's first MAXIT
+// (j, task) terms are unrolled with their loads unconditional (a term to skip reads the row and h of a
+// resident pair `jf` instead and is not added), so all their weight loads can be in flight at once; terms
+// past MAXIT * lanes go by the loop. Same terms, same order, same float as down_lane_partial.
+// Why: there every term waited for ids[p], then table[e], then its weights: three dependent memory round
+// trips per unrolled pair of terms. Returns 0 when no pair of the token is resident.
+template <typename F, int A, int MAXIT>
+__host__ __device__ __forceinline__ float down_lane_partial_slots(const uint8_t* slots, int64_t slot_bytes,
+                                                                  int64_t down_off, int64_t drb, int64_t r,
+                                                                  int64_t n_ff, const int* jslot, const int8_t* hq,
+                                                                  const float2* hds, const float* wts, int64_t t,
+                                                                  int k, int lane, int lanes,
+                                                                  uint8_t* stage = nullptr, int64_t stride = 0) {
+  const int per = int(n_ff / F::kVals) * F::kTasks, total = k * per;
+  const int64_t dss = n_ff / 32;
+  int jf = -1;  // a resident pair: what skipped terms read
+  for (int j = 0; j < k && jf < 0; ++j)
+    if (jslot[j] >= 0) jf = j;
+  if (jf < 0) return 0.f;
+  float acc = 0.f;
+  float dv[MAXIT];
+  bool on[MAXIT];
+  int64_t pp[MAXIT];
+STRATA_FD_UNROLL
+  for (int it = 0; it < MAXIT; ++it) {
+    const int i = lane + it * lanes;
+    int j = i / per;
+    const int task = i % per;
+    on[it] = i < total && jslot[j < k ? j : jf] >= 0;
+    if (!on[it]) j = jf;
+    pp[it] = t * k + j;
+    const int b = task / F::kTasks;
+    const uint8_t* row = slots + int64_t(jslot[j]) * slot_bytes + down_off + r * drb;
+    if constexpr (A == kStaged) row = stage_dst(stage + j * stride, row);
+    float d[1] = {0.f};
+    F::template dot<A, 1>(row + int64_t(b) * F::kBytes, task % F::kTasks, hq + pp[it] * n_ff + int64_t(b) * F::kVals,
+                          n_ff, hds + pp[it] * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
+    dv[it] = d[0];
+  }
+STRATA_FD_UNROLL
+  for (int it = 0; it < MAXIT; ++it)
+    if (on[it]) acc = fmaf(wts[pp[it]], dv[it], acc);
+  for (int i = lane + MAXIT * lanes; i < total; i += lanes) {
+    const int j = i / per, task = i % per;
+    const int slot = jslot[j];
+    if (slot < 0) continue;
+    const int64_t p = t * k + j;
+    const int b = task / F::kTasks;
+    const uint8_t* row = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
+    if constexpr (A == kStaged) row = stage_dst(stage + j * stride, row);
+    float d[1] = {0.f};
+    F::template dot<A, 1>(row + int64_t(b) * F::kBytes, task % F::kTasks, hq + p * n_ff + int64_t(b) * F::kVals, n_ff,
                           hds + p * dss + int64_t(b) * (F::kVals / 32), dss, 1, d);
     acc = fmaf(wts[p], d[0], acc);
   }

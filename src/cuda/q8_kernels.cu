@@ -12,6 +12,7 @@
 #include "cuda/host/q8_reference.h"
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_formats.cuh"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -49,7 +50,11 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (PER > 0) {
     float xv[PER], wv[PER];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) xv[j] = xr[threadIdx.x + kThreads * j], wv[j] = w[threadIdx.x + kThreads * j];
+    for (int j = 0; j < PER; ++j) wv[j] = w[threadIdx.x + kThreads * j];  // weights: before the PDL wait
+    pdl_wait();
+    pdl_launch_dependents();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) xv[j] = xr[threadIdx.x + kThreads * j];
 #pragma unroll
     for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];  // the same order as the loop below
     s = q8c::block_sum_256(s, sh);
@@ -63,6 +68,8 @@ __global__ void __launch_bounds__(kThreads)
       q8c::quantize_warp(v, qr + (i - lane), dr + i / 32);
     }
   } else {
+    pdl_wait();
+    pdl_launch_dependents();
     for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
     s = q8c::block_sum_256(s, sh);
     const float mean = static_cast<float>(s / static_cast<double>(cols));
@@ -95,6 +102,13 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
   const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * rows_per_warp;
+  if (row0 < rows) {  // the warp's weight rows into L2 while the previous kernel finishes (PDL)
+    const int64_t wbytes = (rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp) * row_bytes;
+    const uint8_t* wp = w + row0 * row_bytes;
+    for (int64_t off = int64_t(lane) * 128; off < wbytes; off += 32 * 128) prefetch_l2(wp + off);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
   const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
   const int64_t dss = cols / 32;
@@ -151,15 +165,13 @@ void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t 
   const int64_t stride = q8d::stage_stride(rows_per_warp * row_bytes);
   if constexpr (A == 2) {
     if (stride * (kThreads / 32) <= kMaxStageBytes) {
-      matvec_kernel<F, q8d::kStaged, NT, R><<<unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)), stream>>>(
-          w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
-      CUDA_CHECK_LAUNCH();
+      pdl::launch(matvec_kernel<F, q8d::kStaged, NT, R>, unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)),
+                  stream, w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
       return;
     }
   }
-  matvec_kernel<F, A, NT, R><<<unsigned(blocks), kThreads, 0, stream>>>(w, rows, row_bytes, cols, lpr_log2, 0, xq, xds,
-                                                                        n, y, accumulate);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(matvec_kernel<F, A, NT, R>, unsigned(blocks), kThreads, 0, stream, w, rows, row_bytes, cols, lpr_log2,
+              int64_t(0), xq, xds, n, y, accumulate);
 }
 
 // Two rows per lane group for big matrices at n <= 2 (whole-warp rows, >= 4096 rows: >= 128 blocks of 16
@@ -208,12 +220,11 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
   if (n == 0) return;
   const unsigned grid = unsigned(n);
   switch (cols) {  // the register-resident shapes (n_embd of the supported models and the test sizes)
-    case 1024: rmsnorm_quantize_kernel<4><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
-    case 2048: rmsnorm_quantize_kernel<8><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
-    case 4096: rmsnorm_quantize_kernel<16><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
-    default: rmsnorm_quantize_kernel<0><<<grid, kThreads, 0, stream>>>(x, w, cols, eps, y, q, ds); break;
+    case 1024: pdl::launch(rmsnorm_quantize_kernel<4>, grid, kThreads, 0, stream, x, w, cols, eps, y, q, ds); break;
+    case 2048: pdl::launch(rmsnorm_quantize_kernel<8>, grid, kThreads, 0, stream, x, w, cols, eps, y, q, ds); break;
+    case 4096: pdl::launch(rmsnorm_quantize_kernel<16>, grid, kThreads, 0, stream, x, w, cols, eps, y, q, ds); break;
+    default: pdl::launch(rmsnorm_quantize_kernel<0>, grid, kThreads, 0, stream, x, w, cols, eps, y, q, ds); break;
   }
-  CUDA_CHECK_LAUNCH();
 }
 
 void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,

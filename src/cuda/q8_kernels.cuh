@@ -36,7 +36,10 @@ bool supported(GgmlType t);
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream);
 
 // y = rmsnorm(x) * w exactly as ops::rmsnorm computes it (same values), and (q, ds) = quantize(y), in one
-// launch. x, y: [n][cols] f32 (y may be x)  w: [cols] f32.
+// launch. x, y: [n][cols] f32 (y may be x)  w: [cols] f32. With PDL (cuda/pdl.cuh) w is loaded before the
+// kernel waits for the previous kernel of the stream: w must not be written by an earlier kernel of the
+// same stream (norm weights: uploaded, ordered by events). matvec only prefetches its weights into L2
+// before that wait (harmless whatever wrote them).
 void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
                       float2* ds, cudaStream_t stream);
 
@@ -60,6 +63,13 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
 // summed in a fixed order first (deterministic, no atomics), then added to x once. x: [n][n_embd] f32.
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream);
+
+// moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
+// per warp, in parallel, and the lanes' weight loads all in flight (on: the default), or the first kernel,
+// where each term looks up its own slot (off). Process-wide; the first call reads the environment
+// (STRATA_CUDA_Q8_DOWN=loop: off) unless set_moe_down_slots ran before.
+void set_moe_down_slots(bool on);
+bool moe_down_slots();
 
 // True when the three expert tensors' types are supported and n_ff, n_embd are multiples of 32 and of
 // their types' block sizes (else the caller keeps moe::moe_gate_up / moe::moe_down).

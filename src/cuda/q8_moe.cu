@@ -3,6 +3,9 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -14,6 +17,7 @@
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_formats.cuh"
 #include "cuda/q8_kernels.cuh"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -47,6 +51,8 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t ustride) {
   static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
+  pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
@@ -108,33 +114,55 @@ __global__ void __launch_bounds__(kThreads)
 // coalesced, as matvec_kernel does.
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
 constexpr int kDownWarps = 4;
-template <typename F, int A>
+constexpr int kDownMaxK = 32;  // Slots: at most this many experts per token (the slot list is one per lane)
+constexpr int kDownUnroll = 4; // Slots: terms per lane unrolled with all loads in flight (k 8 x 768-column
+                               // K-quant rows: 96 terms = 3 per lane)
+// Slots (the default; k <= kDownMaxK): the warp first looks up the k slots of token t in parallel (lane j:
+// ids[t*k+j], then table[e]) into shared memory, and the lanes run down_lane_partial_slots (same sum).
+// !Slots: the first kernel, every term looks its slot up itself (down_lane_partial).
+template <typename F, int A, bool Slots>
 __global__ void __launch_bounds__(32 * kDownWarps)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
                 int64_t n, int k, float* __restrict__ x, int64_t stride) {
+  __shared__ int jslot_all[kDownWarps][Slots ? kDownMaxK : 1];
+  pdl_wait();  // (PDL: everything below reads ids, h and x of earlier kernels)
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
   if (r >= n_embd) return;  // warp-uniform
+  int* jslot = jslot_all[threadIdx.x >> 5];
   uint8_t* region = nullptr;
   if constexpr (A == q8d::kStaged) {
     extern __shared__ __align__(16) uint8_t stage[];  // [warps][k][stride]
     region = stage + (threadIdx.x >> 5) * k * stride;
   }
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    if constexpr (Slots) {
+      __syncwarp();  // the previous token's reads of jslot are done
+      if (lane < k) jslot[lane] = slot_of(table, ids, t * k + lane);
+      __syncwarp();
+    }
     if constexpr (A == q8d::kStaged) {
       __syncwarp();  // the previous token's reads of the region are done
       for (int j = 0; j < k; ++j) {
-        const int slot = slot_of(table, ids, t * k + j);  // warp-uniform
+        int slot;
+        if constexpr (Slots) slot = jslot[j];
+        else slot = slot_of(table, ids, t * k + j);  // warp-uniform
         if (slot < 0) continue;
         const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
         q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
       }
       __syncwarp();
     }
-    float acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
-                                             lane, 32, region, stride);
+    float acc;
+    if constexpr (Slots)
+      acc = q8d::down_lane_partial_slots<F, A, kDownUnroll>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq, hds,
+                                                            wts, t, k, lane, 32, region, stride);
+    else
+      acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
+                                         lane, 32, region, stride);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) x[t * n_embd + r] += acc;
@@ -211,19 +239,33 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
         if (stage_bytes <= max_stage_bytes()) {
           auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
           allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
-          kern<<<grid, kThreads, size_t(stage_bytes), stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
-                                                                v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq,
-                                                                hds, gstride, ustride);
-          CUDA_CHECK_LAUNCH();
+          pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+                      grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride);
           return;
         }
       }
-      gate_up_kernel<G, AG, U, AU><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, grb,
-                                                                  urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs,
-                                                                  k, hq, hds, 0, 0);
-      CUDA_CHECK_LAUNCH();
+      pdl::launch(gate_up_kernel<G, AG, U, AU>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+                  grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0));
     });
   });
+}
+
+namespace {
+std::atomic<int> g_down_slots{-1};  // -1: not set yet (the environment decides)
+}  // namespace
+
+void set_moe_down_slots(bool on) { g_down_slots.store(on ? 1 : 0); }
+
+bool moe_down_slots() {
+  int v = g_down_slots.load();
+  if (v < 0) {
+    const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
+    v = e != nullptr && std::string(e) == "loop" ? 0 : 1;
+    int expected = -1;
+    g_down_slots.compare_exchange_strong(expected, v);
+    v = g_down_slots.load();
+  }
+  return v == 1;
 }
 
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
@@ -233,20 +275,23 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
   const dim3 grid(unsigned((v.n_embd + kDownWarps - 1) / kDownWarps), grid_y(n));
   const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * kDownWarps;
+  const bool pre = k <= kDownMaxK && moe_down_slots();
   q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
+    auto launch = [&](auto kern, size_t smem, int64_t st) {
+      pdl::launch(kern, grid, 32 * kDownWarps, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
+                  table, hq, hds, ids, wts, n, k, x, st);
+    };
     if constexpr (A == 2) {
       if (stage_bytes <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
-        down_kernel<F, q8d::kStaged><<<grid, 32 * kDownWarps, size_t(stage_bytes), stream>>>(
-            v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table, hq, hds, ids, wts, n, k, x, stride);
-        CUDA_CHECK_LAUNCH();
+        if (pre) launch(down_kernel<F, q8d::kStaged, true>, size_t(stage_bytes), stride);
+        else launch(down_kernel<F, q8d::kStaged, false>, size_t(stage_bytes), stride);
         return;
       }
     }
-    down_kernel<F, A><<<grid, 32 * kDownWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
-                                                           table, hq, hds, ids, wts, n, k, x, 0);
-    CUDA_CHECK_LAUNCH();
+    if (pre) launch(down_kernel<F, A, true>, 0, 0);
+    else launch(down_kernel<F, A, false>, 0, 0);
   });
 }
 

@@ -596,18 +596,23 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   });
   // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
   // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
-  note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  op(p, [&] {
-    ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
-                   ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
-  });
   if (use_q8(p, l.wo)) {
-    // x += wo . att: att to Q8 activations, the product adds into x (no separate add).
-    note_launch(cs, {ws.att.span()}, {ws.xq.span(), ws.xds.span()});
-    op(p, [&] { q8::quantize(ws.att.as<const float>(), n, H * Dv, ws.xq.as<int8_t>(), ws.xds.as<float2>(), s); });
+    // x += wo . att: att also as Q8 activations (by the attention's combine kernel when it runs: ops_fused.cuh),
+    // the product adds into x (no separate add).
+    note_launch(cs, {ws.step_in.span(), ws.q.span()},
+                {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
+    op(p, [&] {
+      ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                        ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+    });
     mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
   } else {
+    note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
+    op(p, [&] {
+      ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                     ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
+    });
     mm(p, l.wo, ws.att, n, ws.tmp);
     op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
   }
@@ -619,6 +624,26 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
   // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
+  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens && ops::norm_router_route_enabled() &&
+      ops::norm_router_route_supported(hp.n_embd)) {
+    // Decode: the norm, the router product and the top-k in one launch (same values as norm + router_route).
+    const bool q8e = experts_q8(p, il);
+    if (q8e)
+      note_launch(dev_->compute(), {ws.x.span(), l.ffn_norm.buf.span(), l.router.buf.span(), ws.route_counter.span()},
+                  {ws.xn.span(), ws.xq.span(), ws.xds.span(), ws.router.span(), ws.ids.span(), ws.wts.span(),
+                   ws.route_counter.span()});
+    else
+      note_launch(dev_->compute(), {ws.x.span(), l.ffn_norm.buf.span(), l.router.buf.span(), ws.route_counter.span()},
+                  {ws.xn.span(), ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
+    op(p, [&] {
+      ops::norm_router_route(ws.x.as<const float>(), l.ffn_norm.f32(), hp.rms_eps, l.router.f32(), hp.n_expert,
+                             hp.n_embd, n, hp.n_expert_used, hp.expert_weights_norm, ws.xn.as<float>(),
+                             q8e ? ws.xq.as<int8_t>() : nullptr, q8e ? ws.xds.as<float2>() : nullptr,
+                             ws.router.as<float>(), p.ids(il), ws.wts.as<float>(), ws.route_counter.as<uint32_t>(),
+                             stream());
+    });
+    return;
+  }
   norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
   if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
     // Decode: the router product and the top-k in one launch (same values as the two below).

@@ -18,6 +18,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/ops_fused_ref.h"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
 
@@ -69,11 +70,15 @@ size_t count_diffs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
 constexpr int kLayers = 2, kLayer = 1, kCtx = 600;
 constexpr float kEps = 1e-6f;
 
+// Both attn_prep kernels (loads issued at the start: the default; the first kernel).
 TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
+  const bool was_first = ops::attn_prep_first();
+  for (const bool first_kernel : {false, true})
   for (const Case& c : {Case{1, 32, 4, 128, 128, 128, 1e6f}, Case{3, 32, 4, 128, 128, 128, 1e6f},
                         Case{8, 32, 4, 128, 128, 128, 1e6f}, Case{5, 16, 2, 256, 256, 64, 1e7f},
-                        Case{4, 6, 3, 80, 64, 80, 1e4f}}) {
-    SCOPED_TRACE(c.name());
+                        Case{4, 6, 3, 80, 64, 80, 1e4f}, Case{2, 4, 2, 64, 128, 32, 1e4f}}) {
+    ops::set_attn_prep_first(first_kernel);
+    SCOPED_TRACE(c.name() + (first_kernel ? " (first kernel)" : " (loads first)"));
     const int64_t n = c.n_tok;
     // q|k|v rows of one concatenated product; varied scales so the norms differ per head.
     std::vector<float> qkv = randn(size_t(n * c.qkv_w()), 100 + uint32_t(n) + uint32_t(c.head_dim), 1.0f);
@@ -210,6 +215,7 @@ TEST_F(GpuOpsFused, AttnPrepEqualsTheOpSequence) {
     EXPECT_EQ(k_bad, 0u) << "K cache vs CPU: " << k_bad << " values more than one f16 step apart; " << k_exact << "/"
                          << k_n << " exact";
   }
+  ops::set_attn_prep_first(was_first);
 }
 
 // The CPU reference alone (no GPU needed): bit for bit the CPU ops it stands for, with q_out aliasing q
@@ -255,13 +261,16 @@ TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
 }
 
 // router_route against the two launches it replaces (quant::matmul F32 + moe_route): logits, ids and
-// weights bit for bit, twice in a row (the counter must come back to zero), at Qwen3's router (128 experts
-// of 2048, top 8, 1/3/8 tokens), a wider one, and an odd width (vector loads off, the tail loop on).
+// weights bit for bit, both kernels (block per row, warp per row) twice each (the counter must come back to
+// zero), at Qwen3's router (128 experts of 2048, top 8, 1/3/8 tokens), a wider one, an odd width (vector
+// loads off, the tail loop on), and rows longer than the block kernel's 2048-float pass (4608: 2 full
+// passes + a part; 5003: odd, 3 passes and the tail).
 // Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
 TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
   struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
   for (const RCase& c : {RCase{1, 128, 2048, 8, true}, RCase{3, 128, 2048, 8, true}, RCase{8, 128, 2048, 8, false},
-                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}}) {
+                         RCase{5, 512, 1000, 10, true}, RCase{2, 60, 1003, 4, true}, RCase{7, 64, 4608, 6, true},
+                         RCase{1, 32, 5003, 2, false}}) {
     SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
                  std::to_string(c.cols) + " top " + std::to_string(c.k));
     const size_t nl = size_t(c.n_tok * c.n_expert), ni = size_t(c.n_tok * c.k);
@@ -279,10 +288,12 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
       const auto ei = download<int32_t>(i0, ni);
       const auto ew = download<float>(w0, ni);
       Buf counter = output(4, 0);
-      for (int rep = 0; rep < 2; ++rep) {
+      for (int rep = 0; rep < 4; ++rep) {  // each kernel twice, the calls interleaved on one counter
+        const auto kern = rep % 2 ? ops::RouterRouteKernel::kWarpPerRow : ops::RouterRouteKernel::kBlockPerRow;
+        SCOPED_TRACE(rep % 2 ? "warp-per-row kernel" : "block-per-row kernel");
         Buf l1 = output(nl * 4), i1 = output(ni * 4), w1 = output(ni * 4);
         ops::router_route(dw.ptr<float>(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, c.k, c.norm, l1.ptr<float>(),
-                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+                          i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream(), kern);
         std::string first;
         EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits, call " << rep << ": " << first;
         EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids, call " << rep;
@@ -306,6 +317,150 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
                strata::Error);
   EXPECT_THROW(ops::router_route(nullptr, 2000, 2048, nullptr, 1, 8, true, nullptr, nullptr, nullptr, nullptr, stream()),
                strata::Error);
+}
+
+// attention_q8 against ops::attention + q8::quantize: out, xq and xds bit for bit, fused (the combine kernel
+// quantizes) and not, at Qwen3's decode shape (32 / 4 heads of 128): short and long contexts of a
+// 4096-position cache (the combine path, mostly empty splits at ctx 9), 3 tokens of one batch, a 1000
+// cache with 2 tokens, and max_kv 64 (one split, no combine: the quantize launch must run instead).
+TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
+  constexpr int H = 32, Hkv = 4, D = 128, L = 2, layer = 1;
+  const float scale = 1.0f / std::sqrt(float(D));
+  struct ACase { int n_ctx; int64_t max_kv; std::vector<int> pos; };
+  for (const ACase& c : {ACase{4096, 4096, {8}}, ACase{4096, 4096, {3000}}, ACase{4096, 4096, {5, 700, 4095}},
+                         ACase{1000, 1000, {999, 3}}, ACase{64, 64, {40}}}) {
+    const int64_t n = int64_t(c.pos.size());
+    SCOPED_TRACE("cache " + std::to_string(c.n_ctx) + " max_kv " + std::to_string(c.max_kv) + " tokens " +
+                 std::to_string(n) + " first pos " + std::to_string(c.pos[0]));
+    std::vector<uint16_t> kc(size_t(L) * size_t(c.n_ctx) * Hkv * D), vc(kc.size());
+    std::mt19937 rng(7 + uint32_t(c.n_ctx));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : kc) x = cpu::float_to_half(nd(rng));
+    for (auto& x : vc) x = cpu::float_to_half(nd(rng));
+    Buf dk = upload_vec(kc), dv = upload_vec(vc);
+    std::vector<ops::KvRef> refs;
+    for (int p : c.pos) refs.push_back({dk.ptr<uint16_t>(), dv.ptr<uint16_t>(), c.n_ctx, p});
+    Buf drefs = upload_vec(refs);
+    Buf dq = upload_vec(randn(size_t(n * H * D), 900 + uint32_t(n), 1.5f));
+    const size_t n_out = size_t(n * H * D), n_blk = n_out / 32;
+    Buf scratch = output(ops::attention_scratch_floats(n, H, D, c.max_kv) * 4);
+    // Reference: the two launches.
+    Buf o0 = output(n_out * 4), q0 = output(n_out), d0 = output(n_blk * 8);
+    ops::attention(dq.ptr<float>(), drefs.ptr<ops::KvRef>(), n, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
+                   c.max_kv, scratch.ptr<float>(), o0.ptr<float>(), stream());
+    q8::quantize(o0.ptr<float>(), n, H * D, q0.ptr<int8_t>(), d0.ptr<float2>(), stream());
+    const auto eo = download<float>(o0, n_out);
+    const auto eq = download<int8_t>(q0, n_out);
+    const auto ed = download<float>(d0, 2 * n_blk);
+    for (bool fused : {true, false}) {
+      SCOPED_TRACE(fused ? "fused" : "not fused");
+      Buf o1 = output(n_out * 4), q1 = output(n_out), d1 = output(n_blk * 8);
+      ops::attention_q8(dq.ptr<float>(), drefs.ptr<ops::KvRef>(), n, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
+                        c.max_kv, scratch.ptr<float>(), o1.ptr<float>(), q1.ptr<int8_t>(), d1.ptr<float2>(), stream(),
+                        fused);
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(o1, n_out), eo, &first), 0u) << "out: " << first;
+      const auto gq = download<int8_t>(q1, n_out);
+      size_t qbad = 0;
+      for (size_t i = 0; i < n_out; ++i) qbad += gq[i] != eq[i];
+      EXPECT_EQ(qbad, 0u) << "xq codes differ";
+      EXPECT_EQ(count_bit_diffs(download<float>(d1, 2 * n_blk), ed, &first), 0u) << "xds: " << first;
+    }
+  }
+  EXPECT_THROW(ops::attention_q8(nullptr, nullptr, 1, 0, 1, 1, 40, 40, 1.0f, cpu::AttnMath::F32, 64, nullptr, nullptr,
+                                 nullptr, nullptr, stream()),
+               strata::Error);  // 40 output columns: not whole Q8 blocks
+}
+
+// norm_router_route against the launches it replaces (q8::rmsnorm_quantize, or ops::rmsnorm without Q8
+// output, then router_route): xn, xq, xds, logits, ids and weights bit for bit, twice in a row (the counter
+// comes back to zero), at Qwen3's shapes (2048 columns, 128 experts, top 8, 1/3/8 tokens), a narrower and an
+// odd expert count, and misaligned router rows (scalar loads). Then against the CPU reference within
+// tolerance (its sums run in another order).
+TEST_F(GpuOpsFused, NormRouterRouteEqualsNormThenRouter) {
+  struct NCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; size_t w_offset; };
+  constexpr float eps = 1e-6f;
+  for (const NCase& c : {NCase{1, 128, 2048, 8, true, 0}, NCase{3, 128, 2048, 8, true, 0},
+                         NCase{8, 128, 2048, 8, false, 0}, NCase{2, 60, 1024, 4, true, 0},
+                         NCase{5, 512, 992, 10, true, 4}, NCase{1, 128, 2048, 8, true, 4}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n_tok) + " experts " + std::to_string(c.n_expert) + " cols " +
+                 std::to_string(c.cols) + " top " + std::to_string(c.k) + " w offset " + std::to_string(c.w_offset));
+    const int64_t n = c.n_tok, E = c.cols;
+    const size_t nx = size_t(n * E), nl = size_t(n * c.n_expert), ni = size_t(n * c.k), ng = nx / 32;
+    std::vector<float> x = randn(nx, 400 + uint32_t(E), 1.0f), nw = randn(size_t(E), 401, 0.2f),
+                       w = randn(size_t(c.n_expert * E), 402, 0.05f);
+    for (size_t i = 0; i < x.size(); i += 61) x[i] *= 30.0f;
+    for (auto& v : nw) v += 1.0f;
+    Buf dx = upload_vec(x), dnw = upload_vec(nw), dw = upload_vec(w, c.w_offset);
+    // Reference launches.
+    Buf y0 = output(nx * 4), q0 = output(nx), d0 = output(ng * 8), l0 = output(nl * 4), i0 = output(ni * 4),
+        w0 = output(ni * 4), c0 = output(16, 0);
+    q8::rmsnorm_quantize(dx.ptr<float>(), dnw.ptr<float>(), n, E, eps, y0.ptr<float>(), q0.ptr<int8_t>(),
+                         d0.ptr<float2>(), stream());
+    ops::router_route(dw.ptr<float>(), c.n_expert, E, y0.ptr<float>(), n, c.k, c.norm, l0.ptr<float>(),
+                      i0.ptr<int32_t>(), w0.ptr<float>(), c0.ptr<uint32_t>(), stream());
+    const auto ey = download<float>(y0, nx);
+    const auto eq = download<int8_t>(q0, nx);
+    const auto ed = download<float>(d0, 2 * ng);
+    const auto el = download<float>(l0, nl);
+    const auto ei = download<int32_t>(i0, ni);
+    const auto ew = download<float>(w0, ni);
+    Buf counter = output(16, 0);
+    for (int rep = 0; rep < 3; ++rep) {  // rep 2: without the Q8 output
+      const bool with_q8 = rep < 2;
+      SCOPED_TRACE("call " + std::to_string(rep) + (with_q8 ? " with Q8 output" : " without Q8 output"));
+      Buf y1 = output(nx * 4), q1 = output(nx), d1 = output(ng * 8), l1 = output(nl * 4), i1 = output(ni * 4),
+          w1 = output(ni * 4);
+      ops::norm_router_route(dx.ptr<float>(), dnw.ptr<float>(), eps, dw.ptr<float>(), c.n_expert, E, n, c.k, c.norm,
+                             y1.ptr<float>(), with_q8 ? q1.ptr<int8_t>() : nullptr,
+                             with_q8 ? d1.ptr<float2>() : nullptr, l1.ptr<float>(), i1.ptr<int32_t>(),
+                             w1.ptr<float>(), counter.ptr<uint32_t>(), stream());
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(y1, nx), ey, &first), 0u) << "xn: " << first;
+      if (with_q8) {
+        const auto gq = download<int8_t>(q1, nx);
+        size_t qbad = 0;
+        for (size_t i = 0; i < nx; ++i) qbad += gq[i] != eq[i];
+        EXPECT_EQ(qbad, 0u) << "xq codes differ";
+        EXPECT_EQ(count_bit_diffs(download<float>(d1, 2 * ng), ed, &first), 0u) << "xds: " << first;
+      } else {
+        const auto gq = download<uint8_t>(q1, nx);
+        size_t touched = 0;
+        for (uint8_t b : gq) touched += b != 0xFF;
+        EXPECT_EQ(touched, 0u) << "xq written although null was passed";  // (q1 was not passed: stays 0xFF)
+      }
+      EXPECT_EQ(count_bit_diffs(download<float>(l1, nl), el, &first), 0u) << "logits: " << first;
+      EXPECT_EQ(download<int32_t>(i1, ni), ei) << "ids";
+      EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights: " << first;
+      EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
+    }
+    // The CPU reference (cpu::rmsnorm, q8ref::quantize, serial dot products): within tolerance.
+    std::vector<float> ry(nx), rl(nl), rw(ni);
+    std::vector<int8_t> rq(nx);
+    std::vector<float2> rd(ng);
+    std::vector<int32_t> ri(ni);
+    ops::ref::norm_router_route(x.data(), nw.data(), eps, w.data(), c.n_expert, E, n, c.k, c.norm, ry.data(),
+                                rq.data(), rd.data(), rl.data(), ri.data(), rw.data());
+    double yerr = 0, ymax = 0, lerr = 0, lmax = 0;
+    for (size_t i = 0; i < nx; ++i) yerr = std::max(yerr, std::fabs(double(ey[i]) - ry[i])), ymax = std::max(ymax, std::fabs(double(ry[i])));
+    for (size_t i = 0; i < nl; ++i) lerr = std::max(lerr, std::fabs(double(el[i]) - rl[i])), lmax = std::max(lmax, std::fabs(double(rl[i])));
+    size_t qbig = 0;
+    for (size_t i = 0; i < nx; ++i) qbig += std::abs(int(eq[i]) - int(rq[i])) > 1;
+    EXPECT_LE(yerr, 1e-6 * ymax) << "xn vs the CPU reference";
+    EXPECT_LE(lerr, 1e-5 * lmax) << "logits vs the CPU reference";
+    EXPECT_EQ(qbig, 0u) << "xq codes more than 1 from the CPU reference's";
+    std::printf("[norm_router_route n %lld cols %lld] vs CPU: xn max err %.3g (max |xn| %.3g), logits max err %.3g "
+                "(max |logit| %.3g)\n", (long long)n, (long long)E, yerr, ymax, lerr, lmax);
+  }
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 2050, 1, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // columns not a multiple of 32
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 2048, 9, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // too many tokens
+  EXPECT_THROW(ops::norm_router_route(nullptr, nullptr, eps, nullptr, 128, 4096, 1, 8, true, nullptr, nullptr, nullptr,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // wider than one staged row
 }
 
 TEST_F(GpuOpsFused, AttnPrepRejectsBadShapes) {

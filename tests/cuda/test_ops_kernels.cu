@@ -350,6 +350,10 @@ TEST_F(GpuAttention, DecodeQwen3) {
   run({"decode ctx 17", g, {17}, {{0, 16}}});
   run({"decode ctx 1000", g, {1000}, {{0, 999}}});
   run({"decode 3 sequences", g, {1000, 300, 700}, {{0, 999}, {1, 5}, {2, 511}}});
+  // The engine's decode: the call is sized for the whole cache (max_kv = n_ctx), the context is short, so
+  // most splits are empty (the combine skips them).
+  run({"decode ctx 9 of a 4096 cache", g, {4096}, {{0, 8}}, 4096});
+  run({"decode 2 sequences, ctx 70 and 3000 of 4096", g, {4096, 4096}, {{0, 69}, {1, 2999}}, 4096});
 }
 
 TEST_F(GpuAttention, PrefillCausal) {

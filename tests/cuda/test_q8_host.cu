@@ -194,6 +194,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     std::vector<float> x_ref(n * n_embd, 0.25f);
     q8ref::moe_down(v, table.data(), hq.data(), hds.data(), ids.data(), wts.data(), n, k, x_ref.data());
     double worst = 0;
+    int64_t slots_diff = 0;
     std::vector<float> wd(n_ff);
     for (bool staged : {false, true})
     q8d::dispatch(t, false, [&](auto f, auto a) {
@@ -221,6 +222,43 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
                   slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
                   reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
           }
+          // down_lane_partial_slots (the kernel's default: slots looked up once) gives the same bits per
+          // lane, with 2 terms unrolled (3 per lane here: the loop takes the third) and with 4.
+          {
+            int jslot[8];
+            for (int j = 0; j < k; ++j) {
+              const int32_t e = ids[tk * k + j];
+              jslot[j] = e < 0 ? -1 : table[e];
+            }
+            const int64_t stride = q8d::stage_stride(drb);
+            std::vector<uint4> region(size_t(stride * k / 16));
+            for (int j = 0; j < k && staged; ++j) {
+              if (jslot[j] < 0) continue;
+              const uint8_t* src = slots.data() + jslot[j] * v.slot_bytes + v.down_off + r * drb;
+              uint8_t* base = reinterpret_cast<uint8_t*>(region.data()) + j * stride;
+              for (int lane = 0; lane < 32; ++lane) q8d::warp_copy(q8d::stage_dst(base, src), src, drb, lane);
+            }
+            auto* stage = staged ? reinterpret_cast<uint8_t*>(region.data()) : nullptr;
+            for (int l = 0; l < 32; ++l) {
+              float a2, a4;
+              if (staged) {
+                a2 = q8d::down_lane_partial_slots<decltype(f), q8d::kStaged, 2>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32, stage, stride);
+                a4 = q8d::down_lane_partial_slots<decltype(f), q8d::kStaged, 4>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32, stage, stride);
+              } else {
+                a2 = q8d::down_lane_partial_slots<decltype(f), decltype(a)::value, 2>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32);
+                a4 = q8d::down_lane_partial_slots<decltype(f), decltype(a)::value, 4>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32);
+              }
+              slots_diff += !test::same_bits(a2, part[l]) || !test::same_bits(a4, part[l]);
+            }
+          }
           for (int o = 16; o > 0; o >>= 1) {
             float nxt[32];
             for (int l = 0; l < 32; ++l) nxt[l] = part[l] + part[l ^ o];
@@ -239,6 +277,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
         }
     });
     EXPECT_LE(worst, 1.0) << type_name(t);
+    EXPECT_EQ(slots_diff, 0) << type_name(t) << ": down_lane_partial_slots differs from down_lane_partial";
     std::printf("q8 host moe down %s: worst error / tolerance %.3g\n", std::string(type_name(t)).c_str(), worst);
   }
 }

@@ -460,6 +460,18 @@ class CudaQ8Moe : public test::GpuKernelTest {
                                          d_wts.span()}, {d_x2.span()});
       EXPECT_EQ(std::memcmp(download<float>(d_x2, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
           << what << ": moe_down not deterministic";
+      // The other moe_down kernel (slots looked up per term / once per warp) gives the same bits.
+      const bool slots_on = q8::moe_down_slots();
+      q8::set_moe_down_slots(!slots_on);
+      auto d_x3 = upload_vec(x0);
+      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                   d_wts.ptr<float>(), n, k, d_x3.ptr<float>(), stream());
+      q8::set_moe_down_slots(slots_on);
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                         d_wts.span()}, {d_x3.span()});
+      EXPECT_EQ(std::memcmp(download<float>(d_x3, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
+          << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
+          << " differs from the other kernel";
     }
   }
 };

@@ -1,0 +1,93 @@
+#pragma once
+// Programmatic dependent launch (PDL, sm_90) for the decode kernels (private to src/cuda).
+//
+// Why: a decode layer is ~10 short kernels in a row; between two of them the GPU drains the first grid,
+// then launches the next and its blocks start loading. With PDL the next kernel is launched while the
+// previous one runs (as soon as every block of the previous one has passed pdl_wait()), runs whatever
+// does not depend on it (e.g. prefetching its own weights, which no kernel writes), and waits in
+// pdl_wait() for the previous grid to complete and its memory to be visible. In CUDA graphs the stream
+// capture turns the attribute into programmatic edges.
+//
+// Contract for a kernel launched with pdl::launch:
+//   * pdl_wait() is called by every thread before it reads anything an earlier kernel of the stream
+//     writes, writes anything an earlier kernel reads or writes, and before any return (so the grid
+//     completes only after its predecessor did: completion stays transitive along the stream);
+//   * pdl_launch_dependents() right after pdl_wait() (the next kernel may then be launched).
+// Work before pdl_wait() may only read memory no kernel writes (weights) or the kernel's own shared memory.
+// Without the attribute (pdl::enabled() false, or a launch through <<<>>>) both calls are no-ops, so
+// the kernels stay correct when launched either way.
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "cuda/cuda_check.cuh"
+
+namespace strata::cuda::pdl {
+
+// The process-wide switch: -1 = not set yet (the environment decides on first use).
+inline std::atomic<int>& state() {
+  static std::atomic<int> s{-1};
+  return s;
+}
+
+// On unless the environment sets STRATA_CUDA_PDL=0 (read on first use) or set_enabled(false) ran. Launches
+// made after a change use the new setting (graphs keep what they captured).
+inline bool enabled() {
+  int v = state().load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("STRATA_CUDA_PDL");
+    int expected = -1;
+    state().compare_exchange_strong(expected, e == nullptr || std::strcmp(e, "0") != 0 ? 1 : 0);
+    v = state().load();
+  }
+  return v == 1;
+}
+inline void set_enabled(bool on) { state().store(on ? 1 : 0); }
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled().
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  const bool on = enabled();
+  cfg.attrs = on ? attr : nullptr;
+  cfg.numAttrs = on ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace strata::cuda::pdl
+
+namespace strata::cuda {
+
+// Waits until the grids this one depends on have completed and their memory is visible (no-op when the
+// kernel was not launched with the PDL attribute).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel of the stream (if launched with the attribute) be launched.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// An L2 prefetch of the 128-byte line holding p (weights read before pdl_wait()).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
+
+}  // namespace strata::cuda
