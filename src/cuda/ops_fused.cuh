@@ -77,6 +77,12 @@ bool attn_prep_first();
 // n_tok <= kRouterRouteMaxTokens (the last block routes the tokens one after the other: prefill batches
 // keep quant::matmul + moe_route). Implemented in ops.cu beside moe_route, whose per-token code it shares.
 constexpr int64_t kRouterRouteMaxTokens = 8;
+// Where the models use them: the fused router launches (norm_router_route, router_route: one block per expert row, the top-k in the
+// last block) for batches of up to this many tokens; larger ones take the product + moe_route. H200,
+// bench_attn_prep (bench/results/2026-11-29-gpu-session4-h200.md, call 3), graph us per layer: 1 token
+// 6.5 (fused) vs 8.5 (product + moe_route); 8 tokens 28.0-38.9 vs 20.4. The fused time grows ~3 us a
+// token, so they cross near 3: 2 keeps the fused path where it was measured (or interpolated) faster.
+constexpr int64_t kFusedRouterMaxTokens = 2;
 
 // The ffn norm and the router of a decode batch in one launch: the same values as
 //   q8::rmsnorm_quantize(x, norm_w, n_tok, cols, eps, xn, xq, xds)   (ops::rmsnorm(...) when xq is null)

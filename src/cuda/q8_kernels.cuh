@@ -65,9 +65,9 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream);
 
 // moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
-// per warp, in parallel, and the lanes' weight loads all in flight (on: the default), or the first kernel,
-// where each term looks up its own slot (off). Process-wide; the first call reads the environment
-// (STRATA_CUDA_Q8_DOWN=loop: off) unless set_moe_down_slots ran before.
+// per warp, in parallel, and the lanes' weight loads all in flight (on), or the first kernel, where each
+// term looks up its own slot (off: the default, measured faster on the H200). Process-wide; the first
+// call reads the environment (STRATA_CUDA_Q8_DOWN=slots: on) unless set_moe_down_slots ran before.
 void set_moe_down_slots(bool on);
 bool moe_down_slots();
 

@@ -260,7 +260,10 @@ bool moe_down_slots() {
   int v = g_down_slots.load();
   if (v < 0) {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
-    v = e != nullptr && std::string(e) == "loop" ? 0 : 1;
+    // Default: the per-term kernel. On the H200 (bench/results/2026-11-29-gpu-session4-h200.md, call 3,
+    // cuda_matvec, k 8, n 1) the slots-once kernel took 8.68 vs 6.57 us (Q4_K down) and 20.8 vs 17.3 us
+    // (Q6_K down). STRATA_CUDA_Q8_DOWN=slots selects it.
+    v = e != nullptr && std::string(e) == "slots" ? 1 : 0;
     int expected = -1;
     g_down_slots.compare_exchange_strong(expected, v);
     v = g_down_slots.load();

@@ -624,7 +624,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
   // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
-  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens && ops::norm_router_route_enabled() &&
+  if (l.router.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens && ops::norm_router_route_enabled() &&
       ops::norm_router_route_supported(hp.n_embd)) {
     // Decode: the norm, the router product and the top-k in one launch (same values as norm + router_route).
     const bool q8e = experts_q8(p, il);
@@ -645,7 +645,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
     return;
   }
   norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
-  if (l.router.type == GgmlType::F32 && n <= ops::kRouterRouteMaxTokens) {
+  if (l.router.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens) {
     // Decode: the router product and the top-k in one launch (same values as the two below).
     note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
                 {ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});
