@@ -242,15 +242,30 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     const uint8_t* uw = ew.up.matrix(e);
     const uint8_t* gend = gw + r1 * fg.rb;
     const uint8_t* uend = uw + r1 * fu.rb;
-    PrefetchStream ps(pf, l2);
-    ps.add(gw + r0 * fg.rb, gend);
-    ps.add(uw + r0 * fu.rb, uend);
-    if (pf > 0) ps.start();
-    // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
-    for (int64_t R = R0; R < R1; ++R)
-      fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
-    for (int64_t R = R0; R < R1; ++R)
-      fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+    if (R1 - R0 == 1) {
+      // One token (decode): gate row r and up row r in turns, two streams in flight at once (one core
+      // streams more bytes/s through two; bench/results/2026-11-29-cpu-decode-q4k.md). Same kernel calls.
+      PrefetchStream psg(pf, l2), psu(pf, l2);
+      psg.add(gw + r0 * fg.rb, gend);
+      psu.add(uw + r0 * fu.rb, uend);
+      if (pf > 0) psg.start(), psu.start();
+      const uint8_t* xg = xqg + tok[R0] * fg.act_bytes();
+      const uint8_t* xu = xqu + tok[R0] * fu.act_bytes();
+      for (int64_t r = r0; r < r1; ++r) {
+        fg.rows(gw, r, r + 1, xg, 1, g + R0 * n_ff, 0, pf > 0 ? &psg : nullptr);
+        fu.rows(uw, r, r + 1, xu, 1, u + R0 * n_ff, 0, pf > 0 ? &psu : nullptr);
+      }
+    } else {
+      PrefetchStream ps(pf, l2);
+      ps.add(gw + r0 * fg.rb, gend);
+      ps.add(uw + r0 * fu.rb, uend);
+      if (pf > 0) ps.start();
+      // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
+      for (int64_t R = R0; R < R1; ++R)
+        fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+      for (int64_t R = R0; R < R1; ++R)
+        fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+    }
     for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
     // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
     if (done[a].v.fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {

@@ -90,12 +90,31 @@ void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
   }
 }
 
+// A work item: rows [r0, r1) of a job, and for a two-stream job also rows [r2, r3) of its second half,
+// taken in turns (r0, r2, r0 + 1, r2 + 1, ...). Why: one core streams weights from DRAM at ~14 GB/s
+// through one sequential stream and at ~18.5 GB/s through two far-apart ones (the hardware prefetchers
+// keep more lines in flight; Zen 4, bench/results/2026-11-29-cpu-decode-q4k.md): a decode step is that
+// stream. Which thread computes a row, and in which order, does not change it.
 struct Chunk {
-  int64_t job, r0, r1;
+  int64_t job, r0, r1, r2 = 0, r3 = 0;
 };
 
-void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, int64_t r0,
-               int64_t r1) {
+// Calls f(r) for the chunk's rows in its order.
+template <class F>
+inline void for_rows(const Chunk& c, F&& f) {
+  const int64_t n1 = c.r1 - c.r0, n2 = c.r3 - c.r2;
+  for (int64_t i = 0; i < std::max(n1, n2); ++i) {
+    if (i < n1) f(c.r0 + i);
+    if (i < n2) f(c.r2 + i);
+  }
+}
+
+// Jobs of at least this many rows (and 2 work items) are walked as two streams: each half >= 128 rows
+// apart (closer streams measured slower than one).
+constexpr int64_t kTwoStreamMinRows = 256;
+
+void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, const Chunk& ch) {
+  const int64_t r0 = ch.r0, r1 = ch.r1;
   const auto* wb = static_cast<const uint8_t*>(j.w);
   if (p.gemm16) {  // 16 rows x every token per kernel call (the rows are transposed once per call)
     const int64_t g0 = (r0 + 15) / 16 * 16, g1 = r1 / 16 * 16;
@@ -133,14 +152,14 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
   if (!p.k.fn) {  // exact mode (or no integer kernel): each row dequantized once, dotted with every token
     thread_local std::vector<float> row;  // [cols] f32; grows once, reused across calls
     if (static_cast<int64_t>(row.size()) < j.cols) row.resize(j.cols);
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       dequantize_row(j.type, wb + r * p.row_bytes, row.data(), j.cols);
       for (int64_t t = 0; t < j.n_tok; ++t) j.y[t * j.rows + r] = dot_f32_rows(row.data(), j.x + t * j.cols, j.cols);
-    }
+    });
     return;
   }
   if (p.passes == 2) {  // FastPrecise: y = w . q1 + w . q2; rows interleaved: (t, pass) at (2t + pass) * xb
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       const uint8_t* wr = wb + r * p.row_bytes;
       int64_t t = 0;
       if (p.k.fn4)  // two tokens' two passes per weight decode
@@ -152,18 +171,18 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
         }
       for (; t < j.n_tok; ++t)
         j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + 2 * t * p.xb) + p.k.fn(j.cols, wr, xq + (2 * t + 1) * p.xb);
-    }
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokTile) {
     const int64_t t1 = std::min(j.n_tok, t0 + kTokTile);
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       const uint8_t* wr = wb + r * p.row_bytes;
       int64_t t = t0;
       if (p.k.fn4)  // 4 tokens per weight decode
         for (; t + 4 <= t1; t += 4) p.k.fn4(j.cols, wr, xq + t * p.xb, p.xb, j.y + t * j.rows + r, j.rows);
       for (; t < t1; ++t) j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + t * p.xb);
-    }
+    });
   }
 }
 
@@ -244,8 +263,15 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
-    if (j.n_tok > 0)
+    if (j.n_tok == 0) continue;
+    if (!p.gemm16 && !p.rep && j.rows >= kTwoStreamMinRows && j.rows >= 2 * grain) {
+      // two streams: item c = rows [c g, (c+1) g) of the first half and the same rows of the second
+      const int64_t half = (j.rows + 1) / 2;
+      for (int64_t r = 0; r < half; r += grain)
+        chunks.push_back({i, r, std::min(half, r + grain), std::min(j.rows, half + r), std::min(j.rows, half + r + grain)});
+    } else {
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
+    }
   }
   if (chunks.empty()) return;
   // Quantize every job's activations once: [job][n_tok][xb bytes].
@@ -277,7 +303,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = cs[c];
       const Prepared& p = pp[ch.job];
-      run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch.r0, ch.r1);
+      run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch);
     }
   });
 }
