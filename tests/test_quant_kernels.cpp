@@ -173,10 +173,10 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
   }
 }
 
-// Large decode-shaped jobs are walked as two streams (rows of the first and second half in turns,
+// Large jobs are walked as several weight streams (the same rows of up to 3 far-apart parts in turns,
 // matmul.cpp): every row must still be computed exactly once, with the same bits as a 1-row product
-// (which is a single work item in plain order). Odd row counts leave the second half one row short.
-TEST(QuantMatmul, TwoStreamRowOrderSameBitsAsOneRowProducts) {
+// (which is a single work item in plain order). 1001 rows: 3 parts, the last one row short; 300 rows: 2.
+TEST(QuantMatmul, MultiStreamRowOrderSameBitsAsOneRowProducts) {
   std::mt19937 rng(17);
   ThreadPool pool2(2), pool1(1);
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {

@@ -2,7 +2,8 @@
 //
 // Work split: the rows of every job are cut into chunks (>= kRowGrain rows, >= kChunkBytes), and the
 // pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
-// of the pool). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
+// of the pool); a large job's chunk takes the same rows of up to kStreams far-apart parts of the matrix in
+// turns (several weight streams per core: struct Chunk). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
 // of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
 // the weights stream from memory once per call whatever n_tok is.
 #include "quant/matmul.h"
@@ -90,28 +91,30 @@ void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
   }
 }
 
-// A work item: rows [r0, r1) of a job, and for a two-stream job also rows [r2, r3) of its second half,
-// taken in turns (r0, r2, r0 + 1, r2 + 1, ...). Why: one core streams weights from DRAM at ~14 GB/s
-// through one sequential stream and at ~18.5 GB/s through two far-apart ones (the hardware prefetchers
-// keep more lines in flight; Zen 4, bench/results/2026-11-29-cpu-decode-q4k.md): a decode step is that
-// stream. Which thread computes a row, and in which order, does not change it.
+// A work item: rows [r0, r1) of a job, and for a multi-stream job (streams > 1) the same rows of each of
+// its `streams` parts (r + k * stride, k < streams, those < rows), taken in turns (r0, r0 + stride, ...,
+// r0 + 1, ...). Why: one core streams weights from DRAM faster through a few far-apart sequential streams
+// than through one (the hardware prefetchers keep more lines in flight: on the Zen 4 dev machine 18.6 GB/s
+// through one, 20.1 through two, 21.1 through three; bench/results/2026-11-29-cpu-decode-q4k.md), and a
+// decode step is that stream. Which thread computes a row, and in which order, does not change it.
 struct Chunk {
-  int64_t job, r0, r1, r2 = 0, r3 = 0;
+  int64_t job, r0, r1, stride = 0, streams = 1, rows = 0;
 };
 
 // Calls f(r) for the chunk's rows in its order.
 template <class F>
 inline void for_rows(const Chunk& c, F&& f) {
-  const int64_t n1 = c.r1 - c.r0, n2 = c.r3 - c.r2;
-  for (int64_t i = 0; i < std::max(n1, n2); ++i) {
-    if (i < n1) f(c.r0 + i);
-    if (i < n2) f(c.r2 + i);
+  if (c.streams == 1) {
+    for (int64_t r = c.r0; r < c.r1; ++r) f(r);
+    return;
   }
+  for (int64_t r = c.r0; r < c.r1; ++r)
+    for (int64_t k = 0, rk = r; k < c.streams && rk < c.rows; ++k, rk += c.stride) f(rk);
 }
 
-// Jobs of at least this many rows (and 2 work items) are walked as two streams: each half >= 128 rows
-// apart (closer streams measured slower than one).
-constexpr int64_t kTwoStreamMinRows = 256;
+// Streams per job where every part has at least kStreamMinRows rows (closer streams measured slower
+// than one) and the job spans more than one work item per part.
+constexpr int64_t kStreams = 3, kStreamMinRows = 128;
 
 void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, const Chunk& ch) {
   const int64_t r0 = ch.r0, r1 = ch.r1;
@@ -264,11 +267,12 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
     if (j.n_tok == 0) continue;
-    if (!p.gemm16 && !p.rep && j.rows >= kTwoStreamMinRows && j.rows >= 2 * grain) {
-      // two streams: item c = rows [c g, (c+1) g) of the first half and the same rows of the second
-      const int64_t half = (j.rows + 1) / 2;
-      for (int64_t r = 0; r < half; r += grain)
-        chunks.push_back({i, r, std::min(half, r + grain), std::min(j.rows, half + r), std::min(j.rows, half + r + grain)});
+    const int64_t streams = std::min(kStreams, j.rows / std::max(kStreamMinRows, grain));
+    if (!p.gemm16 && !p.rep && streams > 1) {
+      // item c = rows [c g, (c+1) g) of each of the `streams` parts
+      const int64_t stride = (j.rows + streams - 1) / streams;
+      for (int64_t r = 0; r < stride; r += grain)
+        chunks.push_back({i, r, std::min(stride, r + grain), stride, streams, j.rows});
     } else {
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
     }
