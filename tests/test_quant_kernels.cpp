@@ -175,9 +175,13 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
 
 // Large jobs are walked as several weight streams (the same rows of up to 3 far-apart parts in turns,
 // matmul.cpp): every row must still be computed exactly once, with the same bits as a 1-row product
-// (which is a single work item in plain order). 1001 rows: 3 parts, the last one row short; 300 rows: 2.
+// (which is a single work item in plain order), for every stream count. 1001 rows: up to 4 parts, the
+// last ones a row short; 300 rows: at most 2 (parts of >= 128 rows).
 TEST(QuantMatmul, MultiStreamRowOrderSameBitsAsOneRowProducts) {
   std::mt19937 rng(17);
+  const int default_streams = matmul_streams();
+  EXPECT_THROW(matmul_set_streams(0), Error);
+  EXPECT_THROW(matmul_set_streams(5), Error);
   ThreadPool pool2(2), pool1(1);
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {
     const int64_t cols = cols_for(t, 512), rb = static_cast<int64_t>(row_bytes(t, cols));
@@ -195,13 +199,16 @@ TEST(QuantMatmul, MultiStreamRowOrderSameBitsAsOneRowProducts) {
             matmul(t, w.data() + r * rb, 1, cols, x.data(), n_tok, one.data(), mode, pool1);
             for (int64_t k = 0; k < n_tok; ++k) want[k * rows + r] = one[k];
           }
-          for (ThreadPool* pool : {&pool1, &pool2}) {
-            std::vector<float> y(rows * n_tok, std::nanf(""));
-            matmul(t, w.data(), rows, cols, x.data(), n_tok, y.data(), mode, *pool);
-            ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4))
-                << type_name(t) << " rows " << rows << " n_tok " << n_tok << " mode " << int(mode) << " threads "
-                << pool->size();
-          }
+          for (int streams : {1, 2, 3, 4})
+            for (ThreadPool* pool : {&pool1, &pool2}) {
+              matmul_set_streams(streams);
+              std::vector<float> y(rows * n_tok, std::nanf(""));
+              matmul(t, w.data(), rows, cols, x.data(), n_tok, y.data(), mode, *pool);
+              ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4))
+                  << type_name(t) << " rows " << rows << " n_tok " << n_tok << " mode " << int(mode) << " threads "
+                  << pool->size() << " streams " << streams;
+            }
+          matmul_set_streams(default_streams);
         }
       }
     }

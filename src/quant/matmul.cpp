@@ -1,14 +1,17 @@
 // y[t][r] = sum_c W[r][c] * x[t][c], exact (dequantize + f32) or fast (integer kernels, quantized x).
 //
 // Work split: the rows of every job are cut into chunks (>= kRowGrain rows, >= kChunkBytes), and the
-// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
-// of the pool); a large job's chunk takes the same rows of up to kStreams far-apart parts of the matrix in
-// turns (several weight streams per core: struct Chunk). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
-// of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
-// the weights stream from memory once per call whatever n_tok is.
+// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost
+// one wake-up of the pool); a large job's chunk takes the same rows of up to matmul_streams() far-apart
+// parts of the matrix in turns (several weight streams per core: struct Chunk). Inside a chunk, tokens
+// are walked in tiles and each weight row is used for every token of the tile while it is hot in L1
+// (4 tokens per weight decode where the format has a 4-token kernel): the weights stream from memory
+// once per call whatever n_tok is.
 #include "quant/matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -112,9 +115,15 @@ inline void for_rows(const Chunk& c, F&& f) {
     for (int64_t k = 0, rk = r; k < c.streams && rk < c.rows; ++k, rk += c.stride) f(rk);
 }
 
-// Streams per job where every part has at least kStreamMinRows rows (closer streams measured slower
-// than one) and the job spans more than one work item per part.
-constexpr int64_t kStreams = 3, kStreamMinRows = 128;
+// Streams per job (matmul_streams()) where every part has at least kStreamMinRows rows (closer streams
+// measured slower than one) and the job spans more than one work item per part.
+constexpr int64_t kStreamMinRows = 128;
+constexpr int kDefaultStreams = 3, kMaxStreams = 4;
+
+std::atomic<int>& streams_flag() {  // 0: not read yet
+  static std::atomic<int> f{0};
+  return f;
+}
 
 void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, const Chunk& ch) {
   const int64_t r0 = ch.r0, r1 = ch.r1;
@@ -219,6 +228,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
   owners.clear();
   int64_t xq_total = 0, xperm_total = 0;
   const CpuLevel level = cpu_level();
+  const int n_streams = matmul_streams();
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
     check_job(j);
@@ -267,7 +277,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
     if (j.n_tok == 0) continue;
-    const int64_t streams = std::min(kStreams, j.rows / std::max(kStreamMinRows, grain));
+    const int64_t streams = std::min<int64_t>(n_streams, j.rows / std::max(kStreamMinRows, grain));
     if (!p.gemm16 && !p.rep && streams > 1) {
       // item c = rows [c g, (c+1) g) of each of the `streams` parts
       const int64_t stride = (j.rows + streams - 1) / streams;
@@ -310,6 +320,25 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
       run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch);
     }
   });
+}
+
+int matmul_streams() {
+  int v = streams_flag().load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = kDefaultStreams;
+    if (const char* e = std::getenv("STRATA_MATMUL_STREAMS"); e && *e) {
+      STRATA_REQUIRE(e[1] == 0 && e[0] >= '1' && e[0] <= '0' + kMaxStreams, "STRATA_MATMUL_STREAMS must be 1..{}, got '{}'",
+                     kMaxStreams, e);
+      v = e[0] - '0';
+    }
+    streams_flag().store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void matmul_set_streams(int n) {
+  STRATA_REQUIRE(n >= 1 && n <= kMaxStreams, "matmul_set_streams: {} is not in 1..{}", n, kMaxStreams);
+  streams_flag().store(n, std::memory_order_relaxed);
 }
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok, float* y,
