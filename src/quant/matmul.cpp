@@ -94,25 +94,28 @@ void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
   }
 }
 
-// A work item: rows [r0, r1) of a job, and for a multi-stream job (streams > 1) the same rows of each of
-// its `streams` parts (r + k * stride, k < streams, those < rows), taken in turns (r0, r0 + stride, ...,
-// r0 + 1, ...). Why: one core streams weights from DRAM faster through a few far-apart sequential streams
-// than through one (the hardware prefetchers keep more lines in flight: on the Zen 4 dev machine 18.6 GB/s
-// through one, 20.1 through two, 21.1 through three; bench/results/2026-11-29-cpu-decode-q4k.md), and a
-// decode step is that stream. Which thread computes a row, and in which order, does not change it.
+// A work item: rows [r0, r1) of a job, and for a multi-stream job (stride > 0) the same rows of its
+// parts part0 .. part0 + streams - 1 (r + p * stride, those < rows), taken in turns (r0 + part0 * stride,
+// r0 + (part0 + 1) * stride, ..., then r0 + 1, ...). Why: one core streams weights from DRAM faster
+// through a few far-apart sequential streams than through one (the hardware prefetchers keep more lines
+// in flight: on the Zen 4 dev machine 18.6 GB/s through one, 20.1 through two, 21.1 through three;
+// bench/results/2026-11-29-cpu-decode-q4k.md), and a decode step is that stream. With T threads the job
+// has T groups of parts and consecutive work items go to consecutive groups: the pool hands items out
+// in order, so each thread tends to keep its own group and reads it without holes. Which thread
+// computes a row, and in which order, does not change it.
 struct Chunk {
-  int64_t job, r0, r1, stride = 0, streams = 1, rows = 0;
+  int64_t job, r0, r1, stride = 0, streams = 1, rows = 0, part0 = 0;
 };
 
 // Calls f(r) for the chunk's rows in its order.
 template <class F>
 inline void for_rows(const Chunk& c, F&& f) {
-  if (c.streams == 1) {
+  if (c.stride == 0) {
     for (int64_t r = c.r0; r < c.r1; ++r) f(r);
     return;
   }
   for (int64_t r = c.r0; r < c.r1; ++r)
-    for (int64_t k = 0, rk = r; k < c.streams && rk < c.rows; ++k, rk += c.stride) f(rk);
+    for (int64_t k = 0, rk = r + c.part0 * c.stride; k < c.streams && rk < c.rows; ++k, rk += c.stride) f(rk);
 }
 
 // Streams per job (matmul_streams()) where every part has at least kStreamMinRows rows (closer streams
@@ -277,12 +280,16 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
     if (j.n_tok == 0) continue;
-    const int64_t streams = std::min<int64_t>(n_streams, j.rows / std::max(kStreamMinRows, grain));
-    if (!p.gemm16 && !p.rep && streams > 1) {
-      // item c = rows [c g, (c+1) g) of each of the `streams` parts
-      const int64_t stride = (j.rows + streams - 1) / streams;
+    // Parts of >= kStreamMinRows rows and more than one work item each: `streams` per thread group.
+    const int64_t per = std::max(kStreamMinRows, grain), n_thr = pool.size();
+    int64_t groups = n_thr, streams = std::min<int64_t>(n_streams, j.rows / (n_thr * per));
+    if (streams < 1 || groups * streams < 2) groups = 1, streams = std::min<int64_t>(n_streams, j.rows / per);
+    if (!p.gemm16 && !p.rep && groups * streams > 1) {
+      // item (c, g) = rows [c g, (c+1) g) of each part of group g
+      const int64_t stride = (j.rows + groups * streams - 1) / (groups * streams);
       for (int64_t r = 0; r < stride; r += grain)
-        chunks.push_back({i, r, std::min(stride, r + grain), stride, streams, j.rows});
+        for (int64_t g = 0; g < groups; ++g)
+          chunks.push_back({i, r, std::min(stride, r + grain), stride, streams, j.rows, g * streams});
     } else {
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
     }
