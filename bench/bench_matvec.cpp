@@ -7,7 +7,10 @@
 // Shapes: 4096x14336 (a dense FFN projection: 14336 rows of 4096) and 2048x768 (an expert of a
 // Qwen3-30B-A3B-like MoE: 768 rows of 2048). Expert matrices are small enough to sit in cache, so the
 // benchmark cycles through enough distinct copies (>= 128 MiB) that every call streams from DRAM, as a
-// MoE layer does.
+// MoE layer does. MatvecStreams: decode with 1-4 weight streams per work item (matmul_streams()), also
+// on 2048x151936 (the output matrix of Qwen3-30B-A3B, 175 MB of Q4_K). The weights are anonymous memory
+// on 4 KiB pages (THP is madvise-only on the dev box); mmapped GGUF weights behave differently
+// (bench/results/2026-11-29-cpu-decode-q4k.md).
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
@@ -108,6 +111,15 @@ void BM_Matmul(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, 
   state.counters["GB/s"] = benchmark::Counter(gb, benchmark::Counter::kIsRate);
   state.counters["tok/s"] = benchmark::Counter(double(n_tok) * state.iterations(), benchmark::Counter::kIsRate);
   state.SetLabel(fmt::format("{} bytes/matrix", w.matrix_bytes));
+}
+
+// Decode (1 token, fast mode) with the weight streams per work item set to `streams` (matmul_streams(): 1 =
+// rows in plain order); all settings run in this process: compare their GB/s.
+void BM_MatvecStreams(benchmark::State& state, GgmlType t, int64_t rows, int64_t cols, int streams) {
+  const int was = matmul_streams();
+  matmul_set_streams(streams);
+  BM_Matmul(state, t, rows, cols, 1, MatmulMode::Fast);
+  matmul_set_streams(was);
 }
 
 // Prefill (n_tok tokens) against one in-cache expert-sized matrix, fast mode, Q4_K (or Q6_K) through one of
@@ -228,6 +240,12 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("Matvec/2048x768/" + n).c_str(), BM_Matmul, t, 768, 2048, 1, MatmulMode::Fast)
         ->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K})
+    for (int streams : {1, 2, 3, 4})
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{14336, 4096}, {151936, 2048}})
+        benchmark::RegisterBenchmark(fmt::format("MatvecStreams/{}x{}/{}/s{}", cols, rows, type_name(t), streams).c_str(),
+                                     BM_MatvecStreams, t, rows, cols, streams)
+            ->UseRealTime()->Unit(benchmark::kMillisecond);
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0}) {
     const std::string n(type_name(t));
     benchmark::RegisterBenchmark(("Matmul8/4096x14336/" + n).c_str(), BM_Matmul, t, 14336, 4096, 8, MatmulMode::Fast)

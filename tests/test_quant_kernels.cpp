@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -166,6 +167,48 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
           double ref = 0, mag = 0;
           for (int64_t c = 0; c < cols; ++c) ref += double(wf[c]) * x[tk * cols + c], mag += std::fabs(wf[c] * x[tk * cols + c]);
           ASSERT_LE(std::fabs(y_exact[tk * rows + r] - ref), 1e-6 * mag + 1e-9) << type_name(t);
+        }
+      }
+    }
+  }
+}
+
+// Large jobs are walked as several weight streams (the same rows of up to 3 far-apart parts in turns,
+// matmul.cpp): every row must still be computed exactly once, with the same bits as a 1-row product
+// (which is a single work item in plain order), for every stream count. 1001 rows: up to 4 parts, the
+// last ones a row short; 300 rows: at most 2 (parts of >= 128 rows).
+TEST(QuantMatmul, MultiStreamRowOrderSameBitsAsOneRowProducts) {
+  std::mt19937 rng(17);
+  const int default_streams = matmul_streams();
+  EXPECT_THROW(matmul_set_streams(0), Error);
+  EXPECT_THROW(matmul_set_streams(5), Error);
+  ThreadPool pool2(2), pool1(1);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {
+    const int64_t cols = cols_for(t, 512), rb = static_cast<int64_t>(row_bytes(t, cols));
+    for (int64_t rows : {int64_t(1001), int64_t(300)}) {
+      std::vector<uint8_t> w;
+      for (int64_t r = 0; r < rows; ++r) {
+        auto row = test::random_row(t, cols, rng);
+        w.insert(w.end(), row.begin(), row.end());
+      }
+      for (int64_t n_tok : {1, 3}) {
+        const auto x = test::random_acts(cols * n_tok, rng);
+        for (MatmulMode mode : {MatmulMode::Fast, MatmulMode::FastPrecise, MatmulMode::Exact}) {
+          std::vector<float> one(n_tok), want(rows * n_tok);
+          for (int64_t r = 0; r < rows; ++r) {
+            matmul(t, w.data() + r * rb, 1, cols, x.data(), n_tok, one.data(), mode, pool1);
+            for (int64_t k = 0; k < n_tok; ++k) want[k * rows + r] = one[k];
+          }
+          for (int streams : {1, 2, 3, 4})
+            for (ThreadPool* pool : {&pool1, &pool2}) {
+              matmul_set_streams(streams);
+              std::vector<float> y(rows * n_tok, std::nanf(""));
+              matmul(t, w.data(), rows, cols, x.data(), n_tok, y.data(), mode, *pool);
+              ASSERT_EQ(0, std::memcmp(y.data(), want.data(), y.size() * 4))
+                  << type_name(t) << " rows " << rows << " n_tok " << n_tok << " mode " << int(mode) << " threads "
+                  << pool->size() << " streams " << streams;
+            }
+          matmul_set_streams(default_streams);
         }
       }
     }

@@ -146,6 +146,19 @@ struct FusedMat {
   }
 };
 
+// The block handed out at position c of n blocks (0 <= c < n) when the blocks form `groups` contiguous
+// runs (sizes n / groups or one more, the longer ones first) and consecutive positions go to
+// consecutive runs. Why: the pool hands items out in order, so with `groups` = its threads each thread
+// tends to keep one run of an expert's rows and streams it without holes (consecutive blocks to
+// alternating threads leave every thread's stream full of holes the prefetchers read for nothing).
+// Only the order changes, never a value.
+inline int64_t spread(int64_t c, int64_t n, int64_t groups) {
+  if (groups <= 1 || n <= groups) return c;
+  const int64_t m = n / groups, r = n % groups;
+  const auto start = [&](int64_t g) { return g * m + std::min(g, r); };
+  return c < m * groups ? start(c % groups) + c / groups : start(c - m * groups) + m;
+}
+
 // Rows per work item: about `item_bytes` of weights at `bytes_per_row` (all matrices an item reads per
 // row), a multiple of `align` (whole cache lines of the float outputs), at least `align`, at most
 // `total` rounded up to `align`.
@@ -217,6 +230,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const bool l2 = opt.prefetch_l2;
   const int64_t rows1 = item_rows(opt.item_bytes, fg.rb + fu.rb, 8, n_ff);
   const int64_t per1 = (n_ff + rows1 - 1) / rows1;  // gate+up items per expert
+  const int64_t n_thr = pool.size();                // runs of row blocks per expert (spread)
   // Down: ranges of rows2 rows, one item per range and expert; the last expert's ranges are split in
   // `split` items of rows_tail rows (tail_item_bytes), the last work handed out, so the threads run
   // out of work together. Range c is complete after (n_act - 1) + split items.
@@ -235,22 +249,37 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   // Gate+up item i (expert-major): gate and up rows of one range for each token of the expert, swiglu
   // on them; the expert's last item quantizes its swiglu rows for down and marks them ready.
   auto gate_up_item = [&](int64_t i) {
-    const int64_t a = i / per1, r0 = (i % per1) * rows1, r1 = std::min(n_ff, r0 + rows1);
+    const int64_t a = i / per1, r0 = spread(i % per1, per1, n_thr) * rows1, r1 = std::min(n_ff, r0 + rows1);
     const int e = act[a];
     const int64_t R0 = off[e], R1 = off[e + 1];
     const uint8_t* gw = ew.gate.matrix(e);
     const uint8_t* uw = ew.up.matrix(e);
     const uint8_t* gend = gw + r1 * fg.rb;
     const uint8_t* uend = uw + r1 * fu.rb;
-    PrefetchStream ps(pf, l2);
-    ps.add(gw + r0 * fg.rb, gend);
-    ps.add(uw + r0 * fu.rb, uend);
-    if (pf > 0) ps.start();
-    // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
-    for (int64_t R = R0; R < R1; ++R)
-      fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
-    for (int64_t R = R0; R < R1; ++R)
-      fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+    if (R1 - R0 == 1) {
+      // One token (decode): gate row r and up row r in turns, two streams in flight at once (one core
+      // streams more bytes/s through two; bench/results/2026-11-29-cpu-decode-q4k.md). Same kernel calls.
+      PrefetchStream psg(pf, l2), psu(pf, l2);
+      psg.add(gw + r0 * fg.rb, gend);
+      psu.add(uw + r0 * fu.rb, uend);
+      if (pf > 0) psg.start(), psu.start();
+      const uint8_t* xg = xqg + tok[R0] * fg.act_bytes();
+      const uint8_t* xu = xqu + tok[R0] * fu.act_bytes();
+      for (int64_t r = r0; r < r1; ++r) {
+        fg.rows(gw, r, r + 1, xg, 1, g + R0 * n_ff, 0, pf > 0 ? &psg : nullptr);
+        fu.rows(uw, r, r + 1, xu, 1, u + R0 * n_ff, 0, pf > 0 ? &psu : nullptr);
+      }
+    } else {
+      PrefetchStream ps(pf, l2);
+      ps.add(gw + r0 * fg.rb, gend);
+      ps.add(uw + r0 * fu.rb, uend);
+      if (pf > 0) ps.start();
+      // One token at a time through its own quantized row (an expert's tokens need not be adjacent).
+      for (int64_t R = R0; R < R1; ++R)
+        fg.rows(gw, r0, r1, xqg + tok[R] * fg.act_bytes(), 1, g + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+      for (int64_t R = R0; R < R1; ++R)
+        fu.rows(uw, r0, r1, xqu + tok[R] * fu.act_bytes(), 1, u + R * n_ff, 0, pf > 0 && R == R0 ? &ps : nullptr);
+    }
     for (int64_t R = R0; R < R1; ++R) cpu::swiglu(g + R * n_ff + r0, u + R * n_ff + r0, r1 - r0, g + R * n_ff + r0);
     // The last item of this expert (acq_rel: sees every other item's swiglu rows) quantizes them.
     if (done[a].v.fetch_add(1, std::memory_order_acq_rel) + 1 == per1) {
@@ -265,7 +294,7 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
   const int64_t n_big = (n_act - 1) * n_ranges;  // items of the experts but the last
   auto down_item = [&](int64_t i) {
     const int64_t a = i < n_big ? i / n_ranges : n_act - 1;
-    const int64_t c = i < n_big ? i % n_ranges : (i - n_big) / split;
+    const int64_t c = i < n_big ? spread(i % n_ranges, n_ranges, n_thr) : (i - n_big) / split;
     const int64_t c0 = c * rows2, c1 = std::min(n_embd, c0 + rows2);  // the range
     const int64_t r0 = i < n_big ? c0 : std::min(c1, c0 + (i - n_big) % split * rows_tail);
     const int64_t r1 = i < n_big ? c1 : std::min(c1, r0 + rows_tail);  // (may be empty: still counted)

@@ -1,13 +1,17 @@
 // y[t][r] = sum_c W[r][c] * x[t][c], exact (dequantize + f32) or fast (integer kernels, quantized x).
 //
 // Work split: the rows of every job are cut into chunks (>= kRowGrain rows, >= kChunkBytes), and the
-// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost one wake-up
-// of the pool). Inside a chunk, tokens are walked in tiles and each weight row is used for every token
-// of the tile while it is hot in L1 (4 tokens per weight decode where the format has a 4-token kernel):
-// the weights stream from memory once per call whatever n_tok is.
+// pool hands the chunks out (one parallel region per call, however many jobs: a MoE layer's experts cost
+// one wake-up of the pool); a large job's chunk takes the same rows of up to matmul_streams() far-apart
+// parts of the matrix in turns (several weight streams per core: struct Chunk). Inside a chunk, tokens
+// are walked in tiles and each weight row is used for every token of the tile while it is hot in L1
+// (4 tokens per weight decode where the format has a 4-token kernel): the weights stream from memory
+// once per call whatever n_tok is.
 #include "quant/matmul.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -90,12 +94,42 @@ void dequantize_act(q::ActType act, const void* src, float* dst, int64_t n) {
   }
 }
 
+// A work item: rows [r0, r1) of a job, and for a multi-stream job (stride > 0) the same rows of its
+// parts part0 .. part0 + streams - 1 (r + p * stride, those < rows), taken in turns (r0 + part0 * stride,
+// r0 + (part0 + 1) * stride, ..., then r0 + 1, ...). Why: one core streams weights from DRAM faster
+// through a few far-apart sequential streams than through one (the hardware prefetchers keep more lines
+// in flight: on the Zen 4 dev machine 18.6 GB/s through one, 20.1 through two, 21.1 through three;
+// bench/results/2026-11-29-cpu-decode-q4k.md), and a decode step is that stream. With T threads the job
+// has T groups of parts and consecutive work items go to consecutive groups: the pool hands items out
+// in order, so each thread tends to keep its own group and reads it without holes. Which thread
+// computes a row, and in which order, does not change it.
 struct Chunk {
-  int64_t job, r0, r1;
+  int64_t job, r0, r1, stride = 0, streams = 1, rows = 0, part0 = 0;
 };
 
-void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, int64_t r0,
-               int64_t r1) {
+// Calls f(r) for the chunk's rows in its order.
+template <class F>
+inline void for_rows(const Chunk& c, F&& f) {
+  if (c.stride == 0) {
+    for (int64_t r = c.r0; r < c.r1; ++r) f(r);
+    return;
+  }
+  for (int64_t r = c.r0; r < c.r1; ++r)
+    for (int64_t k = 0, rk = r + c.part0 * c.stride; k < c.streams && rk < c.rows; ++k, rk += c.stride) f(rk);
+}
+
+// Streams per job (matmul_streams()) where every part has at least kStreamMinRows rows (closer streams
+// measured slower than one) and the job spans more than one work item per part.
+constexpr int64_t kStreamMinRows = 128;
+constexpr int kDefaultStreams = 3, kMaxStreams = 4;
+
+std::atomic<int>& streams_flag() {  // 0: not read yet
+  static std::atomic<int> f{0};
+  return f;
+}
+
+void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const uint8_t* xperm, const Chunk& ch) {
+  const int64_t r0 = ch.r0, r1 = ch.r1;
   const auto* wb = static_cast<const uint8_t*>(j.w);
   if (p.gemm16) {  // 16 rows x every token per kernel call (the rows are transposed once per call)
     const int64_t g0 = (r0 + 15) / 16 * 16, g1 = r1 / 16 * 16;
@@ -133,14 +167,14 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
   if (!p.k.fn) {  // exact mode (or no integer kernel): each row dequantized once, dotted with every token
     thread_local std::vector<float> row;  // [cols] f32; grows once, reused across calls
     if (static_cast<int64_t>(row.size()) < j.cols) row.resize(j.cols);
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       dequantize_row(j.type, wb + r * p.row_bytes, row.data(), j.cols);
       for (int64_t t = 0; t < j.n_tok; ++t) j.y[t * j.rows + r] = dot_f32_rows(row.data(), j.x + t * j.cols, j.cols);
-    }
+    });
     return;
   }
   if (p.passes == 2) {  // FastPrecise: y = w . q1 + w . q2; rows interleaved: (t, pass) at (2t + pass) * xb
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       const uint8_t* wr = wb + r * p.row_bytes;
       int64_t t = 0;
       if (p.k.fn4)  // two tokens' two passes per weight decode
@@ -152,18 +186,18 @@ void run_chunk(const MatmulJob& j, const Prepared& p, const uint8_t* xq, const u
         }
       for (; t < j.n_tok; ++t)
         j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + 2 * t * p.xb) + p.k.fn(j.cols, wr, xq + (2 * t + 1) * p.xb);
-    }
+    });
     return;
   }
   for (int64_t t0 = 0; t0 < j.n_tok; t0 += kTokTile) {
     const int64_t t1 = std::min(j.n_tok, t0 + kTokTile);
-    for (int64_t r = r0; r < r1; ++r) {
+    for_rows(ch, [&](int64_t r) {
       const uint8_t* wr = wb + r * p.row_bytes;
       int64_t t = t0;
       if (p.k.fn4)  // 4 tokens per weight decode
         for (; t + 4 <= t1; t += 4) p.k.fn4(j.cols, wr, xq + t * p.xb, p.xb, j.y + t * j.rows + r, j.rows);
       for (; t < t1; ++t) j.y[t * j.rows + r] = p.k.fn(j.cols, wr, xq + t * p.xb);
-    }
+    });
   }
 }
 
@@ -197,6 +231,7 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
   owners.clear();
   int64_t xq_total = 0, xperm_total = 0;
   const CpuLevel level = cpu_level();
+  const int n_streams = matmul_streams();
   for (int64_t i = 0; i < n_jobs; ++i) {
     const MatmulJob& j = jobs[i];
     check_job(j);
@@ -244,8 +279,20 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     int64_t grain = std::max(kRowGrain, kChunkBytes / std::max<int64_t>(1, p.row_bytes));
     if (p.rep) grain = (grain + 7) / 8 * 8;  // chunks of whole 8-row groups
     if (p.gemm16) grain = (grain + 15) / 16 * 16;  // ... or 16-row groups
-    if (j.n_tok > 0)
+    if (j.n_tok == 0) continue;
+    // Parts of >= kStreamMinRows rows and more than one work item each: `streams` per thread group.
+    const int64_t per = std::max(kStreamMinRows, grain), n_thr = pool.size();
+    int64_t groups = n_thr, streams = std::min<int64_t>(n_streams, j.rows / (n_thr * per));
+    if (streams < 1 || groups * streams < 2) groups = 1, streams = std::min<int64_t>(n_streams, j.rows / per);
+    if (!p.gemm16 && !p.rep && groups * streams > 1) {
+      // item (c, g) = rows [c g, (c+1) g) of each part of group g
+      const int64_t stride = (j.rows + groups * streams - 1) / (groups * streams);
+      for (int64_t r = 0; r < stride; r += grain)
+        for (int64_t g = 0; g < groups; ++g)
+          chunks.push_back({i, r, std::min(stride, r + grain), stride, streams, j.rows, g * streams});
+    } else {
       for (int64_t r = 0; r < j.rows; r += grain) chunks.push_back({i, r, std::min(j.rows, r + grain)});
+    }
   }
   if (chunks.empty()) return;
   // Quantize every job's activations once: [job][n_tok][xb bytes].
@@ -277,9 +324,28 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = cs[c];
       const Prepared& p = pp[ch.job];
-      run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch.r0, ch.r1);
+      run_chunk(jobs[ch.job], p, xq + p.xq_offset, p.rep ? xperm + p.xperm_offset : nullptr, ch);
     }
   });
+}
+
+int matmul_streams() {
+  int v = streams_flag().load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = kDefaultStreams;
+    if (const char* e = std::getenv("STRATA_MATMUL_STREAMS"); e && *e) {
+      STRATA_REQUIRE(e[1] == 0 && e[0] >= '1' && e[0] <= '0' + kMaxStreams, "STRATA_MATMUL_STREAMS must be 1..{}, got '{}'",
+                     kMaxStreams, e);
+      v = e[0] - '0';
+    }
+    streams_flag().store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+void matmul_set_streams(int n) {
+  STRATA_REQUIRE(n >= 1 && n <= kMaxStreams, "matmul_set_streams: {} is not in 1..{}", n, kMaxStreams);
+  streams_flag().store(n, std::memory_order_relaxed);
 }
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n_tok, float* y,

@@ -38,4 +38,11 @@ struct MatmulJob {
 // Not re-entrant on the same pool (like ThreadPool::parallel_for).
 void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadPool& pool);
 
+// Weight streams per work item: a large job's work item takes the same rows of up to this many far-apart
+// parts of W in turns (one core reads DRAM faster through a few sequential streams than through one;
+// matmul.cpp). STRATA_MATMUL_STREAMS (1..4, default 3, read once) or the last matmul_set_streams
+// (benchmarks compare settings in one process). Results do not depend on it.
+int matmul_streams();
+void matmul_set_streams(int n);
+
 }  // namespace strata
