@@ -6,6 +6,7 @@ namespace strata::cuda {
 
 std::unique_ptr<Model> load_model_cuda(const std::string& path, const CudaOptions& opt) {
   gguf::File file = gguf::File::open(path);
+  populate_weights(file);  // the CPU pool reads non-resident experts from the mapping
   const gguf::Value* a = file.find("general.architecture");
   STRATA_REQUIRE(a && a->type == gguf::ValueType::STRING, "{}: missing string metadata 'general.architecture'",
                  path);

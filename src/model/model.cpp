@@ -29,8 +29,6 @@ std::unique_ptr<Model> load_model(gguf::File file) {
        fmt::join(supported_architectures(), ", "));
 }
 
-namespace {
-
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14
 #endif
@@ -57,8 +55,6 @@ void populate_weights(const gguf::File& f) {
   const uintptr_t aligned = start & ~(uintptr_t(page) - 1);
   (void)madvise(reinterpret_cast<void*>(aligned), bytes + (start - aligned), MADV_POPULATE_READ);
 }
-
-}  // namespace
 
 std::unique_ptr<Model> load_model(const std::string& path) {
   gguf::File f = gguf::File::open(path);

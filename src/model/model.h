@@ -122,6 +122,10 @@ class Model {
 
 // Opens a GGUF file and builds the model of its architecture (the one dispatch point). Throws
 // strata::Error for an unknown architecture or a file that does not match it.
+// Maps every page of the file's tensor data now (MADV_POPULATE_READ), so the first forward passes take no
+// page faults; skipped by STRATA_POPULATE=0 and, unless STRATA_POPULATE=1, for weights over half the
+// memory. load_model(path) and the CUDA backend's loader call it (model.cpp says why and what it saved).
+void populate_weights(const gguf::File& f);
 std::unique_ptr<Model> load_model(const std::string& path);
 std::unique_ptr<Model> load_model(gguf::File file);
 
