@@ -19,6 +19,7 @@ std::shared_ptr<const Model> load_model_for(const EngineFlags& ef) {
   co.vram_reserve_mib = ef.vram_reserve_mib;
   co.expert_profile = ef.expert_profile;
   co.adapt_every = ef.adapt_every;
+  co.stream_slots = ef.stream_slots;
   co.exact = ef.exact;
   co.n_ctx = ef.n_ctx > 0 ? ef.n_ctx : ef.ctx_hint;
   co.n_batch = std::max<int32_t>(ef.n_batch, ef.kv_sequences);
@@ -38,6 +39,10 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                what, backend.c_str(), 100.0 * r.hit_rate(), (long long)r.hits, (long long)r.misses,
                r.slots_used, r.n_slots, r.n_experts_total, (long long)r.swaps, double(r.bytes_h2d) / mib,
                double(r.bytes_d2h) / mib);
+  if (r.streamed > 0)
+    std::fprintf(stderr, "strata: %s expert cache (%s): %lld non-resident experts streamed to the GPU for a pass "
+                 "(prefill), %.1f MiB\n", what, backend.c_str(), (long long)r.streamed,
+                 double(r.streamed) * double(r.slot_bytes) / mib);
   if (r.forwards > 0)
     std::fprintf(stderr,
                  "strata: %s host work (%s): CUDA graphs %s, %lld of %lld forward passes replayed a graph (%lld "

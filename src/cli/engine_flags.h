@@ -33,6 +33,7 @@ struct EngineFlags {
   int64_t vram_reserve_mib = 1024;
   std::string expert_profile;
   int adapt_every = 32;
+  int stream_slots = -1;
   int32_t ctx_hint = 4096;  // the subcommand's default context (sizes --expert-cache auto)
   int kv_sequences = 1;     // sequences the subcommand keeps at once (serve: --parallel)
 
@@ -67,6 +68,9 @@ struct EngineFlags {
     app.add_option("--adapt-every", adapt_every,
                    "forward passes between expert-cache adaptations (hot experts replace cold ones; 0: off)")
         ->capture_default_str();
+    app.add_option("--stream-slots", stream_slots,
+                   "GPU staging slots for streaming non-resident experts into prefill passes (-1: one layer's "
+                   "experts when some are not resident; 0: off; see docs/expert_cache.md)");
   }
 
   EngineOptions options(int32_t n_ctx_default) const {

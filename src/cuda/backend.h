@@ -19,6 +19,9 @@ struct CudaOptions {
   bool exact = false;                 // dense weights and slots in f32 (the exact mode)
   int32_t n_ctx = 4096, n_batch = 512;  // for auto sizing: KV per sequence, workspace tokens
   int kv_sequences = 1;                 // sequences whose KV auto sizing leaves room for
+  // Staging slots for streaming non-resident experts into prefill passes (docs/expert_cache.md):
+  // -1: one layer's experts when some experts are not resident (0 when all are), 0: no streaming.
+  int stream_slots = -1;
   bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
                             // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
 };

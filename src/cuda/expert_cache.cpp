@@ -109,6 +109,8 @@ std::vector<LayerExperts> validated(std::vector<LayerExperts> layers, int64_t n_
   STRATA_REQUIRE(cfg.adapt_every >= 0 && cfg.max_swaps >= 0, "expert cache: adapt_every ({}) and max_swaps ({}) must be >= 0",
                  cfg.adapt_every, cfg.max_swaps);
   STRATA_REQUIRE(cfg.decay >= 0 && cfg.decay <= 1, "expert cache: decay {} must be in [0, 1]", cfg.decay);
+  STRATA_REQUIRE(cfg.n_stage >= 0 && cfg.n_stage <= n_expert, "expert cache: {} staging slots (0..{} allowed)",
+                 cfg.n_stage, n_expert);
   for (size_t l = 0; l < layers.size(); ++l)
     for (const ExpertTensor* t : {&layers[l].gate, &layers[l].up, &layers[l].down})
       STRATA_REQUIRE(t->data != nullptr, "expert cache: layer {} has no expert weights", l);
@@ -143,6 +145,7 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
       res_snapshot_(int(layers_.size()), n_expert, cfg.n_slots) {
   const int n_layer = int(layers_.size());
   const int n_slots = res_.n_slots();
+  n_stage_ = cfg_.n_stage;
   if (cfg_.max_swaps == 0) cfg_.max_swaps = std::max(1, n_slots / 16);
 
   // Layouts and the views the kernels get.
@@ -196,14 +199,16 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
   }
 
   // Device side: slots (each its own checked region) and the table.
-  auto dev_total = checked_mul(uint64_t(n_slots), uint64_t(slot_bytes_));
+  auto dev_total = checked_mul(uint64_t(n_slots + n_stage_), uint64_t(slot_bytes_));
   STRATA_REQUIRE(dev_total.has_value(), "expert cache: slot memory size overflows");
-  slots_ = dev_.alloc(size_t(*dev_total), "expert slots (" + std::to_string(n_slots) + " x " +
+  slots_ = dev_.alloc(size_t(*dev_total), "expert slots (" + std::to_string(n_slots) + " + " +
+                                               std::to_string(n_stage_) + " staging, x " +
                                                std::to_string(slot_bytes_) + " bytes)");
-  slot_regions_.reserve(size_t(n_slots));
-  for (int s = 0; s < n_slots; ++s)
+  slot_regions_.reserve(size_t(n_slots + n_stage_));
+  for (int s = 0; s < n_slots + n_stage_; ++s)
     slot_regions_.push_back(slots_.region(size_t(s) * size_t(slot_bytes_), size_t(slot_bytes_),
-                                          "expert slot " + std::to_string(s)));
+                                          s < n_slots ? "expert slot " + std::to_string(s)
+                                                      : "expert staging slot " + std::to_string(s - n_slots)));
   table_ = dev_.alloc(size_t(n_layer) * size_t(n_expert) * sizeof(int32_t), "residency table");
 
   for (int l = 0; l < n_layer; ++l) {
@@ -392,9 +397,28 @@ const int32_t* ExpertCache::device_layer_row(int layer) const {
 }
 
 DevSpan ExpertCache::slot_span(int32_t slot) const {
-  STRATA_REQUIRE(slot >= 0 && slot < res_.n_slots(), "expert cache: slot {} out of range [0, {})", slot,
-                 res_.n_slots());
+  STRATA_REQUIRE(slot >= 0 && slot < res_.n_slots() + n_stage_, "expert cache: slot {} out of range [0, {})", slot,
+                 res_.n_slots() + n_stage_);
   return slot_regions_[size_t(slot)].span();
+}
+
+int32_t ExpertCache::stage(int layer, int expert, int j) {
+  STRATA_REQUIRE(j >= 0 && j < n_stage_, "expert cache: staging slot {} out of range [0, {})", j, n_stage_);
+  const int32_t slot = int32_t(res_.n_slots() + j);
+  const HostSpan src{const_cast<uint8_t*>(host_expert(layer, expert)), size_t(slot_bytes_), host_.span().check_id,
+                     true};
+  xfer_.upload(slot_regions_[size_t(slot)].span(), src, dev_.compute(), {&dev_.compute()});
+  stats_.bytes_uploaded += uint64_t(slot_bytes_);
+  ++stats_.streamed;
+  return slot;
+}
+
+void ExpertCache::note_row_reads(const Stream& s, const DevSpan& row_buf, const int32_t* row, Site site) const {
+  if (!sc::enabled()) return;
+  std::vector<sc::BufferId> reads{row_buf.check_id};
+  for (int e = 0; e < n_expert_; ++e)
+    if (row[e] >= 0) reads.push_back(slot_span(row[e]).check_id);
+  sc::global().on_launch(s.check_id(), reads, {}, site);
 }
 
 void ExpertCache::note_expert_reads(const Stream& s, int layer, Site site) const {

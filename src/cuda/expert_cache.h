@@ -51,6 +51,7 @@ struct ExpertCacheConfig {
   int adapt_every = 0;    // forward passes between adaptation plans; 0 = adaptation off
   int max_swaps = 0;      // per plan; 0 = max(1, n_slots / 16)
   double decay = 0.5;     // scores *= decay after each plan
+  int n_stage = 0;        // staging slots (after the n_slots) for experts streamed into one pass (stage())
 };
 
 class ExpertCache {
@@ -58,6 +59,7 @@ class ExpertCache {
   struct Stats {
     int64_t hits = 0, misses = 0;  // expert selections served from a slot / by the CPU pool
     int64_t swaps = 0;             // admissions by adaptation
+    int64_t streamed = 0;          // non-resident experts copied into a staging slot for one pass
     uint64_t bytes_uploaded = 0;   // host -> slots, including the first fill
     int slots_used = 0, n_slots = 0;
     double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
@@ -90,13 +92,24 @@ class ExpertCache {
   void end_step();
 
   const strata::moe::Residency& residency() const { return res_; }
+
+  // Streaming (prefill): the pass copies a non-resident expert into staging slot j (< n_stage()) and
+  // runs it from there with a table row of its own. The copy comes from the pinned host copy, with
+  // producer = consumer = the compute stream: it starts after every kernel enqueued before it (the
+  // earlier readers of slot j) and every kernel enqueued after it sees the expert. Returns the slot index
+  // for the row (n_slots + j). Forward thread only.
+  int n_stage() const { return n_stage_; }
+  int32_t stage(int layer, int expert, int j);
+  // For the checker, next to a launch that reads experts through `row_buf` (a pass's own row, whose
+  // host copy is `row`: [n_expert] slot or -1): notes reads of row_buf and of every slot it names.
+  void note_row_reads(const Stream& s, const DevSpan& row_buf, const int32_t* row, Site site = Site::here()) const;
   moe::ExpertLayerView layer_view(int layer) const;
   const int32_t* device_layer_row(int layer) const;  // [n_expert] of the device table
   DevSpan table_span() const { return table_.span(); }
   // The whole slot allocation (for kernel pointers). For the stream-order checker every slot is its own
   // buffer (a Region): note a kernel's slot reads with note_expert_reads, or slot_span(s) for one slot.
   DevSpan slots_span() const { return slots_.span(); }
-  DevSpan slot_span(int32_t slot) const;  // slot in [0, n_slots)
+  DevSpan slot_span(int32_t slot) const;  // slot in [0, n_slots + n_stage)
   // For the checker, next to a launch on `s` that reads layer `layer`'s experts through the device table
   // (moe_gate_up / moe_down): notes reads of the table and of every slot the layer's row points to now.
   // The table is changed only in begin_step(), so this is what the kernel may read.
@@ -132,10 +145,11 @@ class ExpertCache {
   ExpertCacheConfig cfg_;
   std::vector<moe::ExpertLayerView> views_;  // [n_layer] (slots pointer filled in)
   int64_t slot_bytes_ = 0;
+  int n_stage_ = 0;
   PinnedBuffer host_;    // [n_layer][n_expert][slot_bytes]
-  DeviceBuffer slots_;   // [n_slots][slot_bytes]
+  DeviceBuffer slots_;   // [n_slots + n_stage][slot_bytes]
   DeviceBuffer table_;   // int32 [n_layer][n_expert]
-  std::vector<Region> slot_regions_;  // [n_slots]: each slot is its own checked buffer
+  std::vector<Region> slot_regions_;  // [n_slots + n_stage]: each slot is its own checked buffer
   strata::moe::Residency res_;
   std::vector<Pending> pending_;
 

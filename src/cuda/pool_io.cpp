@@ -172,6 +172,7 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.hits = s.hits;
   r.misses = s.misses;
   r.swaps = s.swaps;
+  r.streamed = s.streamed;
   r.slots_used = s.slots_used;
   r.n_slots = s.n_slots;
   r.n_experts_total = n_layer * n_expert;

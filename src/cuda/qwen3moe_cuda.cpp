@@ -128,6 +128,10 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     h = dev.alloc(size_t(z.h) * 4, "ws.h");
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
+    stage_row = dev.alloc(size_t(hp.n_expert) * 4, "ws.stage_row");
+    stage_row_h.resize(size_t(hp.n_expert));
+    stage_count.resize(size_t(hp.n_expert));
+    stage_order.reserve(size_t(hp.n_expert));
     route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     if (q8_paths) {
@@ -149,7 +153,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   size_t memory_bytes() const override {
     size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
-               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
+               step_in.bytes() + stage_row.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
                xds.bytes() + hq.bytes() + hds.bytes();
     return b;
   }
@@ -167,6 +171,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer h;              // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
+  DeviceBuffer stage_row;      // [n_expert] int32: a streaming pass's table row (slot, staging slot or -1)
   DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
@@ -177,6 +182,9 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // host
   std::vector<uint8_t> step_host;  // StepLayout(n), filled by forward() and uploaded in one copy
+  std::vector<int32_t> stage_row_h;   // [n_expert] host copy of stage_row
+  std::vector<int32_t> stage_count;   // [n_expert] the CPU pool's pairs per expert (streaming choice)
+  std::vector<int32_t> stage_order;   // experts to stream, busiest first
   // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math,
   // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
   struct GraphKey {
@@ -281,7 +289,14 @@ class CudaQwen3Moe final : public Model {
   void embed(const Pass& p) const;
   void attention_block(const Pass& p, int il) const;
   void route(const Pass& p, int il) const;        // ffn rmsnorm, router, top-k -> ids(il), ws.wts
-  void gpu_experts(const Pass& p, int il) const;  // resident experts from their slots -> ws.moe_out (or x)
+  // resident experts from their slots -> ws.moe_out (or x); with `row` (a streaming pass's own table row
+  // in ws.stage_row, host copy ws.stage_row_h) also the experts staged for this pass.
+  void gpu_experts(const Pass& p, int il, bool staged_row = false) const;
+  // Prefill streaming (docs/expert_cache.md): after the layer's routing is on the host (ws.ids_cpu = the
+  // CPU pool's pairs), copies the non-resident experts with >= stream_min_tokens_ pairs, busiest first,
+  // into staging slots, runs them and the resident ones on the GPU (+ their add into x), and takes their
+  // pairs off ws.ids_cpu. Returns the pairs moved to the GPU.
+  int64_t stream_experts(const Pass& p, int il, int n_res) const;
   void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out (nothing where gpu_experts added to x)
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
@@ -387,6 +402,7 @@ class CudaQwen3Moe final : public Model {
   DevWeight output_;       // [n_vocab][n_embd]; empty when tied (out_w_ = &tok_embd_)
   const DevWeight* out_w_ = nullptr;
   std::vector<Layer> layers_;
+  int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
@@ -481,11 +497,26 @@ void CudaQwen3Moe::load() {
   int64_t budget = int64_t(free1);
   if (opt_.vram_budget_gib > 0)
     budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
-  const int n_slots =
-      opt_.expert_cache == "auto"
-          ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
-                                           size_t(kv_bytes + ws_bytes + int64_t(total) * 4), slot_bytes, total)
-          : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
+  STRATA_REQUIRE(opt_.stream_slots >= -1, "stream slots must be >= -1 (-1: auto), got {}", opt_.stream_slots);
+  auto slots_for = [&](int64_t staging_bytes) {
+    return opt_.expert_cache == "auto"
+               ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
+                                                size_t(kv_bytes + ws_bytes + int64_t(total) * 4 + staging_bytes),
+                                                slot_bytes, total)
+               : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
+  };
+  int n_slots = slots_for(0);
+  // Staging slots for prefill streaming: by default one layer's experts, when some are not resident
+  // (auto sizing then leaves room for them).
+  int n_stage = opt_.stream_slots < 0 ? (n_slots < total ? hp.n_expert : 0) : std::min(opt_.stream_slots, hp.n_expert);
+  if (opt_.stream_slots < 0 && n_stage > 0) n_slots = slots_for(int64_t(n_stage) * slot_bytes);
+  if (const char* e = std::getenv("STRATA_CUDA_STREAM_MIN_TOKENS")) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    STRATA_REQUIRE(end != e && *end == '\0' && v >= 1 && v <= 1 << 20,
+                   "STRATA_CUDA_STREAM_MIN_TOKENS must be a whole number >= 1, got '{}'", e);
+    stream_min_tokens_ = int(v);
+  }
   std::fprintf(stderr,
                "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                dev_->info().name.c_str(), double(dev_->info().total_bytes) / kGiB, double(dense_bytes) / kGiB,
@@ -512,8 +543,15 @@ void CudaQwen3Moe::load() {
   cfg.n_slots = n_slots;
   cfg.exact = opt_.exact;
   cfg.adapt_every = opt_.adapt_every;
+  cfg.n_stage = n_stage;
   cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
+  if (n_stage > 0)
+    std::fprintf(stderr,
+                 "strata: cuda: prefill streaming: %d staging slots (%.2f GiB); passes of >= %lld tokens copy the "
+                 "non-resident experts with >= %d of their pairs to the GPU\n",
+                 n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
+                 stream_min_tokens_);
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   h2d_base_ = xfer_->bytes_h2d();
   d2h_base_ = xfer_->bytes_d2h();
@@ -664,15 +702,18 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   });
 }
 
-void CudaQwen3Moe::gpu_experts(const Pass& p, int il) const {
+void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
-  cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
+  if (staged_row)
+    cache_->note_row_reads(cs, ws.stage_row.span(), ws.stage_row_h.data());  // the row and every slot it names
+  else
+    cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
   // Kernel arguments: the slots' base pointer and layout (fixed for the cache's lifetime) and this layer's
   // row of the device table (a fixed address); which slot holds an expert is read from the table when
   // the kernel runs. See forward() for why a graph of these launches survives residency changes.
   const moe::ExpertLayerView view = cache_->layer_view(il);
-  const int32_t* table = cache_->device_layer_row(il);
+  const int32_t* table = staged_row ? ws.stage_row.as<const int32_t>() : cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
   if (experts_q8(p, il)) {
     // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
@@ -812,6 +853,46 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   it->second.launch(cs);
 }
 
+int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res) const {
+  CudaWorkspace& ws = p.ws;
+  const int X = hp_.n_expert;
+  const int64_t nk = p.n * hp_.n_expert_used;
+  std::fill(ws.stage_count.begin(), ws.stage_count.end(), 0);
+  for (int64_t i = 0; i < nk; ++i)
+    if (ws.ids_cpu[size_t(i)] >= 0) ++ws.stage_count[size_t(ws.ids_cpu[size_t(i)])];
+  ws.stage_order.clear();
+  for (int e = 0; e < X; ++e)
+    if (ws.stage_count[size_t(e)] >= stream_min_tokens_) ws.stage_order.push_back(e);
+  std::sort(ws.stage_order.begin(), ws.stage_order.end(), [&](int32_t a, int32_t b) {
+    return ws.stage_count[size_t(a)] > ws.stage_count[size_t(b)] || (ws.stage_count[size_t(a)] == ws.stage_count[size_t(b)] && a < b);
+  });
+  if (ws.stage_order.size() > size_t(cache_->n_stage())) ws.stage_order.resize(size_t(cache_->n_stage()));
+  if (ws.stage_order.empty()) {  // nothing worth a copy: the resident experts as usual
+    if (n_res > 0) {
+      gpu_experts(p, il);
+      add_moe_out(p, il);
+    }
+    return 0;
+  }
+  // The pass's row: the resident experts' slots and the staged experts' staging slots. Each copy is
+  // ordered after the kernels that read its staging slot in an earlier layer (producer = compute).
+  const int32_t* row = cache_->residency().layer_row(il);
+  std::copy(row, row + X, ws.stage_row_h.begin());
+  for (size_t j = 0; j < ws.stage_order.size(); ++j)
+    ws.stage_row_h[size_t(ws.stage_order[j])] = cache_->stage(il, ws.stage_order[j], int(j));
+  Stream& cs = dev_->compute();
+  xfer_->upload(ws.stage_row.span(), ws.stage_row_h.data(), size_t(X) * 4, cs, {&cs});
+  work_.transfers += 1 + ws.stage_order.size();
+  int64_t moved = 0;
+  for (int64_t i = 0; i < nk; ++i) {
+    const int32_t e = ws.ids_cpu[size_t(i)];
+    if (e >= 0 && ws.stage_row_h[size_t(e)] >= 0) ws.ids_cpu[size_t(i)] = -1, ++moved;
+  }
+  gpu_experts(p, il, /*staged_row=*/true);
+  add_moe_out(p, il);
+  return moved;
+}
+
 void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, ThreadPool& pool,
                            const ForwardOptions& opt) const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -885,8 +966,13 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       }
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
       const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
-      if (n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
-      if (pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage) == 0) continue;  // only resident experts picked
+      // Prefill-sized passes may stream the busiest non-resident experts to the GPU: then the GPU's
+      // experts wait for the routing on the host (stream_experts); otherwise they run meanwhile.
+      const bool streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
+      if (!streaming && n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
+      int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage);
+      if (streaming) n_cpu -= stream_experts(p, il, n_res);
+      if (n_cpu == 0) continue;  // every pair runs on the GPU
       pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
       note_launch(cs, {ws.partial.span()}, {ws.x.span()});
       op(p, [&] { ops::add_inplace(x, ws.partial.as<const float>(), n * E, s); });

@@ -424,3 +424,36 @@ TEST(Qwen3MoeGpuSampling, DeviceSamplingPicksWhatTheCpuSamplerPicks) {
     }
   }
 }
+
+// Prefill streaming: the fixture prompt in one 48-token pass (>= 32 tokens: non-resident experts with
+// enough pairs are copied into staging slots and run on the GPU), at 0% and 25% resident, fast mode:
+// within the fixture KL bound, experts were streamed, and with streaming off (stream_slots 0) the same
+// bound holds and nothing is streamed. Exact mode is covered by ExpertCacheSizesAgree (its prefill streams).
+TEST(Qwen3MoeGpuStreaming, StreamedPrefillWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const std::string type : {"Q4_K_M", "IQ2_XS", "Q8_0"}) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * kLlamaKl.at(type);
+    for (const char* cache : {"0%", "25%"}) {
+      for (const int stream_slots : {-1, 0}) {
+        cuda::CudaOptions o;
+        o.expert_cache = cache;
+        o.adapt_every = 0;
+        o.n_ctx = 128;
+        o.stream_slots = stream_slots;
+        std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o);
+        const Result r = evaluate(model, ref, MatmulMode::Fast);
+        std::printf("[ gpu streaming %-6s %3s slots %2d ] mean KL %.3e (bound %.3e), prefill streamed %lld, hits %lld, "
+                    "misses %lld\n",
+                    type.c_str(), cache, stream_slots, r.mean_kl, bound, (long long)r.prefill.streamed,
+                    (long long)r.prefill.hits, (long long)r.prefill.misses);
+        EXPECT_LE(r.mean_kl, bound) << type << " " << cache << " stream slots " << stream_slots;
+        if (stream_slots == 0)
+          EXPECT_EQ(r.prefill.streamed, 0);
+        else
+          EXPECT_GT(r.prefill.streamed, 0) << type << " " << cache;
+        EXPECT_EQ(r.decode.streamed, 0);  // decode passes never stream
+      }
+    }
+  }
+}
