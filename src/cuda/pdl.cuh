@@ -46,6 +46,8 @@ inline bool enabled() {
   return v == 1;
 }
 inline void set_enabled(bool on) { state().store(on ? 1 : 0); }
+// Set by pdl::PlainLaunches (pdl_scope.h) on the calling thread: launches stay plain (defined in pdl.cu).
+bool plain_launches();
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled().
 template <typename... KArgs, typename... Args>
@@ -58,7 +60,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
-  const bool on = enabled();
+  const bool on = enabled() && !plain_launches();
   cfg.attrs = on ? attr : nullptr;
   cfg.numAttrs = on ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

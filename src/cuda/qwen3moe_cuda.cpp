@@ -28,6 +28,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pdl_scope.h"
 #include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
@@ -934,6 +935,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   const cudaStream_t s = stream();
   const strata::moe::Residency& res = cache_->residency();
   const PoolCtx pc{*xfer_, cs, *cache_, work_};
+  const pdl::PlainLaunches plain(n > kMaxGraphTokens);  // PDL for decode-sized passes only (pdl_scope.h)
   begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
 
   bool all_resident = true;

@@ -33,6 +33,7 @@
 #include "cuda/next_fused.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
+#include "cuda/pdl_scope.h"
 #include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
@@ -1323,6 +1324,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   Stream& cs = dev_->compute();
   const strata::moe::Residency& res = cache_->residency();
   const PoolCtx pc{*xfer_, cs, *cache_, work_};
+  const pdl::PlainLaunches plain(n > kMaxGraphTokens);  // PDL for decode-sized passes only (pdl_scope.h)
   begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
   // A sequence starting at position 0 starts from a zero recurrent state (a new or reset sequence; its
   // device state may hold an earlier conversation's). Ordered on compute before this pass's kernels.
