@@ -2,6 +2,7 @@
 //   pp N: evaluate N tokens from an empty context in --batch chunks;  tg N: generate N tokens one at
 //   a time from an empty context. Token ids are fixed pseudo-random ids (the speed of an MoE model
 //   depends on routing, so random ids route like real text rather than repeating one token).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -14,12 +15,14 @@ namespace {
 
 struct BenchArgs {
   int n_prompt = 512, n_gen = 128, reps = 1;
+  int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
+                   // library handles, first touches) stay out of the numbers
   bool json = false;
 };
 
 int run_bench(const EngineFlags& ef, const BenchArgs& a) {
-  STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1,
-                 "-p and -n must be >= 0 and --reps >= 1");
+  STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1 && a.warmup >= 0,
+                 "-p and -n must be >= 0, --reps >= 1 and --warmup >= 0");
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
   Engine eng(model, ef.options(std::max(a.n_prompt, a.n_gen) + 1));
@@ -31,6 +34,20 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   Rng rng(1234);
   auto rand_tok = [&] { return static_cast<int32_t>(rng.next() % V); };
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
+  // Warm-up: the same prefill and a few decode steps, not measured.
+  for (int w = 0; w < a.warmup; ++w) {
+    if (a.n_prompt > 0) {
+      for (auto& t : prompt) t = rand_tok();
+      seq->reset();
+      eng.prefill(*seq, prompt, logits.data());
+    }
+    seq->reset();
+    SequenceState* sp = seq.get();
+    for (int i = 0, n = std::min(a.n_gen, 4); i < n; ++i) {
+      const int32_t tok = rand_tok();
+      eng.decode({&sp, 1}, {&tok, 1}, logits.data());
+    }
+  }
   double pp_best = 0, tg_best = 0;
   ExpertCacheReport pp_cache, tg_cache;  // of the last repetition of each phase
   for (int r = 0; r < a.reps; ++r) {
@@ -78,8 +95,8 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
                 hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
     std::printf("backend    %s\n", model->backend_name().c_str());
-    std::printf("threads    %d   mode %s   batch %d   reps %d\n", eng.options().n_threads,
-                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps);
+    std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d\n", eng.options().n_threads,
+                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup);
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
     if (a.n_gen > 0) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
     if (pp_cache.present && a.n_prompt > 0) print_cache_report(pp_cache, model->backend_name(), "pp");
@@ -100,6 +117,8 @@ const CommandRegistrar reg(
       app.add_option("-p,--n-prompt", a->n_prompt, "prompt tokens to prefill (pp)")->capture_default_str();
       app.add_option("-n,--n-gen", a->n_gen, "tokens to decode one at a time (tg)")->capture_default_str();
       app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
+      app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")
+          ->capture_default_str();
       app.add_flag("--json", a->json, "one JSON line instead of the table");
       return [=] { return run_bench(*ef, *a); };
     });
