@@ -136,17 +136,7 @@ Ticket Transfer::upload(const DevSpan& dst, const HostSpan& src, Stream& produce
 
 Ticket Transfer::download(const HostSpan& dst, const DevSpan& src, Stream& producer, Consumers consumers,
                           Site site) {
-  STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
-                 src.bytes, dst.bytes);
-  STRATA_REQUIRE(dst.pinned, "transfer: async download needs pinned host memory (use download_sync)");
-  std::lock_guard<std::mutex> lk(mu_);
-  Stream& cs = dev_.d2h();
-  begin(cs, producer);
-  note(cs, src.check_id, sc::Access::Read, site);
-  note(cs, dst.check_id, sc::Access::Write, site);
-  CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.bytes, cudaMemcpyDeviceToHost, cs.handle()));
-  bytes_d2h_ += src.bytes;
-  return finish(cs, consumers);
+  return download({{dst, src}}, producer, consumers, site);
 }
 
 Ticket Transfer::download(std::initializer_list<DownloadPart> parts, Stream& producer, Consumers consumers,
