@@ -230,8 +230,7 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
   for (int32_t s = 0; s < n_slots; ++s) {
     const strata::moe::ExpertId id = res_.owner(s);
     if (id.layer < 0) continue;
-    const HostSpan src{const_cast<uint8_t*>(host_expert(id.layer, id.expert)), size_t(slot_bytes_),
-                       host_.span().check_id, true};
+    const HostSpan src = host_expert_span(id.layer, id.expert);
     xfer_.upload(slot_regions_[size_t(s)].span(), src, dev_.compute(), {&dev_.compute()});
     stats_.bytes_uploaded += uint64_t(slot_bytes_);
   }
@@ -284,8 +283,7 @@ void ExpertCache::start_swaps(const std::vector<strata::moe::Swap>& plan) {
   // (the only ones that may still read the old expert from the slot) has finished. No consumer: the
   // compute stream waits on the copy only when the swap is admitted (begin_step).
   for (const strata::moe::Swap& sw : live) {
-    const HostSpan src{const_cast<uint8_t*>(host_expert(sw.in.layer, sw.in.expert)), size_t(slot_bytes_),
-                       host_.span().check_id, true};
+    const HostSpan src = host_expert_span(sw.in.layer, sw.in.expert);
     Ticket t = xfer_.upload(slot_regions_[size_t(sw.slot)].span(), src, dev_.compute(), {});
     stats_.bytes_uploaded += uint64_t(slot_bytes_);
     pending_.push_back({sw, std::move(t)});
@@ -405,8 +403,7 @@ DevSpan ExpertCache::slot_span(int32_t slot) const {
 int32_t ExpertCache::stage(int layer, int expert, int j) {
   STRATA_REQUIRE(j >= 0 && j < n_stage_, "expert cache: staging slot {} out of range [0, {})", j, n_stage_);
   const int32_t slot = int32_t(res_.n_slots() + j);
-  const HostSpan src{const_cast<uint8_t*>(host_expert(layer, expert)), size_t(slot_bytes_), host_.span().check_id,
-                     true};
+  const HostSpan src = host_expert_span(layer, expert);
   xfer_.upload(slot_regions_[size_t(slot)].span(), src, dev_.compute(), {&dev_.compute()});
   stats_.bytes_uploaded += uint64_t(slot_bytes_);
   ++stats_.streamed;
@@ -425,17 +422,17 @@ void ExpertCache::note_expert_reads(const Stream& s, int layer, Site site) const
   if (!sc::enabled()) return;
   STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer(), "expert cache: layer {} out of range [0, {})", layer,
                  res_.n_layer());
-  std::vector<sc::BufferId> reads{table_.span().check_id};
-  const int32_t* row = res_.layer_row(layer);
-  for (int e = 0; e < n_expert_; ++e)
-    if (row[e] >= 0) reads.push_back(slot_regions_[size_t(row[e])].span().check_id);
-  sc::global().on_launch(s.check_id(), reads, {}, site);
+  note_row_reads(s, table_.span(), res_.layer_row(layer), site);
 }
 
 const uint8_t* ExpertCache::host_expert(int layer, int expert) const {
   STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer() && expert >= 0 && expert < n_expert_,
                  "expert cache: expert ({}, {}) out of range", layer, expert);
   return host_.as<const uint8_t>() + (size_t(layer) * size_t(n_expert_) + size_t(expert)) * size_t(slot_bytes_);
+}
+
+HostSpan ExpertCache::host_expert_span(int layer, int expert) const {
+  return HostSpan{const_cast<uint8_t*>(host_expert(layer, expert)), size_t(slot_bytes_), host_.span().check_id, true};
 }
 
 ExpertCache::Stats ExpertCache::stats() const {

@@ -134,6 +134,8 @@ class ExpertCache {
     Ticket copy;
   };
   void upload_table();
+  // The pinned host copy of one expert, as the source of a direct (DMA) upload into a slot.
+  HostSpan host_expert_span(int layer, int expert) const;
   void start_swaps(const std::vector<strata::moe::Swap>& plan);
   void planner_loop();
 
