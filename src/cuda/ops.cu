@@ -617,6 +617,25 @@ __device__ __forceinline__ float router_row_dot(const uint8_t* wr, int64_t cols,
   return dq::warp_sum(acc);
 }
 
+// The end of a router kernel whose blocks each wrote part of logits ([n_tok][n_expert]): the last block to
+// finish (a ticket taken after a fence, as CUDA's threadFenceReduction sample) routes every token into ids
+// and weights ([n_tok][k]), then zeroes the counter for the next launch (graph replays included). Every
+// thread of every block calls it, after its block's last logits write.
+__device__ void route_in_last_block(const float* logits, int n_tok, int n_expert, int k, bool norm, int32_t* ids,
+                                    float* weights, unsigned* counter, RouteShared& sh) {
+  __shared__ bool last;
+  __threadfence();  // this block's logits visible to the whole device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
+                sh);
+  if (threadIdx.x == 0) *counter = 0u;
+}
+
 // w: [n_expert][cols] f32 (rb bytes per row); x: [n_tok][cols]; logits: [n_tok][n_expert]; ids, weights:
 // [n_tok][k]; counter: one zero uint32 (left zero). grid: ceil(n_expert / kRouterWarps) blocks of
 // 32*kRouterWarps. Warp = one router row for every token; the last block to finish (a ticket taken after
@@ -627,7 +646,6 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
                         bool xvec, int k, bool norm, float* logits, int32_t* ids, float* weights,
                         unsigned* counter) {
   __shared__ RouteShared sh;
-  __shared__ bool last;
   const int r = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
   if (r < n_expert) {
     const uint8_t* wr = w + int64_t(r) * rb;
@@ -636,16 +654,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
       if ((threadIdx.x & 31) == 0) logits[int64_t(t) * n_expert + r] = s;
     }
   }
-  __threadfence();  // this block's logits visible to the whole device before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int t = 0; t < n_tok; ++t)
-    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
-                sh);
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
 }
 
 // ---- router_route, block per row (the default; RouterRouteKernel::kBlockPerRow).
@@ -672,7 +681,6 @@ __global__ void __launch_bounds__(kRouterRowThreads)
   using F = dq::Fmt<GgmlType::F32>;
   __shared__ __align__(16) float row[kRouterStage];
   __shared__ RouteShared sh;
-  __shared__ bool last;
   const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kWarps = kRouterRowThreads / 32;
   const uint8_t* wr = w + int64_t(r) * rb;
@@ -723,16 +731,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     a = dq::warp_sum(a);
     if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
   }
-  __threadfence();  // this block's logits visible to the whole device before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int t = 0; t < n_tok; ++t)
-    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
-                sh);
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
 }
 
 // ---- norm_router_route: ffn_norm (+ its Q8 activations) and the router in one launch.
@@ -755,7 +754,6 @@ __global__ void __launch_bounds__(kRouterRowThreads)
   __shared__ __align__(16) float ys[kRouterStage];
   __shared__ double red[8];
   __shared__ RouteShared sh;
-  __shared__ bool last;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int len = int(cols);
   const uint8_t* wr = w + int64_t(r) * rb;
@@ -804,16 +802,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     }
     __syncthreads();  // red and ys are rewritten for the next token
   }
-  __threadfence();  // this block's logits visible to the whole device before its ticket
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  for (int t = 0; t < n_tok; ++t)
-    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
-                sh);
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (graph replays included)
+  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
 }
 
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
