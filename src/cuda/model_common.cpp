@@ -5,10 +5,16 @@
 
 #include "common/error.h"
 #include "cpu/half.h"
+#include "cuda/gemm_context.h"
+#include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "quant/dequant.h"
 
 namespace strata::cuda {
+
+bool int8_activations(bool exact, bool pool_pass, int64_t n, bool have_q8_buffers) {
+  return !exact && !pool_pass && n < kGemmMinTokens && have_q8_buffers && q8::enabled();
+}
 
 DevSpan head(const DeviceBuffer& b, size_t bytes) {
   DevSpan s = b.span();

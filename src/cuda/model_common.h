@@ -56,6 +56,16 @@ DevWeight upload_f32(Device& dev, Transfer& xfer, const Weight& w, const std::st
 // n f32 values from host memory (not the file: e.g. a converted conv kernel) as a [1][n] F32 weight.
 DevWeight upload_f32_values(Device& dev, Transfer& xfer, const float* values, int64_t n, const std::string& name);
 
+// Whether a pass of n tokens takes the fast decode's int8-activation products (q8_kernels.cuh): the fast
+// mode (not exact), decode-sized batches (prefill keeps the cuBLAS and grouped paths), Q8 buffers in the
+// workspace, q8::enabled() (STRATA_CUDA_Q8). Why: the f32-activation products are bound by instruction
+// issue, the dp4a ones by memory (q8_kernels.cuh).
+// Not in passes that run the CPU pool (pool_pass): they are bound by the pool (25% resident, 48-layer
+// 30B-A3B: 52.1 / 56.9 tok/s with int8 activations vs 56.8 without, run-to-run noise), and there the int8
+// activations' error adds to the pool's Q8_K error: mean KL over the 8 fixtures at 25% / 0% resident
+// 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
+bool int8_activations(bool exact, bool pool_pass, int64_t n, bool have_q8_buffers);
+
 // The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
 //   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)
 //   int32 tokens[n]      after refs

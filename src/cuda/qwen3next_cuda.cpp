@@ -485,15 +485,9 @@ class CudaQwen3Next final : public Model {
     mm(p, ref(w), x, n, y, y.as<float>(), site);
   }
 
-  // Fast decode with int8 activations (q8_kernels.cuh): the fast mode, decode-sized batches (prefill keeps
-  // the cuBLAS and grouped paths), per weight where its type has a kernel. Why: the f32-activation
-  // products are bound by instruction issue, the dp4a ones by memory (q8_kernels.cuh).
-  // Not in passes that run the CPU pool: they are bound by the pool (25% resident, 48-layer 30B-A3B:
-  // 52.1 / 56.9 tok/s with int8 activations vs 56.8 without, run-to-run noise), and there the int8
-  // activations' error adds to the pool's Q8_K error: mean KL over the 8 fixtures at 25% / 0% resident
-  // 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
+  // Fast decode with int8 activations, where the weight's type has a kernel (model_common.h says when).
   bool q8_decode(const Pass& p) const {
-    return !opt_.exact && !p.pool && p.n < kGemmMinTokens && p.ws.xq.bytes() > 0 && q8::enabled();
+    return int8_activations(opt_.exact, p.pool, p.n, p.ws.xq.bytes() > 0);
   }
   bool use_q8(const Pass& p, GgmlType t, int64_t cols) const {
     return q8_decode(p) && q8::supported(t) && cols % 32 == 0;
