@@ -163,9 +163,15 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
   c.work.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
 }
 
-ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, uint64_t h2d_base,
-                                    uint64_t d2h_base, int n_layer, int n_expert, bool graphs,
-                                    const HostWork& work) {
+HostWork HostWork::starting_now(const Transfer& xfer) {
+  HostWork w;
+  w.h2d_base = xfer.bytes_h2d();
+  w.d2h_base = xfer.bytes_d2h();
+  return w;
+}
+
+ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, int n_layer, int n_expert,
+                                    bool graphs, const HostWork& work) {
   const ExpertCache::Stats s = cache.stats();
   ExpertCacheReport r;
   r.present = true;
@@ -176,8 +182,8 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.slots_used = s.slots_used;
   r.n_slots = s.n_slots;
   r.n_experts_total = n_layer * n_expert;
-  r.bytes_h2d = xfer.bytes_h2d() - h2d_base;
-  r.bytes_d2h = xfer.bytes_d2h() - d2h_base;
+  r.bytes_h2d = xfer.bytes_h2d() - work.h2d_base;
+  r.bytes_d2h = xfer.bytes_d2h() - work.d2h_base;
   r.slot_bytes = uint64_t(cache.slot_bytes());
   r.graphs_enabled = graphs;
   r.forwards = int64_t(work.forwards);

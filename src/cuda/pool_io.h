@@ -32,6 +32,9 @@ struct HostWork {
   // bottleneck.
   std::chrono::steady_clock::duration host{}, wait{};
   std::chrono::steady_clock::duration pool{}, route_wait{};  // parts of host: CPU experts, routing waits
+  uint64_t h2d_base = 0, d2h_base = 0;  // the transfer module's byte totals when counting began
+  // Zero counts, bytes counted from the transfer module's totals now.
+  static HostWork starting_now(const Transfer& xfer);
 };
 
 // A workspace's routing, CPU-pool and logits buffers (the model's workspace derives from it).
@@ -108,9 +111,8 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
                     std::chrono::steady_clock::time_point t_start);
 
 // The expert-cache report of a model (n_layer routed layers of n_expert), with the transfer module's
-// bytes since (h2d_base, d2h_base).
-ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, uint64_t h2d_base,
-                                    uint64_t d2h_base, int n_layer, int n_expert, bool graphs,
-                                    const HostWork& work);
+// bytes since `work` began counting.
+ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xfer, int n_layer, int n_expert,
+                                    bool graphs, const HostWork& work);
 
 }  // namespace strata::cuda

@@ -253,14 +253,12 @@ class CudaQwen3Moe final : public Model {
   bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return make_cache_report(*cache_, *xfer_, h2d_base_, d2h_base_, hp_.n_layer, hp_.n_expert, graphs_, work_);
+    return make_cache_report(*cache_, *xfer_, hp_.n_layer, hp_.n_expert, graphs_, work_);
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_->reset_stats();
-    work_ = HostWork();
-    h2d_base_ = xfer_->bytes_h2d();
-    d2h_base_ = xfer_->bytes_d2h();
+    work_ = HostWork::starting_now(*xfer_);
   }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                const ForwardOptions& opt) const override;
@@ -401,7 +399,6 @@ class CudaQwen3Moe final : public Model {
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
-  mutable uint64_t h2d_base_ = 0, d2h_base_ = 0;
   mutable HostWork work_;  // since the last reset_cache_stats()
 };
 
@@ -548,8 +545,7 @@ void CudaQwen3Moe::load() {
                  n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
                  stream_min_tokens_);
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
-  h2d_base_ = xfer_->bytes_h2d();
-  d2h_base_ = xfer_->bytes_d2h();
+  work_ = HostWork::starting_now(*xfer_);
 }
 
 void CudaQwen3Moe::embed(const Pass& p) const {

@@ -378,14 +378,12 @@ class CudaQwen3Next final : public Model {
   bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return make_cache_report(*cache_, *xfer_, h2d_base_, d2h_base_, np_.n_layer, hp_.n_expert, graphs_, work_);
+    return make_cache_report(*cache_, *xfer_, np_.n_layer, hp_.n_expert, graphs_, work_);
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_->reset_stats();
-    work_ = HostWork();
-    h2d_base_ = xfer_->bytes_h2d();
-    d2h_base_ = xfer_->bytes_d2h();
+    work_ = HostWork::starting_now(*xfer_);
   }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                const ForwardOptions& opt) const override;
@@ -563,7 +561,6 @@ class CudaQwen3Next final : public Model {
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
-  mutable uint64_t h2d_base_ = 0, d2h_base_ = 0;
   mutable HostWork work_;
 };
 
@@ -849,8 +846,7 @@ void CudaQwen3Next::load() {
   cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
-  h2d_base_ = xfer_->bytes_h2d();
-  d2h_base_ = xfer_->bytes_d2h();
+  work_ = HostWork::starting_now(*xfer_);
 }
 
 void CudaQwen3Next::embed(const Pass& p) const {
