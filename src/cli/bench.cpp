@@ -34,45 +34,45 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   Rng rng(1234);
   auto rand_tok = [&] { return static_cast<int32_t>(rng.next() % V); };
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
-  // Warm-up: the same prefill and a few decode steps, not measured.
-  for (int w = 0; w < a.warmup; ++w) {
-    if (a.n_prompt > 0) {
-      for (auto& t : prompt) t = rand_tok();
-      seq->reset();
-      eng.prefill(*seq, prompt, logits.data());
-    }
+  // One prefill of n_prompt fresh random tokens, and n one-token decode steps, from an empty context;
+  // each returns its seconds.
+  const auto seconds_since = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const auto run_pp = [&] {
+    for (auto& t : prompt) t = rand_tok();
+    seq->reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    eng.prefill(*seq, prompt, logits.data());
+    return seconds_since(t0);
+  };
+  const auto run_tg = [&](int n) {
     seq->reset();
     SequenceState* sp = seq.get();
-    for (int i = 0, n = std::min(a.n_gen, 4); i < n; ++i) {
-      const int32_t tok = rand_tok();
+    int32_t tok = rand_tok();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
       eng.decode({&sp, 1}, {&tok, 1}, logits.data());
+      tok = rand_tok();
     }
+    return seconds_since(t0);
+  };
+  // Warm-up: the same prefill and a few decode steps, not measured.
+  for (int w = 0; w < a.warmup; ++w) {
+    if (a.n_prompt > 0) run_pp();
+    run_tg(std::min(a.n_gen, 4));
   }
   double pp_best = 0, tg_best = 0;
   ExpertCacheReport pp_cache, tg_cache;  // of the last repetition of each phase
   for (int r = 0; r < a.reps; ++r) {
     if (a.n_prompt > 0) {
-      for (auto& t : prompt) t = rand_tok();
-      seq->reset();
       model->reset_cache_stats();
-      auto t0 = std::chrono::steady_clock::now();
-      eng.prefill(*seq, prompt, logits.data());
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      pp_best = std::max(pp_best, a.n_prompt / s);
+      pp_best = std::max(pp_best, a.n_prompt / run_pp());
       pp_cache = model->cache_report();
     }
     if (a.n_gen > 0) {
-      seq->reset();
-      SequenceState* sp = seq.get();
-      int32_t tok = rand_tok();
       model->reset_cache_stats();
-      auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < a.n_gen; ++i) {
-        eng.decode({&sp, 1}, {&tok, 1}, logits.data());
-        tok = rand_tok();
-      }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      tg_best = std::max(tg_best, a.n_gen / s);
+      tg_best = std::max(tg_best, a.n_gen / run_tg(a.n_gen));
       tg_cache = model->cache_report();
     }
   }
