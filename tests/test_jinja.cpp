@@ -117,6 +117,14 @@ TEST(JinjaSandbox, HugeStringRepeatFails) {
             std::string::npos);
 }
 
+// An empty string or list times a huge count is empty at once (as Python's), not a loop of that many
+// empty appends (a fuzzer-found hang: the size limits pass because the total is 0).
+TEST(JinjaSandbox, EmptySequenceRepeatIsImmediate) {
+  EXPECT_EQ(render("{{ ('' * 9223372036854775807) | length }}|{{ ([] * 10**15) | length }}|{{ (() * 10**15) | length }}"),
+            "0|0|0");
+  EXPECT_EQ(render("{{ ('' * -3) ~ 'x' }}{{ [] * 0 }}"), "x[]");
+}
+
 TEST(JinjaSandbox, WorkAndOutputAreBounded) {
   strata::jinja::RenderOptions opt;
   opt.limits.max_steps = 100000;

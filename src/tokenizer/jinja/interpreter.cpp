@@ -671,6 +671,9 @@ Value Interpreter::binop(const std::string& op, const Value& a, const Value& b) 
     if ((b.is_string() || b.is_list()) && (a.kind == Kind::Int || a.kind == Kind::Bool)) seq = &b, cnt = &a;
     if (!seq) return unsupported();
     uint64_t times = cnt->i < 0 ? 0 : static_cast<uint64_t>(cnt->i);
+    // An empty sequence repeated any number of times is empty: no loop over `times` (which the size
+    // limits do not bound when the total is 0; '' * 10**15 used to spin for hours).
+    if (seq->is_string() ? seq->s.empty() : seq->items().empty()) times = 0;
     if (seq->is_string()) {
       auto total = checked_mul(seq->s.size(), times);
       check_string(total ? *total : UINT64_MAX);
