@@ -20,6 +20,7 @@ std::shared_ptr<const Model> load_model_for(const EngineFlags& ef) {
   co.expert_profile = ef.expert_profile;
   co.adapt_every = ef.adapt_every;
   co.stream_slots = ef.stream_slots;
+  co.decode_stream = ef.decode_stream;
   co.exact = ef.exact;
   co.n_ctx = ef.n_ctx > 0 ? ef.n_ctx : ef.ctx_hint;
   co.n_batch = std::max<int32_t>(ef.n_batch, ef.kv_sequences);
@@ -40,9 +41,12 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                r.slots_used, r.n_slots, r.n_experts_total, (long long)r.swaps, double(r.bytes_h2d) / mib,
                double(r.bytes_d2h) / mib);
   if (r.streamed > 0)
-    std::fprintf(stderr, "strata: %s expert cache (%s): %lld non-resident experts streamed to the GPU for a pass "
-                 "(prefill), %.1f MiB\n", what, backend.c_str(), (long long)r.streamed,
+    std::fprintf(stderr, "strata: %s expert cache (%s): %lld non-resident experts streamed to the GPU for a pass, "
+                 "%.1f MiB\n", what, backend.c_str(), (long long)r.streamed,
                  double(r.streamed) * double(r.slot_bytes) / mib);
+  if (r.streamed > 0 && r.stream_copy_us > 0)
+    std::fprintf(stderr, "strata: %s expert cache (%s): decode streaming split by the cost of one expert: copy %.1f us, "
+                 "CPU pool %.1f us\n", what, backend.c_str(), r.stream_copy_us, r.stream_cpu_us);
   if (r.forwards > 0)
     std::fprintf(stderr,
                  "strata: %s host work (%s): CUDA graphs %s, %lld of %lld forward passes replayed a graph (%lld "

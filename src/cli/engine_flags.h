@@ -34,6 +34,7 @@ struct EngineFlags {
   std::string expert_profile;
   int adapt_every = 32;
   int stream_slots = -1;
+  std::string decode_stream = "off";
   int32_t ctx_hint = 4096;  // the subcommand's default context (sizes --expert-cache auto)
   int kv_sequences = 1;     // sequences the subcommand keeps at once (serve: --parallel)
 
@@ -71,6 +72,11 @@ struct EngineFlags {
     app.add_option("--stream-slots", stream_slots,
                    "GPU staging slots for streaming non-resident experts into prefill passes (-1: one layer's "
                    "experts when some are not resident; 0: off; see docs/expert_cache.md)");
+    app.add_option("--decode-stream", decode_stream,
+                   "decode passes with staging slots: the share of a layer's non-resident experts copied to the "
+                   "GPU while the CPU pool runs the rest: off, auto (balance the measured copy and CPU costs; "
+                   "helps where the CPU pool leaves host memory bandwidth unused), or a share in [0, 1]")
+        ->capture_default_str();
   }
 
   EngineOptions options(int32_t n_ctx_default) const {

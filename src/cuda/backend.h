@@ -22,6 +22,12 @@ struct CudaOptions {
   // Staging slots for streaming non-resident experts into prefill passes (docs/expert_cache.md):
   // -1: one layer's experts when some experts are not resident (0 when all are), 0: no streaming.
   int stream_slots = -1;
+  // Decode-sized passes with staging slots: which share of a layer's non-resident experts is copied to
+  // the GPU while the CPU pool runs the rest: off, auto (balanced by measured costs; the split then
+  // depends on timings, so logits may differ in the last bits from run to run), or a share in [0, 1].
+  // Off by default: on the H200 box the CPU pool alone already takes the host memory's bandwidth, and
+  // copies only took from it (docs/expert_cache.md).
+  std::string decode_stream = "off";
   bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
                             // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
 };

@@ -4,6 +4,7 @@
 #include "cuda/expert_cache.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -408,6 +409,22 @@ int32_t ExpertCache::stage(int layer, int expert, int j) {
   stats_.bytes_uploaded += uint64_t(slot_bytes_);
   ++stats_.streamed;
   return slot;
+}
+
+double ExpertCache::time_stage_copy() {
+  const int n = std::min(n_stage_, std::min(n_expert_, 8));
+  if (n == 0) return 0;
+  Stream& cs = dev_.compute();
+  double us = 0;
+  for (int round = 0; round < 2; ++round) {  // the first round pays for first-touch costs
+    cs.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int j = 0; j < n; ++j)
+      xfer_.upload(slot_regions_[size_t(res_.n_slots() + j)].span(), host_expert_span(0, j), cs, {&cs});
+    cs.synchronize();
+    us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+  }
+  return us;
 }
 
 void ExpertCache::note_row_reads(const Stream& s, const DevSpan& row_buf, const int32_t* row, Site site) const {

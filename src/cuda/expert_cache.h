@@ -100,6 +100,10 @@ class ExpertCache {
   // for the row (n_slots + j). Forward thread only.
   int n_stage() const { return n_stage_; }
   int32_t stage(int layer, int expert, int j);
+  // Microseconds to copy one expert into a staging slot as stage() does (0 without staging slots): the
+  // copies of up to 8 experts of layer 0, timed after one unmeasured round, waiting for the compute
+  // stream. For the decode streaming split (moe/stream_plan.h). Forward thread, between passes.
+  double time_stage_copy();
   // For the checker, next to a launch that reads experts through `row_buf` (a pass's own row, whose
   // host copy is `row`: [n_expert] slot or -1): notes reads of row_buf and of every slot it names.
   void note_row_reads(const Stream& s, const DevSpan& row_buf, const int32_t* row, Site site = Site::here()) const;

@@ -35,6 +35,7 @@
 #include "cuda/transfer.h"
 #include "model/moe_ffn.h"
 #include "model/weights.h"
+#include "moe/stream_plan.h"
 #include "moe/expert_usage.h"
 #include "quant/dequant.h"
 
@@ -253,7 +254,10 @@ class CudaQwen3Moe final : public Model {
   bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return make_cache_report(*cache_, *xfer_, hp_.n_layer, hp_.n_expert, graphs_, work_);
+    ExpertCacheReport r = make_cache_report(*cache_, *xfer_, hp_.n_layer, hp_.n_expert, graphs_, work_);
+    r.stream_copy_us = decode_costs_.copy_us();
+    r.stream_cpu_us = decode_costs_.cpu_us();
+    return r;
   }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -291,11 +295,13 @@ class CudaQwen3Moe final : public Model {
   // resident experts from their slots -> ws.moe_out (or x); with `row` (a streaming pass's own table row
   // in ws.stage_row, host copy ws.stage_row_h) also the experts staged for this pass.
   void gpu_experts(const Pass& p, int il, bool staged_row = false) const;
-  // Prefill streaming (docs/expert_cache.md): after the layer's routing is on the host (ws.ids_cpu = the
-  // CPU pool's pairs), copies the non-resident experts with >= stream_min_tokens_ pairs, busiest first,
-  // into staging slots, runs them and the resident ones on the GPU (+ their add into x), and takes their
-  // pairs off ws.ids_cpu. Returns the pairs moved to the GPU.
-  int64_t stream_experts(const Pass& p, int il, int n_res) const;
+  // Streaming (docs/expert_cache.md), after the layer's routing is on the host (ws.ids_cpu = the CPU
+  // pool's pairs): copies non-resident experts, busiest first, into staging slots, runs them on the GPU
+  // (+ their add into x) and takes their pairs off ws.ids_cpu. Returns the pairs moved to the GPU;
+  // *cpu_experts = the distinct experts left to the CPU pool.
+  //   prefill: the experts with >= stream_min_tokens_ pairs; the resident ones run in the same launches.
+  //   decode: as many as moe::decode_stream_count says; the resident ones already ran (staged row only).
+  int64_t stream_experts(const Pass& p, int il, int n_res, bool decode, int* cpu_experts) const;
   void add_moe_out(const Pass& p, int il) const;  // x += ws.moe_out (nothing where gpu_experts added to x)
   void output(const Pass& p) const;               // rows that want logits -> ws.logits
   void compute_resident(const Pass& p) const;     // all of the above for a pass without the CPU pool
@@ -396,6 +402,8 @@ class CudaQwen3Moe final : public Model {
   const DevWeight* out_w_ = nullptr;
   std::vector<Layer> layers_;
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
+  strata::moe::DecodeStreamMode decode_stream_;         // CudaOptions::decode_stream
+  mutable strata::moe::DecodeStreamCosts decode_costs_;  // copy cost measured at load, CPU cost averaged
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
@@ -509,6 +517,7 @@ void CudaQwen3Moe::load() {
                    "STRATA_CUDA_STREAM_MIN_TOKENS must be a whole number >= 1, got '{}'", e);
     stream_min_tokens_ = int(v);
   }
+  decode_stream_ = strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream");
   std::fprintf(stderr,
                "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                dev_->info().name.c_str(), double(dev_->info().total_bytes) / kGiB, double(dense_bytes) / kGiB,
@@ -538,12 +547,21 @@ void CudaQwen3Moe::load() {
   cfg.n_stage = n_stage;
   cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
-  if (n_stage > 0)
+  if (n_stage > 0) {
     std::fprintf(stderr,
                  "strata: cuda: prefill streaming: %d staging slots (%.2f GiB); passes of >= %lld tokens copy the "
                  "non-resident experts with >= %d of their pairs to the GPU\n",
                  n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
                  stream_min_tokens_);
+    if (decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
+      decode_costs_ = strata::moe::DecodeStreamCosts(cache_->time_stage_copy());
+      std::fprintf(stderr,
+                   "strata: cuda: decode streaming %s: smaller passes copy part of each layer's non-resident experts "
+                   "(copy %.1f us per expert, %.1f GB/s) while the CPU pool runs the rest\n",
+                   decode_stream_.str().c_str(), decode_costs_.copy_us(),
+                   decode_costs_.copy_us() > 0 ? double(slot_bytes) / decode_costs_.copy_us() / 1e3 : 0.0);
+    }
+  }
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
 }
@@ -844,7 +862,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   it->second.launch(cs);
 }
 
-int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res) const {
+int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool decode, int* cpu_experts) const {
   CudaWorkspace& ws = p.ws;
   const int X = hp_.n_expert;
   const int64_t nk = p.n * hp_.n_expert_used;
@@ -852,23 +870,34 @@ int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res) const {
   for (int64_t i = 0; i < nk; ++i)
     if (ws.ids_cpu[size_t(i)] >= 0) ++ws.stage_count[size_t(ws.ids_cpu[size_t(i)])];
   ws.stage_order.clear();
-  for (int e = 0; e < X; ++e)
-    if (ws.stage_count[size_t(e)] >= stream_min_tokens_) ws.stage_order.push_back(e);
+  int misses = 0;
+  for (int e = 0; e < X; ++e) {
+    misses += ws.stage_count[size_t(e)] > 0;
+    if (ws.stage_count[size_t(e)] >= (decode ? 1 : stream_min_tokens_)) ws.stage_order.push_back(e);
+  }
   std::sort(ws.stage_order.begin(), ws.stage_order.end(), [&](int32_t a, int32_t b) {
     return ws.stage_count[size_t(a)] > ws.stage_count[size_t(b)] || (ws.stage_count[size_t(a)] == ws.stage_count[size_t(b)] && a < b);
   });
-  if (ws.stage_order.size() > size_t(cache_->n_stage())) ws.stage_order.resize(size_t(cache_->n_stage()));
-  if (ws.stage_order.empty()) {  // nothing worth a copy: the resident experts as usual
-    if (n_res > 0) {
+  const size_t keep = decode ? size_t(strata::moe::decode_stream_count(int(ws.stage_order.size()), decode_stream_,
+                                                                       decode_costs_, cache_->n_stage()))
+                             : size_t(cache_->n_stage());
+  if (ws.stage_order.size() > keep) ws.stage_order.resize(keep);
+  *cpu_experts = misses - int(ws.stage_order.size());
+  if (ws.stage_order.empty()) {  // nothing worth a copy: the resident experts as usual (decode: done)
+    if (!decode && n_res > 0) {
       gpu_experts(p, il);
       add_moe_out(p, il);
     }
     return 0;
   }
-  // The pass's row: the resident experts' slots and the staged experts' staging slots. Each copy is
-  // ordered after the kernels that read its staging slot in an earlier layer (producer = compute).
-  const int32_t* row = cache_->residency().layer_row(il);
-  std::copy(row, row + X, ws.stage_row_h.begin());
+  // The pass's row: the staged experts' staging slots, and for prefill the resident experts' slots. Each
+  // copy is ordered after the kernels that read its staging slot in an earlier layer (producer = compute).
+  if (decode) {
+    std::fill(ws.stage_row_h.begin(), ws.stage_row_h.begin() + X, -1);
+  } else {
+    const int32_t* row = cache_->residency().layer_row(il);
+    std::copy(row, row + X, ws.stage_row_h.begin());
+  }
   for (size_t j = 0; j < ws.stage_order.size(); ++j)
     ws.stage_row_h[size_t(ws.stage_order[j])] = cache_->stage(il, ws.stage_order[j], int(j));
   Stream& cs = dev_->compute();
@@ -959,13 +988,25 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       // The CPU pool: routing and activations to the host; the GPU runs the resident pairs meanwhile.
       const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
       // Prefill-sized passes may stream the busiest non-resident experts to the GPU: then the GPU's
-      // experts wait for the routing on the host (stream_experts); otherwise they run meanwhile.
-      const bool streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
-      if (!streaming && n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
+      // experts wait for the routing on the host (stream_experts); otherwise they run meanwhile, and a
+      // decode-sized pass may then stream part of its misses (the rest run on the CPU pool meanwhile).
+      const bool prefill_streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
+      const bool decode_streaming = !prefill_streaming && cache_->n_stage() > 0 &&
+                                    decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
+      if (!prefill_streaming && n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
       int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage);
-      if (streaming) n_cpu -= stream_experts(p, il, n_res);
+      int cpu_experts = 0;
+      if ((prefill_streaming || decode_streaming) && n_cpu > 0)
+        n_cpu -= stream_experts(p, il, n_res, decode_streaming, &cpu_experts);
+      else if (prefill_streaming && n_res > 0)
+        run_segment(p, 2 * il + 1, resident_experts);
       if (n_cpu == 0) continue;  // every pair runs on the GPU
+      const auto t_pool = std::chrono::steady_clock::now();
       pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
+      if (decode_streaming)
+        decode_costs_.note_cpu(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t_pool).count(),
+            cpu_experts);
       note_launch(cs, {ws.partial.span()}, {ws.x.span()});
       op(p, [&] { ops::add_inplace(x, ws.partial.as<const float>(), n * E, s); });
     }

@@ -63,7 +63,8 @@ struct ExpertCacheReport {
   bool present = false;
   int64_t hits = 0, misses = 0;  // routed-expert selections served from a GPU slot / by the CPU pool
   int64_t swaps = 0;             // adaptation admissions
-  int64_t streamed = 0;          // non-resident experts copied to the GPU for one pass (prefill streaming)
+  int64_t streamed = 0;          // non-resident experts copied to the GPU for one pass (prefill and decode streaming)
+  double stream_copy_us = 0, stream_cpu_us = 0;  // decode streaming's split: costs of one expert (0: not in use)
   int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
   uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module
   uint64_t slot_bytes = 0;                // bytes of one slot (capacity = n_slots * slot_bytes)

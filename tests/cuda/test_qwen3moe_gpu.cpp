@@ -441,6 +441,7 @@ TEST(Qwen3MoeGpuStreaming, StreamedPrefillWithinLlamaCppKl) {
         o.adapt_every = 0;
         o.n_ctx = 128;
         o.stream_slots = stream_slots;
+        o.decode_stream = "off";  // decode streaming: Qwen3MoeGpuStreaming.DecodeStreaming*
         std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o);
         const Result r = evaluate(model, ref, MatmulMode::Fast);
         std::printf("[ gpu streaming %-6s %3s slots %2d ] mean KL %.3e (bound %.3e), prefill streamed %lld, hits %lld, "
@@ -452,8 +453,72 @@ TEST(Qwen3MoeGpuStreaming, StreamedPrefillWithinLlamaCppKl) {
           EXPECT_EQ(r.prefill.streamed, 0);
         else
           EXPECT_GT(r.prefill.streamed, 0) << type << " " << cache;
-        EXPECT_EQ(r.decode.streamed, 0);  // decode passes never stream
+        EXPECT_EQ(r.decode.streamed, 0);  // decode streaming off
       }
+    }
+  }
+}
+
+// Decode streaming: a decode pass copies a share of each layer's non-resident experts into staging slots
+// and runs them on the GPU while the CPU pool runs the rest. Exact mode at 0% and 25% resident, shares
+// off / half / all / auto: the fixture's greedy tokens and prompt logits as the f32 reference, and the
+// copies counted (all: one per miss, the CPU pool idle; half: round(m / 2) of each layer's m).
+TEST(Qwen3MoeGpuStreaming, DecodeStreamingKeepsExactTokens) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const std::string type : {"Q4_K_M", "IQ2_XS"}) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    for (const char* cache : {"0%", "25%"}) {
+      for (const char* share : {"off", "0.5", "1", "auto"}) {
+        cuda::CudaOptions o;
+        o.exact = true;
+        o.expert_cache = cache;
+        o.adapt_every = 0;
+        o.n_ctx = 128;
+        o.decode_stream = share;
+        std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o);
+        const Result r = evaluate(model, ref, MatmulMode::Exact);
+        const ExpertCacheReport& d = r.decode;
+        std::printf("[ gpu decode streaming %-6s %3s %-4s ] mean KL %.3e, decode misses %lld, streamed %lld\n",
+                    type.c_str(), cache, share, r.mean_kl, (long long)d.misses, (long long)d.streamed);
+        SCOPED_TRACE(type + " " + cache + " decode stream " + share);
+        EXPECT_LE(r.mean_kl, 1e-5);
+        EXPECT_EQ(r.gen, ref.gen) << "gpu: " << gen_str(r.gen) << "\nref: " << gen_str(ref.gen);
+        ASSERT_GT(d.misses, 0);
+        const std::string sh = share;
+        if (sh == "off") {
+          EXPECT_EQ(d.streamed, 0);
+        } else if (sh == "1") {
+          EXPECT_EQ(d.streamed, d.misses);  // one token a pass: each miss is its own expert
+        }
+        if (sh == "0.5") {
+          EXPECT_GE(d.streamed, d.misses / 2 - int64_t(ref.n_gen) * model->hparams().n_layer);
+          EXPECT_LE(d.streamed, d.misses / 2 + int64_t(ref.n_gen) * model->hparams().n_layer);
+          EXPECT_GT(d.streamed, 0);
+        }
+      }
+    }
+  }
+}
+
+// The fast path with decode streaming on KL-checked logits: the prompt in chunks of 7 (decode-sized
+// passes) with every miss copied, at 0% and 25% resident, within 1.5x llama.cpp's KL for two formats.
+TEST(Qwen3MoeGpuStreaming, DecodeStreamingFastWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const std::string type : {"Q4_K_M", "Q8_0"}) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * kLlamaKl.at(type);
+    for (const char* cache : {"0%", "25%"}) {
+      cuda::CudaOptions o;
+      o.expert_cache = cache;
+      o.adapt_every = 0;
+      o.n_ctx = 128;
+      o.decode_stream = "1";
+      const Result r = evaluate(cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o), ref,
+                                MatmulMode::Fast, 7);
+      std::printf("[ gpu decode streaming fast %-6s %3s ] mean KL %.3e (bound %.3e), prefill streamed %lld\n",
+                  type.c_str(), cache, r.mean_kl, bound, (long long)r.prefill.streamed);
+      EXPECT_LE(r.mean_kl, bound) << type << " " << cache;
+      EXPECT_GT(r.prefill.streamed, 0) << type << " " << cache;
     }
   }
 }
