@@ -41,6 +41,24 @@ TEST(CliBackend, CpuBackendBenchPrintsNoCacheReport) {
   EXPECT_EQ(o.text.find("expert cache"), std::string::npos) << o.text;
 }
 
+// The decode roofline after the runs: bytes a token reads, the measured host bandwidth, tg's share; off
+// with --no-roofline; in the JSON line too.
+TEST(CliBackend, BenchPrintsTheDecodeRoofline) {
+  const Out o = sh("bench -m " + kModel + " -p 4 -n 4 -t 1 --backend cpu");
+  ASSERT_EQ(o.rc, 0) << o.text;
+  EXPECT_NE(o.text.find("roofline   a decoded token reads"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("roofline   host memory"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("roofline   tg4 at"), std::string::npos) << o.text;
+  const Out off = sh("bench -m " + kModel + " -p 4 -n 4 -t 1 --backend cpu --no-roofline");
+  ASSERT_EQ(off.rc, 0) << off.text;
+  EXPECT_EQ(off.text.find("roofline"), std::string::npos) << off.text;
+  const Out j = sh("bench -m " + kModel + " -p 0 -n 2 -t 1 --backend cpu --json");
+  ASSERT_EQ(j.rc, 0) << j.text;
+  EXPECT_NE(j.text.find("\"decode_bytes\": "), std::string::npos) << j.text;
+  EXPECT_NE(j.text.find("\"tg_roofline_tok_s\": "), std::string::npos) << j.text;
+  EXPECT_EQ(j.text.find("\"tg_roofline_tok_s\": 0.000"), std::string::npos) << j.text;
+}
+
 TEST(CliBackend, CudaBackendWithoutGpuOrCudaIsAClearError) {
   // Where a GPU is present this runs the model on it instead (and must succeed); a malformed
   // --expert-cache is an error either way.

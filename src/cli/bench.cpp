@@ -9,6 +9,8 @@
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
+#include "cpu/mem_bandwidth.h"
+#include "model/decode_traffic.h"
 
 namespace strata::cli {
 namespace {
@@ -18,7 +20,38 @@ struct BenchArgs {
   int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
                    // library handles, first touches) stay out of the numbers
   bool json = false;
+  bool roofline = true;  // measure the memories' bandwidths after the runs and print the decode roofline
 };
+
+// The decode roofline of a run: the weight bytes a token reads, where they are read from, and the
+// bandwidths measured in this process (bench/results explains the numbers).
+struct Roofline {
+  DecodeTraffic traffic;
+  double hit_rate = 0;               // routed-expert reads served from GPU memory (tg's hit rate; CPU: 0)
+  double gpu_bytes = 0, host_bytes = 0;
+  double host_gbs = 0;               // host memory read, all threads
+  Model::DeviceBandwidth device;     // GPU memory (d2d copy) and PCIe h2d; 0 on the CPU backend
+  double tok_s = 0;                  // bytes / bandwidth, the two memories read at the same time
+};
+
+Roofline measure_roofline(const Model& model, const ExpertCacheReport& tg_cache, int n_threads) {
+  Roofline r;
+  r.traffic = decode_traffic(model.file(), model.hparams(), model.routed_layers());
+  ThreadPool pool(n_threads);
+  r.host_gbs = cpu::measure_host_read_gbs(pool);
+  r.device = model.measure_device_bandwidth();
+  const double routed = double(r.traffic.routed), rest = double(r.traffic.dense + r.traffic.embedding);
+  if (tg_cache.present) {
+    r.hit_rate = tg_cache.hit_rate();
+    r.gpu_bytes = rest + routed * r.hit_rate;
+    r.host_bytes = routed * (1 - r.hit_rate);
+    r.tok_s = roofline_tok_s(r.gpu_bytes, r.device.device_gbs, r.host_bytes, r.host_gbs);
+  } else {
+    r.host_bytes = rest + routed;
+    r.tok_s = roofline_tok_s(r.host_bytes, r.host_gbs);
+  }
+  return r;
+}
 
 int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1 && a.warmup >= 0,
@@ -78,19 +111,25 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   }
   const double gib = 1024.0 * 1024.0 * 1024.0;
   const auto& hp = model->hparams();
+  const unsigned long long peak_rss = peak_rss_bytes();  // before the roofline's probe buffer
+  const bool with_roofline = a.roofline && a.n_gen > 0;
+  const Roofline rl = with_roofline ? measure_roofline(*model, tg_cache, eng.options().n_threads) : Roofline{};
   if (a.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
         "\"pp\": %d, \"pp_tok_s\": %.3f, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
         "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f, "
         "\"backend\": \"%s\", \"pp_hit_rate\": %s, \"tg_hit_rate\": %s, \"slots_used\": %d, \"n_slots\": %d, "
-        "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu}\n",
+        "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu, \"decode_bytes\": %llu, \"decode_bytes_routed\": %llu, "
+        "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
         eng.options().n_batch, a.n_prompt, pp_best, a.n_gen, tg_best, model->weight_bytes(),
-        seq->memory_bytes(), eng.workspace_bytes(), (unsigned long long)peak_rss_bytes(), load_s,
+        seq->memory_bytes(), eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
         tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,
-        tg_cache.n_slots, (unsigned long long)tg_cache.bytes_h2d, (unsigned long long)tg_cache.bytes_d2h);
+        tg_cache.n_slots, (unsigned long long)tg_cache.bytes_h2d, (unsigned long long)tg_cache.bytes_d2h,
+        (unsigned long long)rl.traffic.total(), (unsigned long long)rl.traffic.routed, rl.host_gbs,
+        rl.device.device_gbs, rl.device.h2d_gbs, rl.tok_s);
   } else {
     std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
                 hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
@@ -103,7 +142,22 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     if (tg_cache.present && a.n_gen > 0) print_cache_report(tg_cache, model->backend_name(), "tg");
     std::printf("memory     weights %.3f GiB (mapped), KV %.3f GiB, workspace %.3f GiB, peak RSS %.3f GiB\n",
                 model->weight_bytes() / gib, seq->memory_bytes() / gib, eng.workspace_bytes() / gib,
-                peak_rss_bytes() / gib);
+                peak_rss / gib);
+    if (with_roofline) {
+      const double mb = 1e6;
+      std::printf("roofline   a decoded token reads %.1f MB of weights (dense %.1f, routed experts %.1f)\n",
+                  rl.traffic.total() / mb, (rl.traffic.dense + rl.traffic.embedding) / mb, rl.traffic.routed / mb);
+      if (tg_cache.present)
+        std::printf("roofline   at the tg hit rate %.1f%%: %.1f MB from GPU memory (%.0f GB/s, d2d copy) + %.1f MB "
+                    "from host memory (%.1f GB/s) -> %.1f tok/s; PCIe h2d %.1f GB/s\n",
+                    100 * rl.hit_rate, rl.gpu_bytes / mb, rl.device.device_gbs, rl.host_bytes / mb, rl.host_gbs,
+                    rl.tok_s, rl.device.h2d_gbs);
+      else
+        std::printf("roofline   host memory %.1f GB/s (%d threads) -> %.1f tok/s\n", rl.host_gbs,
+                    eng.options().n_threads, rl.tok_s);
+      if (rl.tok_s > 0)
+        std::printf("roofline   tg%d at %.1f%% of it\n", a.n_gen, 100 * tg_best / rl.tok_s);
+    }
   }
   return 0;
 }
@@ -120,6 +174,9 @@ const CommandRegistrar reg(
       app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")
           ->capture_default_str();
       app.add_flag("--json", a->json, "one JSON line instead of the table");
+      app.add_flag("--roofline,!--no-roofline", a->roofline,
+                   "after the runs, measure host (and GPU) memory bandwidth and print the decode roofline: "
+                   "weight bytes a token reads / bandwidth (on by default; about a second)");
       return [=] { return run_bench(*ef, *a); };
     });
 

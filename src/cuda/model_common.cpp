@@ -1,6 +1,8 @@
 #include "cuda/model_common.h"
 
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "common/error.h"
@@ -144,6 +146,50 @@ DevWeight upload_f32_values(Device& dev, Transfer& xfer, const float* values, in
   Stream& cs = dev.compute();
   xfer.upload(d.buf.span(), values, bytes, cs, {&cs});
   return d;
+}
+
+}  // namespace strata::cuda
+
+namespace strata::cuda {
+
+Model::DeviceBandwidth measure_device_bandwidth(Device& dev, Transfer& xfer) {
+  Model::DeviceBandwidth r;
+  Stream& cs = dev.compute();
+  // Seconds per call of `one`: the best of 3 rounds of 4 calls, each round from an idle stream.
+  const auto per_call = [&](const std::function<Ticket()>& one) {
+    double best = 0;
+    for (int round = 0; round < 3; ++round) {
+      cs.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      Ticket last;
+      for (int i = 0; i < 4; ++i) last = one();
+      last.wait();
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 4;
+      if (round == 0 || sec < best) best = sec;
+    }
+    return best;
+  };
+  try {
+    const size_t bytes = size_t(256) << 20;
+    DeviceBuffer a = dev.alloc(bytes, "bandwidth probe a"), b = dev.alloc(bytes, "bandwidth probe b");
+    const double sec = per_call([&] { return xfer.copy(b.span(), a.span(), cs, {&cs}); });
+    if (sec > 0) r.device_gbs = 2.0 * double(bytes) / sec / 1e9;
+  } catch (const Error&) {
+    r.device_gbs = 0;  // no room on the GPU for the probe: not measured
+  }
+  try {
+    const size_t bytes = size_t(64) << 20;
+    PinnedBuffer h = dev.alloc_pinned(bytes, "bandwidth probe host");
+    DeviceBuffer d = dev.alloc(bytes, "bandwidth probe device");
+    h.note_host_access(stream_check::Access::Write);
+    std::memset(h.data(), 0, bytes);
+    const double sec = per_call([&] { return xfer.upload(d.span(), h.span(), cs, {&cs}); });
+    if (sec > 0) r.h2d_gbs = double(bytes) / sec / 1e9;
+  } catch (const Error&) {
+    r.h2d_gbs = 0;
+  }
+  cs.synchronize();
+  return r;
 }
 
 }  // namespace strata::cuda

@@ -11,6 +11,7 @@
 #include "cuda/device.h"
 #include "cuda/ops.cuh"
 #include "cuda/transfer.h"
+#include "model/model.h"
 #include "model/weights.h"
 #include "quant/types.h"
 
@@ -65,6 +66,12 @@ DevWeight upload_f32_values(Device& dev, Transfer& xfer, const float* values, in
 // activations' error adds to the pool's Q8_K error: mean KL over the 8 fixtures at 25% / 0% resident
 // 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
 bool int8_activations(bool exact, bool pool_pass, int64_t n, bool have_q8_buffers);
+
+// For a roofline (Model::measure_device_bandwidth): device memory, as a 256 MiB device-to-device copy
+// through the transfer module (read + write bytes counted), and host -> device, as 64 MiB uploads from
+// pinned memory; GB/s, best of 3 rounds of 4. 0 for a part whose buffers cannot be allocated (a full GPU).
+// Waits for the compute stream: call between forward passes.
+Model::DeviceBandwidth measure_device_bandwidth(Device& dev, Transfer& xfer);
 
 // The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
 //   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)

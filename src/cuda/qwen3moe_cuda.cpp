@@ -259,6 +259,11 @@ class CudaQwen3Moe final : public Model {
     r.stream_cpu_us = decode_costs_.cpu_us();
     return r;
   }
+  DeviceBandwidth measure_device_bandwidth() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    dev_->make_current();
+    return cuda::measure_device_bandwidth(*dev_, *xfer_);
+  }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_->reset_stats();

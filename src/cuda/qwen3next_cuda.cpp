@@ -380,6 +380,11 @@ class CudaQwen3Next final : public Model {
     std::lock_guard<std::mutex> lock(mu_);
     return make_cache_report(*cache_, *xfer_, np_.n_layer, hp_.n_expert, graphs_, work_);
   }
+  DeviceBandwidth measure_device_bandwidth() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    dev_->make_current();
+    return cuda::measure_device_bandwidth(*dev_, *xfer_);
+  }
   void reset_cache_stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     cache_->reset_stats();

@@ -115,6 +115,12 @@ class Model {
   // The backend can pick tokens where it computes the logits (ForwardOptions::sampling).
   virtual bool samples_on_device() const { return false; }
   virtual void reset_cache_stats() const {}
+  // Measured bandwidths of the backend's own memories in GB/s (1e9), for a roofline: device memory and
+  // host -> device copies. 0 where the backend has none (the CPU backend) or a measurement failed.
+  struct DeviceBandwidth {
+    double device_gbs = 0, h2d_gbs = 0;
+  };
+  virtual DeviceBandwidth measure_device_bandwidth() const { return {}; }
 
  protected:
   Model(gguf::File file, HParams hp) : file_(std::move(file)), hp_(std::move(hp)) {}
