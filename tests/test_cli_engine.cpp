@@ -7,29 +7,15 @@
 #include <fstream>
 #include <string>
 
+#include "cli_run.h"
 #include "slg.h"
 
 using namespace strata::test;
 
 namespace {
 
-struct Out {
-  int rc;
-  std::string text;  // stdout + stderr
-};
-
-Out sh(const std::string& args) {
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
-  Out o{-1, {}};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return o;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) o.text.append(buf.data(), n);
-  const int st = pclose(p);
-  o.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
+using Out = strata::test::CliOut;
+Out sh(const std::string& args) { return strata::test::run_strata(args); }  // stdout + stderr
 
 const std::string kModel = std::string(STRATA_FIXTURES_DIR) + "/models/tiny-qwen3moe-A-Q4_K_M.gguf";
 
@@ -42,10 +28,10 @@ TEST(CliEngine, EvalWritesReferenceLogitsAndGreedyIds) {
   const std::string out = ::testing::TempDir() + "strata_eval_logits.f32";
   const Out o = sh("eval -m " + kModel + " --exact --tokens \"" + ids + "\" --logits " + out +
                    " --greedy 24 -t 2");
-  ASSERT_EQ(o.rc, 0) << o.text;
+  ASSERT_EQ(o.rc, 0) << o.out;
   std::string expect;
   for (size_t i = 0; i < ref.gen.size(); ++i) expect += (i ? " " : "") + std::to_string(ref.gen[i]);
-  EXPECT_EQ(o.text, expect + "\n");
+  EXPECT_EQ(o.out, expect + "\n");
   std::ifstream f(out, std::ios::binary);
   std::vector<float> got(ref.logits.size());
   f.read(reinterpret_cast<char*>(got.data()), std::streamsize(got.size() * 4));
@@ -75,17 +61,17 @@ TEST(CliEngine, BadInputsExitOneWithAMessage) {
   };
   for (const auto& c : cases) {
     const Out o = sh(c.args);
-    EXPECT_EQ(o.rc, 1) << c.args << "\n" << o.text;
-    EXPECT_NE(o.text.find("strata: error:"), std::string::npos) << o.text;
-    EXPECT_NE(o.text.find(c.message), std::string::npos) << c.args << "\n" << o.text;
+    EXPECT_EQ(o.rc, 1) << c.args << "\n" << o.out;
+    EXPECT_NE(o.out.find("strata: error:"), std::string::npos) << o.out;
+    EXPECT_NE(o.out.find(c.message), std::string::npos) << c.args << "\n" << o.out;
   }
 }
 
 TEST(CliEngine, RunIsReproducibleWithASeed) {
   const std::string args = "run -m " + kModel + " -p \"Once upon a time\" -n 24 --seed 7 --no-timing -t 2";
   const Out a = sh(args), b = sh(args);
-  ASSERT_EQ(a.rc, 0) << a.text;
-  EXPECT_EQ(a.text, b.text);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  EXPECT_EQ(a.out, b.out);
   const Out c = sh("run -m " + kModel + " -p \"Once upon a time\" -n 24 --seed 8 --no-timing -t 2");
-  EXPECT_NE(a.text, c.text);
+  EXPECT_NE(a.out, c.out);
 }

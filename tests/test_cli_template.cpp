@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cli_run.h"
 #include "gguf/gguf.h"
 #include "tokenizer/chat_template.h"
 
@@ -15,20 +16,8 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-struct CliRun {
-  int rc;
-  std::string out;
-};
-CliRun run_cli(const std::string& args) {
-  std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+using CliRun = strata::test::CliOut;
+CliRun run_cli(const std::string& args) { return strata::test::run_strata(args); }
 
 const fs::path kVocab = fs::path(STRATA_FIXTURES_DIR) / "vocab/ggml-vocab-qwen2.gguf";
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "gguf/summary.h"
 #include "gguf/writer.h"
 
@@ -18,21 +19,9 @@ using namespace strata::gguf;
 
 namespace {
 
-struct CliResult {
-  int code;
-  std::string out;  // stdout (and stderr when merged)
-};
-
+using CliResult = strata::test::CliOut;
 CliResult run_cli(const std::string& args, bool merge_stderr = false) {
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return strata::test::run_strata(args, merge_stderr);
 }
 
 const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models/";
@@ -42,7 +31,7 @@ const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models/";
 TEST(InspectCli, JsonOfTinyQwen3MoeQ8_0) {
   const std::string path = kModels + "tiny-qwen3moe-A-Q8_0.gguf";
   CliResult r = run_cli("inspect --json " + path);
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["schema"], "strata-inspect/1");
   EXPECT_EQ(j["file"]["path"], path);
@@ -110,7 +99,7 @@ TEST(InspectCli, JsonOfTinyQwen3MoeQ8_0) {
 
 TEST(InspectCli, JsonOfQwen3NextAndRealVocab) {
   CliResult r = run_cli("inspect --json " + kModels + "tiny-qwen3next-N-Q4_K_M.gguf");
-  ASSERT_EQ(r.code, 0);
+  ASSERT_EQ(r.rc, 0);
   json j = json::parse(r.out);
   EXPECT_EQ(j["architecture"], "qwen3next");
   EXPECT_EQ(j["hyperparameters"]["full_attention_interval"], 4);
@@ -119,7 +108,7 @@ TEST(InspectCli, JsonOfQwen3NextAndRealVocab) {
     for (const json& n : l["tensors"]) EXPECT_EQ(n.get<std::string>().find("shexp"), std::string::npos);
 
   r = run_cli("inspect --json " + std::string(STRATA_FIXTURES_DIR) + "/vocab/ggml-vocab-qwen2.gguf");
-  ASSERT_EQ(r.code, 0);
+  ASSERT_EQ(r.rc, 0);
   j = json::parse(r.out);
   EXPECT_EQ(j["tokenizer"]["vocab_size"], 151936);
   EXPECT_EQ(j["tokenizer"]["pre"], "qwen2");
@@ -129,7 +118,7 @@ TEST(InspectCli, JsonOfQwen3NextAndRealVocab) {
 
 TEST(InspectCli, TextOutput) {
   CliResult r = run_cli("inspect " + kModels + "tiny-qwen3moe-A-Q4_K_M.gguf");
-  ASSERT_EQ(r.code, 0);
+  ASSERT_EQ(r.rc, 0);
   for (const char* s : {"architecture  qwen3moe", "file type     Q4_K_M (15)", "block_count", "model gpt2, pre qwen2, 512 tokens",
                         "blk.0.ffn_gate_exps.weight", "256 x 256 x 8", "totals by type", "experts       8 per layer, 2 used"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
@@ -147,13 +136,13 @@ TEST(InspectCli, BadInputIsAClearError) {
     std::fclose(f);
   }
   CliResult r = run_cli("inspect " + bad.string(), true);
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("strata: error: " + bad.string() + ": offset 24: metadata key: string length 255"),
             std::string::npos)
       << r.out;
   fs::remove(bad);
   r = run_cli("inspect /nonexistent.gguf", true);
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("cannot open"), std::string::npos) << r.out;
 }
 

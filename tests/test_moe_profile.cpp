@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_run.h"
 #include "common/error.h"
 #include "engine/engine.h"
 #include "engine/perplexity.h"
@@ -24,22 +25,8 @@ namespace {
 const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models/";
 const std::string kTiny = kModels + "tiny-qwen3moe-A-Q8_0.gguf";
 
-struct CliResult {
-  int code;
-  std::string out;
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return {-1, ""};
-  std::string out;
-  std::array<char, 65536> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+using CliResult = strata::test::CliOut;
+CliResult run_cli(const std::string& args) { return strata::test::run_strata(args); }
 
 std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("strata_moe_profile_" + name)).string();
@@ -207,7 +194,7 @@ TEST(ProfileCli, JsonIsReloadableAndSummaryPrinted) {
     for (int i = 0; i < 20; ++i) f << "The quick brown fox jumps over the lazy dog. " << i << "\n";
   }
   CliResult r = run_cli("profile -m " + kTiny + " -f " + text + " --ctx 64 -t 2 --json " + out);
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("top 25% of experts serve"), std::string::npos) << r.out;
   std::ifstream f(out);
   std::stringstream ss;
@@ -221,12 +208,12 @@ TEST(ProfileCli, JsonIsReloadableAndSummaryPrinted) {
   for (int l = 0; l < u.n_layer(); ++l) EXPECT_EQ(u.tokens(l), n_tok);
 
   r = run_cli("profile -m " + kTiny + " -f /nonexistent/text.txt");
-  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_NE(r.out.find("strata: error:"), std::string::npos) << r.out;
   // qwen3next: counted too (its file's usage reloads with its shape)
   const std::string next = kModels + "tiny-qwen3next-N-Q4_K_M.gguf";
   r = run_cli("profile -m " + next + " -f " + text + " --ctx 64 -t 2 --json " + out);
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   std::ifstream fn(out);
   std::stringstream sn;
   sn << fn.rdbuf();
@@ -237,7 +224,7 @@ TEST(ProfileCli, JsonIsReloadableAndSummaryPrinted) {
   EXPECT_EQ(un.tokens(0), n_tok);  // the same text and tokenizer
   // a file that is not a model
   r = run_cli("profile -m " + std::string(STRATA_FIXTURES_DIR) + "/vocab/ggml-vocab-qwen2.gguf -f " + text);
-  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_NE(r.out.find("strata: error:"), std::string::npos) << r.out;
   std::filesystem::remove(text);
   std::filesystem::remove(out);
@@ -250,7 +237,7 @@ TEST(PerplexityCli, JsonMatchesLibraryAndErrors) {
     for (int i = 0; i < 30; ++i) f << "In the beginning there was text number " << i << ".\n";
   }
   CliResult r = run_cli("perplexity -m " + kTiny + " -f " + text + " --ctx 32 -t 2 --json");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   const json j = json::parse(r.out);
   EXPECT_EQ(j["ctx"], 32);
   EXPECT_EQ(j["chunks"].get<int64_t>(), j["tokens"].get<int64_t>() / 32);
@@ -259,11 +246,11 @@ TEST(PerplexityCli, JsonMatchesLibraryAndErrors) {
   for (const auto& c : j["chunk_nll"]) sum += c.get<double>();
   EXPECT_NEAR(std::exp(sum / j["scored"].get<double>()), j["ppl"].get<double>(), 1e-9 * j["ppl"].get<double>());
   r = run_cli("perplexity -m " + kTiny + " -f " + text + " --ctx 32 --chunks 2 -t 2");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("2 chunks of 32"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PPL = "), std::string::npos) << r.out;
   r = run_cli("perplexity -m " + kTiny + " -f " + text + " --ctx 100000");
-  EXPECT_EQ(r.code, 1) << r.out;  // the text does not fill a chunk
+  EXPECT_EQ(r.rc, 1) << r.out;  // the text does not fill a chunk
   EXPECT_NE(r.out.find("strata: error:"), std::string::npos) << r.out;
   std::filesystem::remove(text);
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_run.h"
 #include "gguf/gguf.h"
 #include "quant/dequant.h"
 #include "quant/quant_mix.h"
@@ -24,23 +25,8 @@ namespace {
 const std::string kFixtures = STRATA_FIXTURES_DIR;
 const std::string kModels = kFixtures + "/models/";
 
-struct CliResult {
-  int code;
-  std::string output;  // stdout + stderr
-};
-
-CliResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  CliResult r{-1, ""};
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using CliResult = strata::test::CliOut;
+CliResult run_cli(const std::string& args) { return strata::test::run_strata(args); }  // stdout + stderr
 
 struct TempDir {
   fs::path path;
@@ -118,7 +104,7 @@ TEST(QuantCli, QuantizeKeepsMetadataAndIsAccurate) {
   for (auto [scheme, ftype] : schemes) {
     const std::string out = dir / (std::string(scheme) + ".gguf");
     const auto r = run_cli("quantize " + src_path + " " + out + " " + scheme);
-    ASSERT_EQ(r.code, 0) << r.output;
+    ASSERT_EQ(r.rc, 0) << r.out;
     const auto q = gguf::File::open(out);
     EXPECT_EQ(q.get<uint32_t>("general.file_type"), ftype);
     EXPECT_EQ(q.get<uint32_t>("general.quantization_version"), 2u);
@@ -159,7 +145,7 @@ TEST(QuantCli, DequantWritesRawF32BitExact) {
   for (const char* name : {"zoo.q4_k", "zoo.iq2_xs", "zoo.bf16"}) {
     const std::string out = dir / "t.f32";
     const auto r = run_cli("dequant " + kFixtures + "/formats/zoo.gguf " + name + " -o " + out);
-    ASSERT_EQ(r.code, 0) << r.output;
+    ASSERT_EQ(r.rc, 0) << r.out;
     std::ifstream f(out, std::ios::binary);
     const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     const auto& want = ref.at(name).head;
@@ -172,13 +158,13 @@ TEST(QuantCli, BadArgumentsAreClearErrors) {
   TempDir dir;
   const std::string zoo = kFixtures + "/formats/zoo.gguf";
   auto r = run_cli("dequant " + zoo + " no.such.tensor -o " + (dir / "x.f32"));
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("no tensor named 'no.such.tensor'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("no tensor named 'no.such.tensor'"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir / "x.f32"));
   r = run_cli("quantize " + kModels + "tiny-qwen3moe-A-Q8_0.gguf " + (dir / "y.gguf") + " Q3_K");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("unknown quantization type 'Q3_K'"), std::string::npos) << r.output;
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.out.find("unknown quantization type 'Q3_K'"), std::string::npos) << r.out;
   r = run_cli("quantize " + (dir / "missing.gguf") + " " + (dir / "y.gguf") + " Q8_0");
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_FALSE(fs::exists(dir / "y.gguf"));
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "cli_run.h"
 #include "gguf/gguf.h"
 #include "tokenizer/tokenizer.h"
 
@@ -18,11 +19,8 @@ namespace {
 
 const std::string kVocab = std::string(STRATA_FIXTURES_DIR) + "/vocab/ggml-vocab-qwen2.gguf";
 
-struct Run {
-  int status;
-  std::string out;  // stdout and stderr
-};
-
+// stdout and stderr of `strata ARGS` with stdin_text on its stdin.
+using Run = strata::test::CliOut;
 Run run_cli(const std::string& args, const std::string& stdin_text = "") {
   // One file per process and call: ctest runs the tests of this binary in parallel processes.
   static int calls = 0;
@@ -32,15 +30,8 @@ Run run_cli(const std::string& args, const std::string& stdin_text = "") {
     std::ofstream f(in_path, std::ios::binary);
     f << stdin_text;
   }
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " < " + in_path + " 2>&1";
-  Run r{-1, ""};
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
-  const int st = pclose(p);
+  strata::test::CliOut r = strata::test::run_strata(args, true, in_path);
   std::remove(in_path.c_str());
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
 
@@ -48,7 +39,7 @@ Run run_cli(const std::string& args, const std::string& stdin_text = "") {
 
 TEST(TokenizerCli, TokenizeAndDetokenize) {
   auto r = run_cli("tokenize -m " + kVocab + " 'Hello, world!'");
-  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out, "9707 11 1879 0\n");  // llama.cpp's ids (fixture .out, "Hello, world!")
 
   r = run_cli("tokenize -m " + kVocab + " --special '<|im_start|>user'");
@@ -60,7 +51,7 @@ TEST(TokenizerCli, TokenizeAndDetokenize) {
   EXPECT_EQ(r.out, "21927 4337 0\n");
 
   r = run_cli("detokenize -m " + kVocab + " 9707 11 1879 0");
-  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.rc, 0);
   EXPECT_EQ(r.out, "Hello, world!\n");
   r = run_cli("detokenize -m " + kVocab + " -n --no-special", "[151644, 9707, 151645]");
   EXPECT_EQ(r.out, "Hello");
@@ -68,13 +59,13 @@ TEST(TokenizerCli, TokenizeAndDetokenize) {
 
 TEST(TokenizerCli, BadInputIsAClearError) {
   auto r = run_cli("detokenize -m " + kVocab + " 9707 x12");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.out, testing::HasSubstr("strata: error: not a token id: 'x12'"));
   r = run_cli("detokenize -m " + kVocab + " 151936");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.out, testing::HasSubstr("token id 151936 is out of range"));
   r = run_cli("tokenize -m " + std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf hi");
-  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.rc, 1);
   EXPECT_THAT(r.out, testing::HasSubstr("no tokenizer in this file"));
 }
 
