@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "common/error.h"
 
@@ -25,7 +26,9 @@ double measure_host_read_gbs(ThreadPool& pool, size_t bytes, int reps) {
   constexpr size_t kLine = 64;
   const int64_t n_lines = int64_t(bytes / kLine);
   STRATA_REQUIRE(n_lines >= 1, "memory bandwidth: {} bytes is less than one cache line", bytes);
-  std::unique_ptr<V[]> buf(new V[size_t(n_lines) * (kLine / sizeof(V))]);
+  // No memory for the probe (a small machine, a limit): not measured, rather than a failed command.
+  std::unique_ptr<V[]> buf(new (std::nothrow) V[size_t(n_lines) * (kLine / sizeof(V))]);
+  if (!buf) return 0;
   V* base = buf.get();
   const int64_t grain = std::max<int64_t>(1, n_lines / pool.size());
   // Filled by the threads that later read it (first touch: each part's pages near its reader).
