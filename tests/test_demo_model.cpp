@@ -4,6 +4,7 @@
 // measurement (tools/train_demo/reference.json, f16 weights), and it writes English.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -141,9 +142,18 @@ TEST(DemoModel, WritesEnglish) {
       eng.decode({&s, 1}, {&t, 1}, logits.data());
     }
     const std::string text = tok.detokenize(out, false);
+    // The corpus is fortune-style quotes, each signed on a line "\t\t-- Name": those lines are names
+    // (Winston Churchill, Oscar Wilde), not vocabulary, so the count skips them.
+    std::string prose;
+    for (size_t i = 0; i < text.size();) {
+      const size_t eol = std::min(text.find('\n', i), text.size());
+      const std::string line = text.substr(i, eol - i);
+      if (line.find("-- ") == std::string::npos) prose += line + "\n";
+      i = eol + 1;
+    }
     int words = 0, hits = 0;
     std::string w;
-    for (char c : text + " ") {
+    for (char c : prose + " ") {
       if (std::isalpha(static_cast<unsigned char>(c))) {
         w += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       } else if (!w.empty()) {
@@ -153,6 +163,6 @@ TEST(DemoModel, WritesEnglish) {
       }
     }
     EXPECT_GE(words, 15) << text;
-    EXPECT_GE(hits, words * 9 / 10) << text;
+    EXPECT_GE(hits, words * 9 / 10) << text;  // the words outside signature lines
   }
 }
