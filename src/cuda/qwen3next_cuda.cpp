@@ -42,6 +42,7 @@
 #include "model/qwen3next_weights.h"
 #include "model/weights.h"
 #include "moe/expert_usage.h"
+#include "moe/stream_plan.h"
 #include "quant/dequant.h"
 
 namespace strata::cuda {
@@ -844,6 +845,10 @@ void CudaQwen3Next::load() {
                    profile->n_layer(), profile->n_expert(), np_.n_layer, hp.n_expert);
   }
   STRATA_REQUIRE(opt_.adapt_every >= 0, "--adapt-every must be >= 0, got {}", opt_.adapt_every);
+  if (strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream").kind !=
+      strata::moe::DecodeStreamMode::Off)
+    std::fprintf(stderr, "strata: cuda: --decode-stream %s: decode streaming is built for qwen3moe only; qwen3next "
+                 "runs its decode misses on the CPU pool\n", opt_.decode_stream.c_str());
   ExpertCacheConfig cfg;
   cfg.n_slots = n_slots;
   cfg.exact = opt_.exact;
