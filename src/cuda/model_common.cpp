@@ -57,16 +57,6 @@ void RepackLog::add(GgmlType from, GgmlType to, size_t fb, size_t gb) {
 
 GgmlType device_type(GgmlType file_type, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(file_type); }
 
-namespace {
-// A matrix as it goes to the GPU: the mapped file's bytes, or a repacked copy it owns.
-struct HostMatrix {
-  GgmlType type = GgmlType::F32;
-  int64_t rows = 0, cols = 0;
-  const void* data = nullptr;  // the mapping or `owned`
-  size_t bytes = 0;
-  std::vector<uint8_t> owned;
-};
-
 HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log) {
   HostMatrix m;
   m.cols = w.ne[0];
@@ -99,7 +89,6 @@ HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, Rep
   log.add(w.type, m.type, file_bytes, m.bytes);
   return m;
 }
-}  // namespace
 
 DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
                         RepackLog& log) {

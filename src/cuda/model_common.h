@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "cuda/device.h"
 #include "cuda/ops.cuh"
@@ -52,6 +53,18 @@ DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<cons
 // The type a weight of file_type has on the GPU: F32 in exact mode, else quant::storage_type (the file's
 // type where it has kernels, F16 otherwise).
 GgmlType device_type(GgmlType file_type, bool exact);
+// A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped
+// file's bytes, or a copy repacked on the CPU when device_type differs (dequantized bit-exactly as ggml,
+// stored as F32 or F16; logged in `log`). Throws strata::Error for a type that can be neither run nor
+// repacked.
+struct HostMatrix {
+  GgmlType type = GgmlType::F32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;  // the mapping or `owned`
+  size_t bytes = 0;
+  std::vector<uint8_t> owned;
+};
+HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log);
 // An f32 vector ([ne[0]]: norm weights, biases) onto the GPU as is.
 DevWeight upload_f32(Device& dev, Transfer& xfer, const Weight& w, const std::string& name);
 // n f32 values from host memory (not the file: e.g. a converted conv kernel) as a [1][n] F32 weight.

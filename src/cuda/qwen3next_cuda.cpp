@@ -18,7 +18,6 @@
 #include <tuple>
 
 #include "common/error.h"
-#include "cpu/half.h"
 #include "cpu/matmul_batch.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
@@ -43,7 +42,6 @@
 #include "model/weights.h"
 #include "moe/expert_usage.h"
 #include "moe/stream_plan.h"
-#include "quant/dequant.h"
 
 namespace strata::cuda {
 namespace {
@@ -448,17 +446,10 @@ class CudaQwen3Next final : public Model {
   DevWeight upload(const Weight& w, const std::string& name, RepackLog& log) {
     return upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log);
   }
-  // A dense matrix's bytes as the GPU keeps it: the file's bytes, or a repack on the CPU (as
-  // model_common.cpp upload_matrix: F32 in exact mode, F16 for a type without kernels).
-  struct HostRows {
-    GgmlType type = GgmlType::F32;
-    int64_t rows = 0, cols = 0;
-    const void* data = nullptr;  // the mapping or `owned`
-    size_t bytes = 0;
-    std::vector<uint8_t> owned;
-  };
-  HostRows host_rows(const Weight& w, const std::string& name, RepackLog& log) const;
-  GgmlType kept_type(const Weight& w) const { return opt_.exact ? GgmlType::F32 : quant::storage_type(w.type); }
+  // A dense matrix's bytes as the GPU keeps it (model_common.h host_matrix).
+  HostMatrix host_rows(const Weight& w, const std::string& name, RepackLog& log) const {
+    return host_matrix(w, name, opt_.exact, log);
+  }
   // The matrices of `parts` (all [..][cols], one input) as a Proj: parts of one kept type and width share a
   // stack, in the order given.
   Proj upload_proj(const std::vector<std::pair<const Weight*, std::string>>& parts, RepackLog& log);
@@ -570,45 +561,13 @@ class CudaQwen3Next final : public Model {
   mutable HostWork work_;
 };
 
-CudaQwen3Next::HostRows CudaQwen3Next::host_rows(const Weight& w, const std::string& name, RepackLog& log) const {
-  HostRows m;
-  m.cols = w.ne[0];
-  m.rows = w.ne[1] * w.ne[2] * w.ne[3];
-  const int64_t n_values = m.rows * m.cols;
-  const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
-  m.type = kept_type(w);
-  if (m.type == w.type) {
-    m.data = w.data;
-    m.bytes = file_bytes;
-    return m;
-  }
-  STRATA_REQUIRE(can_dequantize(w.type), "cuda: {} is {}, which can be neither run nor repacked on the GPU", name,
-                 type_name(w.type));
-  std::vector<float> f(static_cast<size_t>(n_values));
-  dequantize_row(w.type, w.data, f.data(), n_values);
-  if (m.type == GgmlType::F32) {
-    m.owned.resize(f.size() * 4);
-    std::memcpy(m.owned.data(), f.data(), m.owned.size());
-  } else if (m.type == GgmlType::F16) {
-    m.owned.resize(f.size() * 2);
-    auto* hb = reinterpret_cast<uint16_t*>(m.owned.data());
-    for (size_t i = 0; i < f.size(); ++i) hb[i] = cpu::float_to_half(f[i]);
-  } else {
-    fail("cuda: no repack of {} from {} to {}", name, type_name(w.type), type_name(m.type));
-  }
-  m.data = m.owned.data();
-  m.bytes = m.owned.size();
-  log.add(w.type, m.type, file_bytes, m.bytes);
-  return m;
-}
-
 Proj CudaQwen3Next::upload_proj(const std::vector<std::pair<const Weight*, std::string>>& parts, RepackLog& log) {
   Proj pr;
-  std::vector<HostRows> host;
+  std::vector<HostMatrix> host;
   std::vector<std::vector<size_t>> members;  // per stack: indexes into parts
   for (const auto& [w, name] : parts) {
     host.push_back(host_rows(*w, name, log));
-    const HostRows& m = host.back();
+    const HostMatrix& m = host.back();
     int s = 0;
     while (s < int(members.size()) && !(host[members[size_t(s)][0]].type == m.type && host[members[size_t(s)][0]].cols == m.cols))
       ++s;
@@ -645,7 +604,7 @@ Proj CudaQwen3Next::upload_proj(const std::vector<std::pair<const Weight*, std::
 SharedExpert CudaQwen3Next::upload_shexp(const Weight& gate, const Weight& up, const Weight& down,
                                          const std::string& name, RepackLog& log) {
   SharedExpert sh;
-  const HostRows g = host_rows(gate, name + "ffn_gate_shexp", log), u = host_rows(up, name + "ffn_up_shexp", log),
+  const HostMatrix g = host_rows(gate, name + "ffn_gate_shexp", log), u = host_rows(up, name + "ffn_up_shexp", log),
                  d = host_rows(down, name + "ffn_down_shexp", log);
   STRATA_REQUIRE(g.rows == u.rows && g.cols == u.cols && d.rows == g.cols && d.cols == g.rows,
                  "cuda: {}: shared expert shapes gate [{}][{}], up [{}][{}], down [{}][{}] do not fit", name, g.rows,
