@@ -1,8 +1,8 @@
 #include "model/decode_traffic.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "common/error.h"
 
