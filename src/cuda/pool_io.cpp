@@ -1,6 +1,7 @@
 #include "cuda/pool_io.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -31,11 +32,15 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   logits_h = dev.alloc_pinned(V * 4, "ws.logits_h");
   ids_cpu.resize(nk);
   layer_recorded.resize(size_t(n_layer));
+  stage_row = dev.alloc(size_t(hp.n_expert) * 4, "ws.stage_row");
+  stage_row_h.resize(size_t(hp.n_expert));
+  stage_count.resize(size_t(hp.n_expert));
+  stage_order.reserve(size_t(hp.n_expert));
 }
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids}) b += d->bytes();
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &stage_row}) b += d->bytes();
   for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
   return b;
 }
@@ -103,6 +108,63 @@ void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, in
   const size_t bytes = size_t(n * n_embd) * 4;
   io.partial_ticket = c.xfer.upload(head(io.partial, bytes), head(io.partial_h, bytes), c.cs, {&c.cs});
   ++c.work.transfers;
+}
+
+int staging_slots(int stream_slots, int n_slots, int total, int n_expert) {
+  STRATA_REQUIRE(stream_slots >= -1, "stream slots must be >= -1 (-1: auto), got {}", stream_slots);
+  if (stream_slots < 0) return n_slots < total ? n_expert : 0;
+  return std::min(stream_slots, n_expert);
+}
+
+int stream_min_pairs_from_env() {
+  const char* e = std::getenv("STRATA_CUDA_STREAM_MIN_TOKENS");
+  if (e == nullptr) return 4;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  STRATA_REQUIRE(end != e && *end == '\0' && v >= 1 && v <= 1 << 20,
+                 "STRATA_CUDA_STREAM_MIN_TOKENS must be a whole number >= 1, got '{}'", e);
+  return int(v);
+}
+
+int stream_candidates(PoolIo& io, int64_t n, int n_expert, int min_pairs, int max_stage) {
+  const int64_t nk = n * io.k_used;
+  std::fill(io.stage_count.begin(), io.stage_count.begin() + n_expert, 0);
+  for (int64_t i = 0; i < nk; ++i)
+    if (io.ids_cpu[size_t(i)] >= 0) ++io.stage_count[size_t(io.ids_cpu[size_t(i)])];
+  io.stage_order.clear();
+  int misses = 0;
+  for (int e = 0; e < n_expert; ++e) {
+    misses += io.stage_count[size_t(e)] > 0;
+    if (io.stage_count[size_t(e)] >= min_pairs) io.stage_order.push_back(e);
+  }
+  const auto& cnt = io.stage_count;
+  std::sort(io.stage_order.begin(), io.stage_order.end(), [&](int32_t a, int32_t b) {
+    return cnt[size_t(a)] > cnt[size_t(b)] || (cnt[size_t(a)] == cnt[size_t(b)] && a < b);
+  });
+  if (io.stage_order.size() > size_t(std::max(max_stage, 0))) io.stage_order.resize(size_t(std::max(max_stage, 0)));
+  return misses;
+}
+
+int64_t stage_experts(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, bool keep_resident) {
+  STRATA_REQUIRE(!io.stage_order.empty() && int(io.stage_order.size()) <= c.cache.n_stage(),
+                 "stage_experts: {} experts for {} staging slots", io.stage_order.size(), c.cache.n_stage());
+  if (keep_resident) {
+    const int32_t* row = c.cache.residency().layer_row(il);
+    std::copy(row, row + n_expert, io.stage_row_h.begin());
+  } else {
+    std::fill(io.stage_row_h.begin(), io.stage_row_h.begin() + n_expert, -1);
+  }
+  for (size_t j = 0; j < io.stage_order.size(); ++j)
+    io.stage_row_h[size_t(io.stage_order[j])] = c.cache.stage(il, io.stage_order[j], int(j));
+  c.xfer.upload(io.stage_row.span(), io.stage_row_h.data(), size_t(n_expert) * 4, c.cs, {&c.cs});
+  c.work.transfers += 1 + io.stage_order.size();
+  int64_t moved = 0;
+  const int64_t nk = n * io.k_used;
+  for (int64_t i = 0; i < nk; ++i) {
+    const int32_t e = io.ids_cpu[size_t(i)];
+    if (e >= 0 && io.stage_row_h[size_t(e)] >= 0) io.ids_cpu[size_t(i)] = -1, ++moved;
+  }
+  return moved;
 }
 
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,

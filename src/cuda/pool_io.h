@@ -63,6 +63,11 @@ struct PoolIo {
   // host
   std::vector<int32_t> ids_cpu;         // [n_tok][k]: expert id, or -1 where the GPU runs the pair
   std::vector<uint8_t> layer_recorded;  // [n_layer] this forward's routing already recorded
+  // streaming (stream_candidates / stage_experts)
+  DeviceBuffer stage_row;               // [n_expert] int32: a streaming pass's table row (slot, staging slot or -1)
+  std::vector<int32_t> stage_row_h;     // [n_expert] host copy of stage_row
+  std::vector<int32_t> stage_count;     // [n_expert] the CPU pool's pairs per expert (streaming choice)
+  std::vector<int32_t> stage_order;     // experts to stream, busiest first
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   Ticket partial_ticket;                // last upload that reads partial_h
   MoeScratch moe;
@@ -100,6 +105,29 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
 // compute stream. The caller then adds io.partial into x with a kernel on the compute stream.
 void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
                   ThreadPool& pool, MatmulMode mode);
+
+// ---- Streaming non-resident experts into the expert cache's staging slots (docs/expert_cache.md) ----
+
+// The staging slots a model asks its expert cache for: `stream_slots` (>= 0) as given, at most one layer's
+// experts; -1 (auto): one layer's experts when some experts are not resident (n_slots < total), else 0.
+int staging_slots(int stream_slots, int n_slots, int total, int n_expert);
+
+// STRATA_CUDA_STREAM_MIN_TOKENS: the pairs a non-resident expert needs in a prefill pass to be streamed
+// (default 4, measured: docs/expert_cache.md). Throws strata::Error for a value that is not a number >= 1.
+int stream_min_pairs_from_env();
+
+// After pool_split: counts the CPU pool's pairs per expert (io.stage_count) and lists the experts with at
+// least min_pairs of them in io.stage_order, busiest first (ties: lower id first), at most max_stage.
+// Returns the number of distinct experts the CPU pool would run without streaming.
+int stream_candidates(PoolIo& io, int64_t n, int n_expert, int min_pairs, int max_stage);
+
+// Copies the experts of io.stage_order (layer il) into staging slots 0, 1, ... (ExpertCache::stage), and
+// uploads the pass's table row to io.stage_row: the staged experts' staging slots, and with
+// keep_resident the layer's resident experts' own slots (else -1). Every copy and the row upload go
+// through the transfer module with producer = consumer = compute, so each follows the kernels that read
+// its staging slot in an earlier layer and precedes the launches that read it. The staged experts' pairs
+// leave io.ids_cpu (-1). Returns the pairs moved to the GPU. io.stage_order must not be empty.
+int64_t stage_experts(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, bool keep_resident);
 
 // The end of a forward pass: the routing of the layers the pool did not record comes down (one copy),
 // the n_out rows of logits ([n_out][n_vocab]) are copied to `logits` — or with sampling, picked on the

@@ -130,10 +130,6 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     h = dev.alloc(size_t(z.h) * 4, "ws.h");
     moe_out = dev.alloc(size_t(z.E) * 4, "ws.moe_out");
     step_in = dev.alloc(StepLayout(max_tok).bytes, "ws.step_in");
-    stage_row = dev.alloc(size_t(hp.n_expert) * 4, "ws.stage_row");
-    stage_row_h.resize(size_t(hp.n_expert));
-    stage_count.resize(size_t(hp.n_expert));
-    stage_order.reserve(size_t(hp.n_expert));
     route_counter = dev.alloc(4, "ws.route_counter");  // zeroed by new_workspace
     attn_scratch = dev.alloc(size_t(std::max<int64_t>(z.scratch, 1)) * 4, "ws.attn_scratch");
     if (q8_paths) {
@@ -155,7 +151,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   size_t memory_bytes() const override {
     size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
-               step_in.bytes() + stage_row.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
+               step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
                xds.bytes() + hq.bytes() + hds.bytes();
     return b;
   }
@@ -173,7 +169,6 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer h;              // [n_tok * k][n_ff] resident experts' silu(gate) * up
   DeviceBuffer moe_out;        // [n_tok][n_embd] resident experts' weighted sum
   DeviceBuffer step_in;        // StepLayout(n): refs, tokens, positions, logit rows of the batch
-  DeviceBuffer stage_row;      // [n_expert] int32: a streaming pass's table row (slot, staging slot or -1)
   DeviceBuffer route_counter;  // uint32, zero between launches: ops::router_route's last-block ticket
   DeviceBuffer attn_scratch;   // ops::attention_scratch_floats(n_tok, n_head, head_dim_v, n_ctx)
   // Q8 activations (q8_kernels.cuh layout) of the fast decode; empty in exact mode:
@@ -184,9 +179,6 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // host
   std::vector<uint8_t> step_host;  // StepLayout(n), filled by forward() and uploaded in one copy
-  std::vector<int32_t> stage_row_h;   // [n_expert] host copy of stage_row
-  std::vector<int32_t> stage_count;   // [n_expert] the CPU pool's pairs per expert (streaming choice)
-  std::vector<int32_t> stage_order;   // experts to stream, busiest first
   // CUDA graphs of the compute section (CudaQwen3Moe::run_graph), one per (n, n_out, attention math,
   // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
   struct GraphKey {
@@ -502,7 +494,6 @@ void CudaQwen3Moe::load() {
   int64_t budget = int64_t(free1);
   if (opt_.vram_budget_gib > 0)
     budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
-  STRATA_REQUIRE(opt_.stream_slots >= -1, "stream slots must be >= -1 (-1: auto), got {}", opt_.stream_slots);
   auto slots_for = [&](int64_t staging_bytes) {
     return opt_.expert_cache == "auto"
                ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
@@ -513,15 +504,9 @@ void CudaQwen3Moe::load() {
   int n_slots = slots_for(0);
   // Staging slots for prefill streaming: by default one layer's experts, when some are not resident
   // (auto sizing then leaves room for them).
-  int n_stage = opt_.stream_slots < 0 ? (n_slots < total ? hp.n_expert : 0) : std::min(opt_.stream_slots, hp.n_expert);
+  const int n_stage = staging_slots(opt_.stream_slots, n_slots, total, hp.n_expert);
   if (opt_.stream_slots < 0 && n_stage > 0) n_slots = slots_for(int64_t(n_stage) * slot_bytes);
-  if (const char* e = std::getenv("STRATA_CUDA_STREAM_MIN_TOKENS")) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    STRATA_REQUIRE(end != e && *end == '\0' && v >= 1 && v <= 1 << 20,
-                   "STRATA_CUDA_STREAM_MIN_TOKENS must be a whole number >= 1, got '{}'", e);
-    stream_min_tokens_ = int(v);
-  }
+  stream_min_tokens_ = stream_min_pairs_from_env();
   decode_stream_ = strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream");
   std::fprintf(stderr,
                "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
@@ -870,23 +855,12 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
 int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool decode, int* cpu_experts) const {
   CudaWorkspace& ws = p.ws;
   const int X = hp_.n_expert;
-  const int64_t nk = p.n * hp_.n_expert_used;
-  std::fill(ws.stage_count.begin(), ws.stage_count.end(), 0);
-  for (int64_t i = 0; i < nk; ++i)
-    if (ws.ids_cpu[size_t(i)] >= 0) ++ws.stage_count[size_t(ws.ids_cpu[size_t(i)])];
-  ws.stage_order.clear();
-  int misses = 0;
-  for (int e = 0; e < X; ++e) {
-    misses += ws.stage_count[size_t(e)] > 0;
-    if (ws.stage_count[size_t(e)] >= (decode ? 1 : stream_min_tokens_)) ws.stage_order.push_back(e);
+  const int misses = stream_candidates(ws, p.n, X, decode ? 1 : stream_min_tokens_, cache_->n_stage());
+  if (decode) {
+    const int keep = strata::moe::decode_stream_count(int(ws.stage_order.size()), decode_stream_, decode_costs_,
+                                                      cache_->n_stage());
+    ws.stage_order.resize(std::min(ws.stage_order.size(), size_t(std::max(keep, 0))));
   }
-  std::sort(ws.stage_order.begin(), ws.stage_order.end(), [&](int32_t a, int32_t b) {
-    return ws.stage_count[size_t(a)] > ws.stage_count[size_t(b)] || (ws.stage_count[size_t(a)] == ws.stage_count[size_t(b)] && a < b);
-  });
-  const size_t keep = decode ? size_t(strata::moe::decode_stream_count(int(ws.stage_order.size()), decode_stream_,
-                                                                       decode_costs_, cache_->n_stage()))
-                             : size_t(cache_->n_stage());
-  if (ws.stage_order.size() > keep) ws.stage_order.resize(keep);
   *cpu_experts = misses - int(ws.stage_order.size());
   if (ws.stage_order.empty()) {  // nothing worth a copy: the resident experts as usual (decode: done)
     if (!decode && n_res > 0) {
@@ -895,24 +869,8 @@ int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool deco
     }
     return 0;
   }
-  // The pass's row: the staged experts' staging slots, and for prefill the resident experts' slots. Each
-  // copy is ordered after the kernels that read its staging slot in an earlier layer (producer = compute).
-  if (decode) {
-    std::fill(ws.stage_row_h.begin(), ws.stage_row_h.begin() + X, -1);
-  } else {
-    const int32_t* row = cache_->residency().layer_row(il);
-    std::copy(row, row + X, ws.stage_row_h.begin());
-  }
-  for (size_t j = 0; j < ws.stage_order.size(); ++j)
-    ws.stage_row_h[size_t(ws.stage_order[j])] = cache_->stage(il, ws.stage_order[j], int(j));
-  Stream& cs = dev_->compute();
-  xfer_->upload(ws.stage_row.span(), ws.stage_row_h.data(), size_t(X) * 4, cs, {&cs});
-  work_.transfers += 1 + ws.stage_order.size();
-  int64_t moved = 0;
-  for (int64_t i = 0; i < nk; ++i) {
-    const int32_t e = ws.ids_cpu[size_t(i)];
-    if (e >= 0 && ws.stage_row_h[size_t(e)] >= 0) ws.ids_cpu[size_t(i)] = -1, ++moved;
-  }
+  // The pass's row: the staged experts' staging slots, and for prefill the resident experts' slots.
+  const int64_t moved = stage_experts(PoolCtx{*xfer_, dev_->compute(), *cache_, work_}, ws, il, p.n, X, !decode);
   gpu_experts(p, il, /*staged_row=*/true);
   add_moe_out(p, il);
   return moved;

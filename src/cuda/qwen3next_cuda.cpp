@@ -427,8 +427,9 @@ class CudaQwen3Next final : public Model {
   // ws.xn -> ws.tmp (ungated; the sigmoid gate is applied in add_ffn_out), or with shexp_q8 straight into
   // x, gated (one-expert q8 MoE launches)
   void shared_expert(const Pass& p, const Layer& l) const;
-  // resident experts from their slots -> ws.moe_out, or with experts_q8 added into x
-  void gpu_experts(const Pass& p, int il) const;
+  // resident experts from their slots -> ws.moe_out, or with experts_q8 added into x; with staged_row
+  // through the streaming pass's own table row (ws.stage_row: resident and staged experts)
+  void gpu_experts(const Pass& p, int il, bool staged_row = false) const;
   // x += moe_out + sigmoid(shared logit) * tmp, for the parts that did not add into x themselves (q8)
   void add_ffn_out(const Pass& p, int il) const;
   void add_shared_out(const Pass& p, const Layer& l) const;  // x += sigmoid(shared logit) * tmp (not q8)
@@ -546,6 +547,7 @@ class CudaQwen3Next final : public Model {
   const bool graphs_;        // CUDA graphs for decode passes without the CPU pool
   const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
+  int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
   qwen3next::Weights host_;  // every tensor of the file, checked (the CPU pool reads the experts here)
@@ -775,11 +777,18 @@ void CudaQwen3Next::load() {
   STRATA_REQUIRE(opt_.vram_budget_gib >= 0, "--vram-budget must be >= 0 GiB, got {}", opt_.vram_budget_gib);
   int64_t budget = int64_t(free1);
   if (opt_.vram_budget_gib > 0) budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
-  const int n_slots =
-      opt_.expert_cache == "auto"
-          ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
-                                           size_t(kv_bytes + ws_bytes + int64_t(total) * 4), slot_bytes, total)
-          : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
+  auto slots_for = [&](int64_t staging_bytes) {
+    return opt_.expert_cache == "auto"
+               ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
+                                                size_t(kv_bytes + ws_bytes + int64_t(total) * 4 + staging_bytes),
+                                                slot_bytes, total)
+               : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
+  };
+  int n_slots = slots_for(0);
+  // Staging slots for prefill streaming (as qwen3moe): one layer's experts when some are not resident.
+  const int n_stage = staging_slots(opt_.stream_slots, n_slots, total, hp.n_expert);
+  if (opt_.stream_slots < 0 && n_stage > 0) n_slots = slots_for(int64_t(n_stage) * slot_bytes);
+  stream_min_tokens_ = stream_min_pairs_from_env();
   std::fprintf(stderr,
                "strata: cuda: %s (%.1f GiB), qwen3next %d GDN + %d attention layers, dense weights %.2f GiB; "
                "expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
@@ -812,8 +821,15 @@ void CudaQwen3Next::load() {
   cfg.n_slots = n_slots;
   cfg.exact = opt_.exact;
   cfg.adapt_every = opt_.adapt_every;
+  cfg.n_stage = n_stage;
   cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
+  if (n_stage > 0)
+    std::fprintf(stderr,
+                 "strata: cuda: prefill streaming: %d staging slots (%.2f GiB); passes of >= %lld tokens copy the "
+                 "non-resident experts with >= %d of their pairs to the GPU\n",
+                 n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
+                 stream_min_tokens_);
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
 }
@@ -1072,12 +1088,15 @@ void CudaQwen3Next::shared_expert(const Pass& p, const Layer& l) const {
   mm(p, down, ws.sh_g, n, ws.tmp, ws.tmp.as<float>());
 }
 
-void CudaQwen3Next::gpu_experts(const Pass& p, int il) const {
+void CudaQwen3Next::gpu_experts(const Pass& p, int il, bool staged_row) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
-  cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
+  if (staged_row)
+    cache_->note_row_reads(cs, ws.stage_row.span(), ws.stage_row_h.data());  // the row and every slot it names
+  else
+    cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
   const moe::ExpertLayerView view = cache_->layer_view(il);
-  const int32_t* table = cache_->device_layer_row(il);
+  const int32_t* table = staged_row ? ws.stage_row.as<const int32_t>() : cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
   // Prefill: tokens grouped by expert on the tensor cores (qwen3moe_cuda.cpp gpu_experts says why).
   if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
@@ -1204,6 +1223,9 @@ void CudaQwen3Next::run_graph(const Pass& p) const {
 // As the CPU-pool branch of qwen3moe_cuda.cpp forward(): routing, weights and activations go to the host
 // (the host waits for them before it enqueues anything that rewrites xn or the layer's ids), the
 // non-resident pairs run on CPU threads, their sum goes up and is added to x on the compute stream.
+// Prefill-sized passes first stream the busiest non-resident experts into staging slots (as qwen3moe's
+// stream_experts; docs/expert_cache.md): then the GPU's experts wait for the routing on the host and run
+// through the pass's own table row, resident and staged experts in the same launches.
 void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const ForwardOptions& opt) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
@@ -1212,17 +1234,31 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   const int64_t n = p.n, E = hp_.n_embd;
   const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
   const int n_res = cache_->residency().resident_in_layer(il);
-  if (n_res > 0) gpu_experts(p, il);
+  const bool streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
+  if (!streaming && n_res > 0) gpu_experts(p, il);
   shared_expert(p, l);  // reads xn, writes tmp / sh_*: nothing the downloads read
-  const int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp_.n_expert, opt.usage);
-  // x += moe_out (the resident pairs; zero when none ran: the kernels are skipped, so add only if they
-  // ran; the int8-activation kernels added into x already) + sigmoid(shared logit) * shared expert
-  if (n_res > 0 && !experts_q8(p, il)) {
+  int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp_.n_expert, opt.usage);
+  bool gpu_ran = !streaming && n_res > 0;
+  if (streaming) {
+    ws.stage_order.clear();
+    if (n_cpu > 0) stream_candidates(ws, n, hp_.n_expert, stream_min_tokens_, cache_->n_stage());
+    if (!ws.stage_order.empty()) {
+      n_cpu -= stage_experts(pc, ws, il, n, hp_.n_expert, /*keep_resident=*/true);
+      gpu_experts(p, il, /*staged_row=*/true);
+      gpu_ran = true;
+    } else if (n_res > 0) {
+      gpu_experts(p, il);
+      gpu_ran = true;
+    }
+  }
+  // x += moe_out (the GPU's pairs; only if their kernels ran; the int8-activation kernels added into x
+  // already) + sigmoid(shared logit) * shared expert
+  if (gpu_ran && !experts_q8(p, il)) {
     note_launch(cs, {ws.moe_out.span()}, {ws.x.span()});
     op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), n * E, stream()); });
   }
   add_shared_out(p, l);
-  if (n_cpu == 0) return;  // this batch only picked resident experts
+  if (n_cpu == 0) return;  // every pair ran on the GPU
   pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
   note_launch(cs, {ws.partial.span()}, {ws.x.span()});
   op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.partial.as<const float>(), n * E, stream()); });
