@@ -246,8 +246,10 @@ TEST_P(Qwen3NextGpu, PrefillSplitsAgree) {
 // Prefill streaming (as Qwen3MoeGpuStreaming.StreamedPrefillWithinLlamaCppKl): the prompt in one 48-token
 // pass at 0% and 25% resident, fast mode. With staging slots (auto) the non-resident experts with enough
 // pairs are copied to the GPU and run there: within the fixture KL bound, experts were streamed, and the
-// prompt's top-1 agrees with the unstreamed run's; with stream_slots 0 nothing is streamed. Exact mode's
-// streamed prefill is covered by ExpertCacheSizesAgree (tokens identical to the CPU's).
+// mean KL is no higher than without streaming (the streamed pairs leave the CPU pool's Q8_K activations
+// for the GPU's f32-activation kernels; first H200 run: Q4_K_M 1.13e-2 streamed vs 3.55e-2 / 2.45e-2 at
+// 0% / 25%); with stream_slots 0 nothing is streamed. Exact mode's streamed prefill is covered by
+// ExpertCacheSizesAgree (tokens identical to the CPU's).
 TEST_P(Qwen3NextGpu, StreamedPrefillMatches) {
   const Slg ref = read_slg(kBase + GetParam() + ".f32ref.slg");
   const double bound = 1.5 * kLlamaKl.at(GetParam());
@@ -275,11 +277,7 @@ TEST_P(Qwen3NextGpu, StreamedPrefillMatches) {
       EXPECT_EQ(r.decode.streamed, 0);  // one-token passes do not stream (qwen3next: no decode streaming)
       runs[stream_slots == 0] = r;
     }
-    const size_t V = ref.n_vocab;
-    int same = 0;
-    for (size_t q = 0; q < ref.n_prompt; ++q)
-      same += argmax(&runs[0].logits[q * V], V) == argmax(&runs[1].logits[q * V], V);
-    EXPECT_GE(same, int(ref.n_prompt) - 2) << cache << ": streamed vs unstreamed top-1";
+    EXPECT_LE(runs[0].mean_kl, runs[1].mean_kl) << cache << ": streamed vs unstreamed mean KL";
   }
 }
 
