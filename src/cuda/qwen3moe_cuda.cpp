@@ -7,23 +7,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <tuple>
 
 #include "common/error.h"
 #include "cpu/half.h"
 #include "cpu/matmul_batch.h"
 #include "cuda/backend.h"
+#include "cuda/cache_setup.h"
 #include "cuda/device.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
 #include "cuda/gemm_context.h"
 #include "cuda/graph.h"
-#include "cuda/host/slot_spec.h"
 #include "cuda/model_common.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
@@ -36,14 +34,11 @@
 #include "model/moe_ffn.h"
 #include "model/weights.h"
 #include "moe/stream_plan.h"
-#include "moe/expert_usage.h"
 #include "quant/dequant.h"
 
 namespace strata::cuda {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kGiB = kMiB * 1024.0;
 // Batches of up to this many tokens (decode of up to 8 sequences, short verify windows) run as a CUDA
 // graph when no layer needs the CPU pool. Larger batches are prefill: few forwards, long kernels, and
 // quant::matmul may take a cuBLAS path there; their launch overhead does not matter.
@@ -475,82 +470,26 @@ void CudaQwen3Moe::load() {
   for (const auto& t : file_.tensors()) weight_bytes_ += t.nbytes;
   const size_t free1 = dev_->free_bytes();
   const int64_t dense_bytes = int64_t(free0) - int64_t(free1);
-  if (opt_.exact)
-    std::fprintf(stderr, "strata: cuda: exact mode: %d dense tensors dequantized to F32 on the CPU (%.1f MiB in the file -> %.1f MiB on the GPU)\n",
-                 log.n, log.file_bytes / kMiB, log.gpu_bytes / kMiB);
-  else if (log.n > 0)
-    std::fprintf(stderr, "strata: cuda: repacked %d dense tensors without a GPU kernel (%s): %.1f MiB in the file -> %.1f MiB on the GPU\n",
-                 log.n, log.types.c_str(), log.file_bytes / kMiB, log.gpu_bytes / kMiB);
+  print_dense_repacks(log, opt_.exact);
 
-  // --- expert cache sizing ---
-  const int total = hp.n_layer * hp.n_expert;
-  const int64_t slot_bytes = ExpertCache::slot_bytes_for(E, F, lexp, opt_.exact);
-  const int64_t kv_bytes = int64_t(std::max(opt_.kv_sequences, 1)) * hp.n_layer * int64_t(std::max(opt_.n_ctx, 1)) *
-                           Hkv * (D + Dv) * 2;
-  const int64_t ws_bytes = WsSizes(hp, std::max(opt_.n_batch, 1), std::max(opt_.n_ctx, 1)).device_bytes(hp.n_layer);
-  const int64_t reserve = opt_.vram_reserve_mib * (int64_t(1) << 20);
-  STRATA_REQUIRE(opt_.vram_reserve_mib >= 0, "--vram-reserve-mib must be >= 0, got {}", opt_.vram_reserve_mib);
-  STRATA_REQUIRE(opt_.vram_budget_gib >= 0, "--vram-budget must be >= 0 GiB, got {}", opt_.vram_budget_gib);
-  int64_t budget = int64_t(free1);
-  if (opt_.vram_budget_gib > 0)
-    budget = std::min<int64_t>(budget, int64_t(opt_.vram_budget_gib * kGiB) - dense_bytes);
-  auto slots_for = [&](int64_t staging_bytes) {
-    return opt_.expert_cache == "auto"
-               ? strata::moe::auto_expert_slots(size_t(std::max<int64_t>(budget, 0)), size_t(reserve),
-                                                size_t(kv_bytes + ws_bytes + int64_t(total) * 4 + staging_bytes),
-                                                slot_bytes, total)
-               : expert_slots_from_spec(opt_.expert_cache, total, slot_bytes, 0);
-  };
-  int n_slots = slots_for(0);
-  // Staging slots for prefill streaming: by default one layer's experts, when some are not resident
-  // (auto sizing then leaves room for them).
-  const int n_stage = staging_slots(opt_.stream_slots, n_slots, total, hp.n_expert);
-  if (opt_.stream_slots < 0 && n_stage > 0) n_slots = slots_for(int64_t(n_stage) * slot_bytes);
-  stream_min_tokens_ = stream_min_pairs_from_env();
+  // --- the expert cache (cache_setup.h) ---
   decode_stream_ = strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream");
-  std::fprintf(stderr,
-               "strata: cuda: %s (%.1f GiB), dense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
-               dev_->info().name.c_str(), double(dev_->info().total_bytes) / kGiB, double(dense_bytes) / kGiB,
-               n_slots, total, double(slot_bytes) / kMiB, double(slot_bytes) * n_slots / kGiB);
-  if (opt_.expert_cache == "auto")
-    std::fprintf(stderr, " = what fits in %.2f GiB after KV %.2f GiB (%d x %d tokens), workspace %.2f GiB, reserve %.2f GiB",
-                 double(budget) / kGiB, double(kv_bytes) / kGiB, std::max(opt_.kv_sequences, 1), opt_.n_ctx,
-                 double(ws_bytes) / kGiB, double(reserve) / kGiB);
-  std::fprintf(stderr, "\n");
-
-  std::unique_ptr<strata::moe::ExpertUsage> profile;
-  if (!opt_.expert_profile.empty()) {
-    std::ifstream f(opt_.expert_profile, std::ios::binary);
-    STRATA_REQUIRE(f.good(), "--expert-profile {}: cannot open", opt_.expert_profile);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    profile = std::make_unique<strata::moe::ExpertUsage>(strata::moe::ExpertUsage::from_json(ss.str()));
-    STRATA_REQUIRE(profile->n_layer() == hp.n_layer && profile->n_expert() == hp.n_expert,
-                   "--expert-profile {}: made for {} layers x {} experts, the model has {} x {}",
-                   opt_.expert_profile, profile->n_layer(), profile->n_expert(), hp.n_layer, hp.n_expert);
-  }
-  STRATA_REQUIRE(opt_.adapt_every >= 0, "--adapt-every must be >= 0, got {}", opt_.adapt_every);
-  ExpertCacheConfig cfg;
-  cfg.n_slots = n_slots;
-  cfg.exact = opt_.exact;
-  cfg.adapt_every = opt_.adapt_every;
-  cfg.n_stage = n_stage;
-  cache_ = std::make_unique<ExpertCache>(*dev_, *xfer_, E, F, hp.n_expert, std::move(lexp), cfg, profile.get());
-  std::fprintf(stderr, "strata: cuda: %s\n", cache_->residency().summary().c_str());
-  if (n_stage > 0) {
+  MadeCache made = make_expert_cache(
+      *dev_, *xfer_, opt_,
+      {.n_layer = hp.n_layer, .n_expert = hp.n_expert, .n_embd = E, .n_ff = F, .layers = std::move(lexp),
+       .kv_bytes = int64_t(std::max(opt_.kv_sequences, 1)) * hp.n_layer * int64_t(std::max(opt_.n_ctx, 1)) * Hkv *
+                   (D + Dv) * 2,
+       .ws_bytes = WsSizes(hp, std::max(opt_.n_batch, 1), std::max(opt_.n_ctx, 1)).device_bytes(hp.n_layer),
+       .dense_bytes = dense_bytes, .free_bytes = free1, .model = "", .kv_what = "KV"});
+  cache_ = std::move(made.cache);
+  stream_min_tokens_ = made.stream_min_pairs;
+  if (cache_->n_stage() > 0 && decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
+    decode_costs_ = strata::moe::DecodeStreamCosts(cache_->time_stage_copy());
     std::fprintf(stderr,
-                 "strata: cuda: prefill streaming: %d staging slots (%.2f GiB); passes of >= %lld tokens copy the "
-                 "non-resident experts with >= %d of their pairs to the GPU\n",
-                 n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
-                 stream_min_tokens_);
-    if (decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
-      decode_costs_ = strata::moe::DecodeStreamCosts(cache_->time_stage_copy());
-      std::fprintf(stderr,
-                   "strata: cuda: decode streaming %s: smaller passes copy part of each layer's non-resident experts "
-                   "(copy %.1f us per expert, %.1f GB/s) while the CPU pool runs the rest\n",
-                   decode_stream_.str().c_str(), decode_costs_.copy_us(),
-                   decode_costs_.copy_us() > 0 ? double(slot_bytes) / decode_costs_.copy_us() / 1e3 : 0.0);
-    }
+                 "strata: cuda: decode streaming %s: smaller passes copy part of each layer's non-resident experts "
+                 "(copy %.1f us per expert, %.1f GB/s) while the CPU pool runs the rest\n",
+                 decode_stream_.str().c_str(), decode_costs_.copy_us(),
+                 decode_costs_.copy_us() > 0 ? double(cache_->slot_bytes()) / decode_costs_.copy_us() / 1e3 : 0.0);
   }
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
