@@ -1,7 +1,12 @@
-// The decode streaming split (src/moe/stream_plan.h): which share of a layer's misses is copied to the GPU.
+// The streaming splits (src/moe/stream_plan.h): which share of a layer's decode misses is copied to the GPU,
+// and which of a prefill pass's candidates.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
 #include <limits>
 
 #include "common/error.h"
@@ -10,6 +15,9 @@
 using strata::moe::decode_stream_count;
 using strata::moe::DecodeStreamCosts;
 using strata::moe::DecodeStreamMode;
+using strata::moe::prefill_stream_count;
+using strata::moe::PrefillStreamCosts;
+using strata::moe::PrefillStreamMode;
 
 TEST(DecodeStreamMode, ParsesAutoOffAndShares) {
   EXPECT_EQ(DecodeStreamMode::parse("auto", "x").kind, DecodeStreamMode::Auto);
@@ -81,4 +89,73 @@ TEST(DecodeStreamCosts, AveragesCpuTimingsAndIgnoresBadOnes) {
   none.note_cpu(1000, 1);
   EXPECT_EQ(decode_stream_count(8, DecodeStreamMode{}, none, 128), 0);
   EXPECT_EQ(DecodeStreamCosts(std::nan("")).copy_us(), 0);
+}
+
+TEST(PrefillStreamMode, ParsesFixedAndAuto) {
+  EXPECT_EQ(PrefillStreamMode::parse("fixed", "x").kind, PrefillStreamMode::Fixed);
+  EXPECT_EQ(PrefillStreamMode::parse("auto", "x").kind, PrefillStreamMode::Auto);
+  EXPECT_EQ(PrefillStreamMode::parse("auto", "x").str(), "auto");
+  EXPECT_EQ(PrefillStreamMode().str(), "fixed");
+  for (const char* bad : {"", "Auto", "0.5", "off", " auto"}) {
+    try {
+      PrefillStreamMode::parse(bad, "--prefill-stream");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--prefill-stream"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The k minimising max(k * copy, pair * (other + the pairs of candidates k..)), the larger k on ties;
+// against a brute force over made-up layers (busiest first) and cost ratios, and points worked by hand.
+TEST(PrefillStreamCount, BalancesCopiesAgainstTheCpuPairs) {
+  PrefillStreamCosts c(30);
+  EXPECT_EQ(prefill_stream_count({10, 8, 6}, 0, c), 3);  // no CPU timing yet: every candidate
+  EXPECT_EQ(prefill_stream_count({10, 8, 6}, 0, PrefillStreamCosts(0)), 3);  // no copy timing either
+  c.note_cpu(100.0, 10);  // 10 us a pair
+  EXPECT_DOUBLE_EQ(c.pair_us(), 10);
+  // k=0: 240; k=1: max(30, 140) = 140; k=2: max(60, 60) = 60; k=3: max(90, 0) = 90 -> 2
+  EXPECT_EQ(prefill_stream_count({10, 8, 6}, 0, c), 2);
+  // other pairs on the CPU anyway: k=3: max(90, 100) = 100 is the least
+  EXPECT_EQ(prefill_stream_count({10, 8, 6}, 10, c), 3);
+  EXPECT_EQ(prefill_stream_count({}, 50, c), 0);
+  // ties go to the larger k: {3, 3} at 10 us a pair, copy 30: k=1 max(30, 30), k=2 max(60, 0) -> 1; copy 15:
+  // k=1 max(15, 30), k=2 max(30, 0) = 30 = k=1's 30 -> 2
+  EXPECT_EQ(prefill_stream_count({3, 3}, 0, c), 1);
+  PrefillStreamCosts cheap(15);
+  cheap.note_cpu(10.0, 1);
+  EXPECT_EQ(prefill_stream_count({3, 3}, 0, cheap), 2);
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int n = int(rng() % 40);
+    std::vector<int32_t> pairs(static_cast<size_t>(n));
+    for (auto& p : pairs) p = 1 + int32_t(rng() % 64);
+    std::sort(pairs.begin(), pairs.end(), std::greater<>());
+    const int64_t other = int64_t(rng() % 100);
+    PrefillStreamCosts k(5 + double(rng() % 100));
+    k.note_cpu(double(1 + rng() % 50), 1);
+    double best = std::numeric_limits<double>::infinity();
+    int best_k = -1;
+    for (int j = 0; j <= n; ++j) {
+      int64_t rest = other;
+      for (int i = j; i < n; ++i) rest += pairs[size_t(i)];
+      const double t = std::max(j * k.copy_us(), k.pair_us() * double(rest));
+      if (t <= best) best = t, best_k = j;
+    }
+    EXPECT_EQ(prefill_stream_count(pairs, other, k), best_k) << "trial " << trial;
+  }
+}
+
+TEST(PrefillStreamCosts, AveragesPairTimingsAndIgnoresBadOnes) {
+  PrefillStreamCosts c(40);
+  EXPECT_DOUBLE_EQ(c.pair_us(), 0);
+  c.note_cpu(80, 4);  // the first timing is taken as it is
+  EXPECT_DOUBLE_EQ(c.pair_us(), 20);
+  c.note_cpu(100, 2);  // 20 + (50 - 20) / 8
+  EXPECT_DOUBLE_EQ(c.pair_us(), 23.75);
+  c.note_cpu(100, 0);
+  c.note_cpu(std::nan(""), 2);
+  c.note_cpu(-1, 2);
+  EXPECT_DOUBLE_EQ(c.pair_us(), 23.75);
+  EXPECT_DOUBLE_EQ(PrefillStreamCosts(-3).copy_us(), 0);
 }

@@ -21,6 +21,7 @@ std::shared_ptr<const Model> load_model_for(const EngineFlags& ef) {
   co.adapt_every = ef.adapt_every;
   co.stream_slots = ef.stream_slots;
   co.decode_stream = ef.decode_stream;
+  co.prefill_stream = ef.prefill_stream;
   co.exact = ef.exact;
   co.n_ctx = ef.n_ctx > 0 ? ef.n_ctx : ef.ctx_hint;
   co.n_batch = std::max<int32_t>(ef.n_batch, ef.kv_sequences);

@@ -35,6 +35,7 @@ struct EngineFlags {
   int adapt_every = 32;
   int stream_slots = -1;
   std::string decode_stream = "off";
+  std::string prefill_stream = "fixed";
   int32_t ctx_hint = 4096;  // the subcommand's default context (sizes --expert-cache auto)
   int kv_sequences = 1;     // sequences the subcommand keeps at once (serve: --parallel)
 
@@ -76,6 +77,11 @@ struct EngineFlags {
                    "decode passes with staging slots: the share of a layer's non-resident experts copied to the "
                    "GPU while the CPU pool runs the rest: off, auto (balance the measured copy and CPU costs; "
                    "helps where the CPU pool leaves host memory bandwidth unused), or a share in [0, 1]")
+        ->capture_default_str();
+    app.add_option("--prefill-stream", prefill_stream,
+                   "prefill passes with staging slots: which non-resident experts with enough pairs are copied to "
+                   "the GPU: fixed (all, up to the staging slots) or auto (as many as balance the measured copy "
+                   "time against the CPU pool's time for the rest; timing-dependent)")
         ->capture_default_str();
   }
 

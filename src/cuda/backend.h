@@ -28,6 +28,10 @@ struct CudaOptions {
   // Off by default: on the H200 box the CPU pool alone already takes the host memory's bandwidth, and
   // copies only took from it (docs/expert_cache.md).
   std::string decode_stream = "off";
+  // Prefill passes with staging slots: fixed (every non-resident expert with enough pairs, up to the
+  // staging slots) or auto (the busiest of them, as many as balance the copies against the CPU pool's
+  // measured time for the rest: moe/stream_plan.h; timing-dependent, so off by default).
+  std::string prefill_stream = "fixed";
   bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
                             // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
 };

@@ -56,6 +56,9 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
   if (opt.stream_slots < 0 && n_stage > 0) n_slots = slots_for(int64_t(n_stage) * slot_bytes);
   MadeCache made;
   made.stream_min_pairs = stream_min_pairs_from_env();
+  made.prefill_stream = strata::moe::PrefillStreamMode::parse(opt.prefill_stream, "--prefill-stream");
+  const bool decode_split =
+      strata::moe::DecodeStreamMode::parse(opt.decode_stream, "--decode-stream").kind != strata::moe::DecodeStreamMode::Off;
   const DeviceInfo& info = dev.info();
   std::fprintf(stderr, "strata: cuda: %s (%.1f GiB), %sdense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                info.name.c_str(), double(info.total_bytes) / kGiB, g.model.c_str(), double(g.dense_bytes) / kGiB,
@@ -75,12 +78,15 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
   made.cache = std::make_unique<ExpertCache>(dev, xfer, g.n_embd, g.n_ff, g.n_expert, std::move(g.layers), cfg,
                                              profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", made.cache->residency().summary().c_str());
-  if (n_stage > 0)
+  if (n_stage > 0) {
+    const bool balance = made.prefill_stream.kind == strata::moe::PrefillStreamMode::Auto;
     std::fprintf(stderr,
                  "strata: cuda: prefill streaming: %d staging slots (%.2f GiB); passes of >= %lld tokens copy the "
-                 "non-resident experts with >= %d of their pairs to the GPU\n",
+                 "non-resident experts with >= %d of their pairs to the GPU%s\n",
                  n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
-                 made.stream_min_pairs);
+                 made.stream_min_pairs, balance ? ", the busiest first, as many as balance the CPU pool (auto)" : "");
+    if (balance || decode_split) made.copy_us = made.cache->time_stage_copy();
+  }
   return made;
 }
 

@@ -17,6 +17,7 @@
 #include "cuda/expert_cache.h"
 #include "cuda/model_common.h"
 #include "cuda/transfer.h"
+#include "moe/stream_plan.h"
 
 namespace strata::cuda {
 
@@ -36,6 +37,10 @@ struct CacheGeometry {
 struct MadeCache {
   std::unique_ptr<ExpertCache> cache;
   int stream_min_pairs = 4;  // stream_min_pairs_from_env(): pairs an expert needs to be streamed
+  strata::moe::PrefillStreamMode prefill_stream;  // CudaOptions::prefill_stream
+  // Microseconds to copy one expert into a staging slot (ExpertCache::time_stage_copy), measured when a
+  // split needs it: staging slots and --prefill-stream auto or --decode-stream not off; else 0.
+  double copy_us = 0;
 };
 
 // Sizes and builds the expert cache (throws strata::Error for a bad option or profile, naming it).

@@ -36,6 +36,7 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   stage_row_h.resize(size_t(hp.n_expert));
   stage_count.resize(size_t(hp.n_expert));
   stage_order.reserve(size_t(hp.n_expert));
+  stage_pairs.reserve(size_t(hp.n_expert));
 }
 
 size_t PoolIo::memory_bytes() const {
@@ -97,17 +98,19 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
   return n_cpu;
 }
 
-void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
-                  ThreadPool& pool, MatmulMode mode) {
+double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
+                    ThreadPool& pool, MatmulMode mode) {
   if (io.partial_ticket.valid()) io.partial_ticket.wait();  // the previous upload has read partial_h
   io.partial_h.note_host_access(strata::stream_check::Access::Write);
   const auto t0 = std::chrono::steady_clock::now();
   moe_experts(experts, io.xn_h.as<const float>(), n, io.ids_cpu.data(), io.wts_h.as<const float>(), io.k_used,
               io.partial_h.as<float>(), io.moe, io.mb, pool, mode);
-  c.work.pool += std::chrono::steady_clock::now() - t0;
+  const auto took = std::chrono::steady_clock::now() - t0;
+  c.work.pool += took;
   const size_t bytes = size_t(n * n_embd) * 4;
   io.partial_ticket = c.xfer.upload(head(io.partial, bytes), head(io.partial_h, bytes), c.cs, {&c.cs});
   ++c.work.transfers;
+  return std::chrono::duration<double, std::micro>(took).count();
 }
 
 int staging_slots(int stream_slots, int n_slots, int total, int n_expert) {
@@ -143,6 +146,15 @@ int stream_candidates(PoolIo& io, int64_t n, int n_expert, int min_pairs, int ma
   });
   if (io.stage_order.size() > size_t(std::max(max_stage, 0))) io.stage_order.resize(size_t(std::max(max_stage, 0)));
   return misses;
+}
+
+void balance_prefill_candidates(PoolIo& io, int n_expert, const strata::moe::PrefillStreamCosts& costs) {
+  std::vector<int32_t>& pairs = io.stage_pairs;
+  pairs.clear();
+  int64_t others = 0;  // the CPU pairs of experts that are not candidates
+  for (int e = 0; e < n_expert; ++e) others += io.stage_count[size_t(e)];
+  for (int32_t e : io.stage_order) pairs.push_back(io.stage_count[size_t(e)]), others -= pairs.back();
+  io.stage_order.resize(size_t(strata::moe::prefill_stream_count(pairs, others, costs)));
 }
 
 int64_t stage_experts(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, bool keep_resident) {

@@ -19,6 +19,7 @@
 #include "cuda/transfer.h"
 #include "model/model.h"
 #include "model/moe_ffn.h"
+#include "moe/stream_plan.h"
 
 namespace strata::cuda {
 
@@ -68,6 +69,7 @@ struct PoolIo {
   std::vector<int32_t> stage_row_h;     // [n_expert] host copy of stage_row
   std::vector<int32_t> stage_count;     // [n_expert] the CPU pool's pairs per expert (streaming choice)
   std::vector<int32_t> stage_order;     // experts to stream, busiest first
+  std::vector<int32_t> stage_pairs;     // their pair counts (balance_prefill_candidates)
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   Ticket partial_ticket;                // last upload that reads partial_h
   MoeScratch moe;
@@ -102,8 +104,9 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
                    strata::moe::ExpertUsage* usage);
 
 // The CPU's pairs (io.ids_cpu) on the pool's threads, their weighted sum uploaded to io.partial on the
-// compute stream. The caller then adds io.partial into x with a kernel on the compute stream.
-void pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
+// compute stream. The caller then adds io.partial into x with a kernel on the compute stream. Returns the
+// pool's microseconds (the streaming splits' CPU cost).
+double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
                   ThreadPool& pool, MatmulMode mode);
 
 // ---- Streaming non-resident experts into the expert cache's staging slots (docs/expert_cache.md) ----
@@ -120,6 +123,10 @@ int stream_min_pairs_from_env();
 // least min_pairs of them in io.stage_order, busiest first (ties: lower id first), at most max_stage.
 // Returns the number of distinct experts the CPU pool would run without streaming.
 int stream_candidates(PoolIo& io, int64_t n, int n_expert, int min_pairs, int max_stage);
+
+// --prefill-stream auto, after stream_candidates: keeps the first prefill_stream_count of io.stage_order
+// (pair counts from io.stage_count; the other CPU pairs of the layer's n_expert experts stay on the pool).
+void balance_prefill_candidates(PoolIo& io, int n_expert, const strata::moe::PrefillStreamCosts& costs);
 
 // Copies the experts of io.stage_order (layer il) into staging slots 0, 1, ... (ExpertCache::stage), and
 // uploads the pass's table row to io.stage_row: the staged experts' staging slots, and with

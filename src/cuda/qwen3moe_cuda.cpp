@@ -396,6 +396,8 @@ class CudaQwen3Moe final : public Model {
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
   strata::moe::DecodeStreamMode decode_stream_;         // CudaOptions::decode_stream
   mutable strata::moe::DecodeStreamCosts decode_costs_;  // copy cost measured at load, CPU cost averaged
+  strata::moe::PrefillStreamMode prefill_stream_;        // CudaOptions::prefill_stream
+  mutable strata::moe::PrefillStreamCosts prefill_costs_;  // as decode_costs_, the CPU cost per pair
   std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
@@ -483,8 +485,10 @@ void CudaQwen3Moe::load() {
        .dense_bytes = dense_bytes, .free_bytes = free1, .model = "", .kv_what = "KV"});
   cache_ = std::move(made.cache);
   stream_min_tokens_ = made.stream_min_pairs;
+  prefill_stream_ = made.prefill_stream;
+  prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
   if (cache_->n_stage() > 0 && decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
-    decode_costs_ = strata::moe::DecodeStreamCosts(cache_->time_stage_copy());
+    decode_costs_ = strata::moe::DecodeStreamCosts(made.copy_us);
     std::fprintf(stderr,
                  "strata: cuda: decode streaming %s: smaller passes copy part of each layer's non-resident experts "
                  "(copy %.1f us per expert, %.1f GB/s) while the CPU pool runs the rest\n",
@@ -795,6 +799,8 @@ int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool deco
   CudaWorkspace& ws = p.ws;
   const int X = hp_.n_expert;
   const int misses = stream_candidates(ws, p.n, X, decode ? 1 : stream_min_tokens_, cache_->n_stage());
+  if (!decode && prefill_stream_.kind == strata::moe::PrefillStreamMode::Auto)
+    balance_prefill_candidates(ws, X, prefill_costs_);
   if (decode) {
     const int keep = strata::moe::decode_stream_count(int(ws.stage_order.size()), decode_stream_, decode_costs_,
                                                       cache_->n_stage());
@@ -903,12 +909,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       else if (prefill_streaming && n_res > 0)
         run_segment(p, 2 * il + 1, resident_experts);
       if (n_cpu == 0) continue;  // every pair runs on the GPU
-      const auto t_pool = std::chrono::steady_clock::now();
-      pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
-      if (decode_streaming)
-        decode_costs_.note_cpu(
-            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t_pool).count(),
-            cpu_experts);
+      const double pool_us = pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
+      if (decode_streaming) decode_costs_.note_cpu(pool_us, cpu_experts);
+      if (prefill_streaming) prefill_costs_.note_cpu(pool_us, n_cpu);
       note_launch(cs, {ws.partial.span()}, {ws.x.span()});
       op(p, [&] { ops::add_inplace(x, ws.partial.as<const float>(), n * E, s); });
     }

@@ -543,6 +543,8 @@ class CudaQwen3Next final : public Model {
   const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
+  strata::moe::PrefillStreamMode prefill_stream_;          // CudaOptions::prefill_stream
+  mutable strata::moe::PrefillStreamCosts prefill_costs_;  // copy cost measured at load, CPU cost per pair
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
   qwen3next::Weights host_;  // every tensor of the file, checked (the CPU pool reads the experts here)
@@ -771,6 +773,8 @@ void CudaQwen3Next::load() {
        .kv_what = "KV + recurrent state"});
   cache_ = std::move(made.cache);
   stream_min_tokens_ = made.stream_min_pairs;
+  prefill_stream_ = made.prefill_stream;
+  prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
 }
@@ -1183,6 +1187,8 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   if (streaming) {
     ws.stage_order.clear();
     if (n_cpu > 0) stream_candidates(ws, n, hp_.n_expert, stream_min_tokens_, cache_->n_stage());
+    if (!ws.stage_order.empty() && prefill_stream_.kind == strata::moe::PrefillStreamMode::Auto)
+      balance_prefill_candidates(ws, hp_.n_expert, prefill_costs_);
     if (!ws.stage_order.empty()) {
       n_cpu -= stage_experts(pc, ws, il, n, hp_.n_expert, /*keep_resident=*/true);
       gpu_experts(p, il, /*staged_row=*/true);
@@ -1200,7 +1206,8 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   }
   add_shared_out(p, l);
   if (n_cpu == 0) return;  // every pair ran on the GPU
-  pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
+  const double pool_us = pool_compute(pc, ws, l.experts, n, E, pool, opt.mode);
+  if (streaming) prefill_costs_.note_cpu(pool_us, n_cpu);
   note_launch(cs, {ws.partial.span()}, {ws.x.span()});
   op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.partial.as<const float>(), n * E, stream()); });
 }

@@ -68,4 +68,35 @@ int decode_stream_count(int misses, const DecodeStreamMode& mode, const DecodeSt
   return std::clamp(k, 0, std::min(misses, max_slots));
 }
 
+PrefillStreamMode PrefillStreamMode::parse(const std::string& text, const std::string& what) {
+  PrefillStreamMode m;
+  if (text == "fixed") return m;
+  STRATA_REQUIRE(text == "auto", "{} must be fixed or auto, got '{}'", what, text);
+  m.kind = Auto;
+  return m;
+}
+
+PrefillStreamCosts::PrefillStreamCosts(double copy_us) : copy_us_(std::isfinite(copy_us) && copy_us > 0 ? copy_us : 0) {}
+
+void PrefillStreamCosts::note_cpu(double us, int64_t pairs) {
+  if (pairs <= 0 || !std::isfinite(us) || us < 0) return;
+  const double per = us / double(pairs);
+  pair_us_ = pair_us_ > 0 ? pair_us_ + (per - pair_us_) / 8 : per;
+}
+
+int prefill_stream_count(const std::vector<int32_t>& pairs, int64_t other_pairs, const PrefillStreamCosts& costs) {
+  const int n = int(pairs.size());
+  if (costs.copy_us() <= 0 || costs.pair_us() <= 0) return n;
+  int64_t rest = std::max<int64_t>(other_pairs, 0);  // CPU pairs when the first k are copied
+  for (int32_t p : pairs) rest += std::max(p, 0);
+  int k = 0;
+  double best = costs.pair_us() * double(rest);
+  for (int j = 1; j <= n; ++j) {
+    rest -= std::max(pairs[size_t(j - 1)], 0);
+    const double t = std::max(j * costs.copy_us(), costs.pair_us() * double(rest));
+    if (t <= best) best = t, k = j;
+  }
+  return k;
+}
+
 }  // namespace strata::moe

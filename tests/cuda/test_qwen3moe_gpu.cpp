@@ -459,6 +459,42 @@ TEST(Qwen3MoeGpuStreaming, StreamedPrefillWithinLlamaCppKl) {
   }
 }
 
+// --prefill-stream auto: the first prefill streams every candidate (no CPU timing yet), later ones the
+// busiest of them as far as the measured costs balance (moe/stream_plan.h). Five prefills of the fixture
+// prompt on one model, 0% and 25% resident: every one within the KL bound, none streaming more than the
+// first, and all of them together more than nothing.
+TEST(Qwen3MoeGpuStreaming, AutoPrefillSplitWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const std::string type : {"Q4_K_M", "IQ2_XS"}) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * kLlamaKl.at(type);
+    for (const char* cache : {"0%", "25%"}) {
+      cuda::CudaOptions o;
+      o.expert_cache = cache;
+      o.adapt_every = 0;
+      o.n_ctx = 128;
+      o.prefill_stream = "auto";
+      std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o);
+      int64_t first = -1;
+      for (int rep = 0; rep < 5; ++rep) {
+        const Result r = evaluate(model, ref, MatmulMode::Fast);
+        std::printf("[ gpu prefill stream auto %-6s %3s pass %d ] mean KL %.3e (bound %.3e), streamed %lld\n",
+                    type.c_str(), cache, rep, r.mean_kl, bound, (long long)r.prefill.streamed);
+        SCOPED_TRACE(type + " " + cache + " pass " + std::to_string(rep));
+        EXPECT_LE(r.mean_kl, bound);
+        if (rep == 0) {
+          first = r.prefill.streamed;
+          EXPECT_GT(first, 0);
+        }
+        EXPECT_LE(r.prefill.streamed, first);
+      }
+    }
+  }
+  cuda::CudaOptions bad;
+  bad.prefill_stream = "balance";
+  EXPECT_THROW(cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-Q4_K_M.gguf", bad), Error);
+}
+
 // Decode streaming: a decode pass copies a share of each layer's non-resident experts into staging slots
 // and runs them on the GPU while the CPU pool runs the rest. Exact mode at 0% and 25% resident, shares
 // off / half / all / auto: the fixture's greedy tokens and prompt logits as the f32 reference, and the
