@@ -3,7 +3,8 @@
 //     of the activation quantization, sum over blocks of sum|w| * d_x / 2 (d_x: the block's activation
 //     step), plus 1e-5 of sum|w*x| for float rounding. This bound is derived, not tuned.
 //  2. each AVX2 / AVX-512 kernel vs the scalar kernel on the same quantized activations: the same
-//     integer math, only float summation order differs: |diff| <= 1e-5 * sum|w*x| (docs/quant.md).
+//     integer math, only float summation order differs: |diff| <= 1e-5 * sum|w*x| (docs/quant.md);
+//     for the unit formats (Q2_K, Q3_K, IQ*) not even that: the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +19,7 @@
 #include "quant/matmul.h"
 #include "quant/q4k_gemm.h"
 #include "quant/vec_dot.h"
+#include "quant/vec_dot_units.h"
 #include "quant_test_util.h"
 
 using namespace strata;
@@ -113,6 +115,40 @@ TEST(QuantKernels, SimdKernelsMatchScalar) {
     }
   }
   std::printf("compared %d SIMD rows\n", compared);
+}
+
+// The formats the SIMD kernels take as units of 32 values (Q2_K, Q3_K, IQ*): the scalar kernels keep the
+// SIMD float order (src/quant/vec_dot_units.h), so scalar, AVX2 and AVX-512 give the same bits, also for
+// rows with outliers (large integer sums, whose float conversion rounds).
+TEST(QuantKernels, UnitFormatsSameBitsOnEveryLevel) {
+  std::mt19937 rng(123);
+  const GgmlType types[] = {GgmlType::Q2_K,  GgmlType::Q3_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                            GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ1_S,   GgmlType::IQ1_M};
+  int compared = 0;
+  for (GgmlType t : types) {
+    ASSERT_NE(q::unit_dot_scalar(t), nullptr) << type_name(t);
+    EXPECT_EQ(q::vec_dot_scalar(t), q::unit_dot_scalar(t)) << type_name(t);
+    for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
+      if (level > cpu_max_level()) continue;
+      q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
+      ASSERT_NE(fn, nullptr);
+      for (int64_t n : {256, 2048, 8192}) {
+        for (int r = 0; r < 4; ++r) {
+          auto w = test::random_row(t, n, rng);
+          auto x = test::random_acts(n, rng);
+          if (r >= 2)
+            for (int64_t i = 0; i < n; i += 7) x[size_t(i)] *= 50.f;  // outliers: wide activation blocks
+          std::vector<uint8_t> xq(q::act_row_bytes(q::ActType::Q8_K, n));
+          q::quantize_act_row(q::ActType::Q8_K, x.data(), xq.data(), n);
+          const float a = q::unit_dot_scalar(t)(n, w.data(), xq.data()), b = fn(n, w.data(), xq.data());
+          EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
+              << cpu_level_name(level) << " " << type_name(t) << " n=" << n << " scalar " << a << " simd " << b;
+          ++compared;
+        }
+      }
+    }
+  }
+  std::printf("compared %d rows bit for bit\n", compared);
 }
 
 // Every weight format has a SIMD kernel at every level the CPU has (none falls back to scalar code).
