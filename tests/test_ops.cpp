@@ -255,13 +255,14 @@ TEST(Ops, AttentionGgmlF16Avx512SameBitsAsAvx2) {
       for (auto& x : q) x *= 3.0f;  // sharper softmax: more max changes and underflowing weights
       const float scale = 1.0f / std::sqrt(float(hd));
       std::vector<float> out[2];
+      const CpuLevel saved = cpu_level();  // the level STRATA_CPU chose, for the tests that follow
       for (int i = 0; i < 2; ++i) {
         set_cpu_level(i ? CpuLevel::Avx512 : CpuLevel::Avx2);
         out[i].assign(kv.size() * n_head * hd, -1.f);
         attention(q.data(), kv.data(), int64_t(kv.size()), n_head, n_kv, hd, hd, type, scale, out[i].data(),
                   scratch.data(), n_ctx, pool, AttnMath::GgmlF16);
       }
-      set_cpu_level(cpu_max_level());
+      set_cpu_level(saved);
       EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4), 0) << "head " << hd << " " << kv_type_name(type);
     }
 }
@@ -282,11 +283,12 @@ TEST(Ops, AttentionGgmlF16KernelsAgree) {
     auto q = randn(kv.size() * n_head * hd, 42);
     const float scale = 1.0f / std::sqrt(float(hd));
     auto run = [&](AttnMath m, CpuLevel lvl) {
+      const CpuLevel saved = cpu_level();  // the level STRATA_CPU chose, for the tests that follow
       set_cpu_level(lvl);
       std::vector<float> out(kv.size() * n_head * hd);
       attention(q.data(), kv.data(), int64_t(kv.size()), n_head, n_kv, hd, hd, type, scale,
                 out.data(), scratch.data(), n_ctx, pool, m);
-      set_cpu_level(cpu_max_level());
+      set_cpu_level(saved);
       return out;
     };
     const auto ref = run(AttnMath::F32, CpuLevel::Scalar);
