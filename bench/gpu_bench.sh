@@ -63,6 +63,8 @@ if [[ $models == *,30b,* ]] && mkmodel "$syn" qwen3-30b-a3b "$layers"; then
   arm "cuda 100%" 90 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
   STRATA_CUDA_GRAPHS=0 arm "cuda 100% graphs off" 60 -m "$syn" --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n "$tg"
   arm "cuda 25%" 90 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cuda 25% prefill-stream auto" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n 0 \
+    --prefill-stream auto
   STRATA_POOL_SPIN_US=0 arm "cuda 25% pool spin off" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 0 -p 0 -n "$tg"
   arm "cuda 25% adapt" 60 -m "$syn" --backend cuda --expert-cache 25% --adapt-every 32 -p 0 -n "$tg"
   arm "cpu" 60 -m "$syn" --backend cpu -p 64 -n 32
@@ -77,5 +79,7 @@ if [[ $models == *,next,* ]] && mkmodel "$next" qwen3-next-80b-a3b "$next_layers
   echo "======== $(basename "$next") (qwen3next, $next_layers of 48 layers)"
   arm "cuda 100%" 120 -m "$next" --backend cuda --expert-cache 100% --adapt-every 0 -p "$pp" -n "$tg"
   arm "cuda 25%" 120 -m "$next" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n "$tg"
+  arm "cuda 25% prefill-stream auto" 90 -m "$next" --backend cuda --expert-cache 25% --adapt-every 0 -p "$pp" -n 0 \
+    --prefill-stream auto
   arm "cpu" 90 -m "$next" --backend cpu -p 64 -n 32
 fi
