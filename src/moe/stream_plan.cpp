@@ -45,11 +45,17 @@ DecodeStreamCosts::DecodeStreamCosts(double copy_us)
     : copy_us_(std::isfinite(copy_us) && copy_us > 0 ? copy_us : 0),
       cpu_us_(copy_us_) {}
 
-void DecodeStreamCosts::note_cpu(double us, int experts) {
-  if (experts <= 0 || !std::isfinite(us) || us < 0) return;
-  const double per = us / experts;
-  cpu_us_ = cpu_us_ > 0 ? cpu_us_ + (per - cpu_us_) / 8 : per;
+namespace {
+// The running average of both cost classes: the first timing as it is, then an exponential average with
+// weight 1/8 for the new one. Timings of `count` <= 0 items or not finite are ignored.
+void note_timing(double& avg, double us, double count) {
+  if (count <= 0 || !std::isfinite(us) || us < 0) return;
+  const double per = us / count;
+  avg = avg > 0 ? avg + (per - avg) / 8 : per;
 }
+}  // namespace
+
+void DecodeStreamCosts::note_cpu(double us, int experts) { note_timing(cpu_us_, us, double(experts)); }
 
 int decode_stream_count(int misses, const DecodeStreamMode& mode, const DecodeStreamCosts& costs, int max_slots) {
   if (misses <= 0 || max_slots <= 0 || mode.kind == DecodeStreamMode::Off) return 0;
@@ -78,11 +84,7 @@ PrefillStreamMode PrefillStreamMode::parse(const std::string& text, const std::s
 
 PrefillStreamCosts::PrefillStreamCosts(double copy_us) : copy_us_(std::isfinite(copy_us) && copy_us > 0 ? copy_us : 0) {}
 
-void PrefillStreamCosts::note_cpu(double us, int64_t pairs) {
-  if (pairs <= 0 || !std::isfinite(us) || us < 0) return;
-  const double per = us / double(pairs);
-  pair_us_ = pair_us_ > 0 ? pair_us_ + (per - pair_us_) / 8 : per;
-}
+void PrefillStreamCosts::note_cpu(double us, int64_t pairs) { note_timing(pair_us_, us, double(pairs)); }
 
 int prefill_stream_count(const std::vector<int32_t>& pairs, int64_t other_pairs, const PrefillStreamCosts& costs) {
   const int n = int(pairs.size());
