@@ -57,8 +57,7 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
   MadeCache made;
   made.stream_min_pairs = stream_min_pairs_from_env();
   made.prefill_stream = strata::moe::PrefillStreamMode::parse(opt.prefill_stream, "--prefill-stream");
-  const bool decode_split =
-      strata::moe::DecodeStreamMode::parse(opt.decode_stream, "--decode-stream").kind != strata::moe::DecodeStreamMode::Off;
+  made.decode_stream = strata::moe::DecodeStreamMode::parse(opt.decode_stream, "--decode-stream");
   const DeviceInfo& info = dev.info();
   std::fprintf(stderr, "strata: cuda: %s (%.1f GiB), %sdense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                info.name.c_str(), double(info.total_bytes) / kGiB, g.model.c_str(), double(g.dense_bytes) / kGiB,
@@ -85,7 +84,8 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
                  "non-resident experts with >= %d of their pairs to the GPU%s\n",
                  n_stage, double(slot_bytes) * n_stage / kGiB, (long long)moe::kMoeGroupedMinTokens,
                  made.stream_min_pairs, balance ? ", the busiest first, as many as balance the CPU pool (auto)" : "");
-    if (balance || decode_split) made.copy_us = made.cache->time_stage_copy();
+    if (balance || made.decode_stream.kind != strata::moe::DecodeStreamMode::Off)
+      made.copy_us = made.cache->time_stage_copy();
   }
   return made;
 }

@@ -475,7 +475,6 @@ void CudaQwen3Moe::load() {
   print_dense_repacks(log, opt_.exact);
 
   // --- the expert cache (cache_setup.h) ---
-  decode_stream_ = strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream");
   MadeCache made = make_expert_cache(
       *dev_, *xfer_, opt_,
       {.n_layer = hp.n_layer, .n_expert = hp.n_expert, .n_embd = E, .n_ff = F, .layers = std::move(lexp),
@@ -487,6 +486,7 @@ void CudaQwen3Moe::load() {
   stream_min_tokens_ = made.stream_min_pairs;
   prefill_stream_ = made.prefill_stream;
   prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
+  decode_stream_ = made.decode_stream;
   if (cache_->n_stage() > 0 && decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
     decode_costs_ = strata::moe::DecodeStreamCosts(made.copy_us);
     std::fprintf(stderr,

@@ -755,10 +755,6 @@ void CudaQwen3Next::load() {
   if (np_.n_nextn > 0)
     std::fprintf(stderr, "strata: cuda: %d MTP block(s) (%zu tensors) kept on the host, not run\n", np_.n_nextn,
                  host_.nextn.size());
-  if (strata::moe::DecodeStreamMode::parse(opt_.decode_stream, "--decode-stream").kind !=
-      strata::moe::DecodeStreamMode::Off)
-    std::fprintf(stderr, "strata: cuda: --decode-stream %s: decode streaming is built for qwen3moe only; qwen3next "
-                 "runs its decode misses on the CPU pool\n", opt_.decode_stream.c_str());
 
   // --- the expert cache (cache_setup.h) ---
   const int64_t n_seq = std::max(opt_.kv_sequences, 1), n_ctx = std::max(opt_.n_ctx, 1);
@@ -775,6 +771,9 @@ void CudaQwen3Next::load() {
   stream_min_tokens_ = made.stream_min_pairs;
   prefill_stream_ = made.prefill_stream;
   prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
+  if (made.decode_stream.kind != strata::moe::DecodeStreamMode::Off)
+    std::fprintf(stderr, "strata: cuda: --decode-stream %s: decode streaming is built for qwen3moe only; qwen3next "
+                 "runs its decode misses on the CPU pool\n", opt_.decode_stream.c_str());
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
 }
