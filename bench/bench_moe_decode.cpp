@@ -19,7 +19,10 @@
 //   MoeFused_*      the fused decode path, built-in defaults with one option changed: pfN_L2 / pfN_L1 =
 //                   prefetch N bytes ahead into L2 / L1 (pf0: none), two_regions = gate+up and down in
 //                   separate parallel regions, tail_off = the last expert's down items as large as
-//                   the others, itemNk = N KiB of weights per item
+//                   the others, itemNk = N KiB of weights per item, pair_off = no two-row kernel for
+//                   gate and up (MoeOptions::pair_rows)
+//   MoeHot          MoeExperts with one routing every call: the weights stay in the last-level cache
+//                   (the kernels' compute ceiling; its x_memcpy compares it with the cold memcpy)
 // Args: n / active experts of 8 / threads (0 = all) / pages (0: the weights on 4 KiB pages
 // (MADV_NOHUGEPAGE), 1: on 2 MiB pages (MADV_HUGEPAGE; the header says how much the kernel gave)).
 #include <benchmark/benchmark.h>
@@ -173,7 +176,9 @@ ThreadPool& pool_of(int threads) {
 int all_threads() { return default_thread_pool().size(); }
 
 // state.range: 0 = n tokens, 1 = active experts per token (of 8), 2 = threads (0 = all), 3 = pages.
-void BM_Moe(benchmark::State& state, MoeOptions opt) {
+// hot: the same routing every call, so its experts' weights stay in the last-level cache (16 MB of a
+// 6-expert layer): the kernels' compute ceiling at this thread count, against the cold runs' DRAM case.
+void BM_Moe(benchmark::State& state, MoeOptions opt, bool hot = false) {
   const int64_t n = state.range(0);
   const int active = static_cast<int>(state.range(1));
   const int threads = state.range(2) ? static_cast<int>(state.range(2)) : all_threads();
@@ -188,7 +193,7 @@ void BM_Moe(benchmark::State& state, MoeOptions opt) {
   double bytes = 0;
   int64_t it = 0;
   for (auto _ : state) {
-    const int32_t* id = ids.data() + (it % kIdSets) * n * kTopK;
+    const int32_t* id = ids.data() + (hot ? 0 : it % kIdSets) * n * kTopK;
     moe_experts(L.ew, x.data(), n, id, w.data(), kTopK, out.data(), s, mb, pool, MatmulMode::Fast, opt);
     benchmark::DoNotOptimize(out.data());
     state.PauseTiming();
@@ -315,6 +320,8 @@ int main(int argc, char** argv) {
       {"MoeFused_pf1024_L2", fused(1024, true, d.item_bytes >> 10)},
       {"MoeFused_pf4096_L2", fused(4096, true, d.item_bytes >> 10)},
       {"MoeFused_pf8192_L2", fused(8192, true, d.item_bytes >> 10)},
+      {"MoeFused_pf16384_L2", fused(16384, true, d.item_bytes >> 10)},
+      {"MoeFused_pf32768_L2", fused(32768, true, d.item_bytes >> 10)},
       {"MoeFused_pf1024_L1", fused(1024, false, d.item_bytes >> 10)},
       {"MoeFused_pf4096_L1", fused(4096, false, d.item_bytes >> 10)},
       {"MoeFused_two_regions", [&] {
@@ -325,6 +332,11 @@ int main(int argc, char** argv) {
       {"MoeFused_tail_off", [&] {
          MoeOptions o = d;
          o.tail_item_bytes = 0;
+         return o;
+       }()},
+      {"MoeFused_pair_off", [&] {
+         MoeOptions o = d;
+         o.pair_rows = false;
          return o;
        }()},
       {"MoeFused_item32k", fused(d.prefetch_bytes, d.prefetch_l2, 32)},
@@ -340,6 +352,12 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("MemcpySame", BM_MemcpySame)->Args(args)->UseRealTime()->Unit(benchmark::kMicrosecond);
     reg("MoeGeneral", general(), args);
     reg("MoeExperts", env, args);
+    benchmark::RegisterBenchmark("MoeHot", [env](benchmark::State& st) { BM_Moe(st, env, true); })
+        ->Args(args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    MoeOptions unpaired = env;
+    unpaired.pair_rows = false;
+    benchmark::RegisterBenchmark("MoeHot_pair_off", [unpaired](benchmark::State& st) { BM_Moe(st, unpaired, true); })
+        ->Args(args)->UseRealTime()->Unit(benchmark::kMicrosecond);
     if (all_variants)
       for (const auto& [name, o] : variants) reg(name, o, args);
   };

@@ -203,6 +203,7 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
                   o.prefetch_bytes = std::abs(pf);
                   o.prefetch_l2 = pf >= 0;
                   o.item_bytes = item;
+                  o.pair_rows = pf != 256;  // the two-row gate+up kernel (where the level has one) or not
                   MoeScratch s(n, k, X, E, F);
                   std::vector<float> out(n * E, 99.0f);
                   for (int rep = 0; rep < 2; ++rep) {  // a reused scratch gives the same bytes
@@ -210,7 +211,7 @@ TEST(MoeExpertsFused, EveryVariantSameBytes) {
                     ASSERT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4))
                         << type_name(ty.g) << "/" << type_name(ty.u) << "/" << type_name(ty.d) << " threads "
                         << threads << " mode " << int(mode) << " n " << n << " active " << active << " shared "
-                        << shared << " prefetch " << pf << " item " << item << " one region " << one_region << " rep " << rep;
+                        << shared << " prefetch " << pf << " item " << item << " one region " << one_region << " pair " << o.pair_rows << " rep " << rep;
                   }
                   // The fused path ran (it quantizes the down inputs into s.hq) iff n is decode-sized
                   // and some pair runs here.

@@ -151,11 +151,45 @@ TEST(QuantKernels, UnitFormatsSameBitsOnEveryLevel) {
   std::printf("compared %d rows bit for bit\n", compared);
 }
 
+// The AVX-512 level's 512-bit K-quant decode kernels (vec_dot_x86.inc, dot_q4_k_zmm) promise the bits of
+// the 256-bit kernels they replace: the same integer sums per lane, then the same float operations. Rows
+// with outliers too (large integer sums, whose float conversion rounds).
+TEST(QuantKernels, WideKQuantKernelsSameBitsAsAvx2) {
+  if (cpu_max_level() < CpuLevel::Avx512) {
+    GTEST_SKIP() << "no AVX-512 on this CPU";
+  }
+  std::mt19937 rng(321);
+  int compared = 0;
+  for (GgmlType t : {GgmlType::Q4_K}) {
+    q::VecDotFn wide = q::vec_dot_avx512(t), ref = q::vec_dot_avx2(t);
+    ASSERT_NE(wide, nullptr);
+    ASSERT_NE(ref, nullptr);
+    for (int64_t n : {256, 768, 2048, 8192}) {
+      for (int r = 0; r < 8; ++r) {
+        auto w = test::random_row(t, n, rng);
+        auto x = test::random_acts(n, rng);
+        if (r >= 4)
+          for (int64_t i = 0; i < n; i += 5) x[size_t(i)] *= 80.f;
+        std::vector<uint8_t> xq(q::act_row_bytes(q::ActType::Q8_K, n));
+        q::quantize_act_row(q::ActType::Q8_K, x.data(), xq.data(), n);
+        const float a = ref(n, w.data(), xq.data()), b = wide(n, w.data(), xq.data());
+        EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0) << type_name(t) << " n=" << n << " avx2 " << a << " avx512 " << b;
+        ++compared;
+      }
+    }
+  }
+  std::printf("compared %d rows bit for bit\n", compared);
+}
+
 // Every weight format has a SIMD kernel at every level the CPU has (none falls back to scalar code).
 TEST(QuantKernels, EveryFormatHasSimdKernels) {
   for (GgmlType t : kFastTypes) {
-    if (cpu_max_level() >= CpuLevel::Avx2) EXPECT_NE(q::vec_dot_avx2(t), nullptr) << type_name(t);
-    if (cpu_max_level() >= CpuLevel::Avx512) EXPECT_NE(q::vec_dot_avx512(t), nullptr) << type_name(t);
+    if (cpu_max_level() >= CpuLevel::Avx2) {
+      EXPECT_NE(q::vec_dot_avx2(t), nullptr) << type_name(t);
+    }
+    if (cpu_max_level() >= CpuLevel::Avx512) {
+      EXPECT_NE(q::vec_dot_avx512(t), nullptr) << type_name(t);
+    }
   }
 }
 
@@ -295,6 +329,42 @@ TEST(QuantKernels, FourTokenKernelsBitIdenticalToSingle) {
     }
   }
   std::printf("checked %d four-token dots\n", checked);
+}
+
+// Two-row kernels (a decode's gate and up rows): each output the bits of the single-row kernel.
+TEST(QuantKernels, TwoRowKernelsBitIdenticalToSingle) {
+  std::mt19937 rng(77);
+  int checked = 0;
+  for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
+    if (level > cpu_max_level()) continue;
+    for (GgmlType t : kFastTypes) {
+      q::VecDot2Fn fn2 = level == CpuLevel::Avx2 ? q::vec_dot2_avx2(t) : q::vec_dot2_avx512(t);
+      q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
+      if (!fn2) continue;
+      const q::ActType act = q::act_type_for(t);
+      for (int64_t n : {256, 768, 2048}) {
+        for (int r = 0; r < 4; ++r) {
+          auto w0 = test::random_row(t, n, rng), w1 = test::random_row(t, n, rng);
+          auto x = test::random_acts(n, rng);
+          if (r >= 2)
+            for (int64_t i = 0; i < n; i += 5) x[size_t(i)] *= 80.f;
+          std::vector<uint8_t> xq(q::act_row_bytes(act, n));
+          q::quantize_act_row(act, x.data(), xq.data(), n);
+          float out[2];
+          fn2(n, w0.data(), w1.data(), xq.data(), out);
+          const float a = fn(n, w0.data(), xq.data()), b = fn(n, w1.data(), xq.data());
+          EXPECT_EQ(std::memcmp(&out[0], &a, 4), 0) << cpu_level_name(level) << " " << type_name(t) << " n=" << n;
+          EXPECT_EQ(std::memcmp(&out[1], &b, 4), 0) << cpu_level_name(level) << " " << type_name(t) << " n=" << n;
+          ++checked;
+        }
+      }
+    }
+  }
+  std::printf("checked %d two-row dots\n", checked);
+  if (cpu_max_level() >= CpuLevel::Avx512) {
+    EXPECT_NE(q::vec_dot2_avx512(GgmlType::Q4_K), nullptr);
+    EXPECT_GT(checked, 0);
+  }
 }
 
 // matmul_many runs a batch (e.g. a MoE layer's experts, of mixed types and token counts) in one

@@ -48,6 +48,7 @@ const MoeOptions& MoeOptions::from_env() {
     if (const char* v = std::getenv("STRATA_MOE_PREFETCH_L2")) o.prefetch_l2 = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_ONE_REGION")) o.one_region = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_TAIL_KIB")) o.tail_item_bytes = std::max(0, std::atoi(v)) << 10;
+    if (const char* v = std::getenv("STRATA_MOE_PAIR")) o.pair_rows = std::atoi(v) != 0;
     if (const char* v = std::getenv("STRATA_MOE_ITEM_KIB")) o.item_bytes = std::max(1, std::atoi(v)) << 10;
     return o;
   }();
@@ -212,6 +213,9 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
     if (!same_acts)
       q::quantize_act_row_passes(fu.k.act, x + t * n_embd, s.xq_up.data() + t * fu.act_bytes(), n_embd, fu.passes);
   }
+  // Gate and up rows of a one-token expert through the two-row kernel: same type, same activations,
+  // one pass (MoeOptions::pair_rows).
+  const bool pair = opt.pair_rows && same_acts && fg.passes == 1 && fg.k.fn2 != nullptr && fg.k.fn2 == fu.k.fn2;
   const uint8_t* xqg = s.xq_gate.data();
   const uint8_t* xqu = same_acts ? xqg : s.xq_up.data();
   uint8_t* hq = s.hq.data();
@@ -265,9 +269,20 @@ void moe_fused(const ExpertWeights& ew, const float* x, int64_t n, const float* 
       if (pf > 0) psg.start(), psu.start();
       const uint8_t* xg = xqg + tok[R0] * fg.act_bytes();
       const uint8_t* xu = xqu + tok[R0] * fu.act_bytes();
-      for (int64_t r = r0; r < r1; ++r) {
-        fg.rows(gw, r, r + 1, xg, 1, g + R0 * n_ff, 0, pf > 0 ? &psg : nullptr);
-        fu.rows(uw, r, r + 1, xu, 1, u + R0 * n_ff, 0, pf > 0 ? &psu : nullptr);
+      if (pair) {
+        // Both rows in one call: the activations are loaded once for the two (bit-identical to fn twice).
+        float o[2];
+        for (int64_t r = r0; r < r1; ++r) {
+          if (pf > 0) psg.advance(fg.rb), psu.advance(fu.rb);
+          fg.k.fn2(fg.cols, gw + r * fg.rb, uw + r * fu.rb, xg, o);
+          g[R0 * n_ff + r] = o[0];
+          u[R0 * n_ff + r] = o[1];
+        }
+      } else {
+        for (int64_t r = r0; r < r1; ++r) {
+          fg.rows(gw, r, r + 1, xg, 1, g + R0 * n_ff, 0, pf > 0 ? &psg : nullptr);
+          fu.rows(uw, r, r + 1, xu, 1, u + R0 * n_ff, 0, pf > 0 ? &psu : nullptr);
+        }
       }
     } else {
       PrefetchStream ps(pf, l2);

@@ -99,9 +99,11 @@ DotKernel dot_kernel(GgmlType type, CpuLevel level) {
   if (level >= CpuLevel::Avx512 && (k.fn = vec_dot_avx512(type))) {
     k.level = CpuLevel::Avx512;
     k.fn4 = vec_dot4_avx512(type);
+    k.fn2 = vec_dot2_avx512(type);
   } else if (level >= CpuLevel::Avx2 && (k.fn = vec_dot_avx2(type))) {
     k.level = CpuLevel::Avx2;
     k.fn4 = vec_dot4_avx2(type);
+    k.fn2 = vec_dot2_avx2(type);
   } else {
     k.fn = vec_dot_scalar(type);
     k.level = CpuLevel::Scalar;

@@ -53,9 +53,14 @@ using VecDotFn = float (*)(int64_t n, const void* w, const void* xq);
 using VecDot4Fn = void (*)(int64_t n, const void* w, const void* xq, int64_t xq_stride, float* out,
                            int64_t out_stride);
 
+// Two weight rows of the same type (w0, w1) against one activation row: out[0], out[1]. Bit-identical to
+// 2 calls of the same level's VecDotFn (the activations are just loaded once): a decode's gate and up rows.
+using VecDot2Fn = void (*)(int64_t n, const void* w0, const void* w1, const void* xq, float* out);
+
 struct DotKernel {
   VecDotFn fn = nullptr;  // nullptr: the type has no integer kernel (matmul dequantizes instead)
   VecDot4Fn fn4 = nullptr;  // nullptr: no 4-token kernel at this level (matmul calls fn per token)
+  VecDot2Fn fn2 = nullptr;  // nullptr: no two-row kernel at this level (call fn per row)
   ActType act = ActType::F32;
   CpuLevel level = CpuLevel::Scalar;  // the level this kernel was written for (may be below the asked one)
 };
@@ -69,6 +74,8 @@ VecDotFn vec_dot_avx2(GgmlType type);
 VecDotFn vec_dot_avx512(GgmlType type);
 VecDot4Fn vec_dot4_avx2(GgmlType type);
 VecDot4Fn vec_dot4_avx512(GgmlType type);
+VecDot2Fn vec_dot2_avx2(GgmlType type);
+VecDot2Fn vec_dot2_avx512(GgmlType type);
 ActType act_type_for(GgmlType type);
 
 }  // namespace strata::q

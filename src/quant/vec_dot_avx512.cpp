@@ -5,4 +5,5 @@
 namespace strata::q {
 VecDotFn vec_dot_avx512(GgmlType type) { return x86_kernel(type); }
 VecDot4Fn vec_dot4_avx512(GgmlType type) { return x86_kernel4(type); }
+VecDot2Fn vec_dot2_avx512(GgmlType type) { return x86_kernel2(type); }
 }  // namespace strata::q
