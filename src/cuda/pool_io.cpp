@@ -66,10 +66,12 @@ PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn
   // next layer's router (which writes another slice of the same device buffer).
   const size_t nk = size_t(n) * size_t(io.k_used), ib = nk * 4, ioff = size_t(il) * ib;
   PoolDownloads d;
-  d.done = c.xfer.download({{slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib)},
-                            {head(io.wts_h, nk * 4), head(io.wts, nk * 4)},
-                            {head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4)}},
-                           c.cs);
+  // Through mapped pinned memory by a copy kernel on the compute stream (Transfer::download_mapped: no
+  // copy-stream hop on the layer's critical path), or the copy stream where the device cannot.
+  d.done = c.xfer.download_mapped({{slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib)},
+                                   {head(io.wts_h, nk * 4), head(io.wts, nk * 4)},
+                                   {head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4)}},
+                                  c.cs);
   ++c.work.transfers;
   return d;
 }
@@ -108,7 +110,8 @@ double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, 
   const auto took = std::chrono::steady_clock::now() - t0;
   c.work.pool += took;
   const size_t bytes = size_t(n * n_embd) * 4;
-  io.partial_ticket = c.xfer.upload(head(io.partial, bytes), head(io.partial_h, bytes), c.cs, {&c.cs});
+  // The partial sum up by a copy kernel on the compute stream, which reads it in place (upload_mapped).
+  io.partial_ticket = c.xfer.upload_mapped(head(io.partial, bytes), head(io.partial_h, bytes), c.cs);
   ++c.work.transfers;
   return std::chrono::duration<double, std::micro>(took).count();
 }

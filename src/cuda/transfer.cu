@@ -2,6 +2,8 @@
 #include "cuda/transfer.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,6 +20,39 @@ void note(const Stream& s, sc::BufferId b, sc::Access a, Site site) {
 }
 void note_host(sc::BufferId b, sc::Access a, Site site) {
   if (sc::enabled()) sc::global().on_host_access(b, a, site);
+}
+// Up to kMaxMappedParts copies (src -> dst, `bytes` each) in one launch; 4-byte words where both ends and
+// the size allow (the pool's ids, weights and activations), else bytes. Grid-stride over each part.
+constexpr int kMaxMappedParts = 4;
+struct MappedParts {
+  const void* src[kMaxMappedParts];
+  void* dst[kMaxMappedParts];
+  size_t bytes[kMaxMappedParts];
+  int n;
+};
+__global__ void mapped_copy_kernel(MappedParts p) {
+  const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
+  for (int k = 0; k < p.n; ++k) {
+    const bool words = ((reinterpret_cast<uintptr_t>(p.src[k]) | reinterpret_cast<uintptr_t>(p.dst[k]) | p.bytes[k]) & 3) == 0;
+    if (words) {
+      const auto* s = static_cast<const uint32_t*>(p.src[k]);
+      auto* d = static_cast<uint32_t*>(p.dst[k]);
+      for (size_t i = tid; i < p.bytes[k] / 4; i += stride) d[i] = s[i];
+    } else {
+      const auto* s = static_cast<const unsigned char*>(p.src[k]);
+      auto* d = static_cast<unsigned char*>(p.dst[k]);
+      for (size_t i = tid; i < p.bytes[k]; i += stride) d[i] = s[i];
+    }
+  }
+}
+void launch_mapped_copy(const MappedParts& p, size_t total_bytes, cudaStream_t s) {
+  const unsigned blocks = unsigned(std::min<size_t>(64, std::max<size_t>(1, total_bytes / 4 / 256)));
+  mapped_copy_kernel<<<blocks, 256, 0, s>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+bool mapped_io_from_env() {
+  const char* e = std::getenv("STRATA_CUDA_MAPPED_IO");
+  return e == nullptr || std::strcmp(e, "0") != 0;
 }
 bool is_pinned(const void* p) {
   cudaPointerAttributes attr{};
@@ -52,6 +87,9 @@ Transfer::Transfer(Device& dev, Options opt) : dev_(dev), opt_(opt), producer_ev
     st->done = Event("transfer.staging[" + std::to_string(i) + "].done");
     staging_.push_back(std::move(st));
   }
+  int unified = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&unified, cudaDevAttrUnifiedAddressing, dev_.ordinal()));
+  mapped_ = unified != 0 && mapped_io_from_env();
 }
 
 Transfer::~Transfer() {
@@ -156,6 +194,53 @@ Ticket Transfer::download(std::initializer_list<DownloadPart> parts, Stream& pro
     bytes_d2h_ += p.src.bytes;
   }
   return finish(cs, consumers);
+}
+
+Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site) {
+  if (!mapped_) return download(parts, producer, {}, site);
+  STRATA_REQUIRE(parts.size() <= size_t(kMaxMappedParts), "transfer: {} parts in one mapped download (at most {})",
+                 parts.size(), kMaxMappedParts);
+  MappedParts mp{};
+  size_t total = 0;
+  for (const DownloadPart& p : parts) {
+    STRATA_REQUIRE(p.src.bytes <= p.dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
+                   p.src.bytes, p.dst.bytes);
+    STRATA_REQUIRE(p.dst.pinned, "transfer: a mapped download needs pinned host memory");
+    mp.src[mp.n] = p.src.ptr;
+    mp.dst[mp.n] = p.dst.ptr;
+    mp.bytes[mp.n] = p.src.bytes;
+    ++mp.n;
+    total += p.src.bytes;
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const DownloadPart& p : parts) {
+    note(producer, p.src.check_id, sc::Access::Read, site);
+    note(producer, p.dst.check_id, sc::Access::Write, site);
+  }
+  launch_mapped_copy(mp, total, producer.handle());
+  bytes_d2h_ += total;
+  std::shared_ptr<Event> done = acquire_event();
+  done->record(producer);
+  return Ticket(std::move(done));
+}
+
+Ticket Transfer::upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& consumer, Site site) {
+  if (!mapped_) return upload(dst, src, consumer, {&consumer}, site);
+  STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: upload of {} bytes into a {}-byte buffer", src.bytes, dst.bytes);
+  STRATA_REQUIRE(src.pinned, "transfer: a mapped upload needs pinned host memory");
+  MappedParts mp{};
+  mp.src[0] = src.ptr;
+  mp.dst[0] = dst.ptr;
+  mp.bytes[0] = src.bytes;
+  mp.n = 1;
+  std::lock_guard<std::mutex> lk(mu_);
+  note(consumer, src.check_id, sc::Access::Read, site);
+  note(consumer, dst.check_id, sc::Access::Write, site);
+  launch_mapped_copy(mp, src.bytes, consumer.handle());
+  bytes_h2d_ += src.bytes;
+  std::shared_ptr<Event> done = acquire_event();
+  done->record(consumer);
+  return Ticket(std::move(done));
 }
 
 void Transfer::download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -386,3 +387,121 @@ TEST_F(Gpu, FillAndDeviceCopy) {
 }
 
 }  // namespace
+
+// ---- same-stream transfers through mapped pinned memory (Transfer::download_mapped / upload_mapped) ----
+
+// The CPU pool's round trip through the mapped route: each step a slow kernel writes the activations
+// (the first one spins ~10 ms), they go to the host by a copy kernel on the same stream, the host writes
+// partial sums that come back the same way and a kernel sums them. Meanwhile the copy engine is kept busy
+// with a large upload on the h2d stream (where unordered copies showed the stale data on the H200).
+TEST_F(Gpu, MappedActivationsToHostAndBack) {
+  ASSERT_TRUE(xfer->mapped());  // 64-bit Linux: unified addressing
+  const int n = 4096;           // act, back [n] float
+  auto act = dev->alloc(n * sizeof(float), "activations");
+  auto back = dev->alloc(n * sizeof(float), "cpu partial sums");
+  auto out = dev->alloc(sizeof(float), "sum");
+  auto h_act = dev->alloc_pinned(n * sizeof(float), "activations (host)");
+  auto h_back = dev->alloc_pinned(n * sizeof(float), "cpu partial sums (host)");
+  const size_t big = size_t(256) << 20;
+  auto busy = dev->alloc(big, "busy copy target");
+  auto h_busy = dev->alloc_pinned(big, "busy copy source");
+  for (int step = 0; step < 20; ++step) {
+    if (step % 5 == 0) xfer->upload(busy.span(), h_busy.span(), dev->h2d(), {});
+    note_launch(dev->compute(), {}, {act.span()});
+    slow_fill<<<16, 256, 0, dev->compute().handle()>>>(act.as<float>(), n, step == 0 ? kSpin : 0, 1.0f, float(step));
+    CUDA_CHECK_LAUNCH();
+    xfer->download_mapped({{h_act.span(), act.span()}}, dev->compute()).wait();
+    h_act.note_host_access(sc::Access::Read);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += h_act.as<float>()[i] != float(i + step);
+    EXPECT_EQ(wrong, 0) << "step " << step;
+    h_back.note_host_access(sc::Access::Write);
+    for (int i = 0; i < n; ++i) h_back.as<float>()[i] = float(step % 3);
+    Ticket t = xfer->upload_mapped(back.span(), h_back.span(), dev->compute());
+    note_launch(dev->compute(), {back.span()}, {out.span()});
+    slow_sum<<<1, 256, 0, dev->compute().handle()>>>(back.as<float>(), n, 0, out.as<float>());
+    CUDA_CHECK_LAUNCH();
+    t.wait();  // h_back may be refilled only after the kernel that reads it ran
+    float sum = 0;
+    xfer->download_sync(&sum, out.span(), sizeof(float), dev->compute());
+    EXPECT_EQ(sum, float(n * (step % 3))) << "step " << step;
+  }
+}
+
+// Several parts in one mapped download, after slow producers: every part holds the producers' values.
+// Naming a stream that did not produce them (the d2h stream) is caught for each part.
+TEST_F(Gpu, MappedDownloadWaitsForTheProducer) {
+  const int n = 1 << 18;  // a [n], b [n / 4] float, c [3] int32 (unaligned end: byte copies)
+  auto a = dev->alloc(n * sizeof(float), "part a");
+  auto b = dev->alloc(n / 4 * sizeof(float), "part b");
+  auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
+  auto hb = dev->alloc_pinned(n / 4 * sizeof(float), "part b (host)");
+  for (int planted = 0; planted < 2; ++planted) {
+    note_launch(dev->compute(), {}, {a.span(), b.span()});
+    slow_fill<<<64, 256, 0, dev->compute().handle()>>>(a.as<float>(), n, kSpin, 0.5f, 1.0f + planted);
+    slow_fill<<<16, 256, 0, dev->compute().handle()>>>(b.as<float>(), n / 4, kSpin, 2.0f, -3.0f - planted);
+    CUDA_CHECK_LAUNCH();
+    DevSpan b_odd = b.span();
+    b_odd.bytes -= 3;  // not a whole number of words: the byte loop
+    Ticket t = xfer->download_mapped({{ha.span(), a.span()}, {hb.span(), b_odd}}, planted ? dev->d2h() : dev->compute());
+    t.wait();
+    if (planted) break;
+    ha.note_host_access(sc::Access::Read);
+    hb.note_host_access(sc::Access::Read);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) wrong += ha.as<float>()[i] != i * 0.5f + 1.0f;
+    for (int i = 0; i < n / 4 - 1; ++i) wrong += hb.as<float>()[i] != i * 2.0f - 3.0f;
+    EXPECT_EQ(wrong, 0);
+    EXPECT_TRUE(reports().empty());
+  }
+  dev->synchronize();
+  auto r = reports();
+  ASSERT_EQ(r.size(), 2u);  // both parts read buffers the compute stream was still writing
+  EXPECT_EQ(r[0].buffer, "part a");
+  EXPECT_EQ(r[1].buffer, "part b");
+}
+
+// A mapped upload's source is read by a kernel that may not have run yet: rewriting it before the
+// ticket is done is caught; after the ticket it is fine.
+TEST_F(Gpu, MappedUploadSourceRewrittenBeforeItsTicketIsCaught) {
+  const int n = 1 << 16;
+  auto dst = dev->alloc(n * sizeof(float), "dst");
+  auto src = dev->alloc_pinned(n * sizeof(float), "pinned src");
+  note_launch(dev->compute(), {}, {dst.span()});
+  slow_fill<<<16, 256, 0, dev->compute().handle()>>>(dst.as<float>(), n, kSpin, 1.0f, 0.0f);
+  CUDA_CHECK_LAUNCH();
+  Ticket t = xfer->upload_mapped(dst.span(), src.span(), dev->compute());
+  src.note_host_access(sc::Access::Write);  // too early
+  auto r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].buffer, "pinned src");
+  Ticket t2 = xfer->upload_mapped(dst.span(), src.span(), dev->compute());
+  t2.wait();
+  src.note_host_access(sc::Access::Write);  // fine now
+  EXPECT_TRUE(reports().empty());
+}
+
+// STRATA_CUDA_MAPPED_IO=0: the same calls take the copy-stream route, with the same results.
+TEST_F(Gpu, MappedRouteOffUsesTheCopyStreams) {
+  setenv("STRATA_CUDA_MAPPED_IO", "0", 1);
+  Transfer plain(*dev);
+  unsetenv("STRATA_CUDA_MAPPED_IO");
+  EXPECT_FALSE(plain.mapped());
+  const int n = 1 << 14;
+  auto d = dev->alloc(n * sizeof(float), "dev");
+  auto h = dev->alloc_pinned(n * sizeof(float), "host");
+  note_launch(dev->compute(), {}, {d.span()});
+  slow_fill<<<16, 256, 0, dev->compute().handle()>>>(d.as<float>(), n, kSpin, 3.0f, 1.0f);
+  CUDA_CHECK_LAUNCH();
+  plain.download_mapped({{h.span(), d.span()}}, dev->compute()).wait();
+  h.note_host_access(sc::Access::Read);
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += h.as<float>()[i] != i * 3.0f + 1.0f;
+  EXPECT_EQ(wrong, 0);
+  h.note_host_access(sc::Access::Write);
+  for (int i = 0; i < n; ++i) h.as<float>()[i] = 2.0f;
+  plain.upload_mapped(d.span(), h.span(), dev->compute()).wait();
+  float x = 0;
+  plain.download_sync(&x, d.span(), sizeof(float), dev->compute());
+  EXPECT_EQ(x, 2.0f);
+}
