@@ -160,7 +160,7 @@ TEST(QuantKernels, WideKQuantKernelsSameBitsAsAvx2) {
   }
   std::mt19937 rng(321);
   int compared = 0;
-  for (GgmlType t : {GgmlType::Q4_K}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     q::VecDotFn wide = q::vec_dot_avx512(t), ref = q::vec_dot_avx2(t);
     ASSERT_NE(wide, nullptr);
     ASSERT_NE(ref, nullptr);
@@ -363,6 +363,7 @@ TEST(QuantKernels, TwoRowKernelsBitIdenticalToSingle) {
   std::printf("checked %d two-row dots\n", checked);
   if (cpu_max_level() >= CpuLevel::Avx512) {
     EXPECT_NE(q::vec_dot2_avx512(GgmlType::Q4_K), nullptr);
+    EXPECT_NE(q::vec_dot2_avx512(GgmlType::Q5_K), nullptr);
     EXPECT_GT(checked, 0);
   }
 }
