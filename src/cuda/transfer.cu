@@ -197,11 +197,11 @@ Ticket Transfer::download(std::initializer_list<DownloadPart> parts, Stream& pro
 }
 
 Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site) {
-  if (!mapped_) return download(parts, producer, {}, site);
-  STRATA_REQUIRE(parts.size() <= size_t(kMaxMappedParts), "transfer: {} parts in one mapped download (at most {})",
-                 parts.size(), kMaxMappedParts);
-  MappedParts mp{};
   size_t total = 0;
+  for (const DownloadPart& p : parts) total += p.src.bytes;
+  if (!takes_mapped_route(mapped_, total) || parts.size() > size_t(kMaxMappedParts))
+    return download(parts, producer, {}, site);
+  MappedParts mp{};
   for (const DownloadPart& p : parts) {
     STRATA_REQUIRE(p.src.bytes <= p.dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
                    p.src.bytes, p.dst.bytes);
@@ -210,7 +210,6 @@ Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stre
     mp.dst[mp.n] = p.dst.ptr;
     mp.bytes[mp.n] = p.src.bytes;
     ++mp.n;
-    total += p.src.bytes;
   }
   std::lock_guard<std::mutex> lk(mu_);
   for (const DownloadPart& p : parts) {
@@ -225,7 +224,7 @@ Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stre
 }
 
 Ticket Transfer::upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& consumer, Site site) {
-  if (!mapped_) return upload(dst, src, consumer, {&consumer}, site);
+  if (!takes_mapped_route(mapped_, src.bytes)) return upload(dst, src, consumer, {&consumer}, site);
   STRATA_REQUIRE(src.bytes <= dst.bytes, "transfer: upload of {} bytes into a {}-byte buffer", src.bytes, dst.bytes);
   STRATA_REQUIRE(src.pinned, "transfer: a mapped upload needs pinned host memory");
   MappedParts mp{};

@@ -82,8 +82,12 @@ class Transfer {
   //     kernel; the host reads `dst` after ticket.wait().
   //   upload_mapped: the kernel is enqueued on `consumer` after the host's writes to `src` (program order)
   //     and before the consumer's later work; the host must not rewrite `src` before the ticket is done.
-  // Where mapped() is false (no unified addressing, or STRATA_CUDA_MAPPED_IO=0), both take the copy-stream
-  // route above (download / upload with consumers = {&consumer}).
+  // Where mapped() is false (no unified addressing, or STRATA_CUDA_MAPPED_IO=0), or the parts hold more than
+  // kMappedMaxBytes in all (a prefill's activations: there the DMA engines are faster than a kernel's
+  // loads and stores across PCIe), both take the copy-stream route above (download / upload with
+  // consumers = {&consumer}); takes_mapped_route says which.
+  static constexpr size_t kMappedMaxBytes = size_t(256) << 10;
+  static bool takes_mapped_route(bool mapped, size_t total_bytes) { return mapped && total_bytes <= kMappedMaxBytes; }
   Ticket download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site = Site::here());
   Ticket upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& consumer, Site site = Site::here());
   bool mapped() const { return mapped_; }

@@ -431,7 +431,8 @@ TEST_F(Gpu, MappedActivationsToHostAndBack) {
 // Several parts in one mapped download, after slow producers: every part holds the producers' values.
 // Naming a stream that did not produce them (the d2h stream) is caught for each part.
 TEST_F(Gpu, MappedDownloadWaitsForTheProducer) {
-  const int n = 1 << 18;  // a [n], b [n / 4] float, c [3] int32 (unaligned end: byte copies)
+  const int n = 1 << 15;  // a [n], b [n / 4] float: 160 KiB in all, within Transfer::kMappedMaxBytes
+  ASSERT_TRUE(Transfer::takes_mapped_route(xfer->mapped(), size_t(n + n / 4) * sizeof(float)));
   auto a = dev->alloc(n * sizeof(float), "part a");
   auto b = dev->alloc(n / 4 * sizeof(float), "part b");
   auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
@@ -504,4 +505,23 @@ TEST_F(Gpu, MappedRouteOffUsesTheCopyStreams) {
   float x = 0;
   plain.download_sync(&x, d.span(), sizeof(float), dev->compute());
   EXPECT_EQ(x, 2.0f);
+}
+
+// Above Transfer::kMappedMaxBytes (a prefill's activations) the same call takes the copy streams, ordered
+// after the producer all the same.
+TEST_F(Gpu, LargeMappedDownloadTakesTheCopyStreams) {
+  const int n = 1 << 18;  // [n] float: 1 MiB
+  EXPECT_TRUE(Transfer::takes_mapped_route(true, Transfer::kMappedMaxBytes));
+  EXPECT_FALSE(Transfer::takes_mapped_route(true, size_t(n) * sizeof(float)));
+  EXPECT_FALSE(Transfer::takes_mapped_route(false, 4));
+  auto d = dev->alloc(n * sizeof(float), "big activations");
+  auto h = dev->alloc_pinned(n * sizeof(float), "big activations (host)");
+  note_launch(dev->compute(), {}, {d.span()});
+  slow_fill<<<64, 256, 0, dev->compute().handle()>>>(d.as<float>(), n, kSpin, 0.25f, 2.0f);
+  CUDA_CHECK_LAUNCH();
+  xfer->download_mapped({{h.span(), d.span()}}, dev->compute()).wait();
+  h.note_host_access(sc::Access::Read);
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += h.as<float>()[i] != i * 0.25f + 2.0f;
+  EXPECT_EQ(wrong, 0);
 }
