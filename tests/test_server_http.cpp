@@ -113,6 +113,7 @@ TEST_F(HttpFixture, ChatNonStreamingAndStreamingAgree) {
   size_t pos = 0;
   bool done = false;
   json usage;
+  int pieces = 0;  // non-empty content deltas
   while ((pos = s->body.find("data: ", pos)) != std::string::npos) {
     size_t e = s->body.find("\n\n", pos);
     std::string data = s->body.substr(pos + 6, e - pos - 6);
@@ -123,11 +124,17 @@ TEST_F(HttpFixture, ChatNonStreamingAndStreamingAgree) {
     }
     json c = json::parse(data);
     if (!c["usage"].is_null()) usage = c["usage"];
-    if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content"))
-      text += c["choices"][0]["delta"]["content"].get<std::string>();
+    if (!c["choices"].empty() && c["choices"][0]["delta"].contains("content")) {
+      const std::string piece = c["choices"][0]["delta"]["content"].get<std::string>();
+      text += piece;
+      pieces += !piece.empty();
+    }
   }
   EXPECT_TRUE(done);
   EXPECT_EQ(text, full);
+  // One delta per token (the toy backend's tokens are one character each), however many tokens were
+  // released before the HTTP thread read them (Job::text_cuts).
+  EXPECT_EQ(pieces, 12);
   EXPECT_EQ(usage["completion_tokens"], 12);
   // The same conversation again: its prompt is in a parked sequence.
   EXPECT_GT(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 0);

@@ -123,13 +123,30 @@ struct StreamState {
 };
 
 // Waits until the job has text or has finished (or `timeout` passes); takes the text.
-bool wait_job(Job& job, std::string& text, bool& done, std::chrono::milliseconds timeout) {
+// Takes the text released so far and where its pieces end (Job::text_cuts).
+bool wait_job(Job& job, std::string& text, std::vector<size_t>& cuts, bool& done, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lk(job.mu);
   bool ready = job.cv.wait_for(lk, timeout, [&] { return !job.text.empty() || job.done; });
   text.swap(job.text);
   job.text.clear();
+  cuts.swap(job.text_cuts);
+  job.text_cuts.clear();
   done = job.done;
   return ready;
+}
+
+// One SSE delta per released piece (a token's text), so a client sees the reply token by token even when
+// it reads after several were released. Text after the last cut (none expected) goes as one more piece.
+std::string stream_pieces(ResponseWriter& w, const std::string& text, const std::vector<size_t>& cuts) {
+  std::string out;
+  size_t from = 0;
+  for (size_t end : cuts) {
+    if (end <= from || end > text.size()) continue;
+    out += w.stream_delta(text.substr(from, end - from));
+    from = end;
+  }
+  if (from < text.size()) out += w.stream_delta(text.substr(from));
+  return out;
 }
 
 void wait_done(Job& job) {
@@ -409,17 +426,20 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
           if (!write(st->writer.stream_begin(u))) return false;
         }
         std::string text;
+        std::vector<size_t> cuts;
         bool done = false;
-        wait_job(job, text, done, std::chrono::milliseconds(200));
-        if (!write(st->writer.stream_delta(text))) return false;
+        wait_job(job, text, cuts, done, std::chrono::milliseconds(200));
+        if (!write(stream_pieces(st->writer, text, cuts))) return false;
         if (!done) return true;
         std::string tail;
         {
           std::lock_guard<std::mutex> lk(job.mu);
           tail = std::move(job.text);
           job.text.clear();
+          cuts.swap(job.text_cuts);
+          job.text_cuts.clear();
         }
-        if (!write(st->writer.stream_delta(tail))) return false;
+        if (!write(stream_pieces(st->writer, tail, cuts))) return false;
         std::string end;
         if (!job.error.empty()) {
           end = st->writer.stream_error(make_error(500, "server_error", "generation failed: " + job.error));

@@ -373,6 +373,7 @@ void Scheduler::emit(Job& job, const std::string& text) {
   if (text.empty()) return;
   std::lock_guard<std::mutex> lk(job.mu);
   job.text += text;
+  job.text_cuts.push_back(job.text.size());
   job.cv.notify_all();
 }
 
@@ -382,6 +383,7 @@ void Scheduler::finish(Slot& s, FinishReason why) {
   {
     std::lock_guard<std::mutex> lk(job->mu);
     job->text += tail;
+    if (!tail.empty()) job->text_cuts.push_back(job->text.size());
     job->done = true;
     job->finish = why;
     job->matched_stop = s.text.matched_stop();

@@ -46,6 +46,8 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   std::string text;                     // released, not yet taken by the HTTP thread
+  std::vector<size_t> text_cuts;        // end offset in `text` of each piece released (a token's text):
+                                        // a stream sends one event per piece, however late it reads them
   bool started = false;                 // prompt evaluated, first token sampled
   bool done = false;
   FinishReason finish = FinishReason::None;
