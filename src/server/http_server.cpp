@@ -122,15 +122,19 @@ struct StreamState {
   bool ended = false;
 };
 
-// Waits until the job has text or has finished (or `timeout` passes); takes the text.
-// Takes the text released so far and where its pieces end (Job::text_cuts).
-bool wait_job(Job& job, std::string& text, std::vector<size_t>& cuts, bool& done, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lk(job.mu);
-  bool ready = job.cv.wait_for(lk, timeout, [&] { return !job.text.empty() || job.done; });
+// Takes the text released so far and where its pieces end (Job::text_cuts); the caller holds job.mu.
+void take_released(Job& job, std::string& text, std::vector<size_t>& cuts) {
   text.swap(job.text);
   job.text.clear();
   cuts.swap(job.text_cuts);
   job.text_cuts.clear();
+}
+
+// Waits until the job has text or has finished (or `timeout` passes); takes the text (take_released).
+bool wait_job(Job& job, std::string& text, std::vector<size_t>& cuts, bool& done, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(job.mu);
+  bool ready = job.cv.wait_for(lk, timeout, [&] { return !job.text.empty() || job.done; });
+  take_released(job, text, cuts);
   done = job.done;
   return ready;
 }
@@ -434,10 +438,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
         std::string tail;
         {
           std::lock_guard<std::mutex> lk(job.mu);
-          tail = std::move(job.text);
-          job.text.clear();
-          cuts.swap(job.text_cuts);
-          job.text_cuts.clear();
+          take_released(job, tail, cuts);
         }
         if (!write(stream_pieces(st->writer, tail, cuts))) return false;
         std::string end;
