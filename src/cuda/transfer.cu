@@ -218,9 +218,7 @@ Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stre
   }
   launch_mapped_copy(mp, total, producer.handle());
   bytes_d2h_ += total;
-  std::shared_ptr<Event> done = acquire_event();
-  done->record(producer);
-  return Ticket(std::move(done));
+  return finish(producer, {});  // the ticket's event after the copy kernel, on the producer itself
 }
 
 Ticket Transfer::upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& consumer, Site site) {
@@ -237,9 +235,7 @@ Ticket Transfer::upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& 
   note(consumer, dst.check_id, sc::Access::Write, site);
   launch_mapped_copy(mp, src.bytes, consumer.handle());
   bytes_h2d_ += src.bytes;
-  std::shared_ptr<Event> done = acquire_event();
-  done->record(consumer);
-  return Ticket(std::move(done));
+  return finish(consumer, {});  // the ticket's event after the copy kernel, on the consumer itself
 }
 
 void Transfer::download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site) {
