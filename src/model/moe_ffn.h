@@ -74,7 +74,7 @@ struct MoeOptions {
   // threads run out of work together (0: item_bytes).
   int tail_item_bytes = 16 << 10;
   // A one-token expert's gate and up rows in one call of the two-row kernel where the level has one
-  // (q::DotKernel::fn2; AVX-512 Q4_K): the activations are loaded once for both rows.
+  // (q::DotKernel::fn2; AVX-512 Q4_K and Q5_K): the activations are loaded once for both rows.
   bool pair_rows = true;
   // From STRATA_MOE_FUSED (0/1), STRATA_MOE_PREFETCH (bytes), STRATA_MOE_PREFETCH_L2 (0/1),
   // STRATA_MOE_ONE_REGION (0/1), STRATA_MOE_ITEM_KIB, STRATA_MOE_TAIL_KIB, STRATA_MOE_PAIR (0/1); read once.
