@@ -5,6 +5,7 @@
 
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda/host/stream_check.h"
 
@@ -340,6 +341,67 @@ TEST(StreamCheckGlobal, EnabledUnderCtest) {
   sc::set_enabled(false);
   EXPECT_FALSE(sc::enabled());
   sc::set_enabled(was);
+}
+
+// PauseNotes (a gated pass's capture): quiet on the thread that holds it, nested, and only there.
+TEST(StreamCheckGlobal, PauseNotesQuietsOnlyTheCallingThread) {
+  const bool was = sc::enabled();
+  sc::set_enabled(true);
+  {
+    const sc::PauseNotes outer;
+    EXPECT_FALSE(sc::enabled());
+    {
+      const sc::PauseNotes inner;
+      EXPECT_FALSE(sc::enabled());
+    }
+    EXPECT_FALSE(sc::enabled());
+    bool other = false;
+    std::thread([&] { other = sc::enabled(); }).join();
+    EXPECT_TRUE(other);
+  }
+  EXPECT_TRUE(sc::enabled());
+  sc::set_enabled(was);
+}
+
+// A gated pass as the CUDA layer feeds it (cuda/transfer.h HostGates): the stream's pieces are noted
+// where the host releases them, a signal is an event recorded after the signaled copy and synced by the
+// host's wait. In order: no report. Reading the download before its signal, or rewriting the gated
+// upload's source before a later signal: reported.
+TEST_F(StreamCheck, GatedPassInReleaseOrder) {
+  auto cs = chk.add_stream("compute", StreamKind::NonBlocking);
+  auto xn = chk.add_buffer("xn_h"), part = chk.add_buffer("partial_h"), x = chk.add_buffer("x");
+  std::vector<sc::EventId> sig;
+  for (int i = 0; i < 3; ++i) sig.push_back(chk.add_event("signal" + std::to_string(i)));
+  auto release = [&](int k) {  // piece k: (k > 0) the gated add of layer k-1; (k < 3) layer k down + signal
+    if (k > 0) {
+      read(cs, part, 10 + k);
+      write(cs, x, 20 + k);
+    }
+    if (k < 3) {
+      write(cs, x, 30 + k);
+      write(cs, xn, 40 + k);
+      chk.on_record(sig[size_t(k)], cs);
+    }
+  };
+  for (int bad = 0; bad < 3; ++bad) {
+    release(0);
+    for (int k = 0; k < 3; ++k) {
+      if (bad == 1 && k == 1) chk.on_host_access(xn, Access::Read, site(50));  // before the signal
+      chk.on_host_sync_event(sig[size_t(k)]);
+      chk.on_host_access(xn, Access::Read, site(51));
+      chk.on_host_access(part, Access::Write, site(52));
+      release(k + 1);
+      if (bad == 2 && k == 1) chk.on_host_access(part, Access::Write, site(53));  // the gated copy may still read it
+    }
+    const auto r = chk.take_reports();
+    if (bad == 0) {
+      EXPECT_TRUE(r.empty());
+    } else {
+      ASSERT_EQ(r.size(), 1u) << "case " << bad;
+      EXPECT_EQ(r[0].buffer, bad == 1 ? "xn_h" : "partial_h");
+      EXPECT_EQ(r[0].now.line, bad == 1 ? 50 : 53);
+    }
+  }
 }
 
 }  // namespace

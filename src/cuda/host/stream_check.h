@@ -142,11 +142,25 @@ class Checker {
 // ---- the process-wide checker that the CUDA layer feeds ----
 namespace detail {
 extern std::atomic<bool> g_enabled;
+inline thread_local int t_paused = 0;  // PauseNotes scopes alive on this thread
 }
 // True when STRATA_STREAM_CHECK is set to anything but "" or "0" (read once at start-up; unset means on
-// in Debug builds, off otherwise; ctest sets it to 1), or after set_enabled(true). One relaxed load.
-inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed); }
+// in Debug builds, off otherwise; ctest sets it to 1), or after set_enabled(true), and no PauseNotes is
+// alive on the calling thread. One relaxed load (and a thread-local read when on).
+inline bool enabled() { return detail::g_enabled.load(std::memory_order_relaxed) && detail::t_paused == 0; }
 void set_enabled(bool on);
+
+// While alive, the calling thread feeds the checker nothing. For work enqueued ahead of the point where
+// it is ordered: a pass captured whole whose pieces are released one by one by the host (HostGates in
+// cuda/transfer.h). Its notes must then be given, with the launches turned off, at the point of the
+// host's program where each piece is released; the capture's notes in enqueue order would be wrong.
+class PauseNotes {
+ public:
+  PauseNotes() { ++detail::t_paused; }
+  ~PauseNotes() { --detail::t_paused; }
+  PauseNotes(const PauseNotes&) = delete;
+  PauseNotes& operator=(const PauseNotes&) = delete;
+};
 Checker& global();
 
 }  // namespace strata::stream_check
