@@ -14,9 +14,11 @@
 // Thread-safe (one mutex): the adaptation helper thread and the forward pass may both call it.
 // No CUDA headers here.
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "cuda/device.h"
@@ -40,6 +42,51 @@ class Ticket {
 };
 
 using Consumers = std::initializer_list<Stream*>;
+
+// Hand-offs between the host and work already enqueued on a stream, through flags in pinned memory that
+// kernels read and write in place: for a pass enqueued whole (one CUDA graph) before the host does its
+// part of it (the CPU pool of a decode pass, docs/gpu.md "Gated passes"). Index i has
+//   a signal, raised by the stream (Transfer::download_signaled) and awaited by the host (wait_signal);
+//   a gate, opened by the host (open) and awaited by a kernel on the stream (Transfer::upload_gated).
+// Why: the host then makes no CUDA call between a layer's CPU work and the next, and the GPU starts the
+// next layer as soon as the gate opens, without waiting for launches.
+// For the checker a signal is an event: recorded on the stream where the signaling copy is noted, synced
+// by wait_signal. A gate needs no identity: the work it releases is noted after open() (PauseNotes).
+class HostGates {
+ public:
+  HostGates(Device& dev, int n, const std::string& name);
+  ~HostGates();
+  HostGates(const HostGates&) = delete;
+  HostGates& operator=(const HostGates&) = delete;
+  int size() const { return n_; }
+
+  // Lowers every signal and closes every gate. Only while no kernel that uses them can still run (the
+  // stream drained since its last use).
+  void reset();
+  // Returns once signal i is raised; the host is then ordered after the stream's work before it. While
+  // it waits it spins; after ~2 ms it also asks the stream: a CUDA error there ends as CUDA_CHECK does,
+  // and a stream that went idle without raising the signal is a strata::Error.
+  void wait_signal(int i, const Stream& s);
+  bool signaled(int i) const;
+  // Opens gate i: the gated kernel goes on and copies. Call after the host's last write of its source.
+  void open(int i);
+  // Opens every gate not yet opened with "abort": their kernels skip the copy. For a pass that threw
+  // half-way: the stream then runs to its end, and the caller synchronizes it before reset().
+  void abort_rest();
+  // After the stream drained: a strata::Error if a gated kernel gave up waiting for its gate (20 s: a
+  // host that never opened it, or a tool that serializes the host with the GPU). Its copy was skipped.
+  void check() const;
+
+ private:
+  friend class Transfer;
+  uint32_t* signal_ptr(int i) const;  // pinned; the device reads/writes the same address (unified addressing)
+  uint32_t* gate_ptr(int i) const;
+  uint32_t* timeout_ptr(int i) const;
+  int n_;
+  PinnedBuffer flags_;  // [3][n] uint32: signals, gates (0 = down / closed), gated kernels that gave up
+  std::vector<stream_check::EventId> events_;  // [n] the signals, for the checker
+  std::vector<uint8_t> opened_;                // [n] host: gate i opened since reset()
+};
 
 class Transfer {
  public:
@@ -91,6 +138,26 @@ class Transfer {
   Ticket download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site = Site::here());
   Ticket upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& consumer, Site site = Site::here());
   bool mapped() const { return mapped_; }
+
+  // The mapped route's copies for a pass enqueued before the host does its part (HostGates). Each copy
+  // takes two calls: enqueue = true enqueues its kernel (inside the capture of the pass, under
+  // PauseNotes; nothing counted); enqueue = false accounts for it where the host releases it (before the
+  // pass's first wait, or right after the gate before it opened): the checker's notes and the byte
+  // totals, once per run of the pass.
+  //   download_signaled: one block on `producer` copies the parts into pinned host memory, then raises
+  //     signal i of `gates`. The host reads the parts after gates.wait_signal(i).
+  //   upload_gated: a kernel on `consumer` waits until gate i of `gates` is open, then copies src (pinned)
+  //     into dst, or with GatedWrite::AddF32 adds it (f32) to what dst holds: the CPU pool's partial sum
+  //     into the residual stream, without a kernel more on the layer's critical path. Nothing for a gate
+  //     aborted. The host writes src, then opens the gate; it rewrites src only after a signal raised
+  //     later on `consumer`.
+  // Both need mapped() and at most kMappedMaxBytes (a strata::Error otherwise): there is no copy-stream
+  // fallback for work that waits for the host inside a graph.
+  void download_signaled(std::initializer_list<DownloadPart> parts, Stream& producer, HostGates& gates, int i,
+                         bool enqueue, Site site = Site::here());
+  enum class GatedWrite { Copy, AddF32 };
+  void upload_gated(const DevSpan& dst, const HostSpan& src, Stream& consumer, HostGates& gates, int i,
+                    bool enqueue, GatedWrite how = GatedWrite::Copy, Site site = Site::here());
 
   // Device -> any host memory, staged; returns when the data is in `dst`.
   void download_sync(void* dst, const DevSpan& src, size_t bytes, Stream& producer, Site site = Site::here());

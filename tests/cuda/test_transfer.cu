@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
+#include "cuda/graph.h"
 #include "cuda/transfer.h"
 
 namespace {
@@ -524,4 +525,210 @@ TEST_F(Gpu, LargeMappedDownloadTakesTheCopyStreams) {
   int wrong = 0;
   for (int i = 0; i < n; ++i) wrong += h.as<float>()[i] != i * 0.25f + 2.0f;
   EXPECT_EQ(wrong, 0);
+}
+
+// ---- gated passes: HostGates, Transfer::download_signaled / upload_gated (docs/gpu.md "Gated passes") ----
+
+// A pass captured whole like a gated decode pass, over L layers. Piece k: (k > 0) the gated upload of the
+// host's answer to layer k-1 and a kernel summing it into sums[k-1]; (k < L) a slow kernel writing layer
+// k's activations and their signaled download. The host waits for each signal, checks the activations,
+// writes its answer, opens the gate and gives the notes of the piece it released. Meanwhile the copy
+// engine is kept busy with a large upload.
+struct GatedPass {
+  static constexpr int L = 6, n = 2048;  // act, back [n] float; sums [L] float
+  Device& dev;
+  Transfer& xfer;
+  DeviceBuffer act, back, sums;
+  PinnedBuffer h_act, h_back;
+  HostGates gates;
+  GatedPass(Device& d, Transfer& x)
+      : dev(d), xfer(x), act(d.alloc(n * sizeof(float), "activations")),
+        back(d.alloc(n * sizeof(float), "cpu partial sums")), sums(d.alloc(L * sizeof(float), "sums")),
+        h_act(d.alloc_pinned(n * sizeof(float), "activations (host)")),
+        h_back(d.alloc_pinned(n * sizeof(float), "cpu partial sums (host)")), gates(d, L, "test.gates") {}
+  void piece(int k, bool enqueue) {
+    Stream& cs = dev.compute();
+    if (k > 0) {
+      xfer.upload_gated(back.span(), h_back.span(), cs, gates, k - 1, enqueue);
+      note_launch(cs, {back.span()}, {sums.span()});
+      if (enqueue) slow_sum<<<1, 256, 0, cs.handle()>>>(back.as<float>(), n, 0, sums.as<float>() + (k - 1));
+    }
+    if (k < L) {
+      note_launch(cs, {}, {act.span()});
+      if (enqueue) slow_fill<<<16, 256, 0, cs.handle()>>>(act.as<float>(), n, k == 0 ? kSpin : kSpin / 10, 1.0f, float(k));
+      xfer.download_signaled({{h_act.span(), act.span()}}, cs, gates, k, enqueue);
+    }
+    if (enqueue) CUDA_CHECK_LAUNCH();
+  }
+  Graph capture() {
+    const sc::PauseNotes quiet;  // the notes are given where the host releases each piece
+    return Graph::capture(dev.compute(), [&] {
+      for (int k = 0; k <= L; ++k) piece(k, true);
+    });
+  }
+};
+
+TEST_F(Gpu, GatedPassHandsOffEachLayer) {
+  ASSERT_TRUE(xfer->mapped());
+  GatedPass gp(*dev, *xfer);
+  Stream& cs = dev->compute();
+  const size_t big = size_t(256) << 20;
+  auto busy = dev->alloc(big, "busy copy target");
+  auto h_busy = dev->alloc_pinned(big, "busy copy source");
+  const Graph g = gp.capture();
+  for (int run = 0; run < 3; ++run) {  // the same graph again: the flags are reset between runs
+    gp.gates.reset();
+    xfer->upload(busy.span(), h_busy.span(), dev->h2d(), {});
+    g.launch(cs);
+    gp.piece(0, false);
+    for (int k = 0; k < GatedPass::L; ++k) {
+      gp.gates.wait_signal(k, cs);
+      EXPECT_TRUE(gp.gates.signaled(k));
+      gp.h_act.note_host_access(sc::Access::Read);
+      int wrong = 0;
+      for (int i = 0; i < GatedPass::n; ++i) wrong += gp.h_act.as<float>()[i] != float(i + k);
+      EXPECT_EQ(wrong, 0) << "run " << run << " layer " << k;
+      gp.h_back.note_host_access(sc::Access::Write);
+      for (int i = 0; i < GatedPass::n; ++i) gp.h_back.as<float>()[i] = float(k + 1 + run);
+      gp.gates.open(k);
+      gp.piece(k + 1, false);
+    }
+    float sums[GatedPass::L] = {};
+    xfer->download_sync(sums, gp.sums.span(), sizeof(sums), cs);
+    for (int k = 0; k < GatedPass::L; ++k) EXPECT_EQ(sums[k], float(GatedPass::n * (k + 1 + run))) << "layer " << k;
+  }
+  EXPECT_TRUE(reports().empty());
+}
+
+// The host reading a signaled download before its signal, or rewriting a gated upload's source before a
+// later signal of the stream (the gated copy may not have run), is caught; in order it is not.
+TEST_F(Gpu, GatedHandOffsOutOfOrderAreCaught) {
+  GatedPass gp(*dev, *xfer);
+  Stream& cs = dev->compute();
+  const Graph g = gp.capture();
+  gp.gates.reset();
+  g.launch(cs);
+  gp.piece(0, false);
+  gp.h_act.note_host_access(sc::Access::Read);  // too early
+  auto r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].buffer, "activations (host)");
+  gp.gates.wait_signal(0, cs);
+  gp.h_act.note_host_access(sc::Access::Read);
+  gp.h_back.note_host_access(sc::Access::Write);
+  gp.gates.open(0);
+  gp.piece(1, false);
+  EXPECT_TRUE(reports().empty());
+  gp.h_back.note_host_access(sc::Access::Write);  // too early: gate 0's copy may still read it
+  r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].buffer, "cpu partial sums (host)");
+  for (int k = 1; k < GatedPass::L; ++k) {
+    gp.gates.wait_signal(k, cs);
+    gp.h_back.note_host_access(sc::Access::Write);  // fine: signal k follows gate k-1's copy
+    gp.gates.open(k);
+    gp.piece(k + 1, false);
+  }
+  cs.synchronize();
+  EXPECT_TRUE(reports().empty());
+}
+
+// A pass that threw half-way: the gates not yet opened are aborted, their copies are skipped and the
+// stream runs to its end. A gate opens once.
+TEST_F(Gpu, AbortedGatesSkipTheirCopies) {
+  const int L = 3, n = 1024;
+  Stream& cs = dev->compute();
+  std::vector<DeviceBuffer> dst;
+  for (int k = 0; k < L; ++k) {
+    dst.push_back(dev->alloc(n * sizeof(float), "dst" + std::to_string(k)));
+    xfer->fill(dst.back().span(), 0xff, cs, {&cs});
+  }
+  auto src = dev->alloc_pinned(n * sizeof(float), "src (host)");
+  HostGates gates(*dev, L, "test.gates");
+  Graph g;
+  {
+    const sc::PauseNotes quiet;
+    g = Graph::capture(cs, [&] {
+      for (int k = 0; k < L; ++k) xfer->upload_gated(dst[size_t(k)].span(), src.span(), cs, gates, k, true);
+    });
+  }
+  gates.reset();
+  g.launch(cs);
+  src.note_host_access(sc::Access::Write);
+  for (int i = 0; i < n; ++i) src.as<float>()[i] = 5.0f;
+  gates.open(0);
+  xfer->upload_gated(dst[0].span(), src.span(), cs, gates, 0, false);
+  gates.abort_rest();
+  cs.synchronize();
+  EXPECT_THROW(gates.open(1), strata::Error);
+  std::vector<float> got(n);
+  for (int k = 0; k < L; ++k) {
+    xfer->download_sync(got.data(), dst[size_t(k)].span(), n * sizeof(float), cs);
+    int wrong = 0;
+    for (int i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &got[size_t(i)], 4);
+      wrong += k == 0 ? got[size_t(i)] != 5.0f : bits != 0xffffffffu;
+    }
+    EXPECT_EQ(wrong, 0) << "dst" << k;
+  }
+}
+
+// Bad uses are errors, not hangs: copies the mapped route cannot take, an index out of range, and a wait
+// for a signal that an idle stream will never raise.
+TEST_F(Gpu, GatedCopiesRefuseWhatTheyCannotDo) {
+  Stream& cs = dev->compute();
+  HostGates gates(*dev, 2, "test.gates");
+  const size_t big = Transfer::kMappedMaxBytes + 4;
+  auto d = dev->alloc(big, "big");
+  auto h = dev->alloc_pinned(big, "big (host)");
+  EXPECT_THROW(xfer->download_signaled({{h.span(), d.span()}}, cs, gates, 0, true), strata::Error);
+  EXPECT_THROW(xfer->upload_gated(d.span(), h.span(), cs, gates, 0, true), strata::Error);
+  DevSpan small = d.span();
+  small.bytes = 64;
+  EXPECT_THROW(xfer->download_signaled({{h.span(), small}}, cs, gates, 2, true), strata::Error);
+  setenv("STRATA_CUDA_MAPPED_IO", "0", 1);
+  Transfer plain(*dev);
+  unsetenv("STRATA_CUDA_MAPPED_IO");
+  EXPECT_THROW(plain.download_signaled({{h.span(), small}}, cs, gates, 0, true), strata::Error);
+  EXPECT_THROW(HostGates(*dev, 0, "none"), strata::Error);
+  gates.reset();
+  cs.synchronize();
+  EXPECT_FALSE(gates.signaled(1));
+  EXPECT_THROW(gates.wait_signal(1, cs), strata::Error);  // nothing on the stream will raise it
+}
+
+// GatedWrite::AddF32 (the CPU pool's partial into the residual stream): dst += src once the gate opens;
+// misaligned buffers are refused.
+TEST_F(Gpu, GatedAddAddsIntoTheDestination) {
+  const int n = 3000;  // not a multiple of the block size
+  Stream& cs = dev->compute();
+  auto x = dev->alloc(n * sizeof(float), "residual");
+  auto h = dev->alloc_pinned(n * sizeof(float), "partial (host)");
+  std::vector<float> init(n), got(n);
+  for (int i = 0; i < n; ++i) init[size_t(i)] = float(i);
+  xfer->upload(x.span(), init.data(), n * sizeof(float), cs, {&cs});
+  HostGates gates(*dev, 1, "test.gates");
+  Graph g;
+  {
+    const sc::PauseNotes quiet;
+    g = Graph::capture(cs, [&] {
+      xfer->upload_gated(x.span(), h.span(), cs, gates, 0, true, Transfer::GatedWrite::AddF32);
+    });
+  }
+  gates.reset();
+  g.launch(cs);
+  h.note_host_access(sc::Access::Write);
+  for (int i = 0; i < n; ++i) h.as<float>()[i] = 0.5f - float(i % 7);
+  gates.open(0);
+  xfer->upload_gated(x.span(), h.span(), cs, gates, 0, false, Transfer::GatedWrite::AddF32);
+  xfer->download_sync(got.data(), x.span(), n * sizeof(float), cs);
+  int wrong = 0;
+  for (int i = 0; i < n; ++i) wrong += got[size_t(i)] != float(i) + (0.5f - float(i % 7));
+  EXPECT_EQ(wrong, 0);
+  gates.check();
+  HostSpan odd = h.span();
+  odd.ptr = static_cast<char*>(odd.ptr) + 2;
+  odd.bytes = 64;
+  EXPECT_THROW(xfer->upload_gated(x.span(), odd, cs, gates, 0, true, Transfer::GatedWrite::AddF32), strata::Error);
 }
