@@ -57,6 +57,9 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                  (long long)r.forwards, (long long)r.graph_captures, double(r.op_calls) / double(r.forwards),
                  double(r.transfers) / double(r.forwards), 1e6 * r.host_s / double(r.forwards),
                  1e6 * r.wait_s / double(r.forwards));
+  if (r.gated_forwards > 0)
+    std::fprintf(stderr, "strata: %s host work (%s): %lld of the CPU-pool passes ran gated (enqueued whole, "
+                 "the host releasing each layer)\n", what, backend.c_str(), (long long)r.gated_forwards);
   if (r.forwards > 0 && r.pool_s > 0)
     std::fprintf(stderr, "strata: %s host work (%s): of the host time per pass, CPU pool experts %.1f us, waiting "
                  "for layers' routing (GPU work + copies) %.1f us\n", what, backend.c_str(),

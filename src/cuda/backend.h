@@ -34,6 +34,10 @@ struct CudaOptions {
   std::string prefill_stream = "fixed";
   bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
                             // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
+  // CPU-pool passes of up to 8 tokens enqueued whole as one graph, the host releasing each layer through
+  // flags in pinned memory (docs/gpu.md "Gated passes"; qwen3moe; needs cuda_graphs). Off also when the
+  // environment sets STRATA_CUDA_GATED=0.
+  bool gated_passes = true;
 };
 
 // Dispatches on general.architecture; an architecture without a CUDA implementation is a

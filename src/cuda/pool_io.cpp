@@ -37,6 +37,7 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   stage_count.resize(size_t(hp.n_expert));
   stage_order.reserve(size_t(hp.n_expert));
   stage_pairs.reserve(size_t(hp.n_expert));
+  gates = std::make_unique<HostGates>(dev, n_layer, "ws.gates");
 }
 
 size_t PoolIo::memory_bytes() const {
@@ -76,11 +77,9 @@ PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn
   return d;
 }
 
-int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
-                   strata::moe::ExpertUsage* usage) {
-  const auto t0 = std::chrono::steady_clock::now();
-  d.done.wait();
-  c.work.route_wait += std::chrono::steady_clock::now() - t0;
+namespace {
+// After the host waited for layer il's downloads: records its routing and splits its pairs (pool_split).
+int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, strata::moe::ExpertUsage* usage) {
   io.ids_h.note_host_access(strata::stream_check::Access::Read);
   io.wts_h.note_host_access(strata::stream_check::Access::Read);
   io.xn_h.note_host_access(strata::stream_check::Access::Read);
@@ -100,19 +99,87 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
   return n_cpu;
 }
 
-double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
-                    ThreadPool& pool, MatmulMode mode) {
-  if (io.partial_ticket.valid()) io.partial_ticket.wait();  // the previous upload has read partial_h
+// The CPU's pairs into io.partial_h; returns the time taken.
+std::chrono::steady_clock::duration compute_partial(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts,
+                                                    int64_t n, ThreadPool& pool, MatmulMode mode) {
   io.partial_h.note_host_access(strata::stream_check::Access::Write);
   const auto t0 = std::chrono::steady_clock::now();
   moe_experts(experts, io.xn_h.as<const float>(), n, io.ids_cpu.data(), io.wts_h.as<const float>(), io.k_used,
               io.partial_h.as<float>(), io.moe, io.mb, pool, mode);
   const auto took = std::chrono::steady_clock::now() - t0;
   c.work.pool += took;
+  return took;
+}
+}  // namespace
+
+int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
+                   strata::moe::ExpertUsage* usage) {
+  const auto t0 = std::chrono::steady_clock::now();
+  d.done.wait();
+  c.work.route_wait += std::chrono::steady_clock::now() - t0;
+  return split_pairs(c, io, il, n, n_expert, usage);
+}
+
+int64_t pool_split_signaled(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert,
+                            strata::moe::ExpertUsage* usage) {
+  const auto t0 = std::chrono::steady_clock::now();
+  io.gates->wait_signal(il, c.cs);
+  c.work.route_wait += std::chrono::steady_clock::now() - t0;
+  return split_pairs(c, io, il, n, n_expert, usage);
+}
+
+double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
+                    ThreadPool& pool, MatmulMode mode) {
+  if (io.partial_ticket.valid()) io.partial_ticket.wait();  // the previous upload has read partial_h
+  const auto took = compute_partial(c, io, experts, n, pool, mode);
   const size_t bytes = size_t(n * n_embd) * 4;
   // The partial sum up by a copy kernel on the compute stream, which reads it in place (upload_mapped).
   io.partial_ticket = c.xfer.upload_mapped(head(io.partial, bytes), head(io.partial_h, bytes), c.cs);
   ++c.work.transfers;
+  return std::chrono::duration<double, std::micro>(took).count();
+}
+
+bool gated_passes_enabled_by_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_GATED");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd) {
+  const size_t down = size_t(n) * size_t(io.k_used) * 8 + size_t(n * n_embd) * 4, up = size_t(n * n_embd) * 4;
+  return Transfer::takes_mapped_route(xfer.mapped(), down) && Transfer::takes_mapped_route(xfer.mapped(), up);
+}
+
+void pool_download_signaled(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd,
+                            bool enqueue) {
+  const size_t nk = size_t(n) * size_t(io.k_used), ib = nk * 4, ioff = size_t(il) * ib;
+  c.xfer.download_signaled({{slice(io.ids_h, ioff, ib), slice(io.ids, ioff, ib)},
+                            {head(io.wts_h, nk * 4), head(io.wts, nk * 4)},
+                            {head(io.xn_h, size_t(n * n_embd) * 4), head(xn, size_t(n * n_embd) * 4)}},
+                           c.cs, *io.gates, il, enqueue);
+  if (!enqueue) ++c.work.transfers;
+}
+
+void pool_add_gated(const PoolCtx& c, PoolIo& io, const DeviceBuffer& x, int il, int64_t n, int64_t n_embd,
+                    bool enqueue) {
+  const size_t bytes = size_t(n * n_embd) * 4;
+  c.xfer.upload_gated(head(x, bytes), head(io.partial_h, bytes), c.cs, *io.gates, il, enqueue,
+                      Transfer::GatedWrite::AddF32);
+  if (!enqueue) ++c.work.transfers;
+}
+
+double pool_compute_gated(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int il, int64_t n,
+                          int64_t n_embd, int64_t n_cpu, ThreadPool& pool, MatmulMode mode) {
+  std::chrono::steady_clock::duration took{};
+  if (n_cpu > 0) {
+    took = compute_partial(c, io, experts, n, pool, mode);
+  } else {  // every pair on the GPU this time: the pass adds the partial all the same
+    io.partial_h.note_host_access(strata::stream_check::Access::Write);
+    std::memset(io.partial_h.data(), 0, size_t(n * n_embd) * 4);
+  }
+  io.gates->open(il);
   return std::chrono::duration<double, std::micro>(took).count();
 }
 
@@ -266,6 +333,7 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.forwards = int64_t(work.forwards);
   r.graph_forwards = int64_t(work.graph_forwards);
   r.graph_captures = int64_t(work.captures);
+  r.gated_forwards = int64_t(work.gated_forwards);
   r.op_calls = int64_t(work.op_calls);
   r.transfers = int64_t(work.transfers);
   r.host_s = std::chrono::duration<double>(work.host).count();

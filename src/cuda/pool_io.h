@@ -11,6 +11,7 @@
 // before it writes partial_h again.
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "cpu/matmul_batch.h"
@@ -26,6 +27,7 @@ namespace strata::cuda {
 // Host work of the forward passes (for `strata bench`): counted, never timed.
 struct HostWork {
   uint64_t forwards = 0, graph_forwards = 0, captures = 0;
+  uint64_t gated_forwards = 0;  // CPU-pool passes run gated (one graph, HostGates)
   uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
   uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
   // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
@@ -72,6 +74,7 @@ struct PoolIo {
   std::vector<int32_t> stage_pairs;     // their pair counts (balance_prefill_candidates)
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   Ticket partial_ticket;                // last upload that reads partial_h
+  std::unique_ptr<HostGates> gates;     // [n_layer] signal / gate of each layer in a gated pass
   MoeScratch moe;
   cpu::MatmulBatch mb;
 };
@@ -108,6 +111,27 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
 // pool's microseconds (the streaming splits' CPU cost).
 double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
                   ThreadPool& pool, MatmulMode mode);
+
+// ---- Gated passes (docs/gpu.md): the pass enqueued whole, the host releasing each CPU-pool layer ----
+// The pieces above split at their CUDA calls: the downloads raise layer il's signal of io.gates, the
+// partial's upload (and its add into x) waits for its gate. Both: enqueue = true inside the pass's capture, false where the
+// host releases the work (Transfer::download_signaled / upload_gated).
+void pool_download_signaled(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd,
+                            bool enqueue);
+// x [n][n_embd] += layer il's partial, added by the gated kernel itself (Transfer::GatedWrite::AddF32).
+void pool_add_gated(const PoolCtx& c, PoolIo& io, const DeviceBuffer& x, int il, int64_t n, int64_t n_embd,
+                    bool enqueue);
+// False when the environment sets STRATA_CUDA_GATED=0 (read once per process).
+bool gated_passes_enabled_by_env();
+// Whether a pass of n tokens fits the mapped route both ways (else it cannot run gated).
+bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd);
+// pool_split after waiting for layer il's signal instead of a ticket.
+int64_t pool_split_signaled(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert,
+                            strata::moe::ExpertUsage* usage);
+// The CPU's pairs into io.partial_h (zeros when n_cpu is 0), then layer il's gate opens. Returns the
+// pool's microseconds.
+double pool_compute_gated(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int il, int64_t n,
+                          int64_t n_embd, int64_t n_cpu, ThreadPool& pool, MatmulMode mode);
 
 // ---- Streaming non-resident experts into the expert cache's staging slots (docs/expert_cache.md) ----
 

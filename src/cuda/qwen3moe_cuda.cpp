@@ -43,6 +43,10 @@ namespace {
 // graph when no layer needs the CPU pool. Larger batches are prefill: few forwards, long kernels, and
 // quant::matmul may take a cuBLAS path there; their launch overhead does not matter.
 constexpr int64_t kMaxGraphTokens = 8;
+// GraphKey::segment of a gated pass (forward_gated), and how many of those graphs (one per residency
+// pattern and batch shape) a workspace keeps before it starts over.
+constexpr int kGatedSegment = -1;
+constexpr size_t kMaxGatedGraphs = 16;
 
 struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
@@ -181,9 +185,12 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     int attn;
     bool mma;      // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
     bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
-    int segment;   // 0: the whole compute section (run_graph); 1 + s: segment s of a CPU-pool pass (run_segment)
+    int segment;   // 0: the whole compute section (run_graph); 1 + s: segment s of a CPU-pool pass (run_segment);
+                   // kGatedSegment: a gated pass (forward_gated)
+    std::vector<uint8_t> layers;  // a gated pass: each layer's kind (CudaQwen3Moe::gated_layer_kinds); else empty
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma, generic, segment) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.segment);
+      return std::tie(n, n_out, attn, mma, generic, segment, layers) <
+             std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.segment, o.layers);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -198,6 +205,7 @@ class CudaQwen3Moe final : public Model {
       : Model(std::move(file), std::move(hp)),
         opt_(opt),
         graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
+        gated_(graphs_ && opt.gated_passes && gated_passes_enabled_by_env()),
         model_id_(next_model_id()) {
     load();
   }
@@ -302,6 +310,20 @@ class CudaQwen3Moe final : public Model {
   // or called directly when graphs are off or the pass is too large.
   void run_segment(const Pass& p, int segment, const std::function<void(const Pass&)>& body) const;
   void drop_stale_graphs(CudaWorkspace& ws) const;  // the workspace's graphs if made for other buffers
+  // Gated passes (docs/gpu.md): a decode-sized CPU-pool pass enqueued whole as one cached graph; the host
+  // waits for each CPU-pool layer's signal, runs its pairs, and opens its gate (ws.gates).
+  //   gated_layer_kinds: per layer 0 = every expert resident (no CPU pool), 1 = CPU pool and resident
+  //     experts, 2 = CPU pool only; the graph's key, since the pass's kernels follow from it.
+  //   gated_piece: piece k of the pass over its CPU-pool layers pl (ascending): piece 0 starts with the
+  //     embedding; piece k > 0 with the gated add of pool layer pl[k-1]'s partial into x.
+  //     Then the layers up to pl[k] (exclusive) on the GPU alone, and pool layer pl[k]'s attention,
+  //     routing, signaled download and resident experts; the last piece ends with the output instead.
+  //     With p.launch it enqueues (inside the capture); without, it gives the notes and counts of the
+  //     piece where the host releases it.
+  std::vector<uint8_t> gated_layer_kinds() const;
+  void gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds, const std::vector<int>& pl,
+                   size_t k) const;
+  void forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& pool, const ForwardOptions& opt) const;
 
   void load();
   // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
@@ -385,6 +407,7 @@ class CudaQwen3Moe final : public Model {
 
   CudaOptions opt_;
   const bool graphs_;        // CUDA graphs for passes without the CPU pool (CudaOptions, STRATA_CUDA_GRAPHS)
+  const bool gated_;         // gated CPU-pool passes (CudaOptions::gated_passes, STRATA_CUDA_GATED)
   const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   std::unique_ptr<Device> dev_;
   std::unique_ptr<Transfer> xfer_;
@@ -758,7 +781,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0};
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0, {}};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
@@ -783,7 +806,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
   const CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
-                                    1 + segment};
+                                    1 + segment, {}};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     Graph g = Graph::capture(cs, [&] { body(p); });
@@ -793,6 +816,102 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
     body(Pass{ws, p.n, p.n_out, p.attn, false, p.pool});  // the replayed launches' notes, no kernel
   }
   it->second.launch(cs);
+}
+
+std::vector<uint8_t> CudaQwen3Moe::gated_layer_kinds() const {
+  const strata::moe::Residency& res = cache_->residency();
+  std::vector<uint8_t> kinds(size_t(hp_.n_layer));
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    const int n_res = res.resident_in_layer(il);
+    kinds[size_t(il)] = n_res == hp_.n_expert ? 0 : n_res > 0 ? 1 : 2;
+  }
+  return kinds;
+}
+
+void CudaQwen3Moe::gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds,
+                               const std::vector<int>& pl, size_t k) const {
+  CudaWorkspace& ws = p.ws;
+  const int64_t E = hp_.n_embd;
+  int first = 0;
+  if (k == 0) {
+    embed(p);
+  } else {
+    const int il = pl[k - 1];
+    pool_add_gated(pc, ws, ws.x, il, p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
+    first = il + 1;
+  }
+  const int last = k < pl.size() ? pl[k] : hp_.n_layer;
+  for (int il = first; il < last; ++il) {  // every expert resident
+    attention_block(p, il);
+    route(p, il);
+    gpu_experts(p, il);
+    add_moe_out(p, il);
+  }
+  if (k == pl.size()) {
+    output(p);
+    return;
+  }
+  attention_block(p, last);
+  route(p, last);
+  pool_download_signaled(pc, ws, ws.xn, last, p.n, E, p.launch);
+  if (kinds[size_t(last)] == 1) {  // the resident pairs meanwhile (x += their sum; before the CPU's partial)
+    gpu_experts(p, last);
+    add_moe_out(p, last);
+  }
+}
+
+// Why: a CPU-pool pass made ~5 CUDA calls a layer (segment graphs, the pool's copies, the event wait),
+// each on the critical path between the CPU pool's layers: ~1.5-2 ms of host time a token plus the
+// launches' latency (H200 box, 48 layers at 25% resident, bench/results/2026-12-01-gpu-session7-h200.md).
+// Gated, the whole pass is one graph launch; between two CPU-pool layers the host only polls a flag and
+// sets one, and the GPU goes on as soon as the gate opens. Ordered by construction: the host reads a
+// layer's routing and activations after its signal, which the GPU raises after writing them; the GPU
+// reads the partial after the gate, which the host opens after writing it; the host rewrites partial_h
+// and xn_h only after a later signal, raised after the kernels that read them. The same kernels run in
+// the same order as the segmented pass, so the logits are the same bits.
+void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& pool, const ForwardOptions& opt) const {
+  CudaWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const std::vector<uint8_t> kinds = gated_layer_kinds();
+  std::vector<int> pl;
+  for (int il = 0; il < hp_.n_layer; ++il)
+    if (kinds[size_t(il)] != 0) pl.push_back(il);
+  drop_stale_graphs(ws);
+  ws.gates->reset();  // no kernel of an earlier pass polls them: each pass ends with the stream drained
+  CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
+                              kGatedSegment, kinds};
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    size_t gated = 0;
+    for (const auto& [k, g] : ws.graphs) gated += k.segment == kGatedSegment;
+    if (gated >= kMaxGatedGraphs)
+      std::erase_if(ws.graphs, [](const auto& kv) { return kv.first.segment == kGatedSegment; });
+    // The notes follow below, piece by piece, where the host releases each piece: in enqueue order the
+    // checker would see the GPU read partial_h before the host wrote it.
+    const strata::stream_check::PauseNotes quiet;
+    Graph g = Graph::capture(cs, [&] {
+      for (size_t k = 0; k <= pl.size(); ++k) gated_piece(p, pc, kinds, pl, k);
+    });
+    ++work_.captures;
+    it = ws.graphs.emplace(std::move(key), std::move(g)).first;
+  }
+  it->second.launch(cs);
+  ++work_.gated_forwards;
+  const Pass release{ws, p.n, p.n_out, p.attn, false, p.pool};
+  gated_piece(release, pc, kinds, pl, 0);  // released by the launch
+  try {
+    for (size_t k = 0; k < pl.size(); ++k) {
+      const int il = pl[k];
+      const int64_t n_cpu = pool_split_signaled(pc, ws, il, p.n, hp_.n_expert, opt.usage);
+      pool_compute_gated(pc, ws, layers_[size_t(il)].experts, il, p.n, hp_.n_embd, n_cpu, pool, opt.mode);
+      gated_piece(release, pc, kinds, pl, k + 1);  // released by the gate
+    }
+  } catch (...) {
+    // The rest of the pass runs with its copies skipped; drained, so the next pass may reset the flags.
+    ws.gates->abort_rest();
+    cs.synchronize();
+    throw;
+  }
 }
 
 int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool decode, int* cpu_experts) const {
@@ -868,10 +987,17 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   bool all_resident = true;
   for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
   const Pass p{ws, n, n_out, opt.attn, true, !all_resident};
+  const bool decode_stream_on = n < moe::kMoeGroupedMinTokens && cache_->n_stage() > 0 &&
+                                decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {
     compute_resident(p);
+  } else if (gated_ && n <= kMaxGraphTokens && !decode_stream_on && pool_fits_gated(ws, *xfer_, n, E)) {
+    forward_gated(p, pc, pool, opt);
+    finish_forward(pc, ws, n, n_out, V, logits, opt.sampling, opt.usage, t_start);
+    ws.gates->check();  // the stream drained
+    return;
   } else {
     embed(p);
     float* x = ws.x.as<float>();

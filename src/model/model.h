@@ -72,6 +72,7 @@ struct ExpertCacheReport {
   // into kernel launchers and the transfer module the host made for them.
   bool graphs_enabled = false;
   int64_t forwards = 0, graph_forwards = 0, graph_captures = 0, op_calls = 0, transfers = 0;
+  int64_t gated_forwards = 0;  // CPU-pool passes enqueued whole as one graph (docs/gpu.md "Gated passes")
   double host_s = 0, wait_s = 0;  // wall time in forward(): blocked on the end-of-pass wait / the rest
   double pool_s = 0, route_wait_s = 0;  // of host_s: in the CPU pool's experts / waiting for a layer's routing
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
