@@ -120,14 +120,6 @@ int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il,
   return split_pairs(c, io, il, n, n_expert, usage);
 }
 
-int64_t pool_split_signaled(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert,
-                            strata::moe::ExpertUsage* usage) {
-  const auto t0 = std::chrono::steady_clock::now();
-  io.gates->wait_signal(il, c.cs);
-  c.work.route_wait += std::chrono::steady_clock::now() - t0;
-  return split_pairs(c, io, il, n, n_expert, usage);
-}
-
 double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
                     ThreadPool& pool, MatmulMode mode) {
   if (io.partial_ticket.valid()) io.partial_ticket.wait();  // the previous upload has read partial_h
@@ -170,17 +162,41 @@ void pool_add_gated(const PoolCtx& c, PoolIo& io, const DeviceBuffer& x, int il,
   if (!enqueue) ++c.work.transfers;
 }
 
-double pool_compute_gated(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int il, int64_t n,
-                          int64_t n_embd, int64_t n_cpu, ThreadPool& pool, MatmulMode mode) {
-  std::chrono::steady_clock::duration took{};
-  if (n_cpu > 0) {
-    took = compute_partial(c, io, experts, n, pool, mode);
-  } else {  // every pair on the GPU this time: the pass adds the partial all the same
-    io.partial_h.note_host_access(strata::stream_check::Access::Write);
-    std::memset(io.partial_h.data(), 0, size_t(n * n_embd) * 4);
+std::vector<uint8_t> gated_layer_kinds(const strata::moe::Residency& res, int n_layer, int n_expert,
+                                       std::vector<int>* pool_layers) {
+  std::vector<uint8_t> kinds(static_cast<size_t>(n_layer), 0);
+  pool_layers->clear();
+  for (int il = 0; il < n_layer; ++il) {
+    const int n_res = res.resident_in_layer(il);
+    kinds[size_t(il)] = n_res == n_expert ? 0 : n_res > 0 ? 1 : 2;
+    if (kinds[size_t(il)] != 0) pool_layers->push_back(il);
   }
-  io.gates->open(il);
-  return std::chrono::duration<double, std::micro>(took).count();
+  return kinds;
+}
+
+void run_gated_host(const PoolCtx& c, PoolIo& io, const GatedHost& g, ThreadPool& pool, MatmulMode mode,
+                    strata::moe::ExpertUsage* usage) {
+  g.release(0);  // released by the launch
+  try {
+    for (size_t k = 0; k < g.pool_layers.size(); ++k) {
+      const int il = g.pool_layers[k];
+      const auto t0 = std::chrono::steady_clock::now();
+      io.gates->wait_signal(il, c.cs);
+      c.work.route_wait += std::chrono::steady_clock::now() - t0;
+      if (split_pairs(c, io, il, g.n, g.n_expert, usage) > 0) {
+        compute_partial(c, io, g.experts(il), g.n, pool, mode);
+      } else {  // every pair on the GPU this time
+        io.partial_h.note_host_access(strata::stream_check::Access::Write);
+        std::memset(io.partial_h.data(), 0, size_t(g.n * g.n_embd) * 4);
+      }
+      io.gates->open(il);
+      g.release(k + 1);  // released by the gate
+    }
+  } catch (...) {
+    io.gates->abort_rest();
+    c.cs.synchronize();
+    throw;
+  }
 }
 
 int staging_slots(int stream_slots, int n_slots, int total, int n_expert) {

@@ -11,6 +11,7 @@
 // before it writes partial_h again.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -125,13 +126,26 @@ void pool_add_gated(const PoolCtx& c, PoolIo& io, const DeviceBuffer& x, int il,
 bool gated_passes_enabled_by_env();
 // Whether a pass of n tokens fits the mapped route both ways (else it cannot run gated).
 bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd);
-// pool_split after waiting for layer il's signal instead of a ticket.
-int64_t pool_split_signaled(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert,
-                            strata::moe::ExpertUsage* usage);
-// The CPU's pairs into io.partial_h (zeros when n_cpu is 0), then layer il's gate opens. Returns the
-// pool's microseconds.
-double pool_compute_gated(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int il, int64_t n,
-                          int64_t n_embd, int64_t n_cpu, ThreadPool& pool, MatmulMode mode);
+// Per layer of a gated pass: 0 = every expert resident (no CPU pool), 1 = CPU pool and resident experts,
+// 2 = CPU pool only. The pass's kernels follow from it, so it is part of the pass's graph key; the
+// CPU-pool layers (kind != 0, ascending) go to *pool_layers.
+std::vector<uint8_t> gated_layer_kinds(const strata::moe::Residency& res, int n_layer, int n_expert,
+                                       std::vector<int>* pool_layers);
+// The host's part of a gated pass, after its graph launch: release(0) (the notes of the pass's first
+// piece); then per CPU-pool layer il = pool_layers[k]: wait for its signal, record its routing and split
+// its pairs (pool_split), run the CPU's pairs into io.partial_h (zeros when there are none: the pass adds
+// it all the same), open its gate, release(k + 1). If anything throws, the gates not yet opened are
+// aborted and the stream drained before the exception goes on (the pass's results are then garbage, and
+// the next pass may reset the flags).
+struct GatedHost {
+  const std::vector<int>& pool_layers;
+  int64_t n, n_embd;
+  int n_expert;
+  std::function<const ExpertWeights&(int)> experts;  // layer il's, as the CPU pool reads them
+  std::function<void(size_t)> release;               // piece k's notes and counts (launches off)
+};
+void run_gated_host(const PoolCtx& c, PoolIo& io, const GatedHost& g, ThreadPool& pool, MatmulMode mode,
+                    strata::moe::ExpertUsage* usage);
 
 // ---- Streaming non-resident experts into the expert cache's staging slots (docs/expert_cache.md) ----
 

@@ -187,7 +187,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
     int segment;   // 0: the whole compute section (run_graph); 1 + s: segment s of a CPU-pool pass (run_segment);
                    // kGatedSegment: a gated pass (forward_gated)
-    std::vector<uint8_t> layers;  // a gated pass: each layer's kind (CudaQwen3Moe::gated_layer_kinds); else empty
+    std::vector<uint8_t> layers;  // a gated pass: each layer's kind (gated_layer_kinds, pool_io.h); else empty
     bool operator<(const GraphKey& o) const {
       return std::tie(n, n_out, attn, mma, generic, segment, layers) <
              std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.segment, o.layers);
@@ -312,15 +312,12 @@ class CudaQwen3Moe final : public Model {
   void drop_stale_graphs(CudaWorkspace& ws) const;  // the workspace's graphs if made for other buffers
   // Gated passes (docs/gpu.md): a decode-sized CPU-pool pass enqueued whole as one cached graph; the host
   // waits for each CPU-pool layer's signal, runs its pairs, and opens its gate (ws.gates).
-  //   gated_layer_kinds: per layer 0 = every expert resident (no CPU pool), 1 = CPU pool and resident
-  //     experts, 2 = CPU pool only; the graph's key, since the pass's kernels follow from it.
   //   gated_piece: piece k of the pass over its CPU-pool layers pl (ascending): piece 0 starts with the
   //     embedding; piece k > 0 with the gated add of pool layer pl[k-1]'s partial into x.
   //     Then the layers up to pl[k] (exclusive) on the GPU alone, and pool layer pl[k]'s attention,
   //     routing, signaled download and resident experts; the last piece ends with the output instead.
   //     With p.launch it enqueues (inside the capture); without, it gives the notes and counts of the
   //     piece where the host releases it.
-  std::vector<uint8_t> gated_layer_kinds() const;
   void gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds, const std::vector<int>& pl,
                    size_t k) const;
   void forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& pool, const ForwardOptions& opt) const;
@@ -818,16 +815,6 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   it->second.launch(cs);
 }
 
-std::vector<uint8_t> CudaQwen3Moe::gated_layer_kinds() const {
-  const strata::moe::Residency& res = cache_->residency();
-  std::vector<uint8_t> kinds(size_t(hp_.n_layer));
-  for (int il = 0; il < hp_.n_layer; ++il) {
-    const int n_res = res.resident_in_layer(il);
-    kinds[size_t(il)] = n_res == hp_.n_expert ? 0 : n_res > 0 ? 1 : 2;
-  }
-  return kinds;
-}
-
 void CudaQwen3Moe::gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds,
                                const std::vector<int>& pl, size_t k) const {
   CudaWorkspace& ws = p.ws;
@@ -872,10 +859,8 @@ void CudaQwen3Moe::gated_piece(const Pass& p, const PoolCtx& pc, const std::vect
 void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& pool, const ForwardOptions& opt) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
-  const std::vector<uint8_t> kinds = gated_layer_kinds();
   std::vector<int> pl;
-  for (int il = 0; il < hp_.n_layer; ++il)
-    if (kinds[size_t(il)] != 0) pl.push_back(il);
+  const std::vector<uint8_t> kinds = gated_layer_kinds(cache_->residency(), hp_.n_layer, hp_.n_expert, &pl);
   drop_stale_graphs(ws);
   ws.gates->reset();  // no kernel of an earlier pass polls them: each pass ends with the stream drained
   CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
@@ -886,8 +871,8 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
     for (const auto& [k, g] : ws.graphs) gated += k.segment == kGatedSegment;
     if (gated >= kMaxGatedGraphs)
       std::erase_if(ws.graphs, [](const auto& kv) { return kv.first.segment == kGatedSegment; });
-    // The notes follow below, piece by piece, where the host releases each piece: in enqueue order the
-    // checker would see the GPU read partial_h before the host wrote it.
+    // The notes follow in run_gated_host, piece by piece, where the host releases each piece: in enqueue
+    // order the checker would see the GPU read partial_h before the host wrote it.
     const strata::stream_check::PauseNotes quiet;
     Graph g = Graph::capture(cs, [&] {
       for (size_t k = 0; k <= pl.size(); ++k) gated_piece(p, pc, kinds, pl, k);
@@ -898,20 +883,11 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
   it->second.launch(cs);
   ++work_.gated_forwards;
   const Pass release{ws, p.n, p.n_out, p.attn, false, p.pool};
-  gated_piece(release, pc, kinds, pl, 0);  // released by the launch
-  try {
-    for (size_t k = 0; k < pl.size(); ++k) {
-      const int il = pl[k];
-      const int64_t n_cpu = pool_split_signaled(pc, ws, il, p.n, hp_.n_expert, opt.usage);
-      pool_compute_gated(pc, ws, layers_[size_t(il)].experts, il, p.n, hp_.n_embd, n_cpu, pool, opt.mode);
-      gated_piece(release, pc, kinds, pl, k + 1);  // released by the gate
-    }
-  } catch (...) {
-    // The rest of the pass runs with its copies skipped; drained, so the next pass may reset the flags.
-    ws.gates->abort_rest();
-    cs.synchronize();
-    throw;
-  }
+  run_gated_host(pc, ws,
+                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert,
+                           [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
+                           [&](size_t k) { gated_piece(release, pc, kinds, pl, k); }},
+                 pool, opt.mode, opt.usage);
 }
 
 int64_t CudaQwen3Moe::stream_experts(const Pass& p, int il, int n_res, bool decode, int* cpu_experts) const {

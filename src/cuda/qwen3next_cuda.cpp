@@ -274,8 +274,10 @@ class NextWorkspace final : public Workspace, public PoolIo {
     int attn;
     bool mma, generic;  // attn_tile::prefill_mma(), quant::generic_only(): process-wide switches
     std::vector<std::tuple<int32_t, int32_t, const void*, const void*>> runs;  // t0, t1, conv, ssm
+    std::vector<uint8_t> layers;  // a gated pass (forward_gated): each layer's kind (gated_layer_kinds); else empty
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma, generic, runs) < std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.runs);
+      return std::tie(n, n_out, attn, mma, generic, runs, layers) <
+             std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.runs, o.layers);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -322,6 +324,7 @@ class CudaQwen3Next final : public Model {
         np_(std::move(np)),
         opt_(opt),
         graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
+        gated_(graphs_ && opt.gated_passes && gated_passes_enabled_by_env()),
         model_id_(next_model_id()) {
     load();
   }
@@ -434,6 +437,16 @@ class CudaQwen3Next final : public Model {
   void layer_front(const Pass& p, int il) const;    // attn norm, GDN or attention block (+ residual), route
   void compute_resident(const Pass& p) const;       // the whole pass when every expert is resident
   void run_graph(const Pass& p) const;              // compute_resident as a (cached) CUDA graph
+  // The workspace's graph cache, emptied if made for another model or allocation, or full; key of a pass.
+  void prepare_graphs(NextWorkspace& ws) const;
+  NextWorkspace::GraphKey graph_key(const Pass& p) const;
+  // Gated CPU-pool passes, as qwen3moe_cuda.cpp's (docs/gpu.md "Gated passes"): piece k of the pass over
+  // its CPU-pool layers pl: piece 0 starts with the embedding, piece k > 0 with the gated add of pool
+  // layer pl[k-1]'s partial into x; then the layers up to pl[k] on the GPU alone, and pool layer pl[k]'s
+  // front, signaled download, resident experts and shared expert; the last piece ends with the output.
+  void gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds, const std::vector<int>& pl,
+                   size_t k) const;
+  void forward_gated(const Pass& p, ThreadPool& pool, const ForwardOptions& opt) const;
   // The CPU pool's part of layer il's routed experts (the GPU runs the resident pairs meanwhile):
   // downloads routing and activations, runs the others on CPU threads, uploads and adds their sum.
   void pool_experts(const Pass& p, int il, ThreadPool& pool, const ForwardOptions& opt) const;
@@ -540,6 +553,7 @@ class CudaQwen3Next final : public Model {
   NextParams np_;
   CudaOptions opt_;
   const bool graphs_;        // CUDA graphs for decode passes without the CPU pool
+  const bool gated_;         // gated CPU-pool passes (CudaOptions::gated_passes, STRATA_CUDA_GATED)
   const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
@@ -1134,9 +1148,7 @@ void CudaQwen3Next::compute_resident(const Pass& p) const {
 // input (tokens, positions, KV refs, logit rows, the residency table's contents) is read from device
 // memory. The zeroing of a fresh sequence's state is a transfer enqueued before the launch, not part of
 // the graph.
-void CudaQwen3Next::run_graph(const Pass& p) const {
-  NextWorkspace& ws = p.ws;
-  Stream& cs = dev_->compute();
+void CudaQwen3Next::prepare_graphs(NextWorkspace& ws) const {
   const void* slots = cache_->slots_span().ptr;
   const void* table = cache_->table_span().ptr;
   if (ws.graphs_model != model_id_ || ws.graphs_slots != slots || ws.graphs_table != table ||
@@ -1146,11 +1158,22 @@ void CudaQwen3Next::run_graph(const Pass& p) const {
     ws.graphs_slots = slots;
     ws.graphs_table = table;
   }
-  NextWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}};
+}
+
+NextWorkspace::GraphKey CudaQwen3Next::graph_key(const Pass& p) const {
+  NextWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}, {}};
   for (int64_t r = 0; r < p.n_runs; ++r) {
-    const Run& run = ws.runs[size_t(r)];
+    const Run& run = p.ws.runs[size_t(r)];
     key.runs.emplace_back(run.t0, run.t1, run.st->conv.data(), run.st->ssm.data());
   }
+  return key;
+}
+
+void CudaQwen3Next::run_graph(const Pass& p) const {
+  NextWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  prepare_graphs(ws);
+  NextWorkspace::GraphKey key = graph_key(p);
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
@@ -1162,6 +1185,72 @@ void CudaQwen3Next::run_graph(const Pass& p) const {
   }
   it->second.launch(cs);
   ++work_.graph_forwards;
+}
+
+void CudaQwen3Next::gated_piece(const Pass& p, const PoolCtx& pc, const std::vector<uint8_t>& kinds,
+                                const std::vector<int>& pl, size_t k) const {
+  NextWorkspace& ws = p.ws;
+  const int64_t E = hp_.n_embd;
+  int first = 0;
+  if (k == 0) {
+    embed(p);
+  } else {
+    pool_add_gated(pc, ws, ws.x, pl[k - 1], p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
+    first = pl[k - 1] + 1;
+  }
+  const int last = k < pl.size() ? pl[k] : np_.n_layer;
+  for (int il = first; il < last; ++il) {  // every expert resident
+    layer_front(p, il);
+    gpu_experts(p, il);
+    shared_expert(p, layers_[size_t(il)]);
+    add_ffn_out(p, il);
+  }
+  if (k == pl.size()) {
+    output(p);
+    return;
+  }
+  // As pool_experts without streaming: the resident pairs and the shared expert run while the CPU works.
+  const Layer& l = layers_[size_t(last)];
+  layer_front(p, last);
+  pool_download_signaled(pc, ws, ws.xn, last, p.n, E, p.launch);
+  const bool gpu_ran = kinds[size_t(last)] == 1;
+  if (gpu_ran) gpu_experts(p, last);
+  shared_expert(p, l);
+  if (gpu_ran && !experts_q8(p, last)) {
+    note_launch(dev_->compute(), {ws.moe_out.span()}, {ws.x.span()});
+    op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.moe_out.as<const float>(), p.n * E, stream()); });
+  }
+  add_shared_out(p, l);
+}
+
+// As CudaQwen3Moe::forward_gated (its comment says why and how it is ordered).
+void CudaQwen3Next::forward_gated(const Pass& p, ThreadPool& pool, const ForwardOptions& opt) const {
+  NextWorkspace& ws = p.ws;
+  Stream& cs = dev_->compute();
+  const PoolCtx pc{*xfer_, cs, *cache_, work_};
+  std::vector<int> pl;
+  const std::vector<uint8_t> kinds = gated_layer_kinds(cache_->residency(), np_.n_layer, hp_.n_expert, &pl);
+  prepare_graphs(ws);
+  ws.gates->reset();  // no kernel of an earlier pass polls them: each pass ends with the stream drained
+  NextWorkspace::GraphKey key = graph_key(p);
+  key.layers = kinds;
+  auto it = ws.graphs.find(key);
+  if (it == ws.graphs.end()) {
+    const strata::stream_check::PauseNotes quiet;  // notes where the host releases each piece
+    Graph g = Graph::capture(cs, [&] {
+      for (size_t k = 0; k <= pl.size(); ++k) gated_piece(p, pc, kinds, pl, k);
+    });
+    ++work_.captures;
+    it = ws.graphs.emplace(std::move(key), std::move(g)).first;
+  }
+  it->second.launch(cs);
+  ++work_.gated_forwards;
+  const Pass release{ws, p.n, p.n_out, p.n_runs, p.attn, false, p.pool};
+  run_gated_host(pc, ws,
+                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert,
+                           [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
+                           [&](size_t k) { gated_piece(release, pc, kinds, pl, k); }},
+                 pool, opt.mode, opt.usage);
 }
 
 // As the CPU-pool branch of qwen3moe_cuda.cpp forward(): routing, weights and activations go to the host
@@ -1285,6 +1374,11 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
     run_graph(p);
   } else if (all_resident) {
     compute_resident(p);
+  } else if (gated_ && n <= kMaxGraphTokens && pool_fits_gated(ws, *xfer_, n, hp.n_embd)) {
+    forward_gated(p, pool, opt);
+    finish_forward(pc, ws, n, n_out, V, logits, opt.sampling, opt.usage, t_start);
+    ws.gates->check();  // the stream drained
+    return;
   } else {
     embed(p);
     for (int il = 0; il < np_.n_layer; ++il) {
