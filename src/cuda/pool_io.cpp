@@ -174,6 +174,13 @@ std::vector<uint8_t> gated_layer_kinds(const strata::moe::Residency& res, int n_
   return kinds;
 }
 
+GatedPiece gated_piece_layers(const std::vector<int>& pl, size_t k, int n_layer) {
+  STRATA_REQUIRE(k <= pl.size(), "gated pass: piece {} of {}", k, pl.size() + 1);
+  const int after = k > 0 ? pl[k - 1] : -1;
+  const int pool = k < pl.size() ? pl[k] : -1;
+  return GatedPiece{after, after + 1, pool >= 0 ? pool : n_layer, pool};
+}
+
 void run_gated_host(const PoolCtx& c, PoolIo& io, const GatedHost& g, ThreadPool& pool, MatmulMode mode,
                     strata::moe::ExpertUsage* usage) {
   g.release(0);  // released by the launch

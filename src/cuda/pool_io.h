@@ -131,6 +131,14 @@ bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t 
 // CPU-pool layers (kind != 0, ascending) go to *pool_layers.
 std::vector<uint8_t> gated_layer_kinds(const strata::moe::Residency& res, int n_layer, int n_expert,
                                        std::vector<int>* pool_layers);
+// The layers of piece k of a gated pass over the CPU-pool layers pl (ascending): piece 0 starts with the
+// embedding (after = -1), piece k > 0 with the gated add of layer after = pl[k-1]'s partial; layers
+// [first, end) run on the GPU alone; then layer pool = end's front, its signaled download and the GPU's
+// share of its FFN, or for the last piece (pool = -1, end = n_layer) the output.
+struct GatedPiece {
+  int after, first, end, pool;
+};
+GatedPiece gated_piece_layers(const std::vector<int>& pl, size_t k, int n_layer);
 // The host's part of a gated pass, after its graph launch: release(0) (the notes of the pass's first
 // piece); then per CPU-pool layer il = pool_layers[k]: wait for its signal, record its routing and split
 // its pairs (pool_split), run the CPU's pairs into io.partial_h (zeros when there are none: the pass adds

@@ -819,25 +819,22 @@ void CudaQwen3Moe::gated_piece(const Pass& p, const PoolCtx& pc, const std::vect
                                const std::vector<int>& pl, size_t k) const {
   CudaWorkspace& ws = p.ws;
   const int64_t E = hp_.n_embd;
-  int first = 0;
-  if (k == 0) {
+  const GatedPiece g = gated_piece_layers(pl, k, hp_.n_layer);
+  if (g.after < 0)
     embed(p);
-  } else {
-    const int il = pl[k - 1];
-    pool_add_gated(pc, ws, ws.x, il, p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
-    first = il + 1;
-  }
-  const int last = k < pl.size() ? pl[k] : hp_.n_layer;
-  for (int il = first; il < last; ++il) {  // every expert resident
+  else
+    pool_add_gated(pc, ws, ws.x, g.after, p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
+  for (int il = g.first; il < g.end; ++il) {  // every expert resident
     attention_block(p, il);
     route(p, il);
     gpu_experts(p, il);
     add_moe_out(p, il);
   }
-  if (k == pl.size()) {
+  if (g.pool < 0) {
     output(p);
     return;
   }
+  const int last = g.pool;
   attention_block(p, last);
   route(p, last);
   pool_download_signaled(pc, ws, ws.xn, last, p.n, E, p.launch);

@@ -1191,24 +1191,22 @@ void CudaQwen3Next::gated_piece(const Pass& p, const PoolCtx& pc, const std::vec
                                 const std::vector<int>& pl, size_t k) const {
   NextWorkspace& ws = p.ws;
   const int64_t E = hp_.n_embd;
-  int first = 0;
-  if (k == 0) {
+  const GatedPiece g = gated_piece_layers(pl, k, np_.n_layer);
+  if (g.after < 0)
     embed(p);
-  } else {
-    pool_add_gated(pc, ws, ws.x, pl[k - 1], p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
-    first = pl[k - 1] + 1;
-  }
-  const int last = k < pl.size() ? pl[k] : np_.n_layer;
-  for (int il = first; il < last; ++il) {  // every expert resident
+  else
+    pool_add_gated(pc, ws, ws.x, g.after, p.n, E, p.launch);  // x += the CPU's partial, once the gate opens
+  for (int il = g.first; il < g.end; ++il) {  // every expert resident
     layer_front(p, il);
     gpu_experts(p, il);
     shared_expert(p, layers_[size_t(il)]);
     add_ffn_out(p, il);
   }
-  if (k == pl.size()) {
+  if (g.pool < 0) {
     output(p);
     return;
   }
+  const int last = g.pool;
   // As pool_experts without streaming: the resident pairs and the shared expert run while the CPU works.
   const Layer& l = layers_[size_t(last)];
   layer_front(p, last);

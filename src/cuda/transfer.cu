@@ -363,21 +363,36 @@ Ticket Transfer::download(std::initializer_list<DownloadPart> parts, Stream& pro
   return finish(cs, consumers);
 }
 
-Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site) {
-  size_t total = 0;
-  for (const DownloadPart& p : parts) total += p.src.bytes;
-  if (!takes_mapped_route(mapped_, total) || parts.size() > size_t(kMaxMappedParts))
-    return download(parts, producer, {}, site);
+namespace {
+// The parts of a download through a kernel (`what`: for the errors): each fits its pinned destination, at
+// most kMaxMappedParts of them.
+MappedParts mapped_parts(std::initializer_list<Transfer::DownloadPart> parts, const char* what) {
+  STRATA_REQUIRE(parts.size() <= size_t(kMaxMappedParts), "transfer: {} of {} parts (at most {})", what,
+                 parts.size(), kMaxMappedParts);
   MappedParts mp{};
-  for (const DownloadPart& p : parts) {
+  for (const Transfer::DownloadPart& p : parts) {
     STRATA_REQUIRE(p.src.bytes <= p.dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
                    p.src.bytes, p.dst.bytes);
-    STRATA_REQUIRE(p.dst.pinned, "transfer: a mapped download needs pinned host memory");
+    STRATA_REQUIRE(p.dst.pinned, "transfer: {} needs pinned host memory", what);
     mp.src[mp.n] = p.src.ptr;
     mp.dst[mp.n] = p.dst.ptr;
     mp.bytes[mp.n] = p.src.bytes;
     ++mp.n;
   }
+  return mp;
+}
+size_t total_bytes(std::initializer_list<Transfer::DownloadPart> parts) {
+  size_t total = 0;
+  for (const Transfer::DownloadPart& p : parts) total += p.src.bytes;
+  return total;
+}
+}  // namespace
+
+Ticket Transfer::download_mapped(std::initializer_list<DownloadPart> parts, Stream& producer, Site site) {
+  const size_t total = total_bytes(parts);
+  if (!takes_mapped_route(mapped_, total) || parts.size() > size_t(kMaxMappedParts))
+    return download(parts, producer, {}, site);
+  const MappedParts mp = mapped_parts(parts, "a mapped download");
   std::lock_guard<std::mutex> lk(mu_);
   for (const DownloadPart& p : parts) {
     note(producer, p.src.check_id, sc::Access::Read, site);
@@ -407,20 +422,8 @@ Ticket Transfer::upload_mapped(const DevSpan& dst, const HostSpan& src, Stream& 
 
 void Transfer::download_signaled(std::initializer_list<DownloadPart> parts, Stream& producer, HostGates& gates, int i,
                                  bool enqueue, Site site) {
-  size_t total = 0;
-  MappedParts mp{};
-  STRATA_REQUIRE(parts.size() <= size_t(kMaxMappedParts), "transfer: a signaled download of {} parts (at most {})",
-                 parts.size(), kMaxMappedParts);
-  for (const DownloadPart& p : parts) {
-    STRATA_REQUIRE(p.src.bytes <= p.dst.bytes, "transfer: download of {} bytes into a {}-byte host buffer",
-                   p.src.bytes, p.dst.bytes);
-    STRATA_REQUIRE(p.dst.pinned, "transfer: a signaled download needs pinned host memory");
-    mp.src[mp.n] = p.src.ptr;
-    mp.dst[mp.n] = p.dst.ptr;
-    mp.bytes[mp.n] = p.src.bytes;
-    ++mp.n;
-    total += p.src.bytes;
-  }
+  const MappedParts mp = mapped_parts(parts, "a signaled download");
+  const size_t total = total_bytes(parts);
   STRATA_REQUIRE(takes_mapped_route(mapped_, total),
                  "transfer: a signaled download of {} bytes needs the mapped route (on: {}, at most {} bytes)", total,
                  mapped_, kMappedMaxBytes);

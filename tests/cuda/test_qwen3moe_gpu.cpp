@@ -17,6 +17,7 @@
 #include <string>
 
 #include "../slg.h"
+#include "decode_test_util.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/graph.h"
@@ -274,60 +275,22 @@ TEST(Qwen3MoeGpuGraphs, GraphsOnAndOffGiveIdenticalLogits) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   if (!cuda::graphs_enabled_by_env()) GTEST_SKIP() << "STRATA_CUDA_GRAPHS=0 in the environment";
   const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-Q8_0.f32ref.slg");
-  const size_t V = ref.n_vocab;
-  const std::vector<int32_t> pa(ref.prompt.begin(), ref.prompt.begin() + 20);
-  const std::vector<int32_t> pb(ref.prompt.begin() + 10, ref.prompt.begin() + 41);
   for (const char* cache : {"100%", "50%"})
   for (const cpu::AttnMath attn : {cpu::AttnMath::GgmlF16, cpu::AttnMath::F32}) {
     SCOPED_TRACE(std::string("expert cache ") + cache);
     const bool pool = std::string(cache) != "100%";
     auto run = [&](bool graphs, ExpertCacheReport& rep) {
-      cuda::CudaOptions o;
-      o.expert_cache = cache;
-      o.adapt_every = 0;
-      o.n_ctx = 64;
-      o.n_batch = 16;
+      cuda::CudaOptions o = small_cuda_options(cache, false);
       o.cuda_graphs = graphs;
-      std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-Q8_0.gguf", o);
-      EngineOptions opt;
-      opt.n_ctx = 64;
-      opt.n_batch = 16;
-      opt.n_threads = 2;
-      opt.mode = MatmulMode::Fast;
-      opt.attn = attn;
-      Engine eng(model, opt);
-      auto sa = eng.new_sequence(), sb = eng.new_sequence();
-      std::vector<float> one(V), two(2 * V), all;
-      eng.prefill(*sb, pb, one.data());
-      eng.prefill(*sa, pa, one.data());
-      model->reset_cache_stats();
-      int32_t ta = argmax(one.data(), V), tb = ref.prompt[45];
-      for (int i = 0; i < 4; ++i) {
-        SequenceState* s = sa.get();
-        eng.decode({&s, 1}, {&ta, 1}, one.data());
-        all.insert(all.end(), one.begin(), one.end());
-        ta = argmax(one.data(), V);
-      }
-      for (int i = 0; i < 3; ++i) {
-        SequenceState* seqs[2] = {sa.get(), sb.get()};
-        const int32_t toks[2] = {ta, tb};
-        eng.decode({seqs, 2}, {toks, 2}, two.data());
-        all.insert(all.end(), two.begin(), two.end());
-        ta = argmax(two.data(), V);
-        tb = argmax(two.data() + V, V);
-      }
-      rep = model->cache_report();
-      return all;
+      return decode_one_then_two(cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-Q8_0.gguf", o),
+                                 small_engine_options(MatmulMode::Fast, attn), ref, 4, 3, &rep);
     };
     ExpertCacheReport r_on, r_off;
     const std::vector<float> on = run(true, r_on), off = run(false, r_off);
     ASSERT_EQ(on.size(), off.size());
-    size_t n_diff = 0;
+    const size_t n_diff = bit_differences(on, off);
     double max_diff = 0;
-    for (size_t i = 0; i < on.size(); ++i) {
-      n_diff += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
-      max_diff = std::max(max_diff, double(std::abs(on[i] - off[i])));
-    }
+    for (size_t i = 0; i < on.size(); ++i) max_diff = std::max(max_diff, double(std::abs(on[i] - off[i])));
     std::printf("[ graphs ] %s resident, attn %s: %zu of %zu logits differ (max |diff| %.3e); graph on: %lld of %lld "
                 "passes replayed, %lld captured, %.1f launcher calls/pass; off: %lld replayed, %.1f launcher calls/pass\n",
                 cache, attn == cpu::AttnMath::F32 ? "f32" : "ggml-f16", n_diff, on.size(), max_diff,
@@ -355,85 +318,12 @@ TEST(Qwen3MoeGpuGraphs, GraphsOnAndOffGiveIdenticalLogits) {
   }
 }
 
-// Gated CPU-pool passes (docs/gpu.md "Gated passes") run the segmented passes' kernels in the same order,
-// so they give the same bits: decode of one sequence and of two in one batch, at 0%, 25% and 50% of the
-// experts resident, fast and exact. The routing reaches the host the same way. (With adaptation the
-// residency changes when a copy is done, which depends on timing: ExpertCacheSizesAgree covers gated
-// passes with adaptation every pass against the CPU's tokens.)
+// Gated CPU-pool passes give the segmented passes' bits (decode_test_util.h says what is run).
 TEST(Qwen3MoeGpuGated, GatedPassesGiveTheSegmentedPassesBits) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   if (!cuda::graphs_enabled_by_env()) GTEST_SKIP() << "STRATA_CUDA_GRAPHS=0 in the environment";
-  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-Q4_K_M.f32ref.slg");
-  const size_t V = ref.n_vocab;
-  const std::vector<int32_t> pa(ref.prompt.begin(), ref.prompt.begin() + 20);
-  const std::vector<int32_t> pb(ref.prompt.begin() + 10, ref.prompt.begin() + 41);
-  struct Case {
-    const char* cache;
-    bool exact;
-    int adapt_every;
-  };
-  for (const Case c : {Case{"0%", false, 0}, Case{"25%", false, 0}, Case{"50%", true, 0}}) {
-    SCOPED_TRACE(std::string("expert cache ") + c.cache + (c.exact ? " exact" : " fast") + " adapt " +
-                 std::to_string(c.adapt_every));
-    auto run = [&](bool gated, ExpertCacheReport& rep) {
-      cuda::CudaOptions o;
-      o.expert_cache = c.cache;
-      o.exact = c.exact;
-      o.adapt_every = c.adapt_every;
-      o.n_ctx = 64;
-      o.n_batch = 16;
-      o.gated_passes = gated;
-      std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-Q4_K_M.gguf", o);
-      EngineOptions opt;
-      opt.n_ctx = 64;
-      opt.n_batch = 16;
-      opt.n_threads = 2;
-      opt.mode = c.exact ? MatmulMode::Exact : MatmulMode::Fast;
-      Engine eng(model, opt);
-      auto sa = eng.new_sequence(), sb = eng.new_sequence();
-      std::vector<float> one(V), two(2 * V), all;
-      eng.prefill(*sb, pb, one.data());
-      eng.prefill(*sa, pa, one.data());
-      model->reset_cache_stats();
-      int32_t ta = argmax(one.data(), V), tb = ref.prompt[45];
-      for (int i = 0; i < 6; ++i) {
-        SequenceState* s = sa.get();
-        eng.decode({&s, 1}, {&ta, 1}, one.data());
-        all.insert(all.end(), one.begin(), one.end());
-        ta = argmax(one.data(), V);
-      }
-      for (int i = 0; i < 4; ++i) {
-        SequenceState* seqs[2] = {sa.get(), sb.get()};
-        const int32_t toks[2] = {ta, tb};
-        eng.decode({seqs, 2}, {toks, 2}, two.data());
-        all.insert(all.end(), two.begin(), two.end());
-        ta = argmax(two.data(), V);
-        tb = argmax(two.data() + V, V);
-      }
-      rep = model->cache_report();
-      return all;
-    };
-    ExpertCacheReport r_on, r_off;
-    const std::vector<float> on = run(true, r_on), off = run(false, r_off);
-    ASSERT_EQ(on.size(), off.size());
-    size_t n_diff = 0;
-    for (size_t i = 0; i < on.size(); ++i) n_diff += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
-    std::printf("[ gated ] %s resident%s%s: %zu of %zu logits differ; gated %lld of %lld passes (%lld captures, "
-                "%lld swaps), segmented %lld; host per pass %.0f us gated, %.0f us segmented\n",
-                c.cache, c.exact ? " exact" : "", c.adapt_every ? " adapting" : "", n_diff, on.size(),
-                (long long)r_on.gated_forwards, (long long)r_on.forwards, (long long)r_on.graph_captures,
-                (long long)r_on.swaps, (long long)r_off.gated_forwards, 1e6 * r_on.host_s / double(r_on.forwards),
-                1e6 * r_off.host_s / double(r_off.forwards));
-    EXPECT_EQ(n_diff, 0u);
-    EXPECT_EQ(r_on.forwards, 10);
-    EXPECT_EQ(r_on.gated_forwards, 10);
-    EXPECT_EQ(r_off.gated_forwards, 0);
-    EXPECT_EQ(r_on.hits, r_off.hits);
-    EXPECT_EQ(r_on.misses, r_off.misses);
-    EXPECT_GT(r_on.misses, 0);
-    EXPECT_EQ(r_on.swaps, r_off.swaps);
-    EXPECT_EQ(r_on.bytes_d2h, r_off.bytes_d2h);
-  }
+  const std::string base = kModels + "tiny-qwen3moe-A-Q4_K_M";
+  expect_gated_passes_give_the_same_bits(base + ".gguf", read_slg(base + ".f32ref.slg"), 6, 4, "qwen3moe");
 }
 
 // With the CPU pool (50% of the experts resident) no pass may replay the whole-pass graph of

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "../slg.h"
+#include "decode_test_util.h"
 #include "common/error.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
@@ -345,57 +346,19 @@ TEST(Qwen3NextGpuGraphs, GraphsOnAndOffGiveIdenticalLogits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
   if (!cuda::graphs_enabled_by_env()) GTEST_SKIP() << "STRATA_CUDA_GRAPHS=0 in the environment";
   const Slg ref = read_slg(kBase + "Q4_K_M.f32ref.slg");
-  const size_t V = ref.n_vocab;
-  const std::vector<int32_t> pa(ref.prompt.begin(), ref.prompt.begin() + 20);
-  const std::vector<int32_t> pb(ref.prompt.begin() + 10, ref.prompt.begin() + 41);
   for (const cpu::AttnMath attn : {cpu::AttnMath::GgmlF16, cpu::AttnMath::F32}) {
     auto run = [&](bool graphs, ExpertCacheReport& rep) {
-      cuda::CudaOptions o;
-      o.expert_cache = "100%";
-      o.adapt_every = 0;
-      o.n_ctx = 64;
-      o.n_batch = 16;
+      cuda::CudaOptions o = small_cuda_options("100%", false);
       o.cuda_graphs = graphs;
-      std::shared_ptr<const Model> model = cuda::load_model_cuda(kBase + "Q4_K_M.gguf", o);
-      EngineOptions opt;
-      opt.n_ctx = 64;
-      opt.n_batch = 16;
-      opt.n_threads = 2;
-      opt.mode = MatmulMode::Fast;
-      opt.attn = attn;
-      Engine eng(model, opt);
-      auto sa = eng.new_sequence(), sb = eng.new_sequence();
-      std::vector<float> one(V), two(2 * V), all;
-      eng.prefill(*sb, pb, one.data());
-      eng.prefill(*sa, pa, one.data());
-      model->reset_cache_stats();
-      int32_t ta = argmax(one.data(), V), tb = ref.prompt[45];
-      for (int i = 0; i < 4; ++i) {
-        SequenceState* s = sa.get();
-        eng.decode({&s, 1}, {&ta, 1}, one.data());
-        all.insert(all.end(), one.begin(), one.end());
-        ta = argmax(one.data(), V);
-      }
-      for (int i = 0; i < 3; ++i) {
-        SequenceState* seqs[2] = {sa.get(), sb.get()};
-        const int32_t toks[2] = {ta, tb};
-        eng.decode({seqs, 2}, {toks, 2}, two.data());
-        all.insert(all.end(), two.begin(), two.end());
-        ta = argmax(two.data(), V);
-        tb = argmax(two.data() + V, V);
-      }
-      rep = model->cache_report();
-      return all;
+      return decode_one_then_two(cuda::load_model_cuda(kBase + "Q4_K_M.gguf", o),
+                                 small_engine_options(MatmulMode::Fast, attn), ref, 4, 3, &rep);
     };
     ExpertCacheReport r_on, r_off;
     const std::vector<float> on = run(true, r_on), off = run(false, r_off);
     ASSERT_EQ(on.size(), off.size());
-    size_t n_diff = 0;
+    const size_t n_diff = bit_differences(on, off);
     double max_diff = 0;
-    for (size_t i = 0; i < on.size(); ++i) {
-      n_diff += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
-      max_diff = std::max(max_diff, double(std::fabs(on[i] - off[i])));
-    }
+    for (size_t i = 0; i < on.size(); ++i) max_diff = std::max(max_diff, double(std::fabs(on[i] - off[i])));
     std::printf("[ gpu qwen3next graphs ] attn %s: %zu of %zu logits differ (max |diff| %.3e); graph on: %lld of "
                 "%lld passes replayed, %lld captured, %.1f launcher calls/pass; off: %lld replayed, %.1f "
                 "launcher calls/pass\n",
@@ -432,78 +395,12 @@ TEST(Qwen3NextGpuGraphs, NoGraphWithTheCpuPool) {
   EXPECT_GT(r.decode.misses, 0);
 }
 
-// Gated CPU-pool passes give the same bits as the direct ones (the same kernels in the same order): decode
-// of one sequence and of two in one batch, at 0%, 25% and 50% resident, fast and exact.
+// Gated CPU-pool passes give the bits of the direct ones (decode_test_util.h says what is run).
 TEST(Qwen3NextGpuGraphs, GatedPassesGiveTheDirectPassesBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
   if (!cuda::graphs_enabled_by_env()) GTEST_SKIP() << "STRATA_CUDA_GRAPHS=0 in the environment";
-  const Slg ref = read_slg(kBase + "Q4_K_M.f32ref.slg");
-  const size_t V = ref.n_vocab;
-  const std::vector<int32_t> pa(ref.prompt.begin(), ref.prompt.begin() + 20);
-  const std::vector<int32_t> pb(ref.prompt.begin() + 10, ref.prompt.begin() + 41);
-  struct Case {
-    const char* cache;
-    bool exact;
-  };
-  for (const Case c : {Case{"0%", false}, Case{"25%", false}, Case{"50%", true}}) {
-    SCOPED_TRACE(std::string("expert cache ") + c.cache + (c.exact ? " exact" : " fast"));
-    auto run = [&](bool gated, ExpertCacheReport& rep) {
-      cuda::CudaOptions o;
-      o.expert_cache = c.cache;
-      o.exact = c.exact;
-      o.adapt_every = 0;
-      o.n_ctx = 64;
-      o.n_batch = 16;
-      o.gated_passes = gated;
-      std::shared_ptr<const Model> model = cuda::load_model_cuda(kBase + "Q4_K_M.gguf", o);
-      EngineOptions opt;
-      opt.n_ctx = 64;
-      opt.n_batch = 16;
-      opt.n_threads = 2;
-      opt.mode = c.exact ? MatmulMode::Exact : MatmulMode::Fast;
-      Engine eng(model, opt);
-      auto sa = eng.new_sequence(), sb = eng.new_sequence();
-      std::vector<float> one(V), two(2 * V), all;
-      eng.prefill(*sb, pb, one.data());
-      eng.prefill(*sa, pa, one.data());
-      model->reset_cache_stats();
-      int32_t ta = argmax(one.data(), V), tb = ref.prompt[45];
-      for (int i = 0; i < 5; ++i) {
-        SequenceState* s = sa.get();
-        eng.decode({&s, 1}, {&ta, 1}, one.data());
-        all.insert(all.end(), one.begin(), one.end());
-        ta = argmax(one.data(), V);
-      }
-      for (int i = 0; i < 3; ++i) {
-        SequenceState* seqs[2] = {sa.get(), sb.get()};
-        const int32_t toks[2] = {ta, tb};
-        eng.decode({seqs, 2}, {toks, 2}, two.data());
-        all.insert(all.end(), two.begin(), two.end());
-        ta = argmax(two.data(), V);
-        tb = argmax(two.data() + V, V);
-      }
-      rep = model->cache_report();
-      return all;
-    };
-    ExpertCacheReport r_on, r_off;
-    const std::vector<float> on = run(true, r_on), off = run(false, r_off);
-    ASSERT_EQ(on.size(), off.size());
-    size_t n_diff = 0;
-    for (size_t i = 0; i < on.size(); ++i) n_diff += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
-    std::printf("[ gpu qwen3next gated ] %s resident%s: %zu of %zu logits differ; gated %lld of %lld passes (%lld "
-                "captures), direct %lld; host per pass %.0f us gated, %.0f us direct\n",
-                c.cache, c.exact ? " exact" : "", n_diff, on.size(), (long long)r_on.gated_forwards,
-                (long long)r_on.forwards, (long long)r_on.graph_captures, (long long)r_off.gated_forwards,
-                1e6 * r_on.host_s / double(r_on.forwards), 1e6 * r_off.host_s / double(r_off.forwards));
-    EXPECT_EQ(n_diff, 0u);
-    EXPECT_EQ(r_on.forwards, 8);
-    EXPECT_EQ(r_on.gated_forwards, 8);
-    EXPECT_EQ(r_off.gated_forwards, 0);
-    EXPECT_EQ(r_on.hits, r_off.hits);
-    EXPECT_EQ(r_on.misses, r_off.misses);
-    EXPECT_GT(r_on.misses, 0);
-    EXPECT_EQ(r_on.bytes_d2h, r_off.bytes_d2h);
-  }
+  expect_gated_passes_give_the_same_bits(kBase + "Q4_K_M.gguf", read_slg(kBase + "Q4_K_M.f32ref.slg"), 5, 3,
+                                         "qwen3next");
 }
 
 // ---- files derived from the fixture with the GGUF writer ----
