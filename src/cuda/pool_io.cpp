@@ -183,8 +183,8 @@ GatedPiece gated_piece_layers(const std::vector<int>& pl, size_t k, int n_layer)
 
 void run_gated_host(const PoolCtx& c, PoolIo& io, const GatedHost& g, ThreadPool& pool, MatmulMode mode,
                     strata::moe::ExpertUsage* usage) {
-  g.release(0);  // released by the launch
   try {
+    g.release(0);  // released by the launch
     for (size_t k = 0; k < g.pool_layers.size(); ++k) {
       const int il = g.pool_layers[k];
       const auto t0 = std::chrono::steady_clock::now();

@@ -8,7 +8,9 @@
 // ids / weights / xn are recorded after the kernels that wrote them on the compute stream; the host
 // waits for them before it enqueues anything that rewrites xn or that layer's slice of ids; the partial
 // goes up on compute (ordered before the add that reads it) and the host waits for the previous upload
-// before it writes partial_h again.
+// before it writes partial_h again. In a gated pass (docs/gpu.md) the same order holds through flags: the
+// host reads a layer's downloads after its signal, and writes partial_h before its gate opens and again
+// only after a later signal.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -115,8 +117,8 @@ double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, 
 
 // ---- Gated passes (docs/gpu.md): the pass enqueued whole, the host releasing each CPU-pool layer ----
 // The pieces above split at their CUDA calls: the downloads raise layer il's signal of io.gates, the
-// partial's upload (and its add into x) waits for its gate. Both: enqueue = true inside the pass's capture, false where the
-// host releases the work (Transfer::download_signaled / upload_gated).
+// partial's upload (and its add into x) waits for its gate. Both: enqueue = true inside the pass's
+// capture, false where the host releases the work (Transfer::download_signaled / upload_gated).
 void pool_download_signaled(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd,
                             bool enqueue);
 // x [n][n_embd] += layer il's partial, added by the gated kernel itself (Transfer::GatedWrite::AddF32).
