@@ -4,11 +4,11 @@
 // them — the pass's start, a CPU-pool layer (routing and activations down, the non-resident pairs on CPU
 // threads, their sum up), the end-of-pass downloads, and the expert-cache report.
 //
-// Ordering (every copy through the transfer module, docs/stream_order.md): the downloads of a layer's
-// ids / weights / xn are recorded after the kernels that wrote them on the compute stream; the host
-// waits for them before it enqueues anything that rewrites xn or that layer's slice of ids; the partial
-// goes up on compute (ordered before the add that reads it) and the host waits for the previous upload
-// before it writes partial_h again. In a gated pass (docs/gpu.md) the same order holds through flags: the
+// Ordering (every copy through the transfer module; docs/gpu.md, "Why every cross-stream access is
+// ordered"): the downloads of a layer's ids / weights / xn are recorded after the kernels that wrote them
+// on the compute stream; the host waits for them before it enqueues anything that rewrites xn or that
+// layer's slice of ids; the partial goes up on compute (ordered before the add that reads it) and the
+// host waits for the previous upload before it writes partial_h again. In a gated pass (docs/gpu.md) the same order holds through flags: the
 // host reads a layer's downloads after its signal, and writes partial_h before its gate opens and again
 // only after a later signal.
 #include <chrono>
