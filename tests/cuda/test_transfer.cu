@@ -83,6 +83,41 @@ class Gpu : public ::testing::Test {
   // Reports found since the last call; the test asserts on them (so TearDown does not fail it).
   std::vector<sc::Report> reports() { return sc::global().take_reports(); }
 
+  // Two parts (a [n], b [n / 4] float; b's last b_trim bytes left out) downloaded in one call after slow
+  // producers on compute, through the copy streams or the mapped route: every part holds the producers'
+  // values; naming a stream that did not produce them (d2h) is caught for each part.
+  void expect_two_part_download_waits_for_the_producer(int n, size_t b_trim, bool mapped) {
+    auto a = dev->alloc(n * sizeof(float), "part a");
+    auto b = dev->alloc(n / 4 * sizeof(float), "part b");
+    auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
+    auto hb = dev->alloc_pinned(n / 4 * sizeof(float), "part b (host)");
+    for (int planted = 0; planted < 2; ++planted) {
+      note_launch(dev->compute(), {}, {a.span(), b.span()});
+      slow_fill<<<64, 256, 0, dev->compute().handle()>>>(a.as<float>(), n, kSpin, 0.5f, 1.0f + planted);
+      slow_fill<<<16, 256, 0, dev->compute().handle()>>>(b.as<float>(), n / 4, kSpin, 2.0f, -3.0f - planted);
+      CUDA_CHECK_LAUNCH();
+      DevSpan bs = b.span();
+      bs.bytes -= b_trim;
+      Stream& producer = planted ? dev->d2h() : dev->compute();
+      Ticket t = mapped ? xfer->download_mapped({{ha.span(), a.span()}, {hb.span(), bs}}, producer)
+                        : xfer->download({{ha.span(), a.span()}, {hb.span(), bs}}, producer);
+      t.wait();
+      if (planted) break;
+      ha.note_host_access(sc::Access::Read);
+      hb.note_host_access(sc::Access::Read);
+      int wrong = 0;
+      for (int i = 0; i < n; ++i) wrong += ha.as<float>()[i] != i * 0.5f + 1.0f;
+      for (size_t i = 0; i < bs.bytes / sizeof(float); ++i) wrong += hb.as<float>()[i] != float(i) * 2.0f - 3.0f;
+      EXPECT_EQ(wrong, 0);
+      EXPECT_TRUE(reports().empty());
+    }
+    dev->synchronize();
+    auto r = reports();
+    ASSERT_EQ(r.size(), 2u);  // both parts read buffers the compute stream was still writing
+    EXPECT_EQ(r[0].buffer, "part a");
+    EXPECT_EQ(r[1].buffer, "part b");
+  }
+
   std::unique_ptr<Device> dev;
   std::unique_ptr<Transfer> xfer;
 };
@@ -331,33 +366,7 @@ TEST_F(Gpu, ActivationsToHostAndBack) {
 // Several downloads after one producer point, one ticket (a CPU-pool layer's ids, weights, activations):
 // every part holds the slow kernel's values; naming the wrong producer is caught for each part.
 TEST_F(Gpu, MultiPartDownloadWaitsForTheProducer) {
-  const int n = 1 << 18;  // a [n], b [n / 4] float
-  auto a = dev->alloc(n * sizeof(float), "part a");
-  auto b = dev->alloc(n / 4 * sizeof(float), "part b");
-  auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
-  auto hb = dev->alloc_pinned(n / 4 * sizeof(float), "part b (host)");
-  for (int planted = 0; planted < 2; ++planted) {
-    note_launch(dev->compute(), {}, {a.span(), b.span()});
-    slow_fill<<<64, 256, 0, dev->compute().handle()>>>(a.as<float>(), n, kSpin, 0.5f, 1.0f + planted);
-    slow_fill<<<16, 256, 0, dev->compute().handle()>>>(b.as<float>(), n / 4, kSpin, 2.0f, -3.0f - planted);
-    CUDA_CHECK_LAUNCH();
-    Ticket t = xfer->download({{ha.span(), a.span()}, {hb.span(), b.span()}},
-                              planted ? dev->d2h() : dev->compute());
-    t.wait();
-    if (planted) break;
-    ha.note_host_access(sc::Access::Read);
-    hb.note_host_access(sc::Access::Read);
-    int wrong = 0;
-    for (int i = 0; i < n; ++i) wrong += ha.as<float>()[i] != i * 0.5f + 1.0f;
-    for (int i = 0; i < n / 4; ++i) wrong += hb.as<float>()[i] != i * 2.0f - 3.0f;
-    EXPECT_EQ(wrong, 0);
-    EXPECT_TRUE(reports().empty());
-  }
-  dev->synchronize();
-  auto r = reports();
-  ASSERT_EQ(r.size(), 2u);  // both parts read buffers the compute stream was still writing
-  EXPECT_EQ(r[0].buffer, "part a");
-  EXPECT_EQ(r[1].buffer, "part b");
+  expect_two_part_download_waits_for_the_producer(1 << 18, 0, /*mapped=*/false);
 }
 
 TEST_F(Gpu, PinnedSourceRewrittenBeforeItsTicketIsCaught) {
@@ -434,33 +443,7 @@ TEST_F(Gpu, MappedActivationsToHostAndBack) {
 TEST_F(Gpu, MappedDownloadWaitsForTheProducer) {
   const int n = 1 << 15;  // a [n], b [n / 4] float: 160 KiB in all, within Transfer::kMappedMaxBytes
   ASSERT_TRUE(Transfer::takes_mapped_route(xfer->mapped(), size_t(n + n / 4) * sizeof(float)));
-  auto a = dev->alloc(n * sizeof(float), "part a");
-  auto b = dev->alloc(n / 4 * sizeof(float), "part b");
-  auto ha = dev->alloc_pinned(n * sizeof(float), "part a (host)");
-  auto hb = dev->alloc_pinned(n / 4 * sizeof(float), "part b (host)");
-  for (int planted = 0; planted < 2; ++planted) {
-    note_launch(dev->compute(), {}, {a.span(), b.span()});
-    slow_fill<<<64, 256, 0, dev->compute().handle()>>>(a.as<float>(), n, kSpin, 0.5f, 1.0f + planted);
-    slow_fill<<<16, 256, 0, dev->compute().handle()>>>(b.as<float>(), n / 4, kSpin, 2.0f, -3.0f - planted);
-    CUDA_CHECK_LAUNCH();
-    DevSpan b_odd = b.span();
-    b_odd.bytes -= 3;  // not a whole number of words: the byte loop
-    Ticket t = xfer->download_mapped({{ha.span(), a.span()}, {hb.span(), b_odd}}, planted ? dev->d2h() : dev->compute());
-    t.wait();
-    if (planted) break;
-    ha.note_host_access(sc::Access::Read);
-    hb.note_host_access(sc::Access::Read);
-    int wrong = 0;
-    for (int i = 0; i < n; ++i) wrong += ha.as<float>()[i] != i * 0.5f + 1.0f;
-    for (int i = 0; i < n / 4 - 1; ++i) wrong += hb.as<float>()[i] != i * 2.0f - 3.0f;
-    EXPECT_EQ(wrong, 0);
-    EXPECT_TRUE(reports().empty());
-  }
-  dev->synchronize();
-  auto r = reports();
-  ASSERT_EQ(r.size(), 2u);  // both parts read buffers the compute stream was still writing
-  EXPECT_EQ(r[0].buffer, "part a");
-  EXPECT_EQ(r[1].buffer, "part b");
+  expect_two_part_download_waits_for_the_producer(n, 3, /*mapped=*/true);  // b not whole words: the byte loop
 }
 
 // A mapped upload's source is read by a kernel that may not have run yet: rewriting it before the
