@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/fast_dot.cuh"
+#include "cuda/pdl.cuh"
 #include "cuda/quant_kernels.cuh"
 
 namespace strata::cuda::moe {
@@ -40,6 +41,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                    const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                    float* __restrict__ h, bool xvec) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
     const int slot = slot_of(table, ids, p);
@@ -80,6 +83,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                       int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ x,
                       const int32_t* __restrict__ ids, int64_t n_pairs, int k, float* __restrict__ h, bool xvec) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
     const int slot = slot_of(table, ids, p);
@@ -107,6 +112,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   constexpr int kGroup = 4;
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_embd) return;
   constexpr int kUnits = F::kVals / 8;
   const int units = int(n_ff / F::kVals) * kUnits;
@@ -164,6 +171,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                         const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                         float* __restrict__ h, bool xvec) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_ff) return;
   const int chunks = int(n_embd / K::kVals) * K::kChunks;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
@@ -204,6 +213,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                            const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                            float* __restrict__ h, bool xvec) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
     const int slot = slot_of(table, ids, p);
@@ -230,6 +241,8 @@ __global__ void __launch_bounds__(32 * kWarps)
                      float* __restrict__ out, bool hvec) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  pdl_wait();  // ids, the table and x / h come from earlier kernels and copies
+  pdl_launch_dependents();
   if (r >= n_embd) return;
   const int chunks = int(n_ff / K::kVals) * K::kChunks;
   const int tasks = k * chunks;
@@ -305,19 +318,19 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       if (quant::generic_only() || !fast_rows_aligned<K>(v, v.gate_off, rb) || !fast_rows_aligned<K>(v, v.up_off, rb))
         return;
       fast = true;
-      fast_gate_up_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, rb,
-                                                               v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+      pdl::launch(fast_gate_up_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+          rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       CUDA_CHECK_LAUNCH();
     });
     if (fast) return;
     dq::dispatch(v.gate_type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, v.gate_off, rb) && slot_rows_aligned<F>(v, v.up_off, rb))
-        gate_up_kernel<F, F::kAlign><<<grid, 32 * kWarps, 0, stream>>>(
-            v.slots, v.slot_bytes, v.gate_off, v.up_off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+        pdl::launch(gate_up_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off,
+            v.up_off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       else
-        gate_up_kernel<F, 1><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.gate_off, v.up_off, rb,
-                                                               v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+        pdl::launch(gate_up_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+            rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       CUDA_CHECK_LAUNCH();
     });
     return;
@@ -330,19 +343,19 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       using K = decltype(kf);
       if (quant::generic_only() || !fast_rows_aligned<K>(v, off, rb)) return;
       fast = true;
-      fast_gate_or_up_kernel<K, kUp><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, off, rb, v.n_embd,
-                                                                       v.n_ff, table, x, ids, pairs, k, h, xvec);
+      pdl::launch(fast_gate_or_up_kernel<K, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
+          v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       CUDA_CHECK_LAUNCH();
     });
     if (fast) return;
     dq::dispatch(type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, off, rb))
-        gate_or_up_kernel<F, F::kAlign, kUp><<<grid, 32 * kWarps, 0, stream>>>(
-            v.slots, v.slot_bytes, off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
+        pdl::launch(gate_or_up_kernel<F, F::kAlign, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off,
+            rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       else
-        gate_or_up_kernel<F, 1, kUp><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, off, rb, v.n_embd,
-                                                                       v.n_ff, table, x, ids, pairs, k, h, xvec);
+        pdl::launch(gate_or_up_kernel<F, 1, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
+            v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       CUDA_CHECK_LAUNCH();
     });
   };
@@ -362,19 +375,19 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
     using K = decltype(kf);
     if (quant::generic_only() || !fast_rows_aligned<K>(v, v.down_off, rb)) return;
     fast = true;
-    fast_down_kernel<K><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd, v.n_ff,
-                                                          table, h, ids, wts, n, k, out, hvec);
+    pdl::launch(fast_down_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
+        v.n_ff, table, h, ids, wts, n, k, out, hvec);
     CUDA_CHECK_LAUNCH();
   });
   if (fast) return;
   dq::dispatch(v.down_type, [&](auto f) {
     using F = decltype(f);
     if (slot_rows_aligned<F>(v, v.down_off, rb))
-      down_kernel<F, F::kAlign><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
-                                                                  v.n_ff, table, h, ids, wts, n, k, out, hvec);
+      pdl::launch(down_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb,
+          v.n_embd, v.n_ff, table, h, ids, wts, n, k, out, hvec);
     else
-      down_kernel<F, 1><<<grid, 32 * kWarps, 0, stream>>>(v.slots, v.slot_bytes, v.down_off, rb, v.n_embd, v.n_ff,
-                                                          table, h, ids, wts, n, k, out, hvec);
+      pdl::launch(down_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
+          v.n_ff, table, h, ids, wts, n, k, out, hvec);
     CUDA_CHECK_LAUNCH();
   });
 }

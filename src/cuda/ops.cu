@@ -64,10 +64,14 @@ struct MaxOp {
 // ---------------------------------------------------------------- elementwise and norms
 
 // x, y: [n_rows][n]; w: [n]. One block per row; the sum of squares in double as the CPU (ggml_float).
+// Launched with PDL (pdl.cuh): w (a weight) goes towards L2 while the kernel ahead still runs.
 __global__ void rmsnorm_kernel(const float* x, const float* w, int64_t n, float eps, float* y) {
   __shared__ double sh[32];
   const float* xr = x + blockIdx.x * n;   // [n]
   float* yr = y + blockIdx.x * n;         // [n]
+  for (int64_t i = int64_t(threadIdx.x) * 32; i < n; i += int64_t(blockDim.x) * 32) prefetch_l2(w + i);
+  pdl_wait();
+  pdl_launch_dependents();
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(xr[i]) * xr[i];
   s = block_reduce(s, sh, SumOp{});
@@ -113,6 +117,8 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
 
 // x, y: [n]
 __global__ void add_kernel(float* x, const float* y, int64_t n) {
+  pdl_wait();
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] += y[i];
 }
@@ -591,6 +597,8 @@ __global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool 
                                  float* weights) {
   __shared__ RouteShared sh;
   const int64_t t = blockIdx.x;
+  pdl_wait();
+  pdl_launch_dependents();
   route_token(logits + t * n_expert, n_expert, k, norm, ids + t * k, weights + t * k, sh);
 }
 
@@ -1080,8 +1088,7 @@ unsigned grid_1d(int64_t n, int threads) {
 void rmsnorm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y, cudaStream_t stream) {
   STRATA_REQUIRE(n >= 1, "rmsnorm: row length {} must be >= 1", n);
   if (n_rows <= 0) return;
-  rmsnorm_kernel<<<static_cast<unsigned>(n_rows), 256, 0, stream>>>(x, w, n, eps, y);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(rmsnorm_kernel, static_cast<unsigned>(n_rows), 256, 0, stream, x, w, n, eps, y);
 }
 
 void rope_neox(float* x, const int32_t* pos, int64_t n_tok, int n_head, int head_dim, int n_rot, float base,
@@ -1102,8 +1109,7 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStrea
 
 void add_inplace(float* x, const float* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  add_kernel<<<grid_1d(n, 256), 256, 0, stream>>>(x, y, n);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(add_kernel, grid_1d(n, 256), 256, 0, stream, x, y, n);
 }
 
 void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, int layer, int64_t k_row,
@@ -1184,8 +1190,8 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
   if (n_tok <= 0) return;
   STRATA_REQUIRE(n_tok <= 0x7fffffff, "moe_route (cuda): {} tokens in one call", n_tok);
   const int threads = (n_expert + 31) / 32 * 32;
-  moe_route_kernel<<<static_cast<unsigned>(n_tok), threads, 0, stream>>>(logits, n_expert, k, norm, ids, weights);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(moe_route_kernel, static_cast<unsigned>(n_tok), unsigned(threads), 0, stream, logits, n_expert, k, norm,
+              ids, weights);
 }
 
 // Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.

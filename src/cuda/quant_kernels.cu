@@ -20,12 +20,21 @@
 #include "cuda/dequant_device.cuh"
 #include "cuda/fast_dot.cuh"
 #include "cuda/gemm_context.h"
+#include "cuda/pdl.cuh"
 
 namespace strata::cuda::quant {
 namespace {
 
 constexpr int kWarps = 4;  // rows per block of matmul
 constexpr int kTile = 8;   // tokens per weight read
+
+// The product kernels below are launched with PDL (pdl.cuh): a warp sends its weight rows (which no kernel
+// writes) towards L2 while the kernel ahead of it still runs, then waits for it before reading x. Why: at
+// decode these products are a chain of dependent short kernels (norm -> product -> ...), where each one's
+// first weight loads would otherwise start only after the previous kernel has drained. One warp, bytes from p.
+__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* p, int64_t bytes, int lane) {
+  for (int64_t off = int64_t(lane) * 128; off < bytes; off += 32 * 128) prefetch_l2(p + off);
+}
 
 // w: [rows][row_bytes]  x: [n][cols]  y: [n][rows]. Block (32*kWarps): warp = one row; blockIdx.y = tile
 // of NT tokens starting at blockIdx.y * NT.
@@ -36,6 +45,9 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __re
                                                              float* __restrict__ y, bool xvec) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r < rows && blockIdx.y == 0) prefetch_rows_l2(w + r * row_bytes, row_bytes, lane);
+  pdl_wait();
+  pdl_launch_dependents();
   if (r >= rows) return;
   const int64_t t0 = int64_t(blockIdx.y) * NT;
   const int nt = n - t0 < NT ? int(n - t0) : NT;
@@ -90,6 +102,10 @@ __global__ void __launch_bounds__(32 * kWarps) fast_matmul_kernel(const uint8_t*
                                                                   float* __restrict__ y, bool xvec) {
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
+  if (r0 < rows && blockIdx.y == 0)
+    prefetch_rows_l2(w + r0 * row_bytes, (rows - r0 < R ? rows - r0 : R) * row_bytes, lane);
+  pdl_wait();
+  pdl_launch_dependents();
   if (r0 >= rows) return;
   const int64_t t0 = int64_t(blockIdx.y) * NT;
   const int nt = n - t0 < NT ? int(n - t0) : NT;
@@ -129,6 +145,8 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ w, int64_t cols, int
   constexpr int kUnits = F::kVals / 8;
   const int64_t units = cols / F::kVals * kUnits;
   const int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  pdl_wait();  // ids come from an earlier kernel or copy
+  pdl_launch_dependents();
   for (int64_t i = blockIdx.y; i < n; i += gridDim.y) {
     const uint8_t* wr = w + int64_t(ids[i]) * row_bytes;
     float* out = dst + i * cols;
@@ -174,18 +192,16 @@ void launch_matmul(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, con
                    bool xvec, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + kWarps - 1) / kWarps), unsigned((n + NT - 1) / NT));
   if (dq::aligned_for<F>(w, rb))
-    matmul_kernel<F, F::kAlign, NT><<<grid, 32 * kWarps, 0, stream>>>(w, rows, cols, rb, x, n, y, xvec);
+    pdl::launch(matmul_kernel<F, F::kAlign, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
   else
-    matmul_kernel<F, 1, NT><<<grid, 32 * kWarps, 0, stream>>>(w, rows, cols, rb, x, n, y, xvec);
-  CUDA_CHECK_LAUNCH();
+    pdl::launch(matmul_kernel<F, 1, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
 }
 
 template <typename K, int R, int NT>
 void launch_fast(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x, int64_t n, float* y,
                  bool xvec, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + kWarps * R - 1) / (kWarps * R)), unsigned((n + NT - 1) / NT));
-  fast_matmul_kernel<K, R, NT><<<grid, 32 * kWarps, 0, stream>>>(w, rows, cols, rb, x, n, y, xvec);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(fast_matmul_kernel<K, R, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
 }
 
 // The fast path when the type has one and the rows are aligned for its loads; false: use the generic one.
@@ -268,10 +284,9 @@ void get_rows(GgmlType type, const void* w, int64_t cols, const int32_t* ids, in
     const int64_t threads = std::max<int64_t>(units, F::kFloat ? cols - units * 8 : 0);
     const dim3 grid(unsigned((threads + 127) / 128), unsigned(std::min<int64_t>(n, 65535)));
     if (dq::aligned_for<F>(w, rb))
-      get_rows_kernel<F, F::kAlign><<<grid, 128, 0, stream>>>(wb, cols, rb, ids, n, dst);
+      pdl::launch(get_rows_kernel<F, F::kAlign>, grid, 128, 0, stream, wb, cols, rb, ids, n, dst);
     else
-      get_rows_kernel<F, 1><<<grid, 128, 0, stream>>>(wb, cols, rb, ids, n, dst);
-    CUDA_CHECK_LAUNCH();
+      pdl::launch(get_rows_kernel<F, 1>, grid, 128, 0, stream, wb, cols, rb, ids, n, dst);
   });
 }
 

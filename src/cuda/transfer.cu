@@ -102,11 +102,14 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 // PCIe are then not serialized behind its own earlier ones (each is a round trip of ~1 us).
 // A gate still closed after kGateTimeoutNs: nothing is written and `timed_out` is set for the host.
 // With PDL the kernel is on the GPU and polling before the kernels ahead of it end (polling reads only
-// host memory that no kernel writes); it waits for them (pdl_wait) before it touches dst, and lets the
-// next kernel launch once the gate is open.
+// host memory that no kernel writes); it waits for them (pdl_wait) before it touches dst. It lets the next
+// kernel launch before it polls (the one exception to pdl.cuh's "right after pdl_wait"; ordering still
+// holds, since the next kernel's pdl_wait waits for this grid to complete): why, that kernel then is on the
+// GPU with its weights on the way to L2 while the CPU pool works, instead of launching once the gate opens.
 __global__ void gated_copy_kernel(const uint32_t* gate, uint32_t* timed_out, const void* src, void* dst, size_t bytes,
                                   bool add_f32) {
   __shared__ uint32_t state;
+  pdl_launch_dependents();
   if (threadIdx.x == 0) {
     uint32_t g;
     const uint64_t t0 = global_timer_ns();
@@ -121,7 +124,6 @@ __global__ void gated_copy_kernel(const uint32_t* gate, uint32_t* timed_out, con
   }
   __syncthreads();
   pdl_wait();
-  pdl_launch_dependents();
   if (state != kFlagUp) return;
   const size_t tid = size_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = size_t(gridDim.x) * blockDim.x;
   if (add_f32) {  // dst [bytes/4] f32 += src (the caller checked the alignment)
