@@ -18,6 +18,10 @@ bool int8_activations(bool exact, bool pool_pass, int64_t n, bool have_q8_buffer
   return !exact && !pool_pass && n < kGemmMinTokens && have_q8_buffers && q8::enabled();
 }
 
+bool int8_output(bool exact, int64_t n, bool have_q8_buffers) {
+  return int8_activations(exact, /*pool_pass=*/false, n, have_q8_buffers);
+}
+
 DevSpan head(const DeviceBuffer& b, size_t bytes) {
   DevSpan s = b.span();
   STRATA_REQUIRE(bytes <= s.bytes, "cuda: {} bytes asked of the {}-byte buffer {}", bytes, s.bytes, b.name());

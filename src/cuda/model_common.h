@@ -80,6 +80,13 @@ DevWeight upload_f32_values(Device& dev, Transfer& xfer, const float* values, in
 // 5.1e-2 / 5.1e-2 summed with them vs 2.0e-2 / 3.7e-2 without (bench/results/2026-11-29-gpu-session4-h200.md).
 bool int8_activations(bool exact, bool pool_pass, int64_t n, bool have_q8_buffers);
 
+// Whether the output product (final norm + the vocabulary product) of a pass of n tokens takes int8
+// activations: as int8_activations, but in CPU-pool passes too. Why: it is the pass's last product, so its
+// error reaches the logits alone (no routing decision follows it, unlike the layers' products above), and on
+// the f32-activation kernel it is the slowest step a pool pass waits for at its end (ncu, 4-layer 30B-A3B
+// geometry at 25% resident: ~144 us a token vs ~58 us for the int8 one at 100%).
+bool int8_output(bool exact, int64_t n, bool have_q8_buffers);
+
 // For a roofline (Model::measure_device_bandwidth): device memory, as a 256 MiB device-to-device copy
 // through the transfer module (read + write bytes counted), and host -> device, as 64 MiB uploads from
 // pinned memory; GB/s, best of 3 rounds of 4. 0 for a part whose buffers cannot be allocated (a full GPU).

@@ -724,8 +724,12 @@ void CudaQwen3Moe::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out,
                     ws.xn.as<float>(), stream());
   });
-  norm(p, ws.xn, output_norm_, p.n_out, use_q8(p, *out_w_));  // in place
-  mm_any(p, *out_w_, p.n_out, ws.logits);
+  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::supported(out_w_->type);
+  norm(p, ws.xn, output_norm_, p.n_out, q8);  // in place
+  if (q8)
+    mm_q8(p, *out_w_, p.n_out, ws.logits, /*accumulate=*/false);
+  else
+    mm(p, *out_w_, ws.xn, p.n_out, ws.logits);
 }
 
 void CudaQwen3Moe::compute_resident(const Pass& p) const {

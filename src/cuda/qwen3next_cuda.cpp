@@ -1118,8 +1118,13 @@ void CudaQwen3Next::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out, ws.xn.as<float>(),
                     stream());
   });
-  norm(p, ws.xn, output_norm_, p.n_out, use_q8(p, *out_w_));  // in place
-  mm_any(p, ref(*out_w_), p.n_out, ws.logits, ws.logits.as<float>());
+  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::supported(out_w_->type) &&
+                  out_w_->cols % 32 == 0;
+  norm(p, ws.xn, output_norm_, p.n_out, q8);  // in place
+  if (q8)
+    mm_q8(p, ref(*out_w_), p.n_out, ws.logits, ws.logits.as<float>(), /*accumulate=*/false);
+  else
+    mm(p, ref(*out_w_), ws.xn, p.n_out, ws.logits, ws.logits.as<float>());
 }
 
 void CudaQwen3Next::layer_front(const Pass& p, int il) const {
