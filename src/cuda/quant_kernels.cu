@@ -42,7 +42,7 @@ template <typename F, int A, int NT>
 __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __restrict__ w, int64_t rows,
                                                              int64_t cols, int64_t row_bytes,
                                                              const float* __restrict__ x, int64_t n,
-                                                             float* __restrict__ y, bool xvec) {
+                                                             float* __restrict__ y, bool xvec, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r < rows && blockIdx.y == 0) prefetch_rows_l2(w + r * row_bytes, row_bytes, lane);
@@ -85,7 +85,10 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __re
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float s = dq::warp_sum(acc[t]);
-    if (lane == 0 && t < nt) y[(t0 + t) * rows + r] = s;
+    if (lane == 0 && t < nt) {
+      float* out = y + (t0 + t) * rows + r;
+      *out = accumulate ? *out + s : s;
+    }
   }
 }
 
@@ -99,7 +102,8 @@ template <typename K, int R, int NT>
 __global__ void __launch_bounds__(32 * kWarps) fast_matmul_kernel(const uint8_t* __restrict__ w, int64_t rows,
                                                                   int64_t cols, int64_t row_bytes,
                                                                   const float* __restrict__ x, int64_t n,
-                                                                  float* __restrict__ y, bool xvec) {
+                                                                  float* __restrict__ y, bool xvec,
+                                                                  bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
   if (r0 < rows && blockIdx.y == 0)
@@ -133,7 +137,10 @@ __global__ void __launch_bounds__(32 * kWarps) fast_matmul_kernel(const uint8_t*
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float s = dq::warp_sum(acc[r][t]);
-      if (lane == 0 && t < nt && r0 + r < rows) y[(t0 + t) * rows + r0 + r] = s;
+      if (lane == 0 && t < nt && r0 + r < rows) {
+        float* out = y + (t0 + t) * rows + r0 + r;
+        *out = accumulate ? *out + s : s;
+      }
     }
 }
 
@@ -189,19 +196,19 @@ const TypeTraits& checked_traits(GgmlType type, const char* what) {
 
 template <typename F, int NT>
 void launch_matmul(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x, int64_t n, float* y,
-                   bool xvec, cudaStream_t stream) {
+                   bool xvec, bool acc, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + kWarps - 1) / kWarps), unsigned((n + NT - 1) / NT));
   if (dq::aligned_for<F>(w, rb))
-    pdl::launch(matmul_kernel<F, F::kAlign, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
+    pdl::launch(matmul_kernel<F, F::kAlign, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec, acc);
   else
-    pdl::launch(matmul_kernel<F, 1, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
+    pdl::launch(matmul_kernel<F, 1, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec, acc);
 }
 
 template <typename K, int R, int NT>
 void launch_fast(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x, int64_t n, float* y,
-                 bool xvec, cudaStream_t stream) {
+                 bool xvec, bool acc, cudaStream_t stream) {
   const dim3 grid(unsigned((rows + kWarps * R - 1) / (kWarps * R)), unsigned((n + NT - 1) / NT));
-  pdl::launch(fast_matmul_kernel<K, R, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec);
+  pdl::launch(fast_matmul_kernel<K, R, NT>, grid, 32 * kWarps, 0, stream, w, rows, cols, rb, x, n, y, xvec, acc);
 }
 
 // The fast path when the type has one and the rows are aligned for its loads; false: use the generic one.
@@ -210,7 +217,7 @@ void launch_fast(const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const
 std::atomic<bool> g_generic_only{false};
 
 bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols, int64_t rb, const float* x,
-                     int64_t n, float* y, bool xvec, cudaStream_t stream) {
+                     int64_t n, float* y, bool xvec, bool acc, cudaStream_t stream) {
   bool done = false;
   if (g_generic_only.load(std::memory_order_relaxed)) return false;
   // Q4_0 and Q8_0 stay on the generic kernel: on the H200 the fast path was slower for them at n = 1
@@ -222,11 +229,11 @@ bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols
     done = true;
     const bool two = rows >= 4096;
     if (n == 1)
-      two ? launch_fast<K, 2, 1>(w, rows, cols, rb, x, n, y, xvec, stream)
-          : launch_fast<K, 1, 1>(w, rows, cols, rb, x, n, y, xvec, stream);
+      two ? launch_fast<K, 2, 1>(w, rows, cols, rb, x, n, y, xvec, acc, stream)
+          : launch_fast<K, 1, 1>(w, rows, cols, rb, x, n, y, xvec, acc, stream);
     else
-      two ? launch_fast<K, 2, kTile>(w, rows, cols, rb, x, n, y, xvec, stream)
-          : launch_fast<K, 1, kTile>(w, rows, cols, rb, x, n, y, xvec, stream);
+      two ? launch_fast<K, 2, kTile>(w, rows, cols, rb, x, n, y, xvec, acc, stream)
+          : launch_fast<K, 1, kTile>(w, rows, cols, rb, x, n, y, xvec, acc, stream);
   });
   return done;
 }
@@ -242,9 +249,12 @@ bool has_kernel(GgmlType t) {
 
 GgmlType storage_type(GgmlType t) { return has_kernel(t) ? t : GgmlType::F16; }
 
+bool takes_gemm(const GemmContext* gemm, int64_t n) { return gemm != nullptr && n >= kGemmMinTokens; }
+
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-            cudaStream_t stream, const GemmContext* gemm) {
-  if (gemm != nullptr && n >= kGemmMinTokens) {  // prefill: tensor cores (why: gemm_context.h)
+            cudaStream_t stream, const GemmContext* gemm, bool accumulate) {
+  STRATA_REQUIRE(!accumulate || !takes_gemm(gemm, n), "cuda matmul: the cuBLAS path ({} tokens) cannot add into y", n);
+  if (takes_gemm(gemm, n)) {  // prefill: tensor cores (why: gemm_context.h)
     matmul_gemm(*gemm, type, w, rows, cols, x, n, y, stream);
     return;
   }
@@ -259,13 +269,13 @@ void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const floa
   const int64_t rb = static_cast<int64_t>(row_bytes(type, cols));
   const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && cols % 4 == 0;
   const auto* wb = static_cast<const uint8_t*>(w);
-  if (try_fast_matmul(type, wb, rows, cols, rb, x, n, y, xvec, stream)) return;
+  if (try_fast_matmul(type, wb, rows, cols, rb, x, n, y, xvec, accumulate, stream)) return;
   dq::dispatch(type, [&](auto f) {
     using F = decltype(f);
     if (n == 1)
-      launch_matmul<F, 1>(wb, rows, cols, rb, x, n, y, xvec, stream);
+      launch_matmul<F, 1>(wb, rows, cols, rb, x, n, y, xvec, accumulate, stream);
     else
-      launch_matmul<F, kTile>(wb, rows, cols, rb, x, n, y, xvec, stream);
+      launch_matmul<F, kTile>(wb, rows, cols, rb, x, n, y, xvec, accumulate, stream);
   });
 }
 

@@ -38,8 +38,13 @@ GgmlType storage_type(GgmlType t);
 // gemm: when given and n >= kGemmMinTokens (gemm_context.h), the product goes through the 16-bit +
 // cuBLAS path instead (cuda::matmul_gemm: inputs rounded to bf16/f16, so not the arithmetic above);
 // nullptr = always the kernels above.
+// accumulate: y[i][r] += the sum instead (the same float addition as y + the product written apart), only
+// where the kernels above run (takes_gemm false). Why: a decode layer's wo product adds into the residual
+// stream without a separate add kernel on the chain of dependent launches.
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
-            cudaStream_t stream, const GemmContext* gemm = nullptr);
+            cudaStream_t stream, const GemmContext* gemm = nullptr, bool accumulate = false);
+// Whether matmul with this gemm context takes the cuBLAS path for n tokens.
+bool takes_gemm(const GemmContext* gemm, int64_t n);
 
 // dst[i][:] = row ids[i] of W dequantized to f32 (embedding lookup). ids: [n] device int32, each in
 // [0, rows) (checked by the caller). dst: [n][cols] device.

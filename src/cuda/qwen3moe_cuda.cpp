@@ -345,6 +345,22 @@ class CudaQwen3Moe final : public Model {
                     p.ws.gemm.get());
     });
   }
+  // y [n][w.rows] += W . x: one product that adds into y where the kernels allow it (quant::matmul's
+  // accumulate: the same float addition as the product into ws.tmp plus an add), else those two.
+  void mm_add(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
+              Site site = Site::here()) const {
+    if (quant::takes_gemm(p.ws.gemm.get(), n)) {
+      mm(p, w, x, n, p.ws.tmp, site);
+      note_launch(dev_->compute(), {p.ws.tmp.span(), y.span()}, {y.span()}, site);
+      op(p, [&] { ops::add_inplace(y.as<float>(), p.ws.tmp.as<const float>(), n * w.rows, stream()); });
+      return;
+    }
+    note_launch(dev_->compute(), {w.buf.span(), x.span(), y.span()}, {y.span()}, site);
+    op(p, [&] {
+      quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream(),
+                    p.ws.gemm.get(), /*accumulate=*/true);
+    });
+  }
   cudaStream_t stream() const { return dev_->compute().handle(); }
 
   // Fast decode with int8 activations, where the weight's type has a kernel (model_common.h says when).
@@ -540,10 +556,9 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
+  const int64_t n = p.n, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
-  float* x = ws.x.as<float>();
   float* q = ws.q.as<float>();
   // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them.
   bool q8_in = false;
@@ -613,8 +628,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
       ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                      ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
     });
-    mm(p, l.wo, ws.att, n, ws.tmp);
-    op(p, [&] { ops::add_inplace(x, ws.tmp.as<const float>(), n * E, s); });
+    mm_add(p, l.wo, ws.att, n, ws.x);  // x += wo . att
   }
 }
 

@@ -488,6 +488,22 @@ class CudaQwen3Next final : public Model {
           Site site = Site::here()) const {
     mm(p, ref(w), x, n, y, y.as<float>(), site);
   }
+  // ws.x [n][E] += W . x: one product that adds into ws.x where the kernels allow it (quant::matmul's
+  // accumulate: the same float addition as the product into ws.tmp plus an add), else those two.
+  void mm_add_x(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, Site site = Site::here()) const {
+    NextWorkspace& ws = p.ws;
+    if (quant::takes_gemm(ws.gemm.get(), n)) {
+      mm(p, w, x, n, ws.tmp, site);
+      note_launch(dev_->compute(), {ws.tmp.span()}, {ws.x.span()}, site);
+      op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * hp_.n_embd, stream()); });
+      return;
+    }
+    note_launch(dev_->compute(), {w.buf.span(), x.span(), ws.x.span()}, {ws.x.span()}, site);
+    op(p, [&] {
+      quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, ws.x.as<float>(), stream(),
+                    ws.gemm.get(), /*accumulate=*/true);
+    });
+  }
 
   // Fast decode with int8 activations, where the weight's type has a kernel (model_common.h says when).
   bool q8_decode(const Pass& p) const {
@@ -819,7 +835,7 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const int64_t n = p.n, E = hp_.n_embd, C = np_.conv_dim(), Kd = np_.key_dim(), Vd = np_.value_dim();
+  const int64_t n = p.n, C = np_.conv_dim(), Kd = np_.key_dim(), Vd = np_.value_dim();
   const int64_t Hk = np_.n_k_heads, Hv = np_.n_v_heads, D = np_.head_dim;
   const int K = np_.conv_kernel;
   bool fused = D % 32 == 0 && D <= 256;  // conv, split and gates in one launch per run
@@ -894,9 +910,7 @@ void CudaQwen3Next::gdn_block(const Pass& p, const Layer& l) const {
   op(p, [&] {
     gdn::gated_rms_norm(ws.go.as<const float>(), z.ptr, w.norm.f32(), n * Hv, D, hp_.rms_eps, ws.go.as<float>(), s);
   });
-  mm(p, w.out, ws.go, n, ws.tmp);
-  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
-  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, s); });
+  mm_add_x(p, w.out, ws.go, n);  // x += ssm_out . gated_norm(o, z)
 }
 
 // Gated attention (model/qwen3next.cpp attention_block): attn norm, q|k|v (one Proj; attn_q yields query
@@ -909,7 +923,7 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   NextWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
-  const int64_t n = p.n, E = hp.n_embd, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
+  const int64_t n = p.n, H = hp.n_head, Hkv = hp.n_head_kv, D = hp.head_dim, Dv = hp.head_dim_v;
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
   float* q = ws.q.as<float>();
@@ -954,9 +968,7 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   }
   note_launch(cs, {ws.qgate.span()}, {ws.att.span()});
   op(p, [&] { gdn::mul_sigmoid(ws.att.as<float>(), ws.qgate.as<const float>(), n * H * Dv, s); });
-  mm(p, w.wo, ws.att, n, ws.tmp);
-  note_launch(cs, {ws.tmp.span()}, {ws.x.span()});
-  op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * E, s); });
+  mm_add_x(p, w.wo, ws.att, n);  // x += wo . (att * sigmoid(gate))
 }
 
 bool CudaQwen3Next::ffn_q8_input(const Pass& p, int il) const {

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "cuda/graph.h"
+#include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_kernels.cuh"
+#include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
 
 namespace {
@@ -89,6 +91,53 @@ TEST_F(CudaPdl, DependentChainSameBitsWithAndWithoutPdl) {
   pdl::set_enabled(was);
   std::printf("[pdl chain] %d steps: x[0] %.6g, first ids %d %d %d\n", kSteps, ref.x[0], ref.ids[0], ref.ids[1],
               ref.ids[2]);
+}
+
+// The f32-activation decode chain (what a CPU-pool pass runs between two gates): rmsnorm -> the fast Q4_K
+// product adding into x -> rmsnorm -> the generic Q4_0 product into z -> add z into x, 12 times, each step
+// reading what the one before it wrote. Same bits with PDL (direct and graph) as without.
+TEST_F(CudaPdl, F32ChainSameBitsWithAndWithoutPdl) {
+  constexpr int64_t E = 2048;
+  constexpr int kSteps = 12;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const std::vector<uint8_t> wk = strata::test::random_weights(GgmlType::Q4_K, E, E, rng);
+  const std::vector<uint8_t> w0 = strata::test::random_weights(GgmlType::Q4_0, E, E, rng);
+  std::vector<float> norm(E), x0(E);
+  for (auto& v : norm) v = 1.0f + 0.1f * nd(rng);
+  for (auto& v : x0) v = nd(rng);
+  Buf dwk = upload_vec(wk), dw0 = upload_vec(w0), dn = upload_vec(norm);
+  auto run = [&](bool pdl_on, bool graph) {
+    pdl::set_enabled(pdl_on);
+    Buf dx = upload_vec(x0), dy = output(E * 4), dz = output(E * 4);
+    auto enqueue = [&] {
+      for (int s = 0; s < kSteps; ++s) {
+        ops::rmsnorm(dx.ptr<float>(), dn.ptr<float>(), 1, E, 1e-6f, dy.ptr<float>(), stream());
+        quant::matmul(GgmlType::Q4_K, dwk.ptr(), E, E, dy.ptr<float>(), 1, dx.ptr<float>(), stream(), nullptr,
+                      /*accumulate=*/true);
+        ops::rmsnorm(dx.ptr<float>(), dn.ptr<float>(), 1, E, 1e-6f, dy.ptr<float>(), stream());
+        quant::matmul(GgmlType::Q4_0, dw0.ptr(), E, E, dy.ptr<float>(), 1, dz.ptr<float>(), stream());
+        ops::add_inplace(dx.ptr<float>(), dz.ptr<float>(), E, stream());
+      }
+    };
+    if (graph) {
+      Graph g = Graph::capture(dev->compute(), enqueue);
+      g.launch(dev->compute());
+    } else {
+      enqueue();
+    }
+    return download<float>(dx, E);
+  };
+  const bool was = pdl::enabled();
+  const std::vector<float> ref = run(false, false);
+  for (const bool graph : {false, true}) {
+    SCOPED_TRACE(graph ? "graph replay" : "direct launches");
+    const std::vector<float> got = run(true, graph);
+    size_t bad = 0;
+    for (int64_t i = 0; i < E; ++i) bad += !strata::test::same_bits(got[size_t(i)], ref[size_t(i)]);
+    EXPECT_EQ(bad, 0u) << "x after " << kSteps << " steps differs with PDL; x[0] " << got[0] << " vs " << ref[0];
+  }
+  pdl::set_enabled(was);
 }
 
 }  // namespace

@@ -143,6 +143,18 @@ class CudaMatmul : public GpuKernelTest, public ::testing::WithParamInterface<Gg
         if (e > worst) worst = e, worst_i = i;
       }
       EXPECT_EQ(non_finite, 0) << type_name(t) << " " << c.rows << "x" << c.cols << " n " << n;
+      // accumulate: y0 + the product, the same float addition as adding the product written apart.
+      std::vector<float> y0(size_t(n * c.rows));
+      for (size_t i = 0; i < y0.size(); ++i) y0[i] = float(int(i % 13) - 6) * 0.37f;
+      auto dacc = upload_vec(y0);
+      cuda::quant::matmul(t, dw.ptr(), c.rows, c.cols, dx.ptr<float>(), n, dacc.ptr<float>(), stream(), nullptr,
+                          /*accumulate=*/true);
+      cuda::note_launch(dev->compute(), {dw.span(), dx.span(), dacc.span()}, {dacc.span()});
+      const auto acc = download<float>(dacc, n * c.rows);
+      int64_t acc_bad = 0;
+      for (int64_t i = 0; i < n * c.rows; ++i) acc_bad += !test::same_bits(acc[size_t(i)], y0[size_t(i)] + y[size_t(i)]);
+      EXPECT_EQ(acc_bad, 0) << type_name(t) << " " << c.rows << "x" << c.cols << " n " << n
+                            << ": accumulate differs from y0 + the product";
       EXPECT_LT(worst, 1e-5) << type_name(t) << " " << c.rows << "x" << c.cols << " n " << n << " w_offset "
                              << c.w_offset << " x_offset " << c.x_offset_floats << ": token " << worst_i / c.rows
                              << " row " << worst_i % c.rows << " gpu " << y[worst_i] << " cpu " << ref[worst_i]
