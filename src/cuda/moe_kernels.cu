@@ -13,7 +13,6 @@
 #include <type_traits>
 
 #include "common/error.h"
-#include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/fast_dot.cuh"
 #include "cuda/pdl.cuh"
@@ -320,7 +319,6 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       fast = true;
       pdl::launch(fast_gate_up_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
           rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
-      CUDA_CHECK_LAUNCH();
     });
     if (fast) return;
     dq::dispatch(v.gate_type, [&](auto f) {
@@ -331,7 +329,6 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       else
         pdl::launch(gate_up_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
             rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
-      CUDA_CHECK_LAUNCH();
     });
     return;
   }
@@ -345,7 +342,6 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       fast = true;
       pdl::launch(fast_gate_or_up_kernel<K, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
           v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
-      CUDA_CHECK_LAUNCH();
     });
     if (fast) return;
     dq::dispatch(type, [&](auto f) {
@@ -356,7 +352,6 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       else
         pdl::launch(gate_or_up_kernel<F, 1, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
             v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
-      CUDA_CHECK_LAUNCH();
     });
   };
   pass(v.gate_type, v.gate_off, std::false_type{});
@@ -377,7 +372,6 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
     fast = true;
     pdl::launch(fast_down_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
         v.n_ff, table, h, ids, wts, n, k, out, hvec);
-    CUDA_CHECK_LAUNCH();
   });
   if (fast) return;
   dq::dispatch(v.down_type, [&](auto f) {
@@ -388,7 +382,6 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
     else
       pdl::launch(down_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
           v.n_ff, table, h, ids, wts, n, k, out, hvec);
-    CUDA_CHECK_LAUNCH();
   });
 }
 

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -90,6 +91,12 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #if defined(__CUDA_ARCH__)
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 #endif
+}
+
+// One warp's L2 prefetch of `bytes` bytes from p (a product's weight rows before pdl_wait()): lane i takes
+// the lines i, i + 32, ...
+__device__ __forceinline__ void warp_prefetch_l2(const uint8_t* p, int64_t bytes, int lane) {
+  for (int64_t off = int64_t(lane) * 128; off < bytes; off += 32 * 128) prefetch_l2(p + off);
 }
 
 }  // namespace strata::cuda

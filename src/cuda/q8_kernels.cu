@@ -104,8 +104,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * rows_per_warp;
   if (row0 < rows) {  // the warp's weight rows into L2 while the previous kernel finishes (PDL)
     const int64_t wbytes = (rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp) * row_bytes;
-    const uint8_t* wp = w + row0 * row_bytes;
-    for (int64_t off = int64_t(lane) * 128; off < wbytes; off += 32 * 128) prefetch_l2(wp + off);
+    warp_prefetch_l2(w + row0 * row_bytes, wbytes, lane);
   }
   pdl_wait();
   pdl_launch_dependents();

@@ -31,10 +31,7 @@ constexpr int kTile = 8;   // tokens per weight read
 // The product kernels below are launched with PDL (pdl.cuh): a warp sends its weight rows (which no kernel
 // writes) towards L2 while the kernel ahead of it still runs, then waits for it before reading x. Why: at
 // decode these products are a chain of dependent short kernels (norm -> product -> ...), where each one's
-// first weight loads would otherwise start only after the previous kernel has drained. One warp, bytes from p.
-__device__ __forceinline__ void prefetch_rows_l2(const uint8_t* p, int64_t bytes, int lane) {
-  for (int64_t off = int64_t(lane) * 128; off < bytes; off += 32 * 128) prefetch_l2(p + off);
-}
+// first weight loads would otherwise start only after the previous kernel has drained.
 
 // w: [rows][row_bytes]  x: [n][cols]  y: [n][rows]. Block (32*kWarps): warp = one row; blockIdx.y = tile
 // of NT tokens starting at blockIdx.y * NT.
@@ -45,7 +42,7 @@ __global__ void __launch_bounds__(32 * kWarps) matmul_kernel(const uint8_t* __re
                                                              float* __restrict__ y, bool xvec, bool accumulate) {
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (r < rows && blockIdx.y == 0) prefetch_rows_l2(w + r * row_bytes, row_bytes, lane);
+  if (r < rows && blockIdx.y == 0) warp_prefetch_l2(w + r * row_bytes, row_bytes, lane);
   pdl_wait();
   pdl_launch_dependents();
   if (r >= rows) return;
@@ -107,7 +104,7 @@ __global__ void __launch_bounds__(32 * kWarps) fast_matmul_kernel(const uint8_t*
   const int lane = threadIdx.x & 31;
   const int64_t r0 = (int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * R;
   if (r0 < rows && blockIdx.y == 0)
-    prefetch_rows_l2(w + r0 * row_bytes, (rows - r0 < R ? rows - r0 : R) * row_bytes, lane);
+    warp_prefetch_l2(w + r0 * row_bytes, (rows - r0 < R ? rows - r0 : R) * row_bytes, lane);
   pdl_wait();
   pdl_launch_dependents();
   if (r0 >= rows) return;
