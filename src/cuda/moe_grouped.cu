@@ -277,6 +277,7 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
                          const int32_t* ids, const float* wts, int64_t n, int k, float* out, void* scratch,
                          size_t scratch_bytes, cudaStream_t stream) {
   check_expert_view(v, "moe_experts_grouped", n, k);
+  STRATA_REQUIRE(v.direct == nullptr || v.direct_share == 0, "cuda moe_experts_grouped: direct reads run on moe_gate_up / moe_down only");
   STRATA_REQUIRE(n_expert > 0 && n_expert <= (1 << 20), "cuda moe_experts_grouped: bad n_expert {}", n_expert);
   STRATA_REQUIRE(n * k < (int64_t(1) << 31) - int64_t(kMt) * n_expert,
                  "cuda moe_experts_grouped: {} x {} pairs is too many", n, k);

@@ -17,16 +17,77 @@
 #include "cuda/fast_dot.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/quant_kernels.cuh"
+#include "moe/direct_rule.h"
 
 namespace strata::cuda::moe {
 namespace {
 
 constexpr int kWarps = 4;  // output rows per block
 
-// Slot of the expert of pair p, or -1 (not resident, or a negative id).
-__device__ __forceinline__ int slot_of(const int32_t* table, const int32_t* ids, int64_t p) {
+// Where the kernels read an expert's weights: its slot, or for a direct pair (moe/direct_rule.h) its
+// pinned host copy over PCIe (same layout, slot_bytes apart, indexed by expert id).
+struct Src {
+  const uint8_t* slots;   // device: [n_slots][slot_bytes]
+  int64_t slot_bytes;
+  const uint8_t* direct;  // pinned host, device-accessible: [n_expert][slot_bytes]; null: none
+  int share;              // direct share of each token's misses (1/256ths)
+  uint8_t* stage;         // device: [n][per_tok][slot_bytes] (moe_direct_fetch); null: read direct
+  int per_tok;
+};
+
+Src src_of(const ExpertLayerView& v) {
+  return {v.slots, v.slot_bytes, v.direct, v.direct ? v.direct_share : 0, v.stage, v.stage_per_token};
+}
+
+// The weights of pair p = t*k + j: its slot when resident; when direct, its staging slot (or its host copy
+// without staging); else null (the CPU pool runs it, or a negative id).
+__device__ __forceinline__ const uint8_t* pair_base(const Src& s, const int32_t* table, const int32_t* ids, int64_t p,
+                                                    int k) {
   const int32_t e = ids[p];
-  return e < 0 ? -1 : table[e];
+  if (e < 0) return nullptr;
+  const int slot = table[e];
+  if (slot >= 0) return s.slots + int64_t(slot) * s.slot_bytes;
+  if (s.share <= 0) return nullptr;
+  const int64_t t = p / k;
+  const int rank = strata::moe::direct_rank(ids + t * k, table, k, int(p - t * k), s.share);
+  if (rank < 0) return nullptr;
+  return s.stage ? s.stage + (t * s.per_tok + rank) * s.slot_bytes : s.direct + int64_t(e) * s.slot_bytes;
+}
+
+// moe_direct_fetch: grid x = slices of a slot, y = pairs (grid-stride). kVec: 16-byte copies (host copy,
+// staging and slot_bytes 16-byte aligned), each thread with 4 loads in flight before its stores.
+constexpr int kFetchThreads = 256, kFetchSlices = 48;
+template <bool kVec>
+__global__ void __launch_bounds__(kFetchThreads)
+    direct_fetch_kernel(Src src, const int32_t* __restrict__ table, const int32_t* __restrict__ ids, int64_t n_pairs,
+                        int k) {
+  pdl_wait();  // ids come from the router
+  pdl_launch_dependents();
+  for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
+    const int32_t e = ids[p];
+    if (e < 0 || table[e] >= 0) continue;
+    const int64_t t = p / k;
+    const int rank = strata::moe::direct_rank(ids + t * k, table, k, int(p - t * k), src.share);
+    if (rank < 0) continue;
+    const uint8_t* from = src.direct + int64_t(e) * src.slot_bytes;
+    uint8_t* to = src.stage + (t * src.per_tok + rank) * src.slot_bytes;
+    const int64_t units = kVec ? src.slot_bytes / 16 : src.slot_bytes;
+    const int64_t per = (units + gridDim.x - 1) / gridDim.x;
+    const int64_t lo = int64_t(blockIdx.x) * per, hi = min(units, lo + per);
+    constexpr int B = kFetchThreads;
+    if constexpr (kVec) {
+      const uint4* f = reinterpret_cast<const uint4*>(from);
+      uint4* o = reinterpret_cast<uint4*>(to);
+      int64_t i = lo + threadIdx.x;
+      for (; i + 3 * B < hi; i += 4 * B) {
+        const uint4 a = f[i], b = f[i + B], c = f[i + 2 * B], d = f[i + 3 * B];
+        o[i] = a, o[i + B] = b, o[i + 2 * B] = c, o[i + 3 * B] = d;
+      }
+      for (; i < hi; i += B) o[i] = f[i];
+    } else {
+      for (int64_t i = lo + threadIdx.x; i < hi; i += B) to[i] = from[i];
+    }
+  }
 }
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
@@ -35,7 +96,7 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // Grid: x = row blocks of n_ff, y = pairs (grid-stride).
 template <typename F, int A>
 __global__ void __launch_bounds__(32 * kWarps)
-    gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
+    gate_up_kernel(Src src, int64_t gate_off, int64_t up_off,
                    int64_t row_bytes, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                    const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                    float* __restrict__ h, bool xvec) {
@@ -44,9 +105,8 @@ __global__ void __launch_bounds__(32 * kWarps)
   pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-    const int slot = slot_of(table, ids, p);
-    if (slot < 0) continue;
-    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
+    const uint8_t* base = pair_base(src, table, ids, p, k);
+    if (base == nullptr) continue;
     const float* xr = x + (p / k) * n_embd;
     const uint8_t* gr = base + gate_off + r * row_bytes;
     const uint8_t* ur = base + up_off + r * row_bytes;
@@ -78,7 +138,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // h[p][r] = silu(h[p][r]) * (up . x). Same grid as gate_up_kernel; the passes are ordered on the stream.
 template <typename F, int A, bool kUp>
 __global__ void __launch_bounds__(32 * kWarps)
-    gate_or_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t off, int64_t row_bytes,
+    gate_or_up_kernel(Src src, int64_t off, int64_t row_bytes,
                       int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ x,
                       const int32_t* __restrict__ ids, int64_t n_pairs, int k, float* __restrict__ h, bool xvec) {
   const int64_t r = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
@@ -86,9 +146,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-    const int slot = slot_of(table, ids, p);
-    if (slot < 0) continue;
-    const uint8_t* wr = slots + int64_t(slot) * slot_bytes + off + r * row_bytes;
+    const uint8_t* base = pair_base(src, table, ids, p, k);
+    if (base == nullptr) continue;
+    const uint8_t* wr = base + off + r * row_bytes;
     const float d = dq::warp_row_dot<F, A>(wr, n_embd, x + (p / k) * n_embd, xvec);
     if ((threadIdx.x & 31) == 0) {
       float* hp = h + p * n_ff + r;
@@ -104,7 +164,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // expert's dot is still reduced on its own and added in j order: the same sum, deterministic.
 template <typename F, int A>
 __global__ void __launch_bounds__(32 * kWarps)
-    down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t row_bytes,
+    down_kernel(Src src, int64_t down_off, int64_t row_bytes,
                 int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ h,
                 const int32_t* __restrict__ ids, const float* __restrict__ wts, int64_t n, int k,
                 float* __restrict__ out, bool hvec) {
@@ -125,9 +185,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         const int64_t p = t * k + j0 + g;
-        const int slot = j0 + g < k ? slot_of(table, ids, p) : -1;
-        live[g] = slot >= 0;
-        wr[g] = slots + int64_t(live[g] ? slot : 0) * slot_bytes + down_off + r * row_bytes;
+        const uint8_t* base = j0 + g < k ? pair_base(src, table, ids, p, k) : nullptr;
+        live[g] = base != nullptr;
+        wr[g] = (live[g] ? base : src.slots) + down_off + r * row_bytes;
         hr[g] = h + p * n_ff;
       }
       float part[kGroup] = {0.f, 0.f, 0.f, 0.f};
@@ -165,7 +225,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // fd::chunk_dot, so each x load serves both. Grid as gate_up_kernel.
 template <typename K>
 __global__ void __launch_bounds__(32 * kWarps)
-    fast_gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
+    fast_gate_up_kernel(Src src, int64_t gate_off, int64_t up_off,
                         int64_t row_bytes, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                         const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                         float* __restrict__ h, bool xvec) {
@@ -175,9 +235,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (r >= n_ff) return;
   const int chunks = int(n_embd / K::kVals) * K::kChunks;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-    const int slot = slot_of(table, ids, p);
-    if (slot < 0) continue;
-    const uint8_t* base = slots + int64_t(slot) * slot_bytes + r * row_bytes;
+    const uint8_t* pb = pair_base(src, table, ids, p, k);
+    if (pb == nullptr) continue;
+    const uint8_t* base = pb + r * row_bytes;
     const float* xr = x + (p / k) * n_embd;
     float acc[2][1] = {{0.f}, {0.f}};
 #pragma unroll 2
@@ -207,7 +267,7 @@ __device__ __forceinline__ float fast_warp_dot(const uint8_t* wr, int64_t cols, 
 // gate_or_up_kernel with a fast format.
 template <typename K, bool kUp>
 __global__ void __launch_bounds__(32 * kWarps)
-    fast_gate_or_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t off, int64_t row_bytes,
+    fast_gate_or_up_kernel(Src src, int64_t off, int64_t row_bytes,
                            int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                            const float* __restrict__ x, const int32_t* __restrict__ ids, int64_t n_pairs, int k,
                            float* __restrict__ h, bool xvec) {
@@ -216,9 +276,9 @@ __global__ void __launch_bounds__(32 * kWarps)
   pdl_launch_dependents();
   if (r >= n_ff) return;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-    const int slot = slot_of(table, ids, p);
-    if (slot < 0) continue;
-    const uint8_t* wr = slots + int64_t(slot) * slot_bytes + off + r * row_bytes;
+    const uint8_t* base = pair_base(src, table, ids, p, k);
+    if (base == nullptr) continue;
+    const uint8_t* wr = base + off + r * row_bytes;
     const float d = fast_warp_dot<K>(wr, n_embd, x + (p / k) * n_embd, xvec);
     if ((threadIdx.x & 31) == 0) {
       float* hp = h + p * n_ff + r;
@@ -234,7 +294,7 @@ __global__ void __launch_bounds__(32 * kWarps)
 // summation order, so the result is deterministic (not the same order as down_kernel's).
 template <typename K>
 __global__ void __launch_bounds__(32 * kWarps)
-    fast_down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t row_bytes,
+    fast_down_kernel(Src src, int64_t down_off, int64_t row_bytes,
                      int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table, const float* __restrict__ h,
                      const int32_t* __restrict__ ids, const float* __restrict__ wts, int64_t n, int k,
                      float* __restrict__ out, bool hvec) {
@@ -251,10 +311,10 @@ __global__ void __launch_bounds__(32 * kWarps)
     for (int i = lane; i < tasks; i += 32) {
       const int j = i / chunks, c = i % chunks;
       const int64_t p = t * k + j;
-      const int slot = slot_of(table, ids, p);
-      if (slot >= 0) {
+      const uint8_t* base = pair_base(src, table, ids, p, k);
+      if (base != nullptr) {
         const int64_t b = c / K::kChunks;
-        const uint8_t* blk[1] = {slots + int64_t(slot) * slot_bytes + down_off + r * row_bytes + b * K::kBytes};
+        const uint8_t* blk[1] = {base + down_off + r * row_bytes + b * K::kBytes};
         float a[1][1] = {{0.f}};
         fd::chunk_dot<K, 1, 1>(blk, c % K::kChunks, h + p * n_ff + b * K::kVals, 0, 1, hvec, a);
         acc = fmaf(wts[p], a[0][0], acc);
@@ -265,20 +325,33 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
 }
 
-// Every row of a slot tensor at slots + s*slot_bytes + off is K::kAlign-aligned (the fast path's loads).
+// Where the kernels read direct pairs: the staging slots when fetched, else the host copy.
+const uint8_t* direct_base(const ExpertLayerView& v) { return v.stage ? v.stage : v.direct; }
+
+// Every row of a slot tensor at slots + s*slot_bytes + off (and direct_base + i*slot_bytes + off) is
+// K::kAlign-aligned (the fast path's loads).
 template <typename K>
 bool fast_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes) {
-  return fd::rows_aligned<K>(v.slots + off, row_bytes) && v.slot_bytes % K::kAlign == 0;
+  return fd::rows_aligned<K>(v.slots + off, row_bytes) && v.slot_bytes % K::kAlign == 0 &&
+         (v.direct == nullptr || fd::rows_aligned<K>(direct_base(v) + off, row_bytes));
 }
 
-// Every row of a tensor at slots + s*slot_bytes + off (row_bytes apart) is F::kAlign-aligned.
+// Every row of a tensor at slots + s*slot_bytes + off (and direct_base + i*slot_bytes + off; row_bytes apart) is
+// F::kAlign-aligned.
 template <typename F>
 bool slot_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes) {
-  return dq::aligned_for<F>(v.slots + off, row_bytes) && v.slot_bytes % F::kAlign == 0;
+  return dq::aligned_for<F>(v.slots + off, row_bytes) && v.slot_bytes % F::kAlign == 0 &&
+         (v.direct == nullptr || dq::aligned_for<F>(direct_base(v) + off, row_bytes));
 }
 
 void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
   STRATA_REQUIRE(v.slots != nullptr && v.slot_bytes > 0, "cuda {}: no expert slots", what);
+  STRATA_REQUIRE(v.direct_share >= 0 && v.direct_share <= strata::moe::kDirectShareOne,
+                 "cuda {}: direct share {} outside [0, {}]", what, v.direct_share, strata::moe::kDirectShareOne);
+  STRATA_REQUIRE(v.stage == nullptr || (v.direct != nullptr && v.stage_per_token >= 0 &&
+                                        v.stage_per_token >= strata::moe::direct_count(k, v.direct_share)),
+                 "cuda {}: {} staging slots a token for a direct share of {} of {} pairs", what, v.stage_per_token,
+                 v.direct_share, k);
   STRATA_REQUIRE(v.n_embd > 0 && v.n_ff > 0 && n >= 0 && k > 0, "cuda {}: bad shape n_embd {} n_ff {} n {} k {}",
                  what, v.n_embd, v.n_ff, n, k);
   STRATA_REQUIRE(n * k <= int64_t(1) << 40, "cuda {}: {} x {} pairs is too many", what, n, k);
@@ -300,6 +373,21 @@ unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>
 
 }  // namespace
 
+void moe_direct_fetch(const ExpertLayerView& v, const int32_t* table, const int32_t* ids, int64_t n, int k,
+                      cudaStream_t stream) {
+  check_view(v, "moe_direct_fetch", n, k);
+  STRATA_REQUIRE(v.direct != nullptr && v.stage != nullptr && v.direct_share > 0,
+                 "cuda moe_direct_fetch: needs a direct view with staging slots");
+  if (n == 0) return;
+  const bool vec = reinterpret_cast<uintptr_t>(v.direct) % 16 == 0 && reinterpret_cast<uintptr_t>(v.stage) % 16 == 0 &&
+                   v.slot_bytes % 16 == 0;
+  const dim3 grid(kFetchSlices, grid_y(n * k));
+  if (vec)
+    pdl::launch(direct_fetch_kernel<true>, grid, kFetchThreads, 0, stream, src_of(v), table, ids, n * k, k);
+  else
+    pdl::launch(direct_fetch_kernel<false>, grid, kFetchThreads, 0, stream, src_of(v), table, ids, n * k, k);
+}
+
 void check_expert_view(const ExpertLayerView& v, const char* what, int64_t n, int k) { check_view(v, what, n, k); }
 
 void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x, const int32_t* ids, int64_t n,
@@ -317,17 +405,17 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       if (quant::generic_only() || !fast_rows_aligned<K>(v, v.gate_off, rb) || !fast_rows_aligned<K>(v, v.up_off, rb))
         return;
       fast = true;
-      pdl::launch(fast_gate_up_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+      pdl::launch(fast_gate_up_kernel<K>, grid, 32 * kWarps, 0, stream, src_of(v), v.gate_off, v.up_off,
           rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
     });
     if (fast) return;
     dq::dispatch(v.gate_type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, v.gate_off, rb) && slot_rows_aligned<F>(v, v.up_off, rb))
-        pdl::launch(gate_up_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off,
+        pdl::launch(gate_up_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, src_of(v), v.gate_off,
             v.up_off, rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       else
-        pdl::launch(gate_up_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
+        pdl::launch(gate_up_kernel<F, 1>, grid, 32 * kWarps, 0, stream, src_of(v), v.gate_off, v.up_off,
             rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
     });
     return;
@@ -340,17 +428,17 @@ void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x,
       using K = decltype(kf);
       if (quant::generic_only() || !fast_rows_aligned<K>(v, off, rb)) return;
       fast = true;
-      pdl::launch(fast_gate_or_up_kernel<K, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
+      pdl::launch(fast_gate_or_up_kernel<K, kUp>, grid, 32 * kWarps, 0, stream, src_of(v), off, rb,
           v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
     });
     if (fast) return;
     dq::dispatch(type, [&](auto f) {
       using F = decltype(f);
       if (slot_rows_aligned<F>(v, off, rb))
-        pdl::launch(gate_or_up_kernel<F, F::kAlign, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off,
+        pdl::launch(gate_or_up_kernel<F, F::kAlign, kUp>, grid, 32 * kWarps, 0, stream, src_of(v), off,
             rb, v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
       else
-        pdl::launch(gate_or_up_kernel<F, 1, kUp>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, off, rb,
+        pdl::launch(gate_or_up_kernel<F, 1, kUp>, grid, 32 * kWarps, 0, stream, src_of(v), off, rb,
             v.n_embd, v.n_ff, table, x, ids, pairs, k, h, xvec);
     });
   };
@@ -370,17 +458,17 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
     using K = decltype(kf);
     if (quant::generic_only() || !fast_rows_aligned<K>(v, v.down_off, rb)) return;
     fast = true;
-    pdl::launch(fast_down_kernel<K>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
+    pdl::launch(fast_down_kernel<K>, grid, 32 * kWarps, 0, stream, src_of(v), v.down_off, rb, v.n_embd,
         v.n_ff, table, h, ids, wts, n, k, out, hvec);
   });
   if (fast) return;
   dq::dispatch(v.down_type, [&](auto f) {
     using F = decltype(f);
     if (slot_rows_aligned<F>(v, v.down_off, rb))
-      pdl::launch(down_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb,
+      pdl::launch(down_kernel<F, F::kAlign>, grid, 32 * kWarps, 0, stream, src_of(v), v.down_off, rb,
           v.n_embd, v.n_ff, table, h, ids, wts, n, k, out, hvec);
     else
-      pdl::launch(down_kernel<F, 1>, grid, 32 * kWarps, 0, stream, v.slots, v.slot_bytes, v.down_off, rb, v.n_embd,
+      pdl::launch(down_kernel<F, 1>, grid, 32 * kWarps, 0, stream, src_of(v), v.down_off, rb, v.n_embd,
           v.n_ff, table, h, ids, wts, n, k, out, hvec);
   });
 }

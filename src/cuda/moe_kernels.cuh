@@ -21,22 +21,42 @@ struct ExpertLayerView {
   GgmlType gate_type{}, up_type{}, down_type{};  // GPU storage types (cuda::quant::has_kernel)
   int64_t gate_off = 0, up_off = 0, down_off = 0;  // byte offsets inside a slot
   int64_t n_embd = 0, n_ff = 0;
+  // Direct reads (moe/direct_rule.h; moe_gate_up and moe_down only): this layer's experts in slot layout
+  // in pinned host memory that kernels can read (unified addressing), [n_expert][slot_bytes], and the
+  // share of each token's non-resident pairs read from there over PCIe (1/256ths). null or 0: none.
+  const uint8_t* direct = nullptr;
+  int direct_share = 0;
+  // Where direct pairs are read from: null: the kernels read v.direct over PCIe themselves; else device
+  // staging slots [n][stage_per_token][slot_bytes] that moe_direct_fetch filled first: pair (t, j) of
+  // direct rank r (moe::direct_rank) at stage + (t * stage_per_token + r) * slot_bytes.
+  uint8_t* stage = nullptr;
+  int stage_per_token = 0;  // >= direct_count(k, direct_share)
 };
 
-// For every (t, j), t < n, j < k, whose expert e = ids[t*k + j] is resident (slot = table[e] >= 0):
+// For every (t, j), t < n, j < k, whose expert e = ids[t*k + j] is resident (slot = table[e] >= 0), or
+// direct (v.direct; moe/direct_rule.h: then read from v.direct + e * slot_bytes):
 //   h[t*k + j][:] = silu(gate_e . x[t]) * (up_e . x[t])
-// Rows of non-resident experts are left untouched (moe_down does not read them).
+// Rows of the other pairs (the CPU pool's) are left untouched (moe_down does not read them).
 //   table: [n_expert] device int32 (this layer's row of the residency table)
 //   x: [n][n_embd] f32   ids: [n][k] int32   h: [n*k][n_ff] f32   (all device)
 void moe_gate_up(const ExpertLayerView& v, const int32_t* table, const float* x, const int32_t* ids,
                  int64_t n, int k, float* h, cudaStream_t stream);
 
-// out[t][:] = sum over j < k with expert ids[t*k+j] resident of  wts[t*k+j] * (down_e . h[t*k+j]),
-// summed in a fixed order (deterministic, not necessarily j order); a token with no resident expert gets
+// out[t][:] = sum over j < k with expert ids[t*k+j] resident or direct of  wts[t*k+j] * (down_e . h[t*k+j]),
+// summed in a fixed order (deterministic, not necessarily j order); a token with no such pair gets
 // zeros. out is overwritten.
 //   wts: [n][k] f32   out: [n][n_embd] f32   (device)
 void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, const int32_t* ids,
               const float* wts, int64_t n, int k, float* out, cudaStream_t stream);
+
+// With v.stage: copies the expert of every direct pair (moe/direct_rule.h) from v.direct to its staging
+// slot (slot_bytes each), for moe_gate_up / moe_down to read from device memory. Why not let those kernels
+// read host memory themselves: their loads are shaped for the formats (16-byte pieces, scales apart), and
+// over PCIe small scattered reads get a fraction of the link; this copy reads each expert as one
+// contiguous stream of 16-byte loads, several in flight per thread (bench_moe_direct measures both).
+//   table: [n_expert]   ids: [n][k]   (device)
+void moe_direct_fetch(const ExpertLayerView& v, const int32_t* table, const int32_t* ids, int64_t n, int k,
+                      cudaStream_t stream);
 
 // Throws strata::Error when the view cannot be used by the kernels above for n tokens of k experts
 // (no slots, bad shape, a type without a kernel, a tensor that does not fit in a slot).

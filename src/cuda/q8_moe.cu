@@ -185,6 +185,7 @@ bool rows16(const moe::ExpertLayerView& v, int64_t off, int64_t rb) {
 
 void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, const void* act, const void* h) {
   moe::check_expert_view(v, what, n, k);
+  STRATA_REQUIRE(v.direct == nullptr || v.direct_share == 0, "{}: direct reads run on the f32 kernels only", what);
   STRATA_REQUIRE(moe_supported(v), "{}: expert types {}/{}/{} or shape n_embd {} n_ff {} have no int8-activation "
                  "kernel (or rows are not 2-byte aligned)", what, type_name(v.gate_type), type_name(v.up_type),
                  type_name(v.down_type), v.n_embd, v.n_ff);

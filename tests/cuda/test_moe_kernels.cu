@@ -1,7 +1,8 @@
 // GPU MoE expert kernels (cuda/moe_kernels.cuh) vs a CPU reference built from strata::matmul Exact:
-// experts in scattered slots, some not resident (table -1), mixed types per tensor. Checks h of every
-// resident (token, j), that rows of non-resident experts are left untouched, and out (zeros for a token
-// with no resident expert). Errors are relative to the largest |value| of the compared row.
+// experts in scattered slots, some not resident (table -1), mixed types per tensor; optionally a share of
+// each token's misses read directly from a pinned host copy (moe/direct_rule.h). Checks h of every GPU
+// (resident or direct) pair, that rows of the other pairs are left untouched, and out (zeros for a token
+// with no GPU pair). Errors are relative to the largest |value| of the compared row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
+#include "moe/direct_rule.h"
 #include "moe_test_util.h"
 #include "quant/matmul.h"
 
@@ -29,6 +31,8 @@ namespace cm = strata::cuda::moe;
 struct MoeCase {
   GgmlType gate, up, down;
   int64_t extra_offset;  // added to the tensors' offsets and the slot size (odd: the byte-load path)
+  int direct_share = 0;  // moe/direct_rule.h share (1/256ths) of each token's misses read from host memory
+  bool fetch = false;    // direct pairs fetched into staging slots first (moe_direct_fetch)
 };
 
 class CudaMoe : public test::GpuKernelTest {
@@ -49,19 +53,44 @@ class CudaMoe : public test::GpuKernelTest {
     auto d_slots = upload_vec(slots);
     auto d_table = upload_vec(table);
     v.slots = d_slots.ptr<uint8_t>();
+    // Direct reads: every expert in slot layout in pinned host memory, [n_expert][slot_bytes], at the same
+    // alignment offset as the slots.
+    cuda::PinnedBuffer host;
+    if (mc.direct_share > 0) {
+      host = dev->alloc_pinned(size_t(L.n_expert) * size_t(v.slot_bytes), "direct expert copy");
+      uint8_t* hb = host.as<uint8_t>();
+      for (int e = 0; e < L.n_expert; ++e) {
+        uint8_t* base = hb + int64_t(e) * v.slot_bytes;
+        std::copy(G[e].begin(), G[e].end(), base + v.gate_off);
+        std::copy(U[e].begin(), U[e].end(), base + v.up_off);
+        std::copy(D[e].begin(), D[e].end(), base + v.down_off);
+      }
+      v.direct = hb;
+      v.direct_share = mc.direct_share;
+    }
     for (int64_t n : ns) {
       // Routing: k distinct random experts per token, except token 1: no resident expert (moe_test_util.h).
       std::vector<int32_t> ids;
       std::vector<float> wts;
       test::make_moe_test_routing(n, k, rng, ids, wts);
       const auto x = test::random_acts(n * n_embd, rng);
+      // Which pairs the GPU runs: resident, or direct by the shared rule.
+      std::vector<char> on_gpu(size_t(n * k));
+      int64_t n_direct = 0;
+      for (int64_t p = 0; p < n * k; ++p) {
+        const bool direct =
+            moe::pair_is_direct(ids.data() + (p / k) * k, table.data(), k, int(p % k), mc.direct_share);
+        on_gpu[size_t(p)] = table[ids[p]] >= 0 || direct;
+        n_direct += direct;
+      }
+      if (mc.direct_share > 0) EXPECT_GT(n_direct, 0);
 
       // CPU reference.
       std::vector<float> h_ref(n * k * n_ff, 0.f), out_ref(n * n_embd, 0.f), g(n_ff), u(n_ff), d(n_embd);
       for (int64_t t = 0; t < n; ++t)
         for (int j = 0; j < k; ++j) {
           const int e = ids[t * k + j];
-          if (table[e] < 0) continue;
+          if (!on_gpu[size_t(t * k + j)]) continue;
           matmul(mc.gate, G[e].data(), n_ff, n_embd, x.data() + t * n_embd, 1, g.data(), MatmulMode::Exact, pool);
           matmul(mc.up, U[e].data(), n_ff, n_embd, x.data() + t * n_embd, 1, u.data(), MatmulMode::Exact, pool);
           float* hr = h_ref.data() + (t * k + j) * n_ff;
@@ -73,6 +102,16 @@ class CudaMoe : public test::GpuKernelTest {
       auto d_ids = upload_vec(ids);
       auto d_wts = upload_vec(wts);
       auto d_x = upload_vec(x);
+      Buf d_stage;
+      v.stage = nullptr, v.stage_per_token = 0;
+      if (mc.fetch) {  // staging slots start as garbage: every byte a kernel reads must come from the fetch
+        const int per = moe::direct_count(k, mc.direct_share);
+        d_stage = output(size_t(n) * size_t(per) * size_t(v.slot_bytes) + 16, 0xA5);
+        v.stage = d_stage.ptr<uint8_t>();
+        v.stage_per_token = per;
+        cm::moe_direct_fetch(v, d_table.ptr<int32_t>(), d_ids.ptr<int32_t>(), n, k, stream());
+        cuda::note_launch(dev->compute(), {d_table.span(), d_ids.span()}, {d_stage.span()});
+      }
       auto d_h = output(n * k * n_ff * sizeof(float), 0xFF);  // NaN pattern: rows not written stay 0xFFFFFFFF
       auto d_out = output(n * n_embd * sizeof(float), 0xFF);
       cm::moe_gate_up(v, d_table.ptr<int32_t>(), d_x.ptr<float>(), d_ids.ptr<int32_t>(), n, k, d_h.ptr<float>(),
@@ -87,13 +126,15 @@ class CudaMoe : public test::GpuKernelTest {
 
       const std::string what = std::string(type_name(mc.gate)) + "/" + std::string(type_name(mc.up)) + "/" +
                                std::string(type_name(mc.down)) + " offset+" + std::to_string(mc.extra_offset) +
-                               " n " + std::to_string(n);
+                               " n " + std::to_string(n) +
+                               (mc.direct_share ? " direct " + moe::direct_share_str(mc.direct_share) : "") +
+                               (mc.fetch ? " fetched" : "");
       double worst_h = 0, worst_out = 0;
       int64_t untouched_bad = 0;
       for (int64_t p = 0; p < n * k; ++p) {
         const float* hr = h.data() + p * n_ff;
         const float* rr = h_ref.data() + p * n_ff;
-        if (table[ids[p]] < 0) {
+        if (!on_gpu[size_t(p)]) {
           for (int64_t r = 0; r < n_ff; ++r) {
             uint32_t bits;
             std::memcpy(&bits, &hr[r], 4);
@@ -115,13 +156,15 @@ class CudaMoe : public test::GpuKernelTest {
           scale = std::max(scale, std::fabs(double(b)));
           err = std::max(err, std::isfinite(a) ? std::fabs(double(a) - b) : 1e30);
         }
-        if (t == 1) {  // no resident expert: exact zeros
-          EXPECT_EQ(err, 0.0) << what << ": token 1 has no resident expert, max |out| " << err;
+        bool any_gpu = false;
+        for (int j = 0; j < k; ++j) any_gpu |= on_gpu[size_t(t * k + j)] != 0;
+        if (!any_gpu) {  // token 1 without direct reads: no resident expert, exact zeros
+          EXPECT_EQ(err, 0.0) << what << ": token " << t << " has no GPU pair, max |out| " << err;
           continue;
         }
         worst_out = std::max(worst_out, err / std::max(scale, 1e-30));
       }
-      EXPECT_EQ(untouched_bad, 0) << what << ": h rows of non-resident experts were written";
+      EXPECT_EQ(untouched_bad, 0) << what << ": h rows of the CPU pool's pairs were written";
       EXPECT_LT(worst_h, 1e-4) << what << ": h max error / max |h| of the row";
       EXPECT_LT(worst_out, 1e-4) << what << ": out max error / max |out| of the token";
       std::printf("moe %s: h err %.3g, out err %.3g\n", what.c_str(), worst_h, worst_out);
@@ -160,6 +203,24 @@ TEST_F(CudaMoe, FastPathFormatsAndTwoByteAlignment) {
   run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_0, 2}, {1});
 }
 
+// Direct reads (moe/direct_rule.h): a share of each token's misses read from pinned host memory over
+// PCIe, on the fast path (Q4_K / Q6_K, Q8_0) and the generic one (odd offsets: byte loads), with token 1's
+// all-miss routing (duplicates included).
+TEST_F(CudaMoe, DirectReadsFromPinnedHostMemory) {
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0, 96}, {1, 3, 9});
+  run({GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 0, 256}, {2});
+  run({GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, 0, 128}, {2});  // gate and up in two passes
+  run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 1, 128}, {3});
+}
+
+// The same with the direct pairs fetched into staging slots first (16-byte copies; bytes at odd offsets).
+TEST_F(CudaMoe, DirectReadsFetchedIntoStagingSlots) {
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0, 96, true}, {1, 3, 9});
+  run({GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 0, 256, true}, {2});
+  run({GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, 0, 128, true}, {2});
+  run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 1, 128, true}, {3});
+}
+
 TEST_F(CudaMoe, BadViewsAreErrors) {
   auto buf = output(4096);
   cm::ExpertLayerView v;
@@ -173,6 +234,9 @@ TEST_F(CudaMoe, BadViewsAreErrors) {
   EXPECT_THROW(cm::moe_gate_up(v, ip, fp, ip, 1, 2, fp, stream()), Error);
   v.slot_bytes = 3 * 36864;
   v.up_off = 36864, v.down_off = 2 * 36864;
+  v.direct_share = 300;  // more than all misses
+  EXPECT_THROW(cm::moe_gate_up(v, ip, fp, ip, 1, 2, fp, stream()), Error);
+  v.direct_share = 0;
   v.down_type = GgmlType::TQ1_0;  // no GPU kernel
   EXPECT_THROW(cm::moe_down(v, ip, fp, ip, fp, 1, 2, fp, stream()), Error);
   v.down_type = GgmlType::Q4_K;
