@@ -22,6 +22,7 @@ std::shared_ptr<const Model> load_model_for(const EngineFlags& ef) {
   co.stream_slots = ef.stream_slots;
   co.decode_stream = ef.decode_stream;
   co.prefill_stream = ef.prefill_stream;
+  co.decode_direct = ef.decode_direct;
   co.exact = ef.exact;
   co.n_ctx = ef.n_ctx > 0 ? ef.n_ctx : ef.ctx_hint;
   co.n_batch = std::max<int32_t>(ef.n_batch, ef.kv_sequences);
@@ -41,6 +42,10 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                what, backend.c_str(), 100.0 * r.hit_rate(), (long long)r.hits, (long long)r.misses,
                r.slots_used, r.n_slots, r.n_experts_total, (long long)r.swaps, double(r.bytes_h2d) / mib,
                double(r.bytes_d2h) / mib);
+  if (r.direct > 0)
+    std::fprintf(stderr, "strata: %s expert cache (%s): of the CPU pool's share above, %lld pairs were read by the GPU "
+                 "straight from host memory instead (direct reads, %.1f MiB over PCIe)\n", what, backend.c_str(),
+                 (long long)r.direct, double(r.direct) * double(r.slot_bytes) / mib);
   if (r.streamed > 0)
     std::fprintf(stderr, "strata: %s expert cache (%s): %lld non-resident experts streamed to the GPU for a pass, "
                  "%.1f MiB\n", what, backend.c_str(), (long long)r.streamed,

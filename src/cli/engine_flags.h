@@ -36,6 +36,7 @@ struct EngineFlags {
   int stream_slots = -1;
   std::string decode_stream = "off";
   std::string prefill_stream = "fixed";
+  std::string decode_direct = "0.375";
   int32_t ctx_hint = 4096;  // the subcommand's default context (sizes --expert-cache auto)
   int kv_sequences = 1;     // sequences the subcommand keeps at once (serve: --parallel)
 
@@ -77,6 +78,11 @@ struct EngineFlags {
                    "decode passes with staging slots: the share of a layer's non-resident experts copied to the "
                    "GPU while the CPU pool runs the rest: off, auto (balance the measured copy and CPU costs; "
                    "helps where the CPU pool leaves host memory bandwidth unused), or a share in [0, 1]")
+        ->capture_default_str();
+    app.add_option("--decode-direct", decode_direct,
+                   "decode passes with non-resident experts: the share of each token's non-resident experts the GPU "
+                   "reads straight from pinned host memory over PCIe while the CPU pool runs the rest: off or a "
+                   "share in [0, 1] (see docs/expert_cache.md)")
         ->capture_default_str();
     app.add_option("--prefill-stream", prefill_stream,
                    "prefill passes with staging slots: which non-resident experts with enough pairs are copied to "

@@ -32,6 +32,11 @@ struct CudaOptions {
   // staging slots) or auto (the busiest of them, as many as balance the copies against the CPU pool's
   // measured time for the rest: moe/stream_plan.h; timing-dependent, so off by default).
   std::string prefill_stream = "fixed";
+  // Decode-sized CPU-pool passes without decode streaming: the share of each token's non-resident experts
+  // the GPU reads straight from their pinned host copy over PCIe while the CPU pool runs the rest
+  // (moe/direct_rule.h, docs/expert_cache.md): "off" or a share in [0, 1]. Deterministic (a fixed rule on
+  // the routing). Not in the exact mode (the host copy is f32 there: 4-8x the bytes of a quantized expert).
+  std::string decode_direct = "0.375";
   bool cuda_graphs = true;  // replay passes of up to 8 tokens without the CPU pool as CUDA graphs
                             // (also off when the environment sets STRATA_CUDA_GRAPHS=0)
   // CPU-pool passes of up to 8 tokens enqueued whole as one graph, the host releasing each layer through

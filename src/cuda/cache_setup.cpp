@@ -9,6 +9,7 @@
 #include "cuda/host/slot_spec.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/pool_io.h"
+#include "moe/direct_rule.h"
 #include "moe/expert_usage.h"
 #include "moe/residency.h"
 
@@ -58,6 +59,7 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
   made.stream_min_pairs = stream_min_pairs_from_env();
   made.prefill_stream = strata::moe::PrefillStreamMode::parse(opt.prefill_stream, "--prefill-stream");
   made.decode_stream = strata::moe::DecodeStreamMode::parse(opt.decode_stream, "--decode-stream");
+  made.direct_share = strata::moe::parse_direct_share(opt.decode_direct, "--decode-direct");
   const DeviceInfo& info = dev.info();
   std::fprintf(stderr, "strata: cuda: %s (%.1f GiB), %sdense weights %.2f GiB; expert cache %d/%d slots of %.2f MiB (%.2f GiB)",
                info.name.c_str(), double(info.total_bytes) / kGiB, g.model.c_str(), double(g.dense_bytes) / kGiB,
@@ -77,6 +79,21 @@ MadeCache make_expert_cache(Device& dev, Transfer& xfer, const CudaOptions& opt,
   made.cache = std::make_unique<ExpertCache>(dev, xfer, g.n_embd, g.n_ff, g.n_expert, std::move(g.layers), cfg,
                                              profile.get());
   std::fprintf(stderr, "strata: cuda: %s\n", made.cache->residency().summary().c_str());
+  if (made.direct_share > 0 && n_slots < total) {
+    if (opt.exact) {
+      std::fprintf(stderr, "strata: cuda: --decode-direct %s is off in the exact mode (f32 experts)\n",
+                   opt.decode_direct.c_str());
+      made.direct_share = 0;
+    } else if (!xfer.mapped()) {
+      std::fprintf(stderr, "strata: cuda: --decode-direct %s is off: kernels cannot read pinned host memory here "
+                   "(no unified addressing, or STRATA_CUDA_MAPPED_IO=0)\n", opt.decode_direct.c_str());
+      made.direct_share = 0;
+    } else {
+      std::fprintf(stderr, "strata: cuda: direct reads: passes of < %lld tokens read %s of each token's "
+                   "non-resident experts from pinned host memory over PCIe; the CPU pool runs the rest\n",
+                   (long long)moe::kMoeGroupedMinTokens, strata::moe::direct_share_str(made.direct_share).c_str());
+    }
+  }
   if (n_stage > 0) {
     const bool balance = made.prefill_stream.kind == strata::moe::PrefillStreamMode::Auto;
     std::fprintf(stderr,

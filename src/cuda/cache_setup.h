@@ -39,6 +39,7 @@ struct MadeCache {
   int stream_min_pairs = 4;  // stream_min_pairs_from_env(): pairs an expert needs to be streamed
   strata::moe::PrefillStreamMode prefill_stream;  // CudaOptions::prefill_stream
   strata::moe::DecodeStreamMode decode_stream;    // CudaOptions::decode_stream
+  int direct_share = 0;  // CudaOptions::decode_direct in 1/256ths; 0 when off or where it cannot run
   // Microseconds to copy one expert into a staging slot (ExpertCache::time_stage_copy), measured when a
   // split needs it: staging slots and --prefill-stream auto or --decode-stream not off; else 0.
   double copy_us = 0;

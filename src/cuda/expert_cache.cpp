@@ -12,6 +12,7 @@
 #include "common/checked_math.h"
 #include "common/error.h"
 #include "cuda/quant_kernels.cuh"
+#include "moe/direct_rule.h"
 #include "quant/blocks.h"
 #include "quant/dequant.h"
 
@@ -446,6 +447,33 @@ const uint8_t* ExpertCache::host_expert(int layer, int expert) const {
   STRATA_REQUIRE(layer >= 0 && layer < res_.n_layer() && expert >= 0 && expert < n_expert_,
                  "expert cache: expert ({}, {}) out of range", layer, expert);
   return host_.as<const uint8_t>() + (size_t(layer) * size_t(n_expert_) + size_t(expert)) * size_t(slot_bytes_);
+}
+
+int ExpertCache::direct_stage_slots(int share, int64_t n, int k, bool fetch) const {
+  const int64_t per = strata::moe::direct_count(k, share);
+  if (!fetch || per == 0 || n <= 0 || n * per > n_stage_) return 0;
+  return int(n * per);
+}
+
+moe::ExpertLayerView ExpertCache::direct_view(int layer, int share, int64_t n, int k, bool fetch) const {
+  moe::ExpertLayerView v = layer_view(layer);
+  v.direct = host_expert(layer, 0);
+  v.direct_share = share;
+  if (direct_stage_slots(share, n, k, fetch) > 0) {
+    v.stage = static_cast<uint8_t*>(slot_span(res_.n_slots()).ptr);
+    v.stage_per_token = strata::moe::direct_count(k, share);
+  }
+  return v;
+}
+
+void ExpertCache::note_stage_access(const Stream& s, int count, bool write, Site site) const {
+  if (!sc::enabled() || count <= 0) return;
+  std::vector<sc::BufferId> ids;
+  for (int i = 0; i < count; ++i) ids.push_back(slot_span(res_.n_slots() + i).check_id);
+  if (write)
+    sc::global().on_launch(s.check_id(), {}, ids, site);
+  else
+    sc::global().on_launch(s.check_id(), ids, {}, site);
 }
 
 HostSpan ExpertCache::host_expert_span(int layer, int expert) const {

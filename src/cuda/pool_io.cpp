@@ -7,6 +7,7 @@
 #include "common/error.h"
 #include "cuda/model_common.h"
 #include "cuda/ops.cuh"
+#include "moe/direct_rule.h"
 #include "moe/expert_usage.h"
 
 namespace strata::cuda {
@@ -79,7 +80,10 @@ PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn
 
 namespace {
 // After the host waited for layer il's downloads: records its routing and splits its pairs (pool_split).
-int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, strata::moe::ExpertUsage* usage) {
+// With direct_share > 0 the pairs the GPU's kernels read directly (moe/direct_rule.h, the same rule on
+// the same ids and table) leave the CPU's share too.
+int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, strata::moe::ExpertUsage* usage,
+                    int direct_share = 0) {
   io.ids_h.note_host_access(strata::stream_check::Access::Read);
   io.wts_h.note_host_access(strata::stream_check::Access::Read);
   io.xn_h.note_host_access(strata::stream_check::Access::Read);
@@ -87,11 +91,16 @@ int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_exper
   const int32_t* hid = io.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
   const int32_t* row = c.cache.residency().layer_row(il);
   int64_t n_cpu = 0;
-  for (int64_t i = 0; i < nk; ++i) {
+  for (int64_t i = 0; i < nk; ++i)
     STRATA_REQUIRE(hid[i] >= 0 && hid[i] < n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
-    const bool on_gpu = row[hid[i]] >= 0;
+  const int k = io.k_used;
+  for (int64_t i = 0; i < nk; ++i) {
+    const int64_t t0 = i - i % k;
+    const bool direct = strata::moe::pair_is_direct(hid + t0, row, k, int(i - t0), direct_share);
+    const bool on_gpu = row[hid[i]] >= 0 || direct;
     io.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
     n_cpu += !on_gpu;
+    c.work.direct_pairs += direct;
   }
   c.cache.record(il, hid, nk);
   if (usage) usage->add(il, hid, n);
@@ -113,11 +122,11 @@ std::chrono::steady_clock::duration compute_partial(const PoolCtx& c, PoolIo& io
 }  // namespace
 
 int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
-                   strata::moe::ExpertUsage* usage) {
+                   strata::moe::ExpertUsage* usage, int direct_share) {
   const auto t0 = std::chrono::steady_clock::now();
   d.done.wait();
   c.work.route_wait += std::chrono::steady_clock::now() - t0;
-  return split_pairs(c, io, il, n, n_expert, usage);
+  return split_pairs(c, io, il, n, n_expert, usage, direct_share);
 }
 
 double pool_compute(const PoolCtx& c, PoolIo& io, const ExpertWeights& experts, int64_t n, int64_t n_embd,
@@ -137,6 +146,30 @@ bool gated_passes_enabled_by_env() {
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
   return on;
+}
+
+bool direct_fetch_enabled_by_env() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_DIRECT_FETCH");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+moe::ExpertLayerView direct_experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
+                                         const int32_t* ids, bool launch) {
+  const bool fetch = direct_fetch_enabled_by_env();
+  const moe::ExpertLayerView v = c.cache.direct_view(il, share, n, k, fetch);
+  if (v.stage != nullptr) {
+    const int count = c.cache.direct_stage_slots(share, n, k, fetch);
+    c.cache.note_stage_access(c.cs, count, /*write=*/true);
+    if (launch) {
+      moe::moe_direct_fetch(v, table, ids, n, k, c.cs.handle());
+      ++c.work.op_calls;
+    }
+    c.cache.note_stage_access(c.cs, count, /*write=*/false);  // the expert kernels that follow
+  }
+  return v;
 }
 
 bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd) {
@@ -190,7 +223,7 @@ void run_gated_host(const PoolCtx& c, PoolIo& io, const GatedHost& g, ThreadPool
       const auto t0 = std::chrono::steady_clock::now();
       io.gates->wait_signal(il, c.cs);
       c.work.route_wait += std::chrono::steady_clock::now() - t0;
-      if (split_pairs(c, io, il, g.n, g.n_expert, usage) > 0) {
+      if (split_pairs(c, io, il, g.n, g.n_expert, usage, g.direct_share) > 0) {
         compute_partial(c, io, g.experts(il), g.n, pool, mode);
       } else {  // every pair on the GPU this time
         io.partial_h.note_host_access(strata::stream_check::Access::Write);
@@ -346,6 +379,7 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.misses = s.misses;
   r.swaps = s.swaps;
   r.streamed = s.streamed;
+  r.direct = int64_t(work.direct_pairs);
   r.slots_used = s.slots_used;
   r.n_slots = s.n_slots;
   r.n_experts_total = n_layer * n_expert;

@@ -31,6 +31,7 @@ namespace strata::cuda {
 struct HostWork {
   uint64_t forwards = 0, graph_forwards = 0, captures = 0;
   uint64_t gated_forwards = 0;  // CPU-pool passes run gated (one graph, HostGates)
+  uint64_t direct_pairs = 0;    // non-resident pairs the GPU read from host memory (moe/direct_rule.h)
   uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
   uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
   // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
@@ -104,10 +105,11 @@ struct PoolDownloads {
 PoolDownloads pool_download(const PoolCtx& c, PoolIo& io, const DeviceBuffer& xn, int il, int64_t n, int64_t n_embd);
 
 // Waits for the downloads, records the layer's routing (expert cache statistics, usage), and splits its
-// pairs: io.ids_cpu = the expert id where the CPU runs the pair, -1 where a GPU slot does. Returns the
-// number of pairs for the CPU. Throws strata::Error for an expert id out of range.
+// pairs: io.ids_cpu = the expert id where the CPU runs the pair, -1 where the GPU does (a slot, or a direct
+// read at direct_share: moe/direct_rule.h). Returns the number of pairs for the CPU. Throws strata::Error
+// for an expert id out of range.
 int64_t pool_split(const PoolCtx& c, PoolIo& io, const PoolDownloads& d, int il, int64_t n, int n_expert,
-                   strata::moe::ExpertUsage* usage);
+                   strata::moe::ExpertUsage* usage, int direct_share = 0);
 
 // The CPU's pairs (io.ids_cpu) on the pool's threads, their weighted sum uploaded to io.partial on the
 // compute stream. The caller then adds io.partial into x with a kernel on the compute stream. Returns the
@@ -126,6 +128,15 @@ void pool_add_gated(const PoolCtx& c, PoolIo& io, const DeviceBuffer& x, int il,
                     bool enqueue);
 // False when the environment sets STRATA_CUDA_GATED=0 (read once per process).
 bool gated_passes_enabled_by_env();
+// False when the environment sets STRATA_CUDA_DIRECT_FETCH=0 (read once per process): direct pairs are
+// then read by the expert kernels straight from host memory instead of fetched first (moe_kernels.cuh).
+bool direct_fetch_enabled_by_env();
+// The view of layer il for a decode-sized pass's GPU experts with direct reads at `share` (> 0): with
+// staging slots for the pass, moe_direct_fetch is launched now (when `launch`) on the compute stream, its
+// writes and the expert kernels' reads of the staging slots noted for the checker. table: the layer's
+// device row; ids: its [n][k] routing (device).
+moe::ExpertLayerView direct_experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
+                                         const int32_t* ids, bool launch);
 // Whether a pass of n tokens fits the mapped route both ways (else it cannot run gated).
 bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd);
 // Per layer of a gated pass: 0 = every expert resident (no CPU pool), 1 = CPU pool and resident experts,
@@ -143,14 +154,15 @@ struct GatedPiece {
 GatedPiece gated_piece_layers(const std::vector<int>& pl, size_t k, int n_layer);
 // The host's part of a gated pass, after its graph launch: release(0) (the notes of the pass's first
 // piece); then per CPU-pool layer il = pool_layers[k]: wait for its signal, record its routing and split
-// its pairs (pool_split), run the CPU's pairs into io.partial_h (zeros when there are none: the pass adds
-// it all the same), open its gate, release(k + 1). If anything throws, the gates not yet opened are
+// its pairs (pool_split, with g.direct_share), run the CPU's pairs into io.partial_h (zeros when there are
+// none: the pass adds it all the same), open its gate, release(k + 1). If anything throws, the gates not yet opened are
 // aborted and the stream drained before the exception goes on (the pass's results are then garbage, and
 // the next pass may reset the flags).
 struct GatedHost {
   const std::vector<int>& pool_layers;
   int64_t n, n_embd;
   int n_expert;
+  int direct_share;  // moe/direct_rule.h: the GPU's kernels read these pairs directly (0: none)
   std::function<const ExpertWeights&(int)> experts;  // layer il's, as the CPU pool reads them
   std::function<void(size_t)> release;               // piece k's notes and counts (launches off)
 };

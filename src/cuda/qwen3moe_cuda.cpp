@@ -276,6 +276,7 @@ class CudaQwen3Moe final : public Model {
     cpu::AttnMath attn;
     bool launch;
     bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
+    int direct = 0;     // direct reads of non-resident experts (moe/direct_rule.h share; 0: none)
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -431,6 +432,7 @@ class CudaQwen3Moe final : public Model {
   std::vector<Layer> layers_;
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
   strata::moe::DecodeStreamMode decode_stream_;         // CudaOptions::decode_stream
+  int direct_share_ = 0;  // CudaOptions::decode_direct (moe/direct_rule.h), 0 where it cannot run
   mutable strata::moe::DecodeStreamCosts decode_costs_;  // copy cost measured at load, CPU cost averaged
   strata::moe::PrefillStreamMode prefill_stream_;        // CudaOptions::prefill_stream
   mutable strata::moe::PrefillStreamCosts prefill_costs_;  // as decode_costs_, the CPU cost per pair
@@ -523,6 +525,7 @@ void CudaQwen3Moe::load() {
   prefill_stream_ = made.prefill_stream;
   prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
   decode_stream_ = made.decode_stream;
+  direct_share_ = made.direct_share;
   if (cache_->n_stage() > 0 && decode_stream_.kind != strata::moe::DecodeStreamMode::Off) {
     decode_costs_ = strata::moe::DecodeStreamCosts(made.copy_us);
     std::fprintf(stderr,
@@ -688,9 +691,16 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
   // Kernel arguments: the slots' base pointer and layout (fixed for the cache's lifetime) and this layer's
   // row of the device table (a fixed address); which slot holds an expert is read from the table when
   // the kernel runs. See forward() for why a graph of these launches survives residency changes.
-  const moe::ExpertLayerView view = cache_->layer_view(il);
+  // Direct pairs (p.direct) read the pinned host copy; only with the layer's own table row.
+  const bool direct = p.direct > 0 && !staged_row;
   const int32_t* table = staged_row ? ws.stage_row.as<const int32_t>() : cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  STRATA_REQUIRE(!direct || (!experts_q8(p, il) && !experts_grouped(p, il)),
+                 "cuda: direct reads in a pass that runs its experts on the int8 or grouped kernels");
+  const moe::ExpertLayerView view =
+      direct ? direct_experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, p.direct, p.n, k_used, table, p.ids(il),
+                                   p.launch)
+             : cache_->layer_view(il);
   if (experts_q8(p, il)) {
     // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
     note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});
@@ -828,7 +838,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
     ++work_.captures;
     it = ws.graphs.emplace(key, std::move(g)).first;
   } else if (strata::stream_check::enabled()) {
-    body(Pass{ws, p.n, p.n_out, p.attn, false, p.pool});  // the replayed launches' notes, no kernel
+    body(Pass{ws, p.n, p.n_out, p.attn, false, p.pool, p.direct});  // the replayed launches' notes, no kernel
   }
   it->second.launch(cs);
 }
@@ -856,7 +866,8 @@ void CudaQwen3Moe::gated_piece(const Pass& p, const PoolCtx& pc, const std::vect
   attention_block(p, last);
   route(p, last);
   pool_download_signaled(pc, ws, ws.xn, last, p.n, E, p.launch);
-  if (kinds[size_t(last)] == 1) {  // the resident pairs meanwhile (x += their sum; before the CPU's partial)
+  // The resident (and direct) pairs meanwhile (x += their sum; before the CPU's partial).
+  if (kinds[size_t(last)] == 1 || p.direct > 0) {
     gpu_experts(p, last);
     add_moe_out(p, last);
   }
@@ -897,9 +908,9 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
   }
   it->second.launch(cs);
   ++work_.gated_forwards;
-  const Pass release{ws, p.n, p.n_out, p.attn, false, p.pool};
+  const Pass release{ws, p.n, p.n_out, p.attn, false, p.pool, p.direct};
   run_gated_host(pc, ws,
-                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert,
+                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert, p.direct,
                            [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
                            [&](size_t k) { gated_piece(release, pc, kinds, pl, k); }},
                  pool, opt.mode, opt.usage);
@@ -977,9 +988,11 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
 
   bool all_resident = true;
   for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
-  const Pass p{ws, n, n_out, opt.attn, true, !all_resident};
   const bool decode_stream_on = n < moe::kMoeGroupedMinTokens && cache_->n_stage() > 0 &&
                                 decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
+  // Direct reads in decode-sized CPU-pool passes without decode streaming (moe/direct_rule.h).
+  const int direct = !all_resident && n < moe::kMoeGroupedMinTokens && !decode_stream_on ? direct_share_ : 0;
+  const Pass p{ws, n, n_out, opt.attn, true, !all_resident, direct};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {
@@ -1018,8 +1031,8 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
       const bool prefill_streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
       const bool decode_streaming = !prefill_streaming && cache_->n_stage() > 0 &&
                                     decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
-      if (!prefill_streaming && n_res > 0) run_segment(p, 2 * il + 1, resident_experts);
-      int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage);
+      if (!prefill_streaming && (n_res > 0 || p.direct > 0)) run_segment(p, 2 * il + 1, resident_experts);
+      int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp.n_expert, opt.usage, p.direct);
       int cpu_experts = 0;
       if ((prefill_streaming || decode_streaming) && n_cpu > 0)
         n_cpu -= stream_experts(p, il, n_res, decode_streaming, &cpu_experts);

@@ -400,6 +400,7 @@ class CudaQwen3Next final : public Model {
     cpu::AttnMath attn;
     bool launch;
     bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
+    int direct = 0;     // direct reads of non-resident experts (moe/direct_rule.h share; 0: none)
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -573,6 +574,7 @@ class CudaQwen3Next final : public Model {
   const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
+  int direct_share_ = 0;        // CudaOptions::decode_direct (moe/direct_rule.h), 0 where it cannot run
   strata::moe::PrefillStreamMode prefill_stream_;          // CudaOptions::prefill_stream
   mutable strata::moe::PrefillStreamCosts prefill_costs_;  // copy cost measured at load, CPU cost per pair
   std::unique_ptr<Device> dev_;
@@ -799,6 +801,7 @@ void CudaQwen3Next::load() {
        .kv_what = "KV + recurrent state"});
   cache_ = std::move(made.cache);
   stream_min_tokens_ = made.stream_min_pairs;
+  direct_share_ = made.direct_share;
   prefill_stream_ = made.prefill_stream;
   prefill_costs_ = strata::moe::PrefillStreamCosts(made.copy_us);
   if (made.decode_stream.kind != strata::moe::DecodeStreamMode::Off)
@@ -1065,11 +1068,20 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il, bool staged_row) const {
     cache_->note_row_reads(cs, ws.stage_row.span(), ws.stage_row_h.data());  // the row and every slot it names
   else
     cache_->note_expert_reads(cs, il);  // the table and every slot the layer's row points to
-  const moe::ExpertLayerView view = cache_->layer_view(il);
+  // Direct pairs (p.direct) read the pinned host copy; only with the layer's own table row.
+  const bool direct = p.direct > 0 && !staged_row;
   const int32_t* table = staged_row ? ws.stage_row.as<const int32_t>() : cache_->device_layer_row(il);
   const int k_used = hp_.n_expert_used;
+  const bool grouped = p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 &&
+                       moe::moe_grouped_supported(cache_->layer_view(il));
+  STRATA_REQUIRE(!direct || (!grouped && !experts_q8(p, il)),
+                 "cuda: direct reads in a pass that runs its experts on the grouped or int8 kernels");
+  const moe::ExpertLayerView view =
+      direct ? direct_experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, p.direct, p.n, k_used, table, p.ids(il),
+                                   p.launch)
+             : cache_->layer_view(il);
   // Prefill: tokens grouped by expert on the tensor cores (qwen3moe_cuda.cpp gpu_experts says why).
-  if (p.n >= moe::kMoeGroupedMinTokens && ws.moe_scratch.bytes() > 0 && moe::moe_grouped_supported(view)) {
+  if (grouped) {
     note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
     op(p, [&] {
       moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il), ws.wts.as<const float>(),
@@ -1228,7 +1240,7 @@ void CudaQwen3Next::gated_piece(const Pass& p, const PoolCtx& pc, const std::vec
   const Layer& l = layers_[size_t(last)];
   layer_front(p, last);
   pool_download_signaled(pc, ws, ws.xn, last, p.n, E, p.launch);
-  const bool gpu_ran = kinds[size_t(last)] == 1;
+  const bool gpu_ran = kinds[size_t(last)] == 1 || p.direct > 0;  // resident or direct pairs
   if (gpu_ran) gpu_experts(p, last);
   shared_expert(p, l);
   if (gpu_ran && !experts_q8(p, last)) {
@@ -1260,9 +1272,9 @@ void CudaQwen3Next::forward_gated(const Pass& p, ThreadPool& pool, const Forward
   }
   it->second.launch(cs);
   ++work_.gated_forwards;
-  const Pass release{ws, p.n, p.n_out, p.n_runs, p.attn, false, p.pool};
+  const Pass release{ws, p.n, p.n_out, p.n_runs, p.attn, false, p.pool, p.direct};
   run_gated_host(pc, ws,
-                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert,
+                 GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert, p.direct,
                            [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
                            [&](size_t k) { gated_piece(release, pc, kinds, pl, k); }},
                  pool, opt.mode, opt.usage);
@@ -1283,10 +1295,11 @@ void CudaQwen3Next::pool_experts(const Pass& p, int il, ThreadPool& pool, const 
   const PoolDownloads dl = pool_download(pc, ws, ws.xn, il, n, E);
   const int n_res = cache_->residency().resident_in_layer(il);
   const bool streaming = n >= moe::kMoeGroupedMinTokens && cache_->n_stage() > 0;
-  if (!streaming && n_res > 0) gpu_experts(p, il);
+  const bool gpu_first = !streaming && (n_res > 0 || p.direct > 0);  // resident (and direct) pairs
+  if (gpu_first) gpu_experts(p, il);
   shared_expert(p, l);  // reads xn, writes tmp / sh_*: nothing the downloads read
-  int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp_.n_expert, opt.usage);
-  bool gpu_ran = !streaming && n_res > 0;
+  int64_t n_cpu = pool_split(pc, ws, dl, il, n, hp_.n_expert, opt.usage, p.direct);
+  bool gpu_ran = gpu_first;
   if (streaming) {
     ws.stage_order.clear();
     if (n_cpu > 0) stream_candidates(ws, n, hp_.n_expert, stream_min_tokens_, cache_->n_stage());
@@ -1384,7 +1397,9 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
 
   bool all_resident = true;
   for (int il = 0; il < np_.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
-  const Pass p{ws, n, n_out, n_runs, opt.attn, true, !all_resident};
+  // Direct reads in decode-sized CPU-pool passes (moe/direct_rule.h; qwen3next has no decode streaming).
+  const int direct = !all_resident && n < moe::kMoeGroupedMinTokens ? direct_share_ : 0;
+  const Pass p{ws, n, n_out, n_runs, opt.attn, true, !all_resident, direct};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {

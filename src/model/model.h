@@ -64,6 +64,7 @@ struct ExpertCacheReport {
   int64_t hits = 0, misses = 0;  // routed-expert selections served from a GPU slot / by the CPU pool
   int64_t swaps = 0;             // adaptation admissions
   int64_t streamed = 0;          // non-resident experts copied to the GPU for one pass (prefill and decode streaming)
+  int64_t direct = 0;            // of the misses, those the GPU read straight from host memory (--decode-direct)
   double stream_copy_us = 0, stream_cpu_us = 0;  // decode streaming's split: costs of one expert (0: not in use)
   int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
   uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module

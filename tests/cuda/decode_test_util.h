@@ -113,6 +113,11 @@ inline void expect_gated_passes_give_the_same_bits(const std::string& path, cons
     EXPECT_EQ(r_off.gated_forwards, 0);
     EXPECT_EQ(r_on.hits, r_off.hits);
     EXPECT_EQ(r_on.misses, r_off.misses);
+    EXPECT_EQ(r_on.direct, r_off.direct);  // direct reads (the default share) in both, none in the exact mode
+    if (c.exact)
+      EXPECT_EQ(r_on.direct, 0);
+    else
+      EXPECT_GT(r_on.direct, 0);
     EXPECT_GT(r_on.misses, 0);
     EXPECT_EQ(r_on.bytes_d2h, r_off.bytes_d2h);
   }

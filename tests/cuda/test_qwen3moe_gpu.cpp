@@ -511,6 +511,38 @@ TEST(Qwen3MoeGpuStreaming, DecodeStreamingKeepsExactTokens) {
   }
 }
 
+// Direct reads (moe/direct_rule.h) on KL-checked logits: the prompt in chunks of 7 (decode-sized passes,
+// gated) at 0% and 25% resident, with every miss read by the GPU over PCIe (share 1: the CPU pool gets
+// nothing) and with half of them, within 1.5x llama.cpp's KL for two formats; and the report counts them.
+TEST(Qwen3MoeGpuDirect, DirectReadsWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  for (const std::string type : {"Q4_K_M", "Q8_0"}) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * kLlamaKl.at(type);
+    for (const char* cache : {"0%", "25%"})
+      for (const char* share : {"1", "0.5"}) {
+        cuda::CudaOptions o;
+        o.expert_cache = cache;
+        o.adapt_every = 0;
+        o.n_ctx = 128;
+        o.decode_direct = share;
+        const Result r = evaluate(cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-" + type + ".gguf", o), ref,
+                                  MatmulMode::Fast, 7);
+        const ExpertCacheReport& d = r.decode;
+        std::printf("[ gpu direct fast %-6s %3s share %s ] mean KL %.3e (bound %.3e), decode misses %lld, direct "
+                    "%lld, gated %lld/%lld\n", type.c_str(), cache, share, r.mean_kl, bound, (long long)d.misses,
+                    (long long)d.direct, (long long)d.gated_forwards, (long long)d.forwards);
+        EXPECT_LE(r.mean_kl, bound) << type << " " << cache << " share " << share;
+        EXPECT_GT(r.prefill.direct, 0);
+        if (std::string(share) == "1")
+          EXPECT_EQ(d.direct, d.misses);
+        else
+          EXPECT_LT(d.direct, d.misses);
+        EXPECT_GT(d.direct, 0);
+      }
+  }
+}
+
 // The fast path with decode streaming on KL-checked logits: the prompt in chunks of 7 (decode-sized
 // passes) with every miss copied, at 0% and 25% resident, within 1.5x llama.cpp's KL for two formats.
 TEST(Qwen3MoeGpuStreaming, DecodeStreamingFastWithinLlamaCppKl) {
