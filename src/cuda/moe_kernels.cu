@@ -55,8 +55,9 @@ __device__ __forceinline__ const uint8_t* pair_base(const Src& s, const int32_t*
 }
 
 // moe_direct_fetch: grid x = slices of a slot, y = pairs (grid-stride). kVec: 16-byte copies (host copy,
-// staging and slot_bytes 16-byte aligned), each thread with 4 loads in flight before its stores.
-constexpr int kFetchThreads = 256, kFetchSlices = 48;
+// staging and slot_bytes 16-byte aligned), each thread with 8 loads in flight before its stores (a PCIe
+// read takes ~1-2 us; session 10's probe reached the copy engine's rate with 8 in flight and >= 64 blocks).
+constexpr int kFetchThreads = 256, kFetchSlices = 64, kFetchInFlight = 8;
 template <bool kVec>
 __global__ void __launch_bounds__(kFetchThreads)
     direct_fetch_kernel(Src src, const int32_t* __restrict__ table, const int32_t* __restrict__ ids, int64_t n_pairs,
@@ -78,10 +79,14 @@ __global__ void __launch_bounds__(kFetchThreads)
     if constexpr (kVec) {
       const uint4* f = reinterpret_cast<const uint4*>(from);
       uint4* o = reinterpret_cast<uint4*>(to);
+      constexpr int R = kFetchInFlight;
       int64_t i = lo + threadIdx.x;
-      for (; i + 3 * B < hi; i += 4 * B) {
-        const uint4 a = f[i], b = f[i + B], c = f[i + 2 * B], d = f[i + 3 * B];
-        o[i] = a, o[i + B] = b, o[i + 2 * B] = c, o[i + 3 * B] = d;
+      for (; i + (R - 1) * B < hi; i += R * B) {
+        uint4 q[R];
+#pragma unroll
+        for (int u = 0; u < R; ++u) q[u] = f[i + u * B];
+#pragma unroll
+        for (int u = 0; u < R; ++u) o[i + u * B] = q[u];
       }
       for (; i < hi; i += B) o[i] = f[i];
     } else {
