@@ -20,6 +20,7 @@
 #include "cpu/half.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
+#include "event_timer.cuh"
 #include "cuda/device.h"
 #include "cuda/ops.cuh"
 #include "cuda/transfer.h"
@@ -31,23 +32,7 @@ using namespace strata::cuda;
 
 constexpr int kHead = 32, kHeadKv = 4, kDim = 128;
 
-// Times `fn` (enqueued on `s`) over `reps` calls after 2 warm-up calls; microseconds per call.
-template <typename Fn>
-double time_us(cudaStream_t s, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  return 1000.0 * ms / reps;
-}
+using strata::bench::time_us;
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "event_timer.cuh"
 #include "cuda/device.h"
 #include "cuda/graph.h"
 #include "cuda/ops.cuh"
@@ -38,23 +39,7 @@ constexpr int kHead = 32, kHeadKv = 4, kDim = 128, kLayers = 48, kCtx = 4096, kE
               kEmbd = 2048;
 constexpr float kBase = 1e6f, kEps = 1e-6f;
 
-// Microseconds per call of `fn` (enqueued on `s`), `reps` calls after 2 warm-up calls.
-template <typename Fn>
-double time_us(cudaStream_t s, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) fn();
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  return 1000.0 * ms / reps;
-}
+using strata::bench::time_us;
 
 }  // namespace
 

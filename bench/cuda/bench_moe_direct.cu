@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "event_timer.cuh"
 #include "cuda/device.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/transfer.h"
@@ -33,22 +34,7 @@ using namespace strata::cuda;
 constexpr int64_t kEmbd = 2048, kFf = 768;
 constexpr int kExperts = 128, kUsed = 8;
 
-template <typename Fn>
-double time_us(cudaStream_t s, int reps, Fn fn) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  fn(0);
-  CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < reps; ++i) fn(i);
-  CUDA_CHECK(cudaEventRecord(b, s));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  return 1000.0 * ms / reps;
-}
+using strata::bench::time_us;
 
 }  // namespace
 
@@ -79,13 +65,13 @@ int main(int argc, char** argv) {
   std::vector<int32_t> table(kExperts, -1);
   for (int e = 0, sl = 0; e < kExperts; e += 4) table[size_t(e)] = sl++;
   v.slots = slots.as<uint8_t>();
-  // Routing of `reps` + 1 tokens: 8 distinct experts each, 2 resident and 6 not (as at 25% resident),
+  // Routing of `reps` + 2 tokens: 8 distinct experts each, 2 resident and 6 not (as at 25% resident),
   // each token's experts other than the previous token's.
   std::mt19937 rng(7);
   std::vector<int32_t> ids;
   std::vector<int> res, non;
   for (int e = 0; e < kExperts; ++e) (table[size_t(e)] >= 0 ? res : non).push_back(e);
-  for (int r = 0; r <= reps; ++r) {
+  for (int r = 0; r < reps + 2; ++r) {  // the timed calls, then the 2 warm-ups
     std::shuffle(res.begin(), res.end(), rng);
     std::shuffle(non.begin(), non.end(), rng);
     for (int j = 0; j < 2; ++j) ids.push_back(res[size_t(j)]);
