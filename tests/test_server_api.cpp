@@ -332,13 +332,16 @@ TEST(ServerMetrics, PrometheusTextHasTheFigures) {
   SchedulerSnapshot s;
   s.queue_depth = 3;
   s.decode_tok_s = 12.5;
-  std::string t = m.render_prometheus(info, {}, s);
+  BackendStats bs;
+  bs.expert_cache_hits = 30, bs.expert_cache_lookups = 120, bs.expert_cache_direct = 35;
+  std::string t = m.render_prometheus(info, bs, s);
   EXPECT_NE(t.find("strata_requests_total{endpoint=\"chat.completions\",outcome=\"ok\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("strata_requests_total{endpoint=\"messages\",outcome=\"rejected\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("strata_generated_tokens_total 42\n"), std::string::npos);
   EXPECT_NE(t.find("strata_queue_depth 3\n"), std::string::npos);
   EXPECT_NE(t.find("strata_decode_tokens_per_second 12.5\n"), std::string::npos);
-  EXPECT_NE(t.find("strata_expert_cache_hit_rate 0\n"), std::string::npos);
+  EXPECT_NE(t.find("strata_expert_cache_hit_rate 0.25\n"), std::string::npos);
+  EXPECT_NE(t.find("strata_expert_cache_direct_total 35\n"), std::string::npos);
   EXPECT_NE(t.find("model=\"tiny\\\"q\""), std::string::npos);
   // Every sample line belongs to a declared metric family.
   std::string family;

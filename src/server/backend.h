@@ -28,6 +28,7 @@ struct BackendStats {
   uint64_t expert_cache_used = 0;      // bytes holding experts
   uint64_t expert_cache_hits = 0;      // expert lookups served from the cache
   uint64_t expert_cache_lookups = 0;
+  uint64_t expert_cache_direct = 0;    // misses the GPU read from host memory (--decode-direct)
   uint64_t weights_bytes = 0;          // model weights resident in memory
 };
 

@@ -88,6 +88,7 @@ BackendStats EngineBackend::stats() const {
     s.expert_cache_used = uint64_t(r.slots_used) * r.slot_bytes;
     s.expert_cache_hits = uint64_t(r.hits);
     s.expert_cache_lookups = uint64_t(r.hits + r.misses);
+    s.expert_cache_direct = uint64_t(r.direct);
   }
   return s;
 }

@@ -98,6 +98,9 @@ std::string Metrics::render_prometheus(const BackendInfo& info, const BackendSta
   value("strata_expert_cache_hits_total", double(bs.expert_cache_hits));
   metric("strata_expert_cache_lookups_total", "counter", "Expert lookups.");
   value("strata_expert_cache_lookups_total", double(bs.expert_cache_lookups));
+  metric("strata_expert_cache_direct_total", "counter",
+         "Expert lookups that missed the cache and were read by the GPU from host memory (--decode-direct).");
+  value("strata_expert_cache_direct_total", double(bs.expert_cache_direct));
   metric("strata_expert_cache_hit_rate", "gauge", "Hits / lookups (0 when there are none).");
   value("strata_expert_cache_hit_rate", hit_rate(bs));
   metric("strata_process_resident_bytes", "gauge", "Resident memory of the server process.");
@@ -138,6 +141,7 @@ nlohmann::json Metrics::stats_json(const BackendInfo& info, const BackendStats& 
       {"expert_cache_bytes", bs.expert_cache_bytes},
       {"expert_cache_used", bs.expert_cache_used},
       {"expert_cache_hit_rate", hit_rate(bs)},
+      {"expert_cache_direct", bs.expert_cache_direct},
       {"weights_bytes", bs.weights_bytes},
       {"rss_bytes", process_rss_bytes()},
       {"heartbeat_age_s", s.heartbeat_age_s},
