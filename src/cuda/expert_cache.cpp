@@ -449,19 +449,14 @@ const uint8_t* ExpertCache::host_expert(int layer, int expert) const {
   return host_.as<const uint8_t>() + (size_t(layer) * size_t(n_expert_) + size_t(expert)) * size_t(slot_bytes_);
 }
 
-int ExpertCache::direct_stage_slots(int share, int64_t n, int k, bool fetch) const {
-  const int64_t per = strata::moe::direct_count(k, share);
-  if (!fetch || per == 0 || n <= 0 || n * per > n_stage_) return 0;
-  return int(n * per);
-}
-
 moe::ExpertLayerView ExpertCache::direct_view(int layer, int share, int64_t n, int k, bool fetch) const {
   moe::ExpertLayerView v = layer_view(layer);
   v.direct = host_expert(layer, 0);
   v.direct_share = share;
-  if (direct_stage_slots(share, n, k, fetch) > 0) {
+  const int per = strata::moe::direct_count(k, share);
+  if (fetch && per > 0 && n > 0 && n * per <= n_stage_) {
     v.stage = static_cast<uint8_t*>(slot_span(res_.n_slots()).ptr);
-    v.stage_per_token = strata::moe::direct_count(k, share);
+    v.stage_per_token = per;
   }
   return v;
 }

@@ -126,13 +126,11 @@ class ExpertCache {
   // A view of layer `layer` whose non-resident pairs are read from the pinned host copy at `share`
   // (moe/direct_rule.h; over PCIe: the caller checks the device can, see Transfer::mapped). The host copy
   // never changes after construction, so reading it needs no ordering. With fetch and enough staging
-  // slots for n tokens of k pairs (direct_stage_slots), the view names the first of them as its staging
-  // (moe_direct_fetch fills them on the compute stream, like any kernel: ordered against the other
-  // kernels and, through the transfer module, against streaming's copies into the same slots); else the
-  // kernels read the host copy themselves.
+  // slots for n tokens of k pairs (n * direct_count(k, share)), the view names the first of them as its
+  // staging (stage, stage_per_token; moe_direct_fetch fills them on the compute stream, like any kernel:
+  // ordered against the other kernels and, through the transfer module, against streaming's copies into
+  // the same slots); else the kernels read the host copy themselves.
   moe::ExpertLayerView direct_view(int layer, int share, int64_t n, int k, bool fetch) const;
-  // Staging slots a direct view of n tokens of k pairs at `share` uses (0: it reads the host copy).
-  int direct_stage_slots(int share, int64_t n, int k, bool fetch) const;
   // For the checker, next to a launch on `s` that writes (moe_direct_fetch) or reads (the expert kernels)
   // the first `count` staging slots.
   void note_stage_access(const Stream& s, int count, bool write, Site site = Site::here()) const;

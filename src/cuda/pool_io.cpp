@@ -156,12 +156,12 @@ bool direct_fetch_enabled_by_env() {
   return on;
 }
 
-moe::ExpertLayerView direct_experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
-                                         const int32_t* ids, bool launch) {
-  const bool fetch = direct_fetch_enabled_by_env();
-  const moe::ExpertLayerView v = c.cache.direct_view(il, share, n, k, fetch);
+moe::ExpertLayerView experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
+                                  const int32_t* ids, bool launch) {
+  if (share <= 0) return c.cache.layer_view(il);
+  const moe::ExpertLayerView v = c.cache.direct_view(il, share, n, k, direct_fetch_enabled_by_env());
   if (v.stage != nullptr) {
-    const int count = c.cache.direct_stage_slots(share, n, k, fetch);
+    const int count = int(n) * v.stage_per_token;
     c.cache.note_stage_access(c.cs, count, /*write=*/true);
     if (launch) {
       moe::moe_direct_fetch(v, table, ids, n, k, c.cs.handle());

@@ -131,12 +131,12 @@ bool gated_passes_enabled_by_env();
 // False when the environment sets STRATA_CUDA_DIRECT_FETCH=0 (read once per process): direct pairs are
 // then read by the expert kernels straight from host memory instead of fetched first (moe_kernels.cuh).
 bool direct_fetch_enabled_by_env();
-// The view of layer il for a decode-sized pass's GPU experts with direct reads at `share` (> 0): with
-// staging slots for the pass, moe_direct_fetch is launched now (when `launch`) on the compute stream, its
-// writes and the expert kernels' reads of the staging slots noted for the checker. table: the layer's
-// device row; ids: its [n][k] routing (device).
-moe::ExpertLayerView direct_experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
-                                         const int32_t* ids, bool launch);
+// The view of layer il for a pass's GPU experts: share 0, the layer's view; with direct reads at
+// `share` > 0, the direct view, and with staging slots for the pass, moe_direct_fetch launched now (when
+// `launch`) on the compute stream, its writes and the expert kernels' reads of the staging slots noted for
+// the checker. table: the layer's device row; ids: its [n][k] routing (device).
+moe::ExpertLayerView experts_view(const PoolCtx& c, int il, int share, int64_t n, int k, const int32_t* table,
+                                  const int32_t* ids, bool launch);
 // Whether a pass of n tokens fits the mapped route both ways (else it cannot run gated).
 bool pool_fits_gated(const PoolIo& io, const Transfer& xfer, int64_t n, int64_t n_embd);
 // Per layer of a gated pass: 0 = every expert resident (no CPU pool), 1 = CPU pool and resident experts,

@@ -697,10 +697,8 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
   const int k_used = hp_.n_expert_used;
   STRATA_REQUIRE(!direct || (!experts_q8(p, il) && !experts_grouped(p, il)),
                  "cuda: direct reads in a pass that runs its experts on the int8 or grouped kernels");
-  const moe::ExpertLayerView view =
-      direct ? direct_experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, p.direct, p.n, k_used, table, p.ids(il),
-                                   p.launch)
-             : cache_->layer_view(il);
+  const moe::ExpertLayerView view = experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, direct ? p.direct : 0, p.n,
+                                                 k_used, table, p.ids(il), p.launch);
   if (experts_q8(p, il)) {
     // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
     note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});

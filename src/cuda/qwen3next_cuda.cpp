@@ -1076,10 +1076,8 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il, bool staged_row) const {
                        moe::moe_grouped_supported(cache_->layer_view(il));
   STRATA_REQUIRE(!direct || (!grouped && !experts_q8(p, il)),
                  "cuda: direct reads in a pass that runs its experts on the grouped or int8 kernels");
-  const moe::ExpertLayerView view =
-      direct ? direct_experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, p.direct, p.n, k_used, table, p.ids(il),
-                                   p.launch)
-             : cache_->layer_view(il);
+  const moe::ExpertLayerView view = experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, direct ? p.direct : 0, p.n,
+                                                 k_used, table, p.ids(il), p.launch);
   // Prefill: tokens grouped by expert on the tensor cores (qwen3moe_cuda.cpp gpu_experts says why).
   if (grouped) {
     note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});

@@ -1,21 +1,17 @@
 #include "moe/direct_rule.h"
 
-#include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 #include "common/error.h"
+#include "moe/stream_plan.h"
 
 namespace strata::moe {
 
 int parse_direct_share(const std::string& text, const std::string& what) {
   if (text == "off") return 0;
-  char* end = nullptr;
-  // strtod skips leading spaces and reads "nan"/"inf": only plain decimals pass.
-  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.');
-  const double v = plain ? std::strtod(text.c_str(), &end) : NAN;
-  STRATA_REQUIRE(plain && end == text.c_str() + text.size() && std::isfinite(v) && v >= 0 && v <= 1,
+  double v = 0;
+  STRATA_REQUIRE(parse_unit_share(text, &v),
                  "{} must be off or a share of each token's non-resident experts in [0, 1], got '{}'", what, text);
   return static_cast<int>(std::lround(v * kDirectShareOne));
 }

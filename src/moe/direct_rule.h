@@ -1,10 +1,11 @@
 #pragma once
-// Direct reads of non-resident experts (docs/expert_cache.md, "Direct reads"): in a gated CPU-pool pass
-// the GPU reads part of each token's non-resident experts straight from their pinned host copy over
-// PCIe (zero-copy) while the CPU pool runs the rest. Why: the CPU pool alone leaves host memory
-// bandwidth unused (it is bound per core, docs/gpu.md), and the GPU's reads add ~45 GB/s beside it
-// (bench/results/2026-12-01-gpu-session10-h200.md). No copy, no staging slot, no host call on the
-// layer's path: the GPU's kernels and the host apply the same rule to the same routing and table.
+// Direct reads of non-resident experts (docs/expert_cache.md, "Direct reads"): in a decode-sized CPU-pool
+// pass the GPU reads part of each token's non-resident experts from their pinned host copy over PCIe
+// (moe_direct_fetch into staging slots, or the expert kernels themselves) while the CPU pool runs the
+// rest. Why: the CPU pool alone leaves host memory bandwidth unused (it is bound per core, docs/gpu.md),
+// and the GPU's reads add ~45 GB/s beside it (bench/results/2026-12-01-gpu-session10-h200.md). No host
+// call on the layer's path: the GPU's kernels and the host apply the same rule to the same routing and
+// table.
 //
 // The rule, per token t of a pass (k pairs j = 0..k-1, expert ids[t*k+j], table row of the layer):
 //   a pair is a miss when its id is >= 0 and table[id] < 0;

@@ -10,6 +10,16 @@
 
 namespace strata::moe {
 
+bool parse_unit_share(const std::string& text, double* share) {
+  char* end = nullptr;
+  // strtod skips leading spaces and reads "nan"/"inf": only plain decimals pass.
+  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.');
+  const double v = plain ? std::strtod(text.c_str(), &end) : NAN;
+  if (!(plain && end == text.c_str() + text.size() && std::isfinite(v) && v >= 0 && v <= 1)) return false;
+  *share = v;
+  return true;
+}
+
 DecodeStreamMode DecodeStreamMode::parse(const std::string& text, const std::string& what) {
   DecodeStreamMode m;
   if (text == "auto") return m;
@@ -17,12 +27,9 @@ DecodeStreamMode DecodeStreamMode::parse(const std::string& text, const std::str
     m.kind = Off;
     return m;
   }
-  char* end = nullptr;
-  // strtod skips leading spaces and reads "nan"/"inf": only plain decimals pass.
-  const bool plain = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.');
-  const double v = plain ? std::strtod(text.c_str(), &end) : NAN;
-  STRATA_REQUIRE(plain && end == text.c_str() + text.size() && std::isfinite(v) && v >= 0 && v <= 1,
-                 "{} must be auto, off or a share of the misses in [0, 1], got '{}'", what, text);
+  double v = 0;
+  STRATA_REQUIRE(parse_unit_share(text, &v), "{} must be auto, off or a share of the misses in [0, 1], got '{}'",
+                 what, text);
   if (v == 0) {
     m.kind = Off;
   } else {

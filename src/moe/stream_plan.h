@@ -10,6 +10,10 @@
 
 namespace strata::moe {
 
+// A share in [0, 1] written as a plain decimal ("0.375", ".5", "1"): true and *share set, or false for
+// anything else (spaces, signs, "nan", "inf", out of range). The share options' one parser.
+bool parse_unit_share(const std::string& text, double* share);
+
 // What a decode pass does with its misses: off (all on the CPU pool), a fixed share of them copied, or
 // auto (balanced by the measured costs).
 struct DecodeStreamMode {
