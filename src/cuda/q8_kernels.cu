@@ -23,6 +23,8 @@ constexpr int kThreads = 256;  // 8 warps per block in every kernel here
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(const float* __restrict__ x, int64_t blocks, int8_t* __restrict__ q, float2* __restrict__ ds) {
   const int lane = threadIdx.x & 31;
+  pdl_wait();  // (PDL: x comes from the previous kernel)
+  pdl_launch_dependents();
   for (int64_t b = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5); b < blocks;
        b += int64_t(gridDim.x) * (kThreads / 32))
     q8c::quantize_warp(x[32 * b + lane], q + 32 * b, ds + b);
@@ -208,8 +210,7 @@ void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cu
   const int64_t blocks = n * (cols / 32);
   if (blocks == 0) return;
   const int64_t grid = std::min<int64_t>((blocks + kThreads / 32 - 1) / (kThreads / 32), 65535);
-  quantize_kernel<<<unsigned(grid), kThreads, 0, stream>>>(x, blocks, q, ds);
-  CUDA_CHECK_LAUNCH();
+  pdl::launch(quantize_kernel, unsigned(grid), kThreads, 0, stream, x, blocks, q, ds);
 }
 
 void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
