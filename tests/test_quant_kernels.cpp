@@ -151,6 +151,39 @@ TEST(QuantKernels, UnitFormatsSameBitsOnEveryLevel) {
   std::printf("compared %d rows bit for bit\n", compared);
 }
 
+// Q8_0, Q4_K, Q5_K and Q6_K: the scalar kernels follow the SIMD lanes and float order too, so every level
+// gives the same bits (the model's logits then do not depend on the CPU). Rows with outliers (large
+// integer sums, whose float conversion rounds) and negative weight scales.
+TEST(QuantKernels, KQuantsAndQ8_0SameBitsOnEveryLevel) {
+  std::mt19937 rng(77);
+  int compared = 0;
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const q::ActType at = q::act_type_for(t);
+    q::VecDotFn scalar = q::vec_dot_scalar(t);
+    ASSERT_NE(scalar, nullptr) << type_name(t);
+    for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
+      if (level > cpu_max_level()) continue;
+      q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
+      ASSERT_NE(fn, nullptr);
+      for (int64_t n : {256, 768, 2048, 8192}) {
+        for (int r = 0; r < 6; ++r) {
+          auto w = test::random_row(t, n, rng);
+          auto x = test::random_acts(n, rng);
+          if (r >= 3)
+            for (int64_t i = 0; i < n; i += 5) x[size_t(i)] *= 80.f;
+          std::vector<uint8_t> xq(q::act_row_bytes(at, n));
+          q::quantize_act_row(at, x.data(), xq.data(), n);
+          const float a = scalar(n, w.data(), xq.data()), b = fn(n, w.data(), xq.data());
+          EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
+              << cpu_level_name(level) << " " << type_name(t) << " n=" << n << " scalar " << a << " simd " << b;
+          ++compared;
+        }
+      }
+    }
+  }
+  std::printf("compared %d rows bit for bit\n", compared);
+}
+
 // The AVX-512 level's 512-bit K-quant decode kernels (vec_dot_x86.inc, dot_q4_k_zmm) promise the bits of
 // the 256-bit kernels they replace: the same integer sums per lane, then the same float operations. Rows
 // with outliers too (large integer sums, whose float conversion rounds).

@@ -1,8 +1,12 @@
 // Portable scalar fast-mode kernels: the same integer math as the AVX2/AVX-512 kernels (per-block
-// integer sums, one float multiply per block), so those are tested against these. The formats the SIMD
-// code takes as units of 32 values (Q2_K, Q3_K, IQ*) are in vec_dot_units.cpp, with the SIMD kernels'
-// float order too: the same bits on every CPU level.
+// integer sums, one float multiply per block), so those are tested against these. Q8_0, Q4_K, Q5_K and
+// Q6_K (below) and the formats the SIMD code takes as units of 32 values (Q2_K, Q3_K, IQ*, in
+// vec_dot_units.cpp) also follow the SIMD kernels' float order: the same bits on every CPU level (why:
+// a model's logits then do not depend on the CPU; at the scalar level the IQ4_XS fixture, whose q8_0,
+// q5_K and q6_K tensors took another order, was past its KL bound).
+#include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "quant/iq_tables.h"
 #include "quant/vec_dot.h"
@@ -40,16 +44,25 @@ float dot_bf16(int64_t n, const void* w, const void* xq) {
 }
 
 // ---- 32-value formats x Q8_32 ----
+// The SIMD kernels' float order (vec_dot_x86.inc): 8 int32 lanes, lane l summing the products of values
+// 4l .. 4l + 3 of each 32-value group; one FMA per lane per block into its own float accumulator,
+// acc[l] = fma(dw * dx, float(lane[l]), acc[l]); then hsum8 once per row.
+inline float hsum8(const float a[8]) { return hsum8_simd_order(a); }
+inline void fma_lanes(float acc[8], float scale, const int32_t lane[8]) {
+  for (int l = 0; l < 8; ++l) acc[l] = std::fma(scale, static_cast<float>(lane[l]), acc[l]);
+}
+
+// Q8_0: one FMA chain per lane, as ggml's vec_dot_q8_0_q8_0 (tools/ggml_parity.cpp).
 float dot_q8_0(int64_t n, const void* w, const void* xq) {
   const auto* a = static_cast<const BlockQ8_0*>(w);
   const auto* x = static_cast<const BlockQ8A*>(xq);
-  float s = 0;
+  float acc[8] = {};
   for (int64_t b = 0; b < n / QK; ++b) {
-    int sum = 0;
-    for (int j = 0; j < QK; ++j) sum += a[b].qs[j] * x[b].qs[j];
-    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(sum);
+    int32_t lane[8] = {};
+    for (int j = 0; j < QK; ++j) lane[j / 4] += a[b].qs[j] * x[b].qs[j];
+    fma_lanes(acc, fp16_to_fp32(a[b].d) * x[b].d, lane);
   }
-  return s;
+  return hsum8(acc);
 }
 float dot_q4_0(int64_t n, const void* w, const void* xq) {
   const auto* a = static_cast<const BlockQ4_0*>(w);
@@ -120,66 +133,68 @@ float dot_iq4_nl(int64_t n, const void* w, const void* xq) {
 }
 
 // ---- K-quants x Q8_K ----
-float dot_q4_k(int64_t n, const void* w, const void* xq) {
-  const auto* a = static_cast<const BlockQ4_K*>(w);
+// Q4_K / Q5_K as vec_dot_x86.inc's dotn_k4: lane l takes values 4l .. 4l + 3 of each 32-value sub-block
+// j times its scale; acc[l] = fma(dx * d, float(lane[l]), acc[l]). The mins: Q4_K as 4 float lanes,
+// lane q = mins[2q] * (bsum pair 2q) + mins[2q + 1] * (bsum pair 2q + 1), m[q] = fma(dx * dmin, float, m[q]),
+// summed (m0 + m2) + (m1 + m3) and subtracted at the end; Q5_K (as ggml) one integer per block and a
+// scalar chain s = fma(-(dx * dmin), float(sum), s), added at the end.
+template <bool Q5>
+float dot_k4(int64_t n, const void* w, const void* xq) {
+  using Block = std::conditional_t<Q5, BlockQ5_K, BlockQ4_K>;
+  const auto* a = static_cast<const Block*>(w);
   const auto* x = static_cast<const BlockQ8_K*>(xq);
-  float s = 0;
+  float acc[8] = {}, acc_m[4] = {}, sum_m = 0.f;
   for (int64_t b = 0; b < n / QK_K; ++b) {
-    int isum = 0, msum = 0;
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) k4_scale_min(j, a[b].scales, sc[j], m[j]);
+    const float d = fp16_to_fp32(a[b].d), dmin = fp16_to_fp32(a[b].dmin);
+    int32_t mins[4];
+    for (int q = 0; q < 4; ++q)
+      mins[q] = m[2 * q] * (x[b].bsums[4 * q] + x[b].bsums[4 * q + 1]) +
+                m[2 * q + 1] * (x[b].bsums[4 * q + 2] + x[b].bsums[4 * q + 3]);
+    if constexpr (Q5) {
+      sum_m = std::fma(-(x[b].d * dmin), static_cast<float>((mins[0] + mins[1]) + (mins[2] + mins[3])), sum_m);
+    } else {
+      for (int q = 0; q < 4; ++q) acc_m[q] = std::fma(x[b].d * dmin, static_cast<float>(mins[q]), acc_m[q]);
+    }
+    int32_t lane[8] = {};
     for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      k4_scale_min(j, a[b].scales, sc, m);
       const uint8_t* q = a[b].qs + 32 * (j / 2);
       const int shift = 4 * (j & 1);
-      int gs = 0;
-      for (int l = 0; l < 32; ++l) gs += ((q[l] >> shift) & 0xF) * x[b].qs[32 * j + l];
-      isum += sc * gs;
-      msum += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+      for (int l = 0; l < 32; ++l) {
+        int v = (q[l] >> shift) & 0xF;
+        if constexpr (Q5) v |= ((a[b].qh[l] >> j) & 1) << 4;
+        lane[l / 4] += sc[j] * (v * x[b].qs[32 * j + l]);
+      }
     }
-    s += x[b].d * (fp16_to_fp32(a[b].d) * isum - fp16_to_fp32(a[b].dmin) * msum);
+    fma_lanes(acc, x[b].d * d, lane);
   }
-  return s;
+  if constexpr (Q5) return hsum8(acc) + sum_m;
+  return hsum8(acc) - ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
 }
-float dot_q5_k(int64_t n, const void* w, const void* xq) {
-  const auto* a = static_cast<const BlockQ5_K*>(w);
-  const auto* x = static_cast<const BlockQ8_K*>(xq);
-  float s = 0;
-  for (int64_t b = 0; b < n / QK_K; ++b) {
-    int isum = 0, msum = 0;
-    for (int j = 0; j < 8; ++j) {
-      uint8_t sc, m;
-      k4_scale_min(j, a[b].scales, sc, m);
-      const uint8_t* q = a[b].qs + 32 * (j / 2);
-      const int shift = 4 * (j & 1);
-      int gs = 0;
-      for (int l = 0; l < 32; ++l)
-        gs += (((q[l] >> shift) & 0xF) | (((a[b].qh[l] >> j) & 1) << 4)) * x[b].qs[32 * j + l];
-      isum += sc * gs;
-      msum += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
-    }
-    s += x[b].d * (fp16_to_fp32(a[b].d) * isum - fp16_to_fp32(a[b].dmin) * msum);
-  }
-  return s;
-}
+float dot_q4_k(int64_t n, const void* w, const void* xq) { return dot_k4<false>(n, w, xq); }
+float dot_q5_k(int64_t n, const void* w, const void* xq) { return dot_k4<true>(n, w, xq); }
+
+// Q6_K as vec_dot_x86.inc's dotn_q6_k: lane l starts at -32 * (sc[2l] * bsums[2l] + sc[2l + 1] * bsums[2l + 1])
+// (the codes' offset) and takes values 4l .. 4l + 3 of each 32-value quarter u times the scale of their
+// 16-value half (sc[2u] for lanes 0-3, sc[2u + 1] for 4-7); acc[l] = fma(dx * d, float(lane[l]), acc[l]).
 float dot_q6_k(int64_t n, const void* w, const void* xq) {
   const auto* a = static_cast<const BlockQ6_K*>(w);
   const auto* x = static_cast<const BlockQ8_K*>(xq);
-  float s = 0;
+  float acc[8] = {};
   for (int64_t b = 0; b < n / QK_K; ++b) {
-    int isum = 0;
-    for (int g = 0; g < 16; ++g) {
-      int gs = 0;
-      for (int p = 16 * g; p < 16 * g + 16; ++p) {
-        const int h = p / 128, l = p % 32, k = (p % 128) / 32;  // k: which of the 4 quarter rows
-        const uint8_t lo = a[b].ql[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1));
-        const int q = ((lo & 0xF) | (((a[b].qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-        gs += q * x[b].qs[p];
-      }
-      isum += a[b].scales[g] * gs;
+    int32_t lane[8];
+    for (int l = 0; l < 8; ++l)
+      lane[l] = -32 * (a[b].scales[2 * l] * x[b].bsums[2 * l] + a[b].scales[2 * l + 1] * x[b].bsums[2 * l + 1]);
+    for (int p = 0; p < QK_K; ++p) {
+      const int h = p / 128, l = p % 32, k = (p % 128) / 32;  // k: which of the 4 quarter rows
+      const uint8_t lo = a[b].ql[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1));
+      const int q = (lo & 0xF) | (((a[b].qh[32 * h + l] >> (2 * k)) & 3) << 4);  // the code, 0..63
+      lane[(p % 32) / 4] += a[b].scales[p / 16] * (q * x[b].qs[p]);
     }
-    s += fp16_to_fp32(a[b].d) * x[b].d * static_cast<float>(isum);
+    fma_lanes(acc, x[b].d * fp16_to_fp32(a[b].d), lane);
   }
-  return s;
+  return hsum8(acc);
 }
 
 }  // namespace

@@ -31,10 +31,7 @@ struct UnitBlock {
   float d = 0, dmin = 0;
 };
 
-inline float hsum8(const float a[8]) {
-  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-  return (t0 + t2) + (t1 + t3);
-}
+inline float hsum8(const float a[8]) { return hsum8_simd_order(a); }
 
 // Lane l of a pair of 16-value groups: v[2l] * bsums[2l] + v[2l + 1] * bsums[2l + 1].
 template <typename T>

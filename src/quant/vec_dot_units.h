@@ -7,9 +7,9 @@
 // lanes (each lane an FMA into its own accumulator, the 8 summed at the end) while a plain scalar kernel
 // takes one sum per block, and the two roundings differ in the last bits. With the same order the scalar
 // kernels are an exact reference for the SIMD ones (tests compare bits, not a tolerance), and a product in
-// these formats does not depend on the CPU it runs on. (Whole-model results still do: the other formats,
-// f32 products, attention and norms keep their own float orders per level; at STRATA_CPU=scalar the IQ4_XS
-// fixture's fast KL stays at 9.39e-3, a routing flip that comes from those.)
+// these formats does not depend on the CPU it runs on. Q8_0, Q4_K, Q5_K and Q6_K's scalar kernels
+// (vec_dot_scalar.cpp) follow the SIMD order too; Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and the float formats do
+// not (their SIMD kernels use 2 FMA chains with AVX2 and 4 with AVX-512, so those two levels differ).
 #include <cstdint>
 
 #include "quant/types.h"
@@ -17,6 +17,13 @@
 namespace strata::q {
 
 using UnitDotFn = float (*)(int64_t n, const void* w, const void* xq);
+
+// The SIMD kernels' horizontal sum of 8 float lanes (vec_dot_x86.inc hsum): ((a0 + a4) + (a2 + a6)) +
+// ((a1 + a5) + (a3 + a7)).
+inline float hsum8_simd_order(const float a[8]) {
+  const float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+  return (t0 + t2) + (t1 + t3);
+}
 
 // The kernel for `type` (Q8_K activations, n a multiple of 256), or null for a format not taken as units.
 UnitDotFn unit_dot_scalar(GgmlType type);
