@@ -44,15 +44,9 @@ float dot_bf16(int64_t n, const void* w, const void* xq) {
 }
 
 // ---- 32-value formats x Q8_32 ----
-// The SIMD kernels' float order (vec_dot_x86.inc): 8 int32 lanes, lane l summing the products of values
-// 4l .. 4l + 3 of each 32-value group; one FMA per lane per block into its own float accumulator,
-// acc[l] = fma(dw * dx, float(lane[l]), acc[l]); then hsum8 once per row.
-inline float hsum8(const float a[8]) { return hsum8_simd_order(a); }
-inline void fma_lanes(float acc[8], float scale, const int32_t lane[8]) {
-  for (int l = 0; l < 8; ++l) acc[l] = std::fma(scale, static_cast<float>(lane[l]), acc[l]);
-}
-
-// Q8_0: one FMA chain per lane, as ggml's vec_dot_q8_0_q8_0 (tools/ggml_parity.cpp).
+// Q8_0 in the SIMD kernels' float order (vec_dot_x86.inc): 8 int32 lanes, lane l summing the products of
+// values 4l .. 4l + 3 of the block; one FMA chain per lane (fma_lanes_simd_order), as ggml's
+// vec_dot_q8_0_q8_0 (tools/ggml_parity.cpp); hsum8_simd_order once per row.
 float dot_q8_0(int64_t n, const void* w, const void* xq) {
   const auto* a = static_cast<const BlockQ8_0*>(w);
   const auto* x = static_cast<const BlockQ8A*>(xq);
@@ -60,9 +54,9 @@ float dot_q8_0(int64_t n, const void* w, const void* xq) {
   for (int64_t b = 0; b < n / QK; ++b) {
     int32_t lane[8] = {};
     for (int j = 0; j < QK; ++j) lane[j / 4] += a[b].qs[j] * x[b].qs[j];
-    fma_lanes(acc, fp16_to_fp32(a[b].d) * x[b].d, lane);
+    fma_lanes_simd_order(acc, fp16_to_fp32(a[b].d) * x[b].d, lane);
   }
-  return hsum8(acc);
+  return hsum8_simd_order(acc);
 }
 float dot_q4_0(int64_t n, const void* w, const void* xq) {
   const auto* a = static_cast<const BlockQ4_0*>(w);
@@ -167,10 +161,10 @@ float dot_k4(int64_t n, const void* w, const void* xq) {
         lane[l / 4] += sc[j] * (v * x[b].qs[32 * j + l]);
       }
     }
-    fma_lanes(acc, x[b].d * d, lane);
+    fma_lanes_simd_order(acc, x[b].d * d, lane);
   }
-  if constexpr (Q5) return hsum8(acc) + sum_m;
-  return hsum8(acc) - ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
+  if constexpr (Q5) return hsum8_simd_order(acc) + sum_m;
+  return hsum8_simd_order(acc) - ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]));
 }
 float dot_q4_k(int64_t n, const void* w, const void* xq) { return dot_k4<false>(n, w, xq); }
 float dot_q5_k(int64_t n, const void* w, const void* xq) { return dot_k4<true>(n, w, xq); }
@@ -190,11 +184,11 @@ float dot_q6_k(int64_t n, const void* w, const void* xq) {
       const int h = p / 128, l = p % 32, k = (p % 128) / 32;  // k: which of the 4 quarter rows
       const uint8_t lo = a[b].ql[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1));
       const int q = (lo & 0xF) | (((a[b].qh[32 * h + l] >> (2 * k)) & 3) << 4);  // the code, 0..63
-      lane[(p % 32) / 4] += a[b].scales[p / 16] * (q * x[b].qs[p]);
+      lane[l / 4] += a[b].scales[p / 16] * (q * x[b].qs[p]);
     }
-    fma_lanes(acc, x[b].d * fp16_to_fp32(a[b].d), lane);
+    fma_lanes_simd_order(acc, x[b].d * fp16_to_fp32(a[b].d), lane);
   }
-  return hsum8(acc);
+  return hsum8_simd_order(acc);
 }
 
 }  // namespace

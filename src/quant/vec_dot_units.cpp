@@ -14,7 +14,6 @@
 // block's d (and dmin) computed as the SIMD Fmt computes them, and the init / min lanes.
 #include "quant/vec_dot_units.h"
 
-#include <cmath>
 #include <cstring>
 
 #include "quant/blocks.h"
@@ -30,8 +29,6 @@ struct UnitBlock {
   int32_t mins[8];      // has_min: the min term's lanes (already times the bsums)
   float d = 0, dmin = 0;
 };
-
-inline float hsum8(const float a[8]) { return hsum8_simd_order(a); }
 
 // Lane l of a pair of 16-value groups: v[2l] * bsums[2l] + v[2l + 1] * bsums[2l + 1].
 template <typename T>
@@ -63,12 +60,12 @@ float dot_units(int64_t n, const void* w, const void* xq, Decode decode) {
       }
     if constexpr (kHasMin) {
       const float dm = x[b].d * ub.dmin;
-      for (int l = 0; l < 8; ++l) corr[l] = std::fma(dm, static_cast<float>(ub.mins[l]), corr[l]);
+      fma_lanes_simd_order(corr, dm, ub.mins);
     }
     const float dd = x[b].d * ub.d;
-    for (int l = 0; l < 8; ++l) acc[l] = std::fma(dd, static_cast<float>(lane[l]), acc[l]);
+    fma_lanes_simd_order(acc, dd, lane);
   }
-  return kHasMin ? hsum8(acc) - hsum8(corr) : hsum8(acc);
+  return kHasMin ? hsum8_simd_order(acc) - hsum8_simd_order(corr) : hsum8_simd_order(acc);
 }
 
 // ---- decoders: (block index, weights, the block's activations) -> UnitBlock ----
