@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "common/error.h"
@@ -117,6 +119,35 @@ TEST(QuantKernels, SimdKernelsMatchScalar) {
   std::printf("compared %d SIMD rows\n", compared);
 }
 
+namespace {
+
+// Kernels a and b (named for the messages) on the same rows of type t, bit for bit: `rows` random rows at
+// each size, those from `plain` on with outliers (every `step`-th activation times `scale`: wide activation
+// blocks, large integer sums whose float conversion rounds). Returns the rows compared.
+int expect_same_bits(GgmlType t, q::VecDotFn a, std::string_view a_name, q::VecDotFn b, std::string_view b_name,
+                     std::initializer_list<int64_t> sizes, int rows, int plain, int step, float scale,
+                     std::mt19937& rng) {
+  const q::ActType at = q::act_type_for(t);
+  int compared = 0;
+  for (int64_t n : sizes) {
+    for (int r = 0; r < rows; ++r) {
+      auto w = test::random_row(t, n, rng);
+      auto x = test::random_acts(n, rng);
+      if (r >= plain)
+        for (int64_t i = 0; i < n; i += step) x[size_t(i)] *= scale;
+      std::vector<uint8_t> xq(q::act_row_bytes(at, n));
+      q::quantize_act_row(at, x.data(), xq.data(), n);
+      const float va = a(n, w.data(), xq.data()), vb = b(n, w.data(), xq.data());
+      EXPECT_EQ(std::memcmp(&va, &vb, sizeof(float)), 0)
+          << type_name(t) << " n=" << n << " " << a_name << " " << va << " " << b_name << " " << vb;
+      ++compared;
+    }
+  }
+  return compared;
+}
+
+}  // namespace
+
 // The formats the SIMD kernels take as units of 32 values (Q2_K, Q3_K, IQ*): the scalar kernels keep the
 // SIMD float order (src/quant/vec_dot_units.h), so scalar, AVX2 and AVX-512 give the same bits, also for
 // rows with outliers (large integer sums, whose float conversion rounds).
@@ -132,20 +163,8 @@ TEST(QuantKernels, UnitFormatsSameBitsOnEveryLevel) {
       if (level > cpu_max_level()) continue;
       q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
       ASSERT_NE(fn, nullptr);
-      for (int64_t n : {256, 2048, 8192}) {
-        for (int r = 0; r < 4; ++r) {
-          auto w = test::random_row(t, n, rng);
-          auto x = test::random_acts(n, rng);
-          if (r >= 2)
-            for (int64_t i = 0; i < n; i += 7) x[size_t(i)] *= 50.f;  // outliers: wide activation blocks
-          std::vector<uint8_t> xq(q::act_row_bytes(q::ActType::Q8_K, n));
-          q::quantize_act_row(q::ActType::Q8_K, x.data(), xq.data(), n);
-          const float a = q::unit_dot_scalar(t)(n, w.data(), xq.data()), b = fn(n, w.data(), xq.data());
-          EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
-              << cpu_level_name(level) << " " << type_name(t) << " n=" << n << " scalar " << a << " simd " << b;
-          ++compared;
-        }
-      }
+      compared += expect_same_bits(t, q::unit_dot_scalar(t), "scalar", fn, cpu_level_name(level),
+                                   {256, 2048, 8192}, 4, 2, 7, 50.f, rng);
     }
   }
   std::printf("compared %d rows bit for bit\n", compared);
@@ -158,27 +177,14 @@ TEST(QuantKernels, KQuantsAndQ8_0SameBitsOnEveryLevel) {
   std::mt19937 rng(77);
   int compared = 0;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    const q::ActType at = q::act_type_for(t);
     q::VecDotFn scalar = q::vec_dot_scalar(t);
     ASSERT_NE(scalar, nullptr) << type_name(t);
     for (CpuLevel level : {CpuLevel::Avx2, CpuLevel::Avx512}) {
       if (level > cpu_max_level()) continue;
       q::VecDotFn fn = level == CpuLevel::Avx2 ? q::vec_dot_avx2(t) : q::vec_dot_avx512(t);
       ASSERT_NE(fn, nullptr);
-      for (int64_t n : {256, 768, 2048, 8192}) {
-        for (int r = 0; r < 6; ++r) {
-          auto w = test::random_row(t, n, rng);
-          auto x = test::random_acts(n, rng);
-          if (r >= 3)
-            for (int64_t i = 0; i < n; i += 5) x[size_t(i)] *= 80.f;
-          std::vector<uint8_t> xq(q::act_row_bytes(at, n));
-          q::quantize_act_row(at, x.data(), xq.data(), n);
-          const float a = scalar(n, w.data(), xq.data()), b = fn(n, w.data(), xq.data());
-          EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0)
-              << cpu_level_name(level) << " " << type_name(t) << " n=" << n << " scalar " << a << " simd " << b;
-          ++compared;
-        }
-      }
+      compared += expect_same_bits(t, scalar, "scalar", fn, cpu_level_name(level), {256, 768, 2048, 8192},
+                                   6, 3, 5, 80.f, rng);
     }
   }
   std::printf("compared %d rows bit for bit\n", compared);
@@ -197,19 +203,7 @@ TEST(QuantKernels, WideKQuantKernelsSameBitsAsAvx2) {
     q::VecDotFn wide = q::vec_dot_avx512(t), ref = q::vec_dot_avx2(t);
     ASSERT_NE(wide, nullptr);
     ASSERT_NE(ref, nullptr);
-    for (int64_t n : {256, 768, 2048, 8192}) {
-      for (int r = 0; r < 8; ++r) {
-        auto w = test::random_row(t, n, rng);
-        auto x = test::random_acts(n, rng);
-        if (r >= 4)
-          for (int64_t i = 0; i < n; i += 5) x[size_t(i)] *= 80.f;
-        std::vector<uint8_t> xq(q::act_row_bytes(q::ActType::Q8_K, n));
-        q::quantize_act_row(q::ActType::Q8_K, x.data(), xq.data(), n);
-        const float a = ref(n, w.data(), xq.data()), b = wide(n, w.data(), xq.data());
-        EXPECT_EQ(std::memcmp(&a, &b, sizeof(float)), 0) << type_name(t) << " n=" << n << " avx2 " << a << " avx512 " << b;
-        ++compared;
-      }
-    }
+    compared += expect_same_bits(t, ref, "avx2", wide, "avx512", {256, 768, 2048, 8192}, 8, 4, 5, 80.f, rng);
   }
   std::printf("compared %d rows bit for bit\n", compared);
 }
