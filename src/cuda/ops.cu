@@ -6,6 +6,7 @@
 #include "cuda/ops.cuh"
 
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 
 #include <algorithm>
 #include <cmath>
@@ -550,9 +551,13 @@ __device__ void route_token(const float* lr, int n_expert, int k, bool norm, int
                             RouteShared& sh) {
   const int tid = threadIdx.x, lane = tid & 31, nt = blockDim.x;
   float mx = -INFINITY;
-  for (int e = tid; e < n_expert; e += nt) mx = fmaxf(mx, __ldcg(lr + e));
+  for (int e = tid; e < n_expert; e += nt) {
+    const float l = __ldcg(lr + e);  // one L2 round trip: each logit is read once
+    sh.p[e] = l;
+    mx = fmaxf(mx, l);
+  }
   mx = block_reduce(mx, sh.red, MaxOp{});  // exact whatever the order
-  for (int e = tid; e < n_expert; e += nt) sh.p[e] = exp_cr(__ldcg(lr + e) - mx);
+  for (int e = tid; e < n_expert; e += nt) sh.p[e] = exp_cr(sh.p[e] - mx);  // (only this thread wrote p[e])
   __syncthreads();
   if (tid < 32) {
     double sum = 0.0;
@@ -743,13 +748,18 @@ __global__ void __launch_bounds__(kRouterRowThreads)
 }
 
 // ---- norm_router_route: ffn_norm (+ its Q8 activations) and the router in one launch.
-// Block = one router row (as router_route_row_kernel): the row is staged before the PDL wait; then for each
-// token every block computes rmsnorm(x[t]) itself (x is 8 KB, read from L2) with ops::rmsnorm's exact
-// arithmetic: the double sum of a 256-thread block (thread j: x[j], x[j+256], ...; the xor butterfly per
-// warp; the 8 warp sums in order) emulated by 128 threads holding virtual threads j and j + 128; then
-// y = x * scale * w in shared memory, the row's dot product on y with router_row_dot's lane order (same
-// bits as quant::matmul F32 on xn), and this block's share of xn and its Q8 quantization (32-value groups
-// g = 4 * block + warp, + 4 * gridDim: each written once). cols % 32 == 0, cols <= kRouterStage.
+// Block = one router row (as router_route_row_kernel): the row and the norm weight are staged in shared
+// memory before the PDL wait; then for each token every block computes rmsnorm(x[t]) itself (x is 8 KB,
+// read from L2) with ops::rmsnorm's exact arithmetic: the double sum of a 256-thread block (thread j: x[j],
+// x[j+256], ...; the xor butterfly per warp; the 8 warp sums in order) emulated by 128 threads holding
+// virtual threads j and j + 128; then y = x * scale * w in shared memory, the row's dot product on y with
+// router_row_dot's lane order (same bits as quant::matmul F32 on xn), and this block's share of xn and its
+// Q8 quantization (32-value groups g = 4 * block + warp, + 4 * gridDim: each written once).
+// cols % 32 == 0, cols <= kRouterStage.
+// Why the staging and the registers: after the wait this kernel is on the decode chain's critical path
+// (the experts wait for its ids). Thread tid's 16 values of x are loaded in one go (one L2 round trip, where
+// a loop carrying a double sum waits for each load), and the norm weight is already on chip.
+constexpr int kNormRouterPer = kRouterStage / kRouterRowThreads;  // values of x per thread, at most
 template <int A>
 __global__ void __launch_bounds__(kRouterRowThreads)
     norm_router_route_kernel(const float* __restrict__ x, const float* __restrict__ nw, float eps,
@@ -758,28 +768,45 @@ __global__ void __launch_bounds__(kRouterRowThreads)
                              float* logits, int32_t* ids, float* weights, unsigned* counter) {
   using F = dq::Fmt<GgmlType::F32>;
   static_assert(kRouterRowThreads == 128, "the 256-thread sum order is emulated with 2 values per thread");
+  static_assert(kNormRouterPer % 2 == 0, "even / odd values are the two virtual threads");
   __shared__ __align__(16) float row[kRouterStage];
+  __shared__ __align__(16) float nws[kRouterStage];  // the norm weight
   __shared__ __align__(16) float ys[kRouterStage];
   __shared__ double red[8];
   __shared__ RouteShared sh;
   const int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int len = int(cols);
   const uint8_t* wr = w + int64_t(r) * rb;
+  // The row and the norm weight go to shared memory as asynchronous copies where aligned (cp.async: the
+  // block reaches its wait at once, the copies land while it waits; staged through registers instead,
+  // the block arrived at its wait after the previous kernel had ended, delaying the whole chain).
   if constexpr (A >= 16) {
-    const float4* src = reinterpret_cast<const float4*>(wr);
-    for (int i = tid; i < len / 4; i += kRouterRowThreads) reinterpret_cast<float4*>(row)[i] = __ldg(src + i);
+    for (int i = tid; i < len / 4; i += kRouterRowThreads) __pipeline_memcpy_async(row + 4 * i, wr + 16 * i, 16);
   } else {
     for (int i = tid; i < len; i += kRouterRowThreads) row[i] = F::one(wr, i);
   }
-  pdl_wait();  // (PDL: x comes from the previous kernel; the row is a weight)
+  if (reinterpret_cast<uintptr_t>(nw) % 16 == 0) {
+    for (int i = tid; i < len / 4; i += kRouterRowThreads) __pipeline_memcpy_async(nws + 4 * i, nw + 4 * i, 16);
+  } else {
+    for (int i = tid; i < len; i += kRouterRowThreads) nws[i] = __ldg(nw + i);
+  }
+  __pipeline_commit();
+  pdl_wait();  // (PDL: x comes from the previous kernel; the row and the norm weight are weights)
   pdl_launch_dependents();
+  __pipeline_wait_prior(0);
   __syncthreads();
   const int groups = len / 32;
   for (int t = 0; t < n_tok; ++t) {
     const float* xt = x + int64_t(t) * cols;
-    double s0 = 0.0, s1 = 0.0;  // virtual threads tid and tid + 128 of rmsnorm_kernel's 256
-    for (int i = tid; i < len; i += 256) s0 += static_cast<double>(xt[i]) * xt[i];
-    for (int i = tid + 128; i < len; i += 256) s1 += static_cast<double>(xt[i]) * xt[i];
+    float xv[kNormRouterPer];  // xv[j] = x[t][tid + 128 j]: j even = virtual thread tid, j odd = tid + 128
+#pragma unroll
+    for (int j = 0; j < kNormRouterPer; ++j) xv[j] = tid + 128 * j < len ? xt[tid + 128 * j] : 0.0f;
+    double s0 = 0.0, s1 = 0.0;
+#pragma unroll
+    for (int j = 0; j < kNormRouterPer; j += 2) {
+      if (tid + 128 * j < len) s0 += static_cast<double>(xv[j]) * xv[j];
+      if (tid + 128 * (j + 1) < len) s1 += static_cast<double>(xv[j + 1]) * xv[j + 1];
+    }
     s0 = warp_reduce(s0, SumOp{});
     s1 = warp_reduce(s1, SumOp{});
     if (lane == 0) red[warp] = s0, red[warp + 4] = s1;
@@ -788,7 +815,11 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     for (int v = 1; v < 8; ++v) s = s + red[v];
     const float mean = static_cast<float>(s / static_cast<double>(cols));
     const float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = tid; i < len; i += kRouterRowThreads) ys[i] = xt[i] * scale * nw[i];
+#pragma unroll
+    for (int j = 0; j < kNormRouterPer; ++j) {
+      const int i = tid + 128 * j;
+      if (i < len) ys[i] = xv[j] * scale * nws[i];
+    }
     __syncthreads();
     if (warp == (t & 3)) {  // the token's dot product: one warp, router_row_dot's order
       float a = 0.f;
@@ -796,9 +827,9 @@ __global__ void __launch_bounds__(kRouterRowThreads)
         const float4 p = reinterpret_cast<const float4*>(row)[2 * u], q = reinterpret_cast<const float4*>(row)[2 * u + 1];
         const float4 b = reinterpret_cast<const float4*>(ys)[2 * u], c = reinterpret_cast<const float4*>(ys)[2 * u + 1];
         const float v[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
-        const float xv[8] = {b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
+        const float xv8[8] = {b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
 #pragma unroll
-        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv[j], a);
+        for (int j = 0; j < 8; ++j) a = fmaf(v[j], xv8[j], a);
       }
       a = dq::warp_sum(a);
       if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
