@@ -226,6 +226,7 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
     v.down_off = L.down_off;
     v.n_embd = n_embd;
     v.n_ff = n_ff;
+    v.n_expert = n_expert;
     views_.push_back(v);
   }
 

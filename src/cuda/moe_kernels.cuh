@@ -15,12 +15,17 @@
 
 namespace strata::cuda::moe {
 
+constexpr int kViewTableMax = 1024;  // ExpertLayerView::n_expert staged in shared memory, at most
 struct ExpertLayerView {
   const uint8_t* slots = nullptr;  // device: [n_slots][slot_bytes]
   int64_t slot_bytes = 0;
   GgmlType gate_type{}, up_type{}, down_type{};  // GPU storage types (cuda::quant::has_kernel)
   int64_t gate_off = 0, up_off = 0, down_off = 0;  // byte offsets inside a slot
   int64_t n_embd = 0, n_ff = 0;
+  // Entries of the table row the kernels are given (the layer's experts). 0: unknown. The int8 decode
+  // kernels (q8_kernels.cuh) copy a known row (at most kViewTableMax entries) to shared memory before
+  // their PDL wait: a table is written by uploads only, never by a kernel of the stream.
+  int n_expert = 0;
   // Direct reads (moe/direct_rule.h; moe_gate_up and moe_down only): this layer's experts in slot layout
   // in pinned host memory that kernels can read (unified addressing), [n_expert][slot_bytes], and the
   // share of each token's non-resident pairs read from there over PCIe (1/256ths). null or 0: none.

@@ -61,8 +61,17 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
 
 // x[t][:] += sum over j < k with ids[t*k+j] resident of wts[t*k+j] * (down_e . h[t*k+j]), the k terms
 // summed in a fixed order first (deterministic, no atomics), then added to x once. x: [n][n_embd] f32.
+// after_gate_up: the call directly follows moe_gate_up with the same ids and table on `stream`. The kernel
+// then reads ids and the table before its PDL wait (cuda/pdl.cuh) to put its experts' rows into L2 while
+// gate_up runs. Why this is ordered: gate_up's blocks let this grid launch only after their own wait, i.e.
+// after the kernel that wrote ids had completed with its memory visible; the table is written by uploads
+// only (ordered by events). Why: the down rows (7 MB a layer for Qwen3-30B-A3B) were read from HBM only
+// after gate_up ended, on the decode chain's critical path. STRATA_CUDA_DOWN_PREFETCH=0: no prefetch.
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
-              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream);
+              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
+              bool after_gate_up = false);
+// moe_down's prefetch switch: on unless the environment sets STRATA_CUDA_DOWN_PREFETCH=0 (read once).
+bool down_prefetch();
 
 // moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
 // per warp, in parallel, and the lanes' weight loads all in flight (on), or the first kernel, where each

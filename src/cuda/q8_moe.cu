@@ -31,6 +31,18 @@ __device__ __forceinline__ int slot_of(const int32_t* table, const int32_t* ids,
   return e < 0 ? -1 : table[e];
 }
 
+// The layer's table row in shared memory (n_table entries; 0 or more than kViewTableMax: not staged) before
+// the PDL wait: slots are then found one memory round trip after the router's ids instead of two. Every
+// thread of the block calls it; the caller syncs the block before reading the copy. Returns the row to
+// read slots from (the copy, or `table` itself). Why before the wait is allowed: the table is written by
+// uploads only (the expert cache's table, a streaming pass's row, the shared expert's {0}), which are
+// ordered by events, never by a kernel of the stream (cuda/pdl.cuh's contract for weights).
+__device__ __forceinline__ const int32_t* stage_table(const int32_t* table, int n_table, int32_t* tab, int nthreads) {
+  if (n_table <= 0 || n_table > moe::kViewTableMax) return table;
+  for (int i = threadIdx.x; i < n_table; i += nthreads) tab[i] = table[i];
+  return tab;
+}
+
 // moe_kernels.cu's silu, the same expression.
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
@@ -48,15 +60,18 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t grb, int64_t urb, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                    const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int32_t* __restrict__ ids,
                    int64_t n_pairs, int k, int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride,
-                   int64_t ustride) {
+                   int64_t ustride, int n_table) {
   static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
+  __shared__ int32_t tab[moe::kViewTableMax];
+  const int32_t* tb = stage_table(table, n_table, tab, kThreads);  // before the wait: the table is uploaded
   pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
   pdl_launch_dependents();
+  if (tb == tab) __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
-    const int slot = slot_of(table, ids, p);  // block-uniform
+    const int slot = slot_of(tb, ids, p);  // block-uniform
     if (slot < 0) continue;
     const uint8_t* base = slots + int64_t(slot) * slot_bytes;
     const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
@@ -125,12 +140,30 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
-                int64_t n, int k, float* __restrict__ x, int64_t stride) {
+                int64_t n, int k, float* __restrict__ x, int64_t stride, bool prefetch, int n_table) {
   __shared__ int jslot_all[kDownWarps][Slots ? kDownMaxK : 1];
-  pdl_wait();  // (PDL: everything below reads ids, h and x of earlier kernels)
-  pdl_launch_dependents();
+  __shared__ int32_t tab[moe::kViewTableMax];
+  const int32_t* tb = stage_table(table, n_table, tab, 32 * kDownWarps);  // (uploads only: before the wait)
   const int lane = threadIdx.x & 31;
   const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
+  if (prefetch && r < n_embd && int64_t(blockIdx.y) < n) {
+    // Row r of the first token's k experts into L2 while gate_up runs (see moe_down's `after_gate_up`):
+    // lane j looks up expert j's slot (L2 reads: ids and the table are not in this SM's L1 from an earlier
+    // write) and prefetches the lines of its row.
+    const int64_t t = blockIdx.y;
+    for (int j = lane; j < k; j += 32) {
+      const int32_t e = __ldcg(ids + t * k + j);
+      const int slot = e < 0 ? -1 : __ldcg(table + e);
+      if (slot < 0) continue;
+      const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
+      const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(127);
+      for (uintptr_t a = a0; a < reinterpret_cast<uintptr_t>(src) + uintptr_t(drb); a += 128)
+        prefetch_l2(reinterpret_cast<const void*>(a));
+    }
+  }
+  pdl_wait();  // (PDL: everything below reads ids, h and x of earlier kernels)
+  pdl_launch_dependents();
+  if (tb == tab) __syncthreads();
   if (r >= n_embd) return;  // warp-uniform
   int* jslot = jslot_all[threadIdx.x >> 5];
   uint8_t* region = nullptr;
@@ -141,7 +174,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     if constexpr (Slots) {
       __syncwarp();  // the previous token's reads of jslot are done
-      if (lane < k) jslot[lane] = slot_of(table, ids, t * k + lane);
+      if (lane < k) jslot[lane] = slot_of(tb, ids, t * k + lane);
       __syncwarp();
     }
     if constexpr (A == q8d::kStaged) {
@@ -149,7 +182,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
       for (int j = 0; j < k; ++j) {
         int slot;
         if constexpr (Slots) slot = jslot[j];
-        else slot = slot_of(table, ids, t * k + j);  // warp-uniform
+        else slot = slot_of(tb, ids, t * k + j);  // warp-uniform
         if (slot < 0) continue;
         const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
         q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
@@ -161,7 +194,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
       acc = q8d::down_lane_partial_slots<F, A, kDownUnroll>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq, hds,
                                                             wts, t, k, lane, 32, region, stride);
     else
-      acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, table, hq, hds, ids, wts, t, k,
+      acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, tb, hq, hds, ids, wts, t, k,
                                          lane, 32, region, stride);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -193,19 +226,22 @@ void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, co
                  "{}: int8 activations must be 16-byte aligned", what);
 }
 
+// Static shared memory of the kernels, at most: the table copy and 1 KiB for the rest (hs, jslot_all).
+constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 1024;
+
 // The most dynamic shared memory a gate_up block may use on this device: the opt-in limit per block
-// (227 KiB on sm_90) less 1 KiB for the kernel's static shared memory (hs).
+// (227 KiB on sm_90) less the kernel's static shared memory.
 int64_t max_stage_bytes() {
   int dev = 0, bytes = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return int64_t(bytes) - 1024;
+  return int64_t(bytes) - kStaticSmem;
 }
 
 // Lets `kern` launch with up to max_stage_bytes() of dynamic shared memory (above 48 KiB a kernel must opt
 // in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
 void allow_stage_bytes(const void* kern, int64_t bytes) {
-  if (bytes <= 48 * 1024) return;
+  if (bytes + kStaticSmem <= 48 * 1024) return;
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   static std::mutex mu;
@@ -241,12 +277,13 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
           auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
           allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
           pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
-                      grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride);
+                      grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert);
           return;
         }
       }
       pdl::launch(gate_up_kernel<G, AG, U, AU>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
-                  grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0));
+                  grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0),
+                  v.n_expert);
     });
   });
 }
@@ -272,8 +309,17 @@ bool moe_down_slots() {
   return v == 1;
 }
 
+bool down_prefetch() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_DOWN_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
-              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream) {
+              const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
+              bool after_gate_up) {
   check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
@@ -285,10 +331,10 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     constexpr int A = decltype(a)::value;
     auto launch = [&](auto kern, size_t smem, int64_t st) {
       pdl::launch(kern, grid, 32 * kDownWarps, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
-                  table, hq, hds, ids, wts, n, k, x, st);
+                  table, hq, hds, ids, wts, n, k, x, st, after_gate_up && down_prefetch(), v.n_expert);
     };
     if constexpr (A == 2) {
-      if (stage_bytes <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
+      if (stage_bytes + kStaticSmem <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
         if (pre) launch(down_kernel<F, q8d::kStaged, true>, size_t(stage_bytes), stride);
         else launch(down_kernel<F, q8d::kStaged, false>, size_t(stage_bytes), stride);
         return;

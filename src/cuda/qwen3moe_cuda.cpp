@@ -709,7 +709,7 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
     note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
     op(p, [&] {
       q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il),
-                   ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream());
+                   ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream(), /*after_gate_up=*/true);
     });
     return;
   }

@@ -661,6 +661,7 @@ SharedExpert CudaQwen3Next::upload_shexp(const Weight& gate, const Weight& up, c
   v.gate_off = 0, v.up_off = sh.up_off, v.down_off = sh.down_off;
   v.n_embd = sh.n_embd;
   v.n_ff = sh.n_ff;
+  v.n_expert = 1;  // sh_table_ = {0}
   sh.q8 = !opt_.exact && q8::moe_supported(v);
   return sh;
 }
@@ -1041,7 +1042,8 @@ void CudaQwen3Next::shared_expert(const Pass& p, const Layer& l) const {
                 {ws.x.span()});
     op(p, [&] {
       q8::moe_down(sh.view, sh_table_.as<const int32_t>(), ws.hq.as<const int8_t>(), ws.hds.as<const float2>(),
-                   ws.sh_ids.as<const int32_t>(), ws.sh_w.as<const float>(), n, 1, ws.x.as<float>(), s);
+                   ws.sh_ids.as<const int32_t>(), ws.sh_w.as<const float>(), n, 1, ws.x.as<float>(), s,
+                   /*after_gate_up=*/true);
     });
     return;
   }
@@ -1099,7 +1101,7 @@ void CudaQwen3Next::gpu_experts(const Pass& p, int il, bool staged_row) const {
     note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
     op(p, [&] {
       q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il), ws.wts.as<const float>(),
-                   p.n, k_used, ws.x.as<float>(), stream());
+                   p.n, k_used, ws.x.as<float>(), stream(), /*after_gate_up=*/true);
     });
     return;
   }

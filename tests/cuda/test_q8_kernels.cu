@@ -460,6 +460,21 @@ class CudaQ8Moe : public test::GpuKernelTest {
                                          d_wts.span()}, {d_x2.span()});
       EXPECT_EQ(std::memcmp(download<float>(d_x2, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
           << what << ": moe_down not deterministic";
+      // Enqueued right after moe_gate_up with after_gate_up (the models' call: the down rows are prefetched
+      // into L2 before the PDL wait, from ids and the table read early): the same bits.
+      {
+        auto d_x4 = upload_vec(x0);  // (first: down then directly follows gate_up on the stream)
+        q8::moe_gate_up(v, d_table.ptr<int32_t>(), d_xq.ptr<int8_t>(), d_xds.ptr<float2>(), d_ids.ptr<int32_t>(), n,
+                        k, d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), stream());
+        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids.span()},
+                          {d_hq.span(), d_hds.span()});
+        q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                     d_wts.ptr<float>(), n, k, d_x4.ptr<float>(), stream(), /*after_gate_up=*/true);
+        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                           d_wts.span()}, {d_x4.span()});
+        EXPECT_EQ(std::memcmp(download<float>(d_x4, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
+            << what << ": moe_down after gate_up (rows prefetched) differs";
+      }
       // The other moe_down kernel (slots looked up per term / once per warp) gives the same bits.
       const bool slots_on = q8::moe_down_slots();
       q8::set_moe_down_slots(!slots_on);
