@@ -123,8 +123,6 @@ __global__ void __launch_bounds__(32 * W, 1)
   float* ps = reinterpret_cast<float*>(smem + L::p_off);               // [W][RPW][KT]
   ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);     // [R]
 
-  pdl_wait();  // (PDL: q, the KV cache and refs come from earlier kernels)
-  pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = n_head / n_head_kv;
   const int64_t bx = blockIdx.x;
@@ -134,6 +132,29 @@ __global__ void __launch_bounds__(32 * W, 1)
   const int split = blockIdx.y;
   const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);  // tokens in this tile (>= 1)
   const int h_first = hk * group + hc * hg;                        // query head of row r: h_first + r % hg
+  const int64_t row_len = int64_t(n_head_kv) * D;  // halves per position in the cache (K and V alike)
+
+  // Before the PDL wait (why: in decode this kernel is on the chain's critical path, and its first loads
+  // were the refs, then the K/V rows from HBM): the tile's refs to shared memory (the pass's inputs are
+  // uploaded, never written by a kernel of the stream), and for a one-token tile an L2 prefetch of the
+  // K/V rows of its split (a prefetch is only a hint: the row attn_prep is writing may come in stale or
+  // not, the copies below read the cache after the wait either way).
+  for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
+  __syncthreads();
+  if (tq == 1) {
+    const ops::KvRef r0 = rs[0];
+    const int lo = split * chunk, hi_x = split == n_split - 1 ? r0.pos + 1 : min(r0.pos + 1, lo + chunk);
+    const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+    const uint16_t* vb = r0.v + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
+    for (int e = threadIdx.x; e < 2 * (hi_x - lo); e += NT) {  // one K or V row per thread
+      const uint16_t* src = (e & 1 ? vb : kb) + int64_t(lo + e / 2) * row_len;
+      const uintptr_t a1 = reinterpret_cast<uintptr_t>(src + D);
+      for (uintptr_t a = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(127); a < a1; a += 128)
+        prefetch_l2(reinterpret_cast<const void*>(a));
+    }
+  }
+  pdl_wait();  // (PDL: q and the KV cache come from earlier kernels)
+  pdl_launch_dependents();
   if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
     __shared__ int s_one_cache;
     if (warp == 0) {
@@ -151,12 +172,16 @@ __global__ void __launch_bounds__(32 * W, 1)
     if ((select == Select::OneCache) != (s_one_cache != 0)) return;  // block-uniform: the other launch's tile
   }
 
-  for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
-  for (int e = threadIdx.x; e < R * D; e += NT) {
-    const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
-    qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
-  }
-  __syncthreads();
+  // q to shared memory once the first K/V tile's copies are in flight (below); every read of qs follows
+  // the barrier after those copies land.
+  bool q_loaded = false;
+  auto load_q = [&] {
+    for (int e = threadIdx.x; e < R * D; e += NT) {
+      const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
+      qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
+    }
+    q_loaded = true;
+  };
 
   float acc[RPW][DPL], m[RPW], l[RPW];  // per row: output sum, running max, this lane's part of the sum
 #pragma unroll
@@ -166,7 +191,6 @@ __global__ void __launch_bounds__(32 * W, 1)
 #pragma unroll
     for (int j = 0; j < DPL; ++j) acc[rr][j] = 0.0f;
   }
-  const int64_t row_len = int64_t(n_head_kv) * D;  // halves per position in the cache (K and V alike)
 
   for (int seg = 0; seg < n_t;) {  // runs of tokens sharing a cache; block-uniform
     const ops::KvRef r0 = rs[seg];
@@ -211,6 +235,7 @@ __global__ void __launch_bounds__(32 * W, 1)
     };
 
     if (lo < hi_x) issue(lo, 0);
+    if (!q_loaded) load_q();
     int buf = 0;
     for (int kv0 = lo; kv0 < hi_x; kv0 += KT, buf ^= 1) {
       // Why double buffering: the next tile's loads are in flight while this one is computed.
