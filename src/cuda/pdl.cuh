@@ -50,6 +50,17 @@ inline void set_enabled(bool on) { state().store(on ? 1 : 0); }
 // Set by pdl::PlainLaunches (pdl_scope.h) on the calling thread: launches stay plain (defined in pdl.cu).
 bool plain_launches();
 
+// The shared-memory carveout every kernel launched here asks for (cudaFuncAttributePreferredSharedMemoryCarveout,
+// percent of the SM's unified L1/shared memory; -1: left to the driver). Default 100 (the most shared
+// memory); STRATA_CUDA_CARVEOUT=off leaves it to the driver, =N asks for N (read once). Why one value for
+// all: an SM runs blocks of two kernels at once only under one carveout, and the driver picked different
+// ones per kernel (ncu: 32 KB for gate_up, 102 KB for down, 233 KB for the router and attention), which
+// can keep the next kernel's blocks off an SM until the previous kernel's blocks there end, so PDL's
+// early launch (and the work before pdl_wait) came late.
+int carveout();
+// Sets the carveout on `kernel` once per (kernel, device) (defined in pdl.cu).
+void prefer_carveout(const void* kernel);
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled().
 template <typename... KArgs, typename... Args>
 void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
@@ -62,6 +73,7 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   const bool on = enabled() && !plain_launches();
+  prefer_carveout(reinterpret_cast<const void*>(kernel));
   cfg.attrs = on ? attr : nullptr;
   cfg.numAttrs = on ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
