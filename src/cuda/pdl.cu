@@ -1,11 +1,14 @@
 #include "cuda/pdl.cuh"
 #include "cuda/pdl_scope.h"
+#include "cuda/pdl_trace.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace strata::cuda::pdl {
 namespace {
@@ -17,10 +20,10 @@ bool plain_launches() { return t_plain; }
 int carveout() {
   static const int value = [] {
     const char* e = std::getenv("STRATA_CUDA_CARVEOUT");
-    if (e == nullptr || *e == '\0') return 100;
-    if (std::string(e) == "off") return -1;
-    const int v = std::atoi(e);
-    return v >= 0 && v <= 100 ? v : 100;
+    if (e == nullptr || *e == '\0' || std::string(e) == "off") return -1;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    return *end == '\0' && v >= 0 && v <= 100 ? int(v) : -1;  // anything else: the driver's choice
   }();
   return value;
 }
@@ -43,3 +46,37 @@ PlainLaunches::PlainLaunches(bool on) : prev_(t_plain) {
 PlainLaunches::~PlainLaunches() { t_plain = prev_; }
 
 }  // namespace strata::cuda::pdl
+
+namespace strata::cuda::pdl_trace {
+namespace {
+using Dumper = std::pair<const char*, void (*)(std::FILE*, const char*)>;
+std::mutex& dumpers_mu() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<Dumper>& dumpers() {
+  static std::vector<Dumper> d;
+  return d;
+}
+}  // namespace
+
+// Called at static initialization by every translation unit of a traced build (cuda/pdl.cuh).
+void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*)) {
+  const std::lock_guard<std::mutex> lock(dumpers_mu());
+  dumpers().push_back({tu, fn});
+}
+
+void dump_all() {
+  const std::lock_guard<std::mutex> lock(dumpers_mu());
+  const char* path = std::getenv("STRATA_PDL_TRACE_FILE");
+  if (dumpers().empty() || path == nullptr) return;
+  std::FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "strata: STRATA_PDL_TRACE_FILE %s: cannot open\n", path);
+    return;
+  }
+  for (const auto& [tu, fn] : dumpers()) fn(f, tu);
+  std::fclose(f);
+}
+
+}  // namespace strata::cuda::pdl_trace

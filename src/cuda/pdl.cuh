@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -51,12 +52,14 @@ inline void set_enabled(bool on) { state().store(on ? 1 : 0); }
 bool plain_launches();
 
 // The shared-memory carveout every kernel launched here asks for (cudaFuncAttributePreferredSharedMemoryCarveout,
-// percent of the SM's unified L1/shared memory; -1: left to the driver). Default 100 (the most shared
-// memory); STRATA_CUDA_CARVEOUT=off leaves it to the driver, =N asks for N (read once). Why one value for
-// all: an SM runs blocks of two kernels at once only under one carveout, and the driver picked different
-// ones per kernel (ncu: 32 KB for gate_up, 102 KB for down, 233 KB for the router and attention), which
-// can keep the next kernel's blocks off an SM until the previous kernel's blocks there end, so PDL's
-// early launch (and the work before pdl_wait) came late.
+// percent of the SM's unified L1/shared memory; -1, the default: left to the driver). STRATA_CUDA_CARVEOUT=N
+// asks for N for every kernel (read once). Why the knob: an SM runs blocks of two kernels at once only
+// under one carveout, and the driver picks one per kernel (ncu: 32 KB for gate_up, 102 KB for down,
+// 233 KB for the router and attention), which can keep the next kernel's blocks off an SM until the
+// previous kernel's blocks there end. Measured on the H200 (bench/results/2026-12-02-gpu-session12-h200.md)
+// at 100: the router's blocks reached their wait 2.1 us early instead of 0.5, router -0.6 us and down
+// -1.7 us a layer, but gate_up +1.2 us; tok/s within noise (404.8 / 426.0 against 421.3 / 416.0). So not
+// on by default.
 int carveout();
 // Sets the carveout on `kernel` once per (kernel, device) (defined in pdl.cu).
 void prefer_carveout(const void* kernel);
@@ -85,11 +88,54 @@ namespace strata::cuda {
 
 // Waits until the grids this one depends on have completed and their memory is visible (no-op when the
 // kernel was not launched with the PDL attribute).
+#if defined(STRATA_PDL_TRACE) && defined(__CUDACC__)
+// The traced wait (cuda/pdl_trace.h): each translation unit has its own ring (static), registered with
+// pdl.cu's dump_all() at load.
+namespace pdl_trace {
+struct Rec {
+  unsigned long long reached, returned;  // %globaltimer, ns
+  unsigned line, pad;
+};
+constexpr unsigned kCap = 1u << 18;
+static __device__ Rec g_rec[kCap];
+static __device__ unsigned g_n;
+void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*));
+static void dump(std::FILE* f, const char* tu) {
+  unsigned n = 0;
+  CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_n, sizeof n));  // (measuring builds only: a synchronous read-back)
+  if (n > kCap) n = kCap;
+  Rec* v = new Rec[n > 0 ? n : 1];
+  if (n > 0) CUDA_CHECK(cudaMemcpyFromSymbol(v, g_rec, n * sizeof(Rec)));
+  for (unsigned i = 0; i < n; ++i) std::fprintf(f, "%s,%u,%llu,%llu\n", tu, v[i].line, v[i].reached, v[i].returned);
+  delete[] v;
+}
+static const bool g_registered = (register_dumper(__BASE_FILE__, dump), true);
+}  // namespace pdl_trace
+static __device__ __forceinline__ void pdl_wait_at(unsigned line) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const bool rec = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && blockIdx.x == 0 &&
+                   blockIdx.y == 0 && blockIdx.z == 0;
+  unsigned i = 0;
+  unsigned long long t0 = 0, t1 = 0;
+  if (rec) {
+    i = atomicAdd(&pdl_trace::g_n, 1u);  // before the wait: off the chain when the block is early
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (rec && i < pdl_trace::kCap) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    pdl_trace::g_rec[i] = {t0, t1, line, 0u};
+  }
+#endif
+}
+#define pdl_wait() pdl_wait_at(__LINE__)
+#else
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+#endif
 
 // Lets the next kernel of the stream (if launched with the attribute) be launched.
 __device__ __forceinline__ void pdl_launch_dependents() {

@@ -27,6 +27,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/pdl_scope.h"
+#include "cuda/pdl_trace.h"
 #include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
@@ -211,6 +212,7 @@ class CudaQwen3Moe final : public Model {
   }
   ~CudaQwen3Moe() override {
     if (dev_) dev_->make_current();
+    pdl_trace::dump_all();  // (a measuring build's decode timeline, cuda/pdl_trace.h; else nothing)
   }
 
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {

@@ -31,6 +31,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/pdl_scope.h"
+#include "cuda/pdl_trace.h"
 #include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
@@ -330,6 +331,7 @@ class CudaQwen3Next final : public Model {
   }
   ~CudaQwen3Next() override {
     if (dev_) dev_->make_current();
+    pdl_trace::dump_all();  // (a measuring build's decode timeline, cuda/pdl_trace.h; else nothing)
   }
 
   // One object per sequence: host SequenceState (no host KV or recurrent buffers: the GDN layers are
