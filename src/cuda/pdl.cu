@@ -49,7 +49,7 @@ PlainLaunches::~PlainLaunches() { t_plain = prev_; }
 
 namespace strata::cuda::pdl_trace {
 namespace {
-using Dumper = std::pair<const char*, void (*)(std::FILE*, const char*)>;
+using Dumper = std::pair<const char*, void (*)(std::FILE*, const char*, const ReadDevice&)>;
 std::mutex& dumpers_mu() {
   static std::mutex mu;
   return mu;
@@ -61,12 +61,12 @@ std::vector<Dumper>& dumpers() {
 }  // namespace
 
 // Called at static initialization by every translation unit of a traced build (cuda/pdl.cuh).
-void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*)) {
+void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*, const ReadDevice&)) {
   const std::lock_guard<std::mutex> lock(dumpers_mu());
   dumpers().push_back({tu, fn});
 }
 
-void dump_all() {
+void dump_all(const ReadDevice& read) {
   const std::lock_guard<std::mutex> lock(dumpers_mu());
   const char* path = std::getenv("STRATA_PDL_TRACE_FILE");
   if (dumpers().empty() || path == nullptr) return;
@@ -75,7 +75,7 @@ void dump_all() {
     std::fprintf(stderr, "strata: STRATA_PDL_TRACE_FILE %s: cannot open\n", path);
     return;
   }
-  for (const auto& [tu, fn] : dumpers()) fn(f, tu);
+  for (const auto& [tu, fn] : dumpers()) fn(f, tu, read);
   std::fclose(f);
 }
 

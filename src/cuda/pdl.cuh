@@ -24,8 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "cuda/pdl_trace.h"
 
 namespace strata::cuda::pdl {
 
@@ -99,15 +101,18 @@ struct Rec {
 constexpr unsigned kCap = 1u << 18;
 static __device__ Rec g_rec[kCap];
 static __device__ unsigned g_n;
-void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*));
-static void dump(std::FILE* f, const char* tu) {
+void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*, const ReadDevice&));
+static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
+  void* n_at = nullptr;
+  void* rec_at = nullptr;
+  CUDA_CHECK(cudaGetSymbolAddress(&n_at, g_n));
+  CUDA_CHECK(cudaGetSymbolAddress(&rec_at, g_rec));
   unsigned n = 0;
-  CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_n, sizeof n));  // (measuring builds only: a synchronous read-back)
+  read(&n, n_at, sizeof n);
   if (n > kCap) n = kCap;
-  Rec* v = new Rec[n > 0 ? n : 1];
-  if (n > 0) CUDA_CHECK(cudaMemcpyFromSymbol(v, g_rec, n * sizeof(Rec)));
-  for (unsigned i = 0; i < n; ++i) std::fprintf(f, "%s,%u,%llu,%llu\n", tu, v[i].line, v[i].reached, v[i].returned);
-  delete[] v;
+  std::vector<Rec> v(n);
+  if (n > 0) read(v.data(), rec_at, n * sizeof(Rec));
+  for (const Rec& r : v) std::fprintf(f, "%s,%u,%llu,%llu\n", tu, r.line, r.reached, r.returned);
 }
 static const bool g_registered = (register_dumper(__BASE_FILE__, dump), true);
 }  // namespace pdl_trace

@@ -7,12 +7,17 @@
 // next kernel's return is what that kernel adds to the chain, and "reached" tells whether its blocks
 // were already there (launched early) or arrived late. Thread 0 of block 0 is one block: a kernel whose
 // blocks do not start together shows its first block's view only.
-// The models' destructors call dump_all(), which writes "file,line,reached_ns,returned_ns" lines to
+// The models' destructors call dump_all() (reading the rings through their transfer module), which writes "file,line,reached_ns,returned_ns" lines to
 // $STRATA_PDL_TRACE_FILE; scripts/pdl-trace-report turns them into a per-kernel table. Without the
 // build option (or without the variable) dump_all() does nothing.
 // Measured overhead (H200, 48-layer 30B-A3B Q4_K decode): within the run-to-run noise of tok/s.
+#include <cstddef>
+#include <functional>
+
 namespace strata::cuda::pdl_trace {
 
-void dump_all();
+// read(dst, src, bytes): copies `bytes` of device memory at src to the host (the caller's cuda::Transfer).
+using ReadDevice = std::function<void(void* dst, const void* src, size_t bytes)>;
+void dump_all(const ReadDevice& read);
 
 }  // namespace strata::cuda::pdl_trace

@@ -331,7 +331,15 @@ class CudaQwen3Next final : public Model {
   }
   ~CudaQwen3Next() override {
     if (dev_) dev_->make_current();
-    pdl_trace::dump_all();  // (a measuring build's decode timeline, cuda/pdl_trace.h; else nothing)
+    if (dev_ && xfer_) {  // a measuring build's decode timeline (cuda/pdl_trace.h); else nothing
+      try {
+        pdl_trace::dump_all([&](void* dst, const void* src, size_t bytes) {
+          xfer_->download_sync(dst, DevSpan{const_cast<void*>(src), bytes}, bytes, dev_->compute());
+        });
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "strata: the PDL trace was not written: %s\n", e.what());
+      }
+    }
   }
 
   // One object per sequence: host SequenceState (no host KV or recurrent buffers: the GDN layers are
