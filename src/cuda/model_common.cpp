@@ -1,6 +1,7 @@
 #include "cuda/model_common.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "common/error.h"
 #include "cpu/half.h"
 #include "cuda/gemm_context.h"
+#include "cuda/pdl_trace.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "quant/dequant.h"
@@ -183,6 +185,16 @@ Model::DeviceBandwidth measure_device_bandwidth(Device& dev, Transfer& xfer) {
   }
   cs.synchronize();
   return r;
+}
+
+void dump_pdl_trace(Device& dev, Transfer& xfer) noexcept {
+  try {
+    pdl_trace::dump_all([&](void* dst, const void* src, size_t bytes) {
+      xfer.download_sync(dst, DevSpan{const_cast<void*>(src), bytes}, bytes, dev.compute());
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: the PDL trace was not written: %s\n", e.what());
+  }
 }
 
 }  // namespace strata::cuda

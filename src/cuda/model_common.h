@@ -93,6 +93,11 @@ bool int8_output(bool exact, int64_t n, bool have_q8_buffers);
 // Waits for the compute stream: call between forward passes.
 Model::DeviceBandwidth measure_device_bandwidth(Device& dev, Transfer& xfer);
 
+// A measuring build's decode timeline (cuda/pdl_trace.h), read back through `xfer` on the compute stream
+// and written to $STRATA_PDL_TRACE_FILE; nothing in other builds. Never throws (a model's destructor
+// calls it): a failure is reported on stderr.
+void dump_pdl_trace(Device& dev, Transfer& xfer) noexcept;
+
 // The per-forward inputs of a batch of n tokens, packed in one buffer so they go up in one upload:
 //   ops::KvRef refs[n]   at 0 (KvRef is a multiple of 8 bytes, so its pointers stay aligned)
 //   int32 tokens[n]      after refs

@@ -27,7 +27,6 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/pdl_scope.h"
-#include "cuda/pdl_trace.h"
 #include "cuda/pool_io.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
@@ -212,15 +211,7 @@ class CudaQwen3Moe final : public Model {
   }
   ~CudaQwen3Moe() override {
     if (dev_) dev_->make_current();
-    if (dev_ && xfer_) {  // a measuring build's decode timeline (cuda/pdl_trace.h); else nothing
-      try {
-        pdl_trace::dump_all([&](void* dst, const void* src, size_t bytes) {
-          xfer_->download_sync(dst, DevSpan{const_cast<void*>(src), bytes}, bytes, dev_->compute());
-        });
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "strata: the PDL trace was not written: %s\n", e.what());
-      }
-    }
+    if (dev_ && xfer_) dump_pdl_trace(*dev_, *xfer_);  // (measuring builds only, cuda/pdl_trace.h)
   }
 
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {
