@@ -34,6 +34,8 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 // n_split == 1: writes out [n_tok][n_head][head_dim] directly (part unused, may be null).
 // n_split  > 1: writes part [n_tok*n_head][n_split][2 + head_dim] = (max m, sum s, acc[head_dim]) for
 //   ops.cu's combine kernel.
+// PDL (cuda/pdl.cuh): the CUDA-core kernel reads refs before its wait, so refs must not be written by a
+// kernel of the stream (the models upload them with the pass's inputs; no kernel writes a KvRef array).
 void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream);
 

@@ -54,6 +54,7 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 //   cache take the 64-row shape; tokens of mixed tiles (batched decodes) the decode shape. Other head
 //   sizes: the older per-warp flash-decoding kernel.
 // max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
+// refs must not be written by a kernel of the stream (the tiled kernel reads them before its PDL wait).
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
