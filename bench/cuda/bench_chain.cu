@@ -21,6 +21,7 @@
 #include "cuda/device.h"
 #include "cuda/graph.h"
 #include "cuda/pdl.cuh"
+#include "bench_main.h"
 #include "event_timer.cuh"
 
 namespace {
@@ -88,14 +89,8 @@ __global__ void __launch_bounds__(kThreads)
 
 int main(int argc, char** argv) {
   int reps = 50, steps = 96;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[++i]));
-    else if (std::strcmp(argv[i], "--steps") == 0) steps = std::max(2, std::atoi(argv[++i]));
-  }
-  if (!device_available()) {
-    std::fprintf(stderr, "bench_chain: no CUDA device\n");
-    return 1;
-  }
+  if (const int rc = strata::bench::start("bench_chain", argc, argv, {{"--reps", &reps, 1}, {"--steps", &steps, 2}}))
+    return rc;
   Device dev(0);
   Stream& cs = dev.compute();
   const cudaStream_t s = cs.handle();

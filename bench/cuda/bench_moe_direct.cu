@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
+#include "bench_main.h"
 #include "event_timer.cuh"
 #include "cuda/device.h"
 #include "cuda/moe_kernels.cuh"
@@ -40,12 +41,7 @@ using strata::bench::time_us;
 
 int main(int argc, char** argv) {
   int reps = 50;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[++i]));
-  if (!device_available()) {
-    std::fprintf(stderr, "bench_moe_direct: no CUDA device\n");
-    return 1;
-  }
+  if (const int rc = bench::start("bench_moe_direct", argc, argv, {{"--reps", &reps, 1}})) return rc;
   Device dev(0);
   Transfer xfer(dev);
   Stream& cs = dev.compute();

@@ -34,6 +34,7 @@
 #include "cuda/quant_kernels.cuh"
 #include "cuda/transfer.h"
 #include "quant/types.h"
+#include "bench_main.h"
 
 namespace {
 
@@ -105,17 +106,7 @@ void scale_fields(GgmlType t, int& f0, int& f1) {
 
 int main(int argc, char** argv) {
   int iters = 200;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::max(1, std::atoi(argv[++i]));
-    else {
-      std::fprintf(stderr, "usage: cuda_matvec [--iters N]\n");
-      return 2;
-    }
-  }
-  if (!device_available()) {
-    std::fprintf(stderr, "cuda_matvec: no CUDA device\n");
-    return 1;
-  }
+  if (const int rc = bench::start("cuda_matvec", argc, argv, {{"--iters", &iters, 1}})) return rc;
   const auto wall0 = std::chrono::steady_clock::now();
   Device dev(0);
   Transfer xfer(dev);
