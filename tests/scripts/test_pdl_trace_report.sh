@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# scripts/pdl-trace-report on a made-up timeline with known steps: kernels at a.cu:10, b.cu:20, c.cu:30
+# return 3, 2 and 4 us apart (A's first block early by 1 us, B's by 0.5, C's not), ten rounds, with a
+# 300 us host gap after round 5 (left out). Also: a malformed line is an error, not a table.
+set -euo pipefail
+report=${STRATA_SOURCE_DIR:?}/scripts/pdl-trace-report
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+t=1000000
+for r in $(seq 1 10); do
+  echo "/x/a.cu,10,$((t - 1000)),$t"
+  echo "/x/b.cu,20,$((t + 2500)),$((t + 3000))"
+  echo "/x/c.cu,30,$((t + 5000)),$((t + 5000))"
+  t=$((t + 9000))
+  if [ "$r" = 5 ]; then t=$((t + 300000)); fi
+done | sort -R > "$tmp/trace.csv"   # (order in the file does not matter)
+out=$(python3 "$report" "$tmp/trace.csv")
+echo "$out"
+check() {  # site calls step early
+  echo "$out" | awk -v s="$1" -v n="$2" -v st="$3" -v e="$4" \
+    '$1 == s { found = 1; if ($2 != n || $3 != st || $7 != e) { print "bad row: " $0; exit 1 } }
+     END { if (!found) { print "no row for " s; exit 1 } }'
+}
+check a.cu:10 10 3.00 1.00
+check b.cu:20 10 2.00 0.50
+check c.cu:30 8 4.00 0.00   # the last round has no next kernel; round 5's step is the host gap
+echo "$out" | grep -q "^30 waits recorded$"
+echo "/x/a.cu,10,5" > "$tmp/bad.csv"
+if python3 "$report" "$tmp/bad.csv" 2> "$tmp/err"; then echo "a malformed line was accepted"; exit 1; fi
+grep -q "bad.csv:1: expected file,line,reached_ns,returned_ns" "$tmp/err"
+echo ok
