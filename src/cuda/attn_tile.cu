@@ -146,12 +146,8 @@ __global__ void __launch_bounds__(32 * W, 1)
     const int lo = split * chunk, hi_x = split == n_split - 1 ? r0.pos + 1 : min(r0.pos + 1, lo + chunk);
     const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
     const uint16_t* vb = r0.v + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
-    for (int e = threadIdx.x; e < 2 * (hi_x - lo); e += NT) {  // one K or V row per thread
-      const uint16_t* src = (e & 1 ? vb : kb) + int64_t(lo + e / 2) * row_len;
-      const uintptr_t a1 = reinterpret_cast<uintptr_t>(src + D);
-      for (uintptr_t a = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(127); a < a1; a += 128)
-        prefetch_l2(reinterpret_cast<const void*>(a));
-    }
+    for (int e = threadIdx.x; e < 2 * (hi_x - lo); e += NT)  // one K or V row per thread
+      prefetch_l2_range((e & 1 ? vb : kb) + int64_t(lo + e / 2) * row_len, int64_t(D) * 2);
   }
   pdl_wait();  // (PDL: q and the KV cache come from earlier kernels)
   pdl_launch_dependents();
@@ -171,17 +167,6 @@ __global__ void __launch_bounds__(32 * W, 1)
     __syncthreads();
     if ((select == Select::OneCache) != (s_one_cache != 0)) return;  // block-uniform: the other launch's tile
   }
-
-  // q to shared memory once the first K/V tile's copies are in flight (below); every read of qs follows
-  // the barrier after those copies land.
-  bool q_loaded = false;
-  auto load_q = [&] {
-    for (int e = threadIdx.x; e < R * D; e += NT) {
-      const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
-      qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
-    }
-    q_loaded = true;
-  };
 
   float acc[RPW][DPL], m[RPW], l[RPW];  // per row: output sum, running max, this lane's part of the sum
 #pragma unroll
@@ -235,7 +220,13 @@ __global__ void __launch_bounds__(32 * W, 1)
     };
 
     if (lo < hi_x) issue(lo, 0);
-    if (!q_loaded) load_q();
+    if (seg == 0) {  // q to shared memory while the first K/V tile's copies are in flight; every read of qs
+                     // follows the barrier after those copies land
+      for (int e = threadIdx.x; e < R * D; e += NT) {
+        const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
+        qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
+      }
+    }
     int buf = 0;
     for (int kv0 = lo; kv0 < hi_x; kv0 += KT, buf ^= 1) {
       // Why double buffering: the next tile's loads are in flight while this one is computed.
@@ -610,16 +601,11 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-// Lets `kernel` use `bytes` of dynamic shared memory on the current device, once per device (done: one
-// bit per device id). Why once: the attribute call costs host time on every decode step otherwise.
+// Lets `kernel` use `bytes` of dynamic shared memory on the current device (set once per device).
 template <typename Kernel>
-void allow_shared(Kernel kernel, size_t bytes, std::atomic<uint64_t>& done) {
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  done.fetch_or(bit, std::memory_order_release);
+void allow_shared(Kernel kernel, size_t bytes) {
+  set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            static_cast<int>(bytes));
 }
 
 template <int D>
@@ -630,8 +616,7 @@ void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer
   const int64_t blocks = (n_tok + tq - 1) / tq * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
   auto kernel = attn_mma_kernel<D>;
-  static std::atomic<uint64_t> shared_set{0};
-  allow_shared(kernel, L::bytes, shared_set);
+  allow_shared(kernel, L::bytes);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
   kernel<<<grid, 256, L::bytes, stream>>>(q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq, scale, n_split,
                                           chunk, tq, n_split > 1 ? part : nullptr, out);
@@ -651,8 +636,7 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
   auto kernel = attn_tile_kernel<D, RPW, W>;
-  static std::atomic<uint64_t> shared_set{0};
-  allow_shared(kernel, L::bytes, shared_set);
+  allow_shared(kernel, L::bytes);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
   pdl::launch(kernel, grid, 32 * W, L::bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
               scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);

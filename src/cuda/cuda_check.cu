@@ -1,5 +1,8 @@
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include <cublas_v2.h>
 
@@ -29,6 +32,16 @@ void cublas_fail(int status, const char* stmt, const char* file, int line) {
 bool device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+void set_kernel_attribute_once(const void* kernel, cudaFuncAttribute attr, int value) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::set<std::tuple<const void*, int, int>> done;  // (kernel, attribute, device)
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({kernel, int(attr), dev}).second) return;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
 }
 
 }  // namespace strata::cuda

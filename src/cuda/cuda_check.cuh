@@ -9,6 +9,10 @@ namespace strata::cuda {
 [[noreturn]] void cublas_fail(int status, const char* stmt, const char* file, int line);
 // True when at least one CUDA device can be used (tests skip otherwise).
 bool device_available();
+// cudaFuncSetAttribute(kernel, attr, value) on the current device, once per (kernel, attr, device): later
+// calls only look the triple up (why: the attribute call costs host time on every launch otherwise). A
+// caller passes the same value for the same kernel and attribute every time.
+void set_kernel_attribute_once(const void* kernel, cudaFuncAttribute attr, int value);
 }  // namespace strata::cuda
 
 #define CUDA_CHECK(stmt)                                                   \

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,14 +29,7 @@ int carveout() {
 
 void prefer_carveout(const void* kernel) {
   const int c = carveout();
-  if (c < 0) return;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({kernel, dev}).second) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c));
+  if (c >= 0) set_kernel_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c);
 }
 
 PlainLaunches::PlainLaunches(bool on) : prev_(t_plain) {

@@ -156,6 +156,14 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
+// An L2 prefetch of every 128-byte line holding a byte of [p, p + bytes), by the calling thread alone (a
+// row a thread owns, e.g. one K/V row of attention or one expert's down row).
+__device__ __forceinline__ void prefetch_l2_range(const void* p, int64_t bytes) {
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + uintptr_t(bytes);
+  for (uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127); a < end; a += 128)
+    prefetch_l2(reinterpret_cast<const void*>(a));
+}
+
 // One warp's L2 prefetch of `bytes` bytes from p (a product's weight rows before pdl_wait()): lane i takes
 // the lines i, i + 32, ...
 __device__ __forceinline__ void warp_prefetch_l2(const uint8_t* p, int64_t bytes, int lane) {

@@ -70,8 +70,6 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
               bool after_gate_up = false);
-// moe_down's prefetch switch: on unless the environment sets STRATA_CUDA_DOWN_PREFETCH=0 (read once).
-bool down_prefetch();
 
 // moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
 // per warp, in parallel, and the lanes' weight loads all in flight (on), or the first kernel, where each

@@ -6,8 +6,6 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
-#include <mutex>
-#include <set>
 #include <type_traits>
 #include <utility>
 
@@ -154,11 +152,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     for (int j = lane; j < k; j += 32) {
       const int32_t e = __ldcg(ids + t * k + j);
       const int slot = e < 0 ? -1 : __ldcg(table + e);
-      if (slot < 0) continue;
-      const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
-      const uintptr_t a0 = reinterpret_cast<uintptr_t>(src) & ~uintptr_t(127);
-      for (uintptr_t a = a0; a < reinterpret_cast<uintptr_t>(src) + uintptr_t(drb); a += 128)
-        prefetch_l2(reinterpret_cast<const void*>(a));
+      if (slot >= 0) prefetch_l2_range(slots + int64_t(slot) * slot_bytes + down_off + r * drb, drb);
     }
   }
   pdl_wait();  // (PDL: everything below reads ids, h and x of earlier kernels)
@@ -226,6 +220,15 @@ void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, co
                  "{}: int8 activations must be 16-byte aligned", what);
 }
 
+// moe_down's prefetch switch: on unless the environment sets STRATA_CUDA_DOWN_PREFETCH=0 (read once).
+bool down_prefetch() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_DOWN_PREFETCH");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 // Static shared memory of the kernels, at most: the table copy and 1 KiB for the rest (hs, jslot_all).
 constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 1024;
 
@@ -242,13 +245,7 @@ int64_t max_stage_bytes() {
 // in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
 void allow_stage_bytes(const void* kern, int64_t bytes) {
   if (bytes + kStaticSmem <= 48 * 1024) return;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert({kern, dev}).second) return;
-  CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes())));
+  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes()));
 }
 
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
@@ -309,13 +306,6 @@ bool moe_down_slots() {
   return v == 1;
 }
 
-bool down_prefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_DOWN_PREFETCH");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return on;
-}
 
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
