@@ -12,12 +12,13 @@
 #include "cuda/host/q8_reference.h"
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_formats.cuh"
+#include "cuda/q8_matvec.cuh"
 #include "cuda/pdl.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
 
-constexpr int kThreads = 256;  // 8 warps per block in every kernel here
+constexpr int kThreads = q8mv::kThreads;  // 8 warps per block in every kernel here
 
 // x: [n*cols/32 blocks][32] -> q (same shape), ds: [blocks]. One warp per block (grid-stride).
 __global__ void __launch_bounds__(kThreads)
@@ -85,111 +86,46 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// y[t][r] (+)= W[r] . x[t]. Lanes of a warp split into groups of 2^lpr_log2 lanes, R consecutive weight
-// rows per group (2048-column K-quant rows: 32 tasks, a whole warp per row; 768 columns: 12 tasks, 16
-// lanes per row, so few lanes idle; R = 2 for big matrices at n <= 2, see launch_matvec). Each lane sums
-// its tasks (task = lane_in_group, += lanes per group), then a butterfly over the group: a fixed order.
-// Tokens in tiles of NT sharing each weight load.
-// A == kStaged (the 2-byte aligned formats Q4_0 / Q8_0 / Q6_K): the warp first copies its rows (they are
-// consecutive in memory) into its shared-memory region with coalesced 16-byte loads, and the lanes read
-// their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one block, so read straight
-// from global memory every 16-bit load of the warp touches ~8-16 cache lines for 64 bytes; the staged
-// copy reads each line once). stride: bytes of a warp's region (stage_stride of its rows).
-//   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8   xds: [n][cols/32]   y: [n][rows]
+// y[t][r] (+)= W[r] . x[t]: each warp its rows (q8_matvec.cuh matvec_warp), the rows prefetched into L2
+// before the PDL wait. stride: bytes of a warp's staged region (A == kStaged).
 template <typename F, int A, int NT, int R>
 __global__ void __launch_bounds__(kThreads)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
                   int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
                   float* __restrict__ y, bool accumulate) {
-  const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
-  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
-  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * rows_per_warp;
-  if (row0 < rows) {  // the warp's weight rows into L2 while the previous kernel finishes (PDL)
-    const int64_t wbytes = (rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp) * row_bytes;
-    warp_prefetch_l2(w + row0 * row_bytes, wbytes, lane);
-  }
+  q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
   pdl_wait();
   pdl_launch_dependents();
-  if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
-  const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
-  const int64_t dss = cols / 32;
-  // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
-  // row0's bytes (always valid) and are not written.
-  const uint8_t* first = w + row0 * row_bytes;
-  if constexpr (A == q8d::kStaged) {
-    extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride]
-    const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
-    uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);
-    q8d::warp_copy(dst, first, nrows * row_bytes, lane);
-    __syncwarp();
-    first = dst;
-  }
-  const uint8_t* wr[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) wr[i] = first + (rowg + i < rows ? rowg + i - row0 : 0) * row_bytes;
-  for (int64_t t0 = 0; t0 < n; t0 += NT) {
-    const int nt = int(n - t0 < NT ? n - t0 : NT);
-    float acc[R][NT];
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
-    if (rowg < rows)
-      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-#pragma unroll
-      for (int t = 0; t < NT; ++t)
-        for (int o = lpr >> 1; o > 0; o >>= 1) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], o);
-    if (sub == 0)
-#pragma unroll
-      for (int i = 0; i < R; ++i)
-        if (rowg + i < rows)
-#pragma unroll
-          for (int t = 0; t < NT; ++t)
-            if (t < nt) {
-              float* out = y + (t0 + t) * rows + rowg + i;
-              *out = accumulate ? *out + acc[i][t] : acc[i][t];
-            }
-  }
+  extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride] (A == kStaged)
+  q8mv::matvec_warp<F, A, NT, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, xq, xds, n, y, accumulate);
 }
 
-constexpr int64_t kMaxStageBytes = 48 * 1024;  // shared memory of a block without opting in
-
 template <typename F, int A, int NT, int R>
-void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2, const int8_t* xq,
-                     const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
-  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2), rows_per_block = (kThreads / 32) * rows_per_warp;
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  STRATA_REQUIRE(blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
-  // The 2-byte aligned formats go through shared memory when a block's rows fit in it.
-  const int64_t stride = q8d::stage_stride(rows_per_warp * row_bytes);
+void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const q8mv::Geometry& g,
+                     const int8_t* xq, const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   if constexpr (A == 2) {
-    if (stride * (kThreads / 32) <= kMaxStageBytes) {
-      pdl::launch(matvec_kernel<F, q8d::kStaged, NT, R>, unsigned(blocks), kThreads, size_t(stride * (kThreads / 32)),
-                  stream, w, rows, row_bytes, cols, lpr_log2, stride, xq, xds, n, y, accumulate);
+    if (g.stride > 0) {
+      pdl::launch(matvec_kernel<F, q8d::kStaged, NT, R>, unsigned(g.blocks), kThreads,
+                  size_t(g.stride * (kThreads / 32)), stream, w, rows, row_bytes, cols, g.lpr_log2, g.stride, xq, xds,
+                  n, y, accumulate);
       return;
     }
   }
-  pdl::launch(matvec_kernel<F, A, NT, R>, unsigned(blocks), kThreads, 0, stream, w, rows, row_bytes, cols, lpr_log2,
-              int64_t(0), xq, xds, n, y, accumulate);
+  pdl::launch(matvec_kernel<F, A, NT, R>, unsigned(g.blocks), kThreads, 0, stream, w, rows, row_bytes, cols,
+              g.lpr_log2, int64_t(0), xq, xds, n, y, accumulate);
 }
-
-// Two rows per lane group for big matrices at n <= 2 (whole-warp rows, >= 4096 rows: >= 128 blocks of 16
-// rows); else one.
-constexpr int64_t kTwoRowsMinRows = 4096;
 
 template <typename F, int A, int NT>
 void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const int8_t* xq,
                    const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
-  const int lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
+  const q8mv::Geometry g = q8mv::geometry<F, A>(rows, cols, row_bytes, NT);
   if constexpr (NT <= 2) {
-    if (lpr_log2 == 5 && rows >= kTwoRowsMinRows) {
-      launch_matvec_r<F, A, NT, 2>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
+    if (g.r == 2) {
+      launch_matvec_r<F, A, NT, 2>(w, rows, row_bytes, cols, g, xq, xds, n, y, accumulate, stream);
       return;
     }
   }
-  launch_matvec_r<F, A, NT, 1>(w, rows, row_bytes, cols, lpr_log2, xq, xds, n, y, accumulate, stream);
+  launch_matvec_r<F, A, NT, 1>(w, rows, row_bytes, cols, g, xq, xds, n, y, accumulate, stream);
 }
 
 }  // namespace

@@ -1,0 +1,120 @@
+#pragma once
+// The dense int8-activation matvec's block work and launch geometry (private to q8_kernels.cu and
+// q8_norm_matvec.cu; contract: q8_kernels.cuh matvec / norm_matvec).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/error.h"
+#include "cuda/pdl.cuh"
+#include "cuda/q8_formats.cuh"
+
+namespace strata::cuda::q8mv {
+
+constexpr int kThreads = 256;                  // 8 warps per block in every q8 kernel
+constexpr int64_t kMaxStageBytes = 48 * 1024;  // staged rows of a block (shared memory without opting in)
+// Two rows per lane group for big matrices at n <= 2 (whole-warp rows, >= 4096 rows: >= 128 blocks of 16
+// rows); else one.
+constexpr int64_t kTwoRowsMinRows = 4096;
+
+// How a matvec of `rows` x `cols` in F for n tokens is launched: lanes per row, rows per lane group (R),
+// blocks, and the staged region per warp (stride; 0: rows read from global memory).
+struct Geometry {
+  int lpr_log2 = 0, r = 1;
+  int64_t rows_per_warp = 0, blocks = 0, stride = 0;
+};
+template <typename F, int A>
+Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
+  Geometry g;
+  g.lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
+  g.r = nt_tile <= 2 && g.lpr_log2 == 5 && rows >= kTwoRowsMinRows ? 2 : 1;
+  g.rows_per_warp = int64_t(g.r) << (5 - g.lpr_log2);
+  const int64_t rows_per_block = (kThreads / 32) * g.rows_per_warp;
+  g.blocks = (rows + rows_per_block - 1) / rows_per_block;
+  STRATA_REQUIRE(g.blocks <= 0x7FFFFFFF, "q8 matvec: {} rows is too many", rows);
+  // The 2-byte aligned formats go through shared memory when a block's rows fit in it.
+  const int64_t stride = q8d::stage_stride(g.rows_per_warp * row_bytes);
+  if (A == 2 && stride * (kThreads / 32) <= kMaxStageBytes) g.stride = stride;
+  return g;
+}
+
+// First weight row of the calling warp.
+template <int R>
+__device__ __forceinline__ int64_t warp_row0(int lpr_log2) {
+  return (int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5)) * (int64_t(R) << (5 - lpr_log2));
+}
+
+// Before the PDL wait: the warp's weight rows into L2 while the previous kernel finishes.
+template <int R>
+__device__ __forceinline__ void prefetch_warp_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int lpr_log2) {
+  const int64_t row0 = warp_row0<R>(lpr_log2), rows_per_warp = int64_t(R) << (5 - lpr_log2);
+  if (row0 < rows) {
+    const int64_t wbytes = (rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp) * row_bytes;
+    warp_prefetch_l2(w + row0 * row_bytes, wbytes, threadIdx.x & 31);
+  }
+}
+
+// The warp's part of y[t][r] (+)= W[r] . x[t] (after the PDL wait). Lanes of a warp split into groups of
+// 2^lpr_log2 lanes, R consecutive weight rows per group (2048-column K-quant rows: 32 tasks, a whole warp
+// per row; 768 columns: 12 tasks, 16 lanes per row, so few lanes idle; R = 2 for big matrices at n <= 2).
+// Each lane sums its tasks (task = lane_in_group, += lanes per group), then a butterfly over the group: a
+// fixed order. Tokens in tiles of NT sharing each weight load.
+// A == kStaged (the 2-byte aligned formats Q4_0 / Q8_0 / Q6_K): the warp first copies its rows (they are
+// consecutive in memory) into its shared-memory region (stage + warp * stride) with coalesced 16-byte
+// loads, and the lanes read their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one
+// block, so read straight from global memory every 16-bit load of the warp touches ~8-16 cache lines for
+// 64 bytes; the staged copy reads each line once).
+//   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8 (global or shared)   xds: [n][cols/32]
+//   y: [n][rows]
+template <typename F, int A, int NT, int R>
+__device__ __forceinline__ void matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
+                                            int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
+                                            const int8_t* xq, const float2* xds, int64_t n, float* __restrict__ y,
+                                            bool accumulate) {
+  const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
+  const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
+  const int64_t row0 = warp_row0<R>(lpr_log2);
+  if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
+  const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
+  const int64_t dss = cols / 32;
+  // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
+  // row0's bytes (always valid) and are not written.
+  const uint8_t* first = w + row0 * row_bytes;
+  if constexpr (A == q8d::kStaged) {
+    const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
+    uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);
+    q8d::warp_copy(dst, first, nrows * row_bytes, lane);
+    __syncwarp();
+    first = dst;
+  }
+  const uint8_t* wr[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) wr[i] = first + (rowg + i < rows ? rowg + i - row0 : 0) * row_bytes;
+  for (int64_t t0 = 0; t0 < n; t0 += NT) {
+    const int nt = int(n - t0 < NT ? n - t0 : NT);
+    float acc[R][NT];
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+    if (rowg < rows)
+      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        for (int o = lpr >> 1; o > 0; o >>= 1) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], o);
+    if (sub == 0)
+#pragma unroll
+      for (int i = 0; i < R; ++i)
+        if (rowg + i < rows)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+            if (t < nt) {
+              float* out = y + (t0 + t) * rows + rowg + i;
+              *out = accumulate ? *out + acc[i][t] : acc[i][t];
+            }
+  }
+}
+
+}  // namespace strata::cuda::q8mv
