@@ -50,6 +50,25 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
 void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
 
+// rmsnorm_quantize and matvec in one launch: xn = rmsnorm(x) * nw, (xq, xds) = its Q8 activations (the
+// same bits as rmsnorm_quantize; written by block 0), and y (+)= W . xn's Q8 activations (the same bits
+// as matvec on them). Every block computes the norm and its quantization into shared memory itself.
+// Why: a decode norm is a one-block kernel on the chain's critical path. Measured on the H200 (48-layer
+// 30B-A3B decode, bench/results/2026-12-02-gpu-session13-h200.md): the norm's and q|k|v's steps were
+// 3.7 + 4.1 us a layer, this launch's 7.2. (With PDL a launch boundary costs well under a microsecond;
+// what is left are the norm's dependent loads, now in every block.)
+// x: [n][cols] f32  nw: [cols] f32 (read before the PDL wait: uploaded weights only)  xn: [n][cols] f32
+// xq: [n][cols] int8  xds: [n][cols/32]  W, y, accumulate: as matvec. y must not overlap x, xn, xq, xds.
+// Needs norm_matvec_supported(cols, n) and supported(type) (throws strata::Error otherwise).
+void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const float* x,
+                 const float* nw, float eps, int64_t n, float* xn, int8_t* xq, float2* xds, float* y,
+                 bool accumulate, cudaStream_t stream);
+// n == 1 (decode of one sequence) and cols 256 (the test models), 1024, 2048 or 4096 (the norm's values
+// stay in registers).
+bool norm_matvec_supported(int64_t cols, int64_t n);
+// Whether the models use norm_matvec where it applies: on unless STRATA_CUDA_NORM_MATVEC=0 (read once).
+bool norm_matvec_enabled();
+
 // MoE decode with Q8 activations, experts read from expert-cache slots through the layer's residency
 // table row (same view and table contract as moe::moe_gate_up / moe::moe_down).
 // For every (t, j), t < n, j < k, with e = ids[t*k+j] resident (table[e] >= 0):

@@ -564,16 +564,30 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   const StepLayout sl(n);
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
   float* q = ws.q.as<float>();
-  // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them.
+  // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them; with one q|k|v product on
+  // them in decode, the norm runs inside that product's launch (q8::norm_matvec: one launch fewer).
   bool q8_in = false;
   for (const DevWeight* w : {&l.wqkv, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
-  norm(p, ws.x, l.attn_norm, n, q8_in);
+  const bool norm_in_qkv = l.wqkv.rows > 0 && use_q8(p, l.wqkv) && q8::norm_matvec_enabled() &&
+                           q8::norm_matvec_supported(hp.n_embd, n);
+  if (!norm_in_qkv) norm(p, ws.x, l.attn_norm, n, q8_in);
   // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.
   const float *qi, *ki, *vi;
   int64_t q_ld, k_ld, v_ld;
   const DeviceBuffer* qkv_in[3];
   if (l.wqkv.rows > 0) {
-    mm_any(p, l.wqkv, n, ws.qkv);
+    if (norm_in_qkv) {
+      note_launch(cs, {ws.x.span(), l.attn_norm.buf.span(), l.wqkv.buf.span()},
+                  {ws.xn.span(), ws.xq.span(), ws.xds.span(), ws.qkv.span()});
+      op(p, [&] {
+        q8::norm_matvec(l.wqkv.type, l.wqkv.buf.data(), l.wqkv.rows, l.wqkv.cols,
+                        int64_t(row_bytes(l.wqkv.type, l.wqkv.cols)), ws.x.as<const float>(), l.attn_norm.f32(),
+                        hp.rms_eps, n, ws.xn.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
+                        ws.qkv.as<float>(), /*accumulate=*/false, s);
+      });
+    } else {
+      mm_any(p, l.wqkv, n, ws.qkv);
+    }
     qi = ws.qkv.as<const float>();
     ki = qi + H * D;
     vi = ki + Hkv * D;

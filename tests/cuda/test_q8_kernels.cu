@@ -11,7 +11,8 @@
 //    half a step of the reference's unquantized h (plus the g, u summation-order tolerance), pairs of
 //    non-resident experts untouched (sentinel bytes); moe_down on the GPU's h vs the reference's moe_down on
 //    the same h within 1e-5 of sum |wts * w * h|; x of a token with no resident expert bit-unchanged;
-//    deterministic.
+//    deterministic;
+//  * norm_matvec: the same bits as rmsnorm_quantize + matvec (xn, xq, xds, y).
 // The activations given to matvec come from the CPU quantizer, so each product is tested on its own.
 #include <gtest/gtest.h>
 
@@ -261,6 +262,83 @@ TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb - 2, d_q.ptr<int8_t>()), Error);  // row too short
   EXPECT_THROW(call(GgmlType::Q4_K, d_w1.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);  // odd weight address
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb, d_q.ptr<int8_t>() + 1), Error);  // unaligned activations
+}
+
+
+// norm_matvec against rmsnorm_quantize + matvec on the GPU: xn, xq, xds and y the same bits (the same
+// norm, quantization and dot order in one launch), accumulate off and on, every format, 16-byte and
+// 2-byte aligned weights (the staged path), the decode shapes (cols 256, 1024, 2048, 4096; one token),
+// rows not a multiple of a block's.
+TEST_F(CudaQ8Matvec, NormMatvecSameBitsAsRmsnormQuantizeThenMatvec) {
+  struct Shape { int64_t rows, cols; size_t w_offset; };
+  const Shape shapes[] = {{5120, 2048, 0}, {4097, 2048, 2}, {768, 4096, 0}, {37, 1024, 2}, {300, 256, 0}};
+  std::mt19937 rng(31);
+  int64_t cases = 0;
+  for (GgmlType t : kTypes)
+    for (const Shape& sh : shapes) {
+      if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
+      const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows + sh.cols + int(t)));
+      const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
+      auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
+      const auto nw = test::random_acts(cols, rng);
+      auto d_nw = upload_vec(nw);
+      {
+        const int64_t n = 1;  // (decode of one sequence: what the kernel takes)
+        ASSERT_TRUE(q8::norm_matvec_supported(cols, n));
+        const auto x = make_acts(n, cols, rng);
+        auto d_x = upload_vec(x);
+        std::vector<float> y0(n * rows);
+        for (auto& v : y0) v = float(int(rng() % 2001) - 1000) * 1e-3f;
+        for (bool acc : {false, true}) {
+          // Two launches: the reference path.
+          auto r_xn = output(n * cols * 4), r_q = output(n * cols), r_ds = output(n * cols / 32 * 8);
+          auto r_y = acc ? upload_vec(y0) : output(n * rows * 4);
+          q8::rmsnorm_quantize(d_x.ptr<float>(), d_nw.ptr<float>(), n, cols, 1e-6f, r_xn.ptr<float>(),
+                               r_q.ptr<int8_t>(), r_ds.ptr<float2>(), stream());
+          cuda::note_launch(dev->compute(), {d_x.span(), d_nw.span()}, {r_xn.span(), r_q.span(), r_ds.span()});
+          q8::matvec(t, d_w.ptr(), rows, cols, rb, r_q.ptr<int8_t>(), r_ds.ptr<float2>(), n, r_y.ptr<float>(), acc,
+                     stream());
+          cuda::note_launch(dev->compute(), {d_w.span(), r_q.span(), r_ds.span(), r_y.span()}, {r_y.span()});
+          // One launch.
+          auto f_xn = output(n * cols * 4, 0x11), f_q = output(n * cols, 0x22), f_ds = output(n * cols / 32 * 8, 0x33);
+          auto f_y = acc ? upload_vec(y0) : output(n * rows * 4, 0x44);
+          q8::norm_matvec(t, d_w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, n,
+                          f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
+          cuda::note_launch(dev->compute(), {d_w.span(), d_x.span(), d_nw.span(), f_y.span()},
+                            {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
+          const std::string what = std::string(type_name(t)) + " " + std::to_string(rows) + "x" +
+                                   std::to_string(cols) + " n " + std::to_string(n) + (acc ? " accumulate" : "") +
+                                   (sh.w_offset ? " weights at +2" : "");
+          EXPECT_EQ(download<float>(f_xn, n * cols), download<float>(r_xn, n * cols)) << what << ": xn";
+          EXPECT_EQ(download<int8_t>(f_q, n * cols), download<int8_t>(r_q, n * cols)) << what << ": xq";
+          const auto fd = download<Q8Ds>(f_ds, n * cols / 32), rd = download<Q8Ds>(r_ds, n * cols / 32);
+          EXPECT_EQ(std::memcmp(fd.data(), rd.data(), fd.size() * sizeof(Q8Ds)), 0) << what << ": xds";
+          const auto fy = download<float>(f_y, n * rows), ry = download<float>(r_y, n * rows);
+          int64_t bad = 0;
+          for (int64_t i = 0; i < n * rows; ++i) bad += !test::same_bits(fy[i], ry[i]);
+          EXPECT_EQ(bad, 0) << what << ": y differs from rmsnorm_quantize + matvec in " << bad << " outputs";
+          ++cases;
+        }
+      }
+    }
+  EXPECT_EQ(cases, 50);  // 5 formats x 5 shapes x accumulate off / on
+}
+
+TEST_F(CudaQ8Matvec, NormMatvecUnsupportedShapesAreErrors) {
+  EXPECT_FALSE(q8::norm_matvec_supported(2048, 2));  // two rows: two launches
+  EXPECT_FALSE(q8::norm_matvec_supported(2048, 0));
+  EXPECT_FALSE(q8::norm_matvec_supported(8192, 1));  // more than 16 values a thread
+  EXPECT_FALSE(q8::norm_matvec_supported(768, 1));   // not a width with a kernel
+  auto d_w = output(4 * 1152), d_x = output(3 * 2048 * 4), d_nw = output(2048 * 4), d_xn = output(3 * 2048 * 4),
+       d_q = output(3 * 2048), d_ds = output(3 * 64 * 8), d_y = output(3 * 4 * 4);
+  EXPECT_THROW(q8::norm_matvec(GgmlType::Q4_K, d_w.ptr(), 4, 2048, 1152, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f,
+                               2, d_xn.ptr<float>(), d_q.ptr<int8_t>(), d_ds.ptr<float2>(), d_y.ptr<float>(), false,
+                               stream()),
+               Error);
+  EXPECT_THROW(q8::norm_matvec(GgmlType::Q2_K, d_w.ptr(), 4, 2048, 672, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f,
+                               1, d_xn.ptr<float>(), d_q.ptr<int8_t>(), d_ds.ptr<float2>(), d_y.ptr<float>(), false,
+                               stream()),
+               Error);
 }
 
 

@@ -1,0 +1,151 @@
+// q8::norm_matvec (contract: q8_kernels.cuh): the decode rmsnorm, its Q8 quantization and a dense matvec in
+// one kernel. CPU reference: q8ref::rmsnorm_quantize then q8ref::matvec (the same values);
+// tests/cuda/test_q8_kernels.cu compares it bit for bit with rmsnorm_quantize + matvec on the GPU.
+#include <cstdlib>
+#include <string>
+
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/host/q8_reference.h"
+#include "cuda/pdl.cuh"
+#include "cuda/q8_common.cuh"
+#include "cuda/q8_formats.cuh"
+#include "cuda/q8_kernels.cuh"
+#include "cuda/q8_matvec.cuh"
+
+namespace strata::cuda::q8 {
+namespace {
+
+using q8mv::kThreads;
+
+// Dynamic shared memory: [cols] int8 | [cols/32] float2 | staged weight rows.
+constexpr int64_t act_bytes(int64_t cols) { return cols + (cols / 32) * 8; }
+
+// Every block: sq/sds (shared) = the Q8 activations of rmsnorm(x) * nw (one row of cols = 256 * PER),
+// computed as rmsnorm_quantize_kernel<PER> does (thread i holds x[i + 256 j]; the same double sum in the
+// same order, the same float expression, quantize_warp), so the values are the same bits. Block 0 also
+// writes xn and copies sq/sds to xq/xds. wv: the thread's norm weights.
+template <int PER>
+__device__ __forceinline__ void norm_quantize_row(const float* x, const float (&wv)[PER], float eps, int8_t* sq,
+                                                  float2* sds, float* xn, int8_t* xq, float2* xds) {
+  __shared__ double sh[kThreads / 32];
+  constexpr int64_t cols = int64_t(PER) * kThreads;
+  const int lane = threadIdx.x & 31;
+  float xv[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];  // every load in flight at once
+  double s = 0.0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
+  for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);  // q8c::block_sum_256's order
+  if (lane == 0) sh[threadIdx.x >> 5] = s;
+  __syncthreads();
+  double r = sh[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = r + sh[w];
+  const float mean = static_cast<float>(r / static_cast<double>(cols));
+  const float scale = 1.0f / sqrtf(mean + eps);
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int64_t i = threadIdx.x + kThreads * j;
+    const float v = xv[j] * scale * wv[j];
+    if (blockIdx.x == 0) xn[i] = v;
+    q8c::quantize_warp(v, sq + (i - lane), sds + i / 32);
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {  // the Q8 activations for later readers (the same as rmsnorm_quantize writes)
+    for (int64_t i = threadIdx.x; i < cols / 16; i += kThreads)
+      reinterpret_cast<int4*>(xq)[i] = reinterpret_cast<const int4*>(sq)[i];
+    for (int64_t b = threadIdx.x; b < cols / 32; b += kThreads) xds[b] = sds[b];
+  }
+}
+
+// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); the rest as q8_kernels.cu matvec_kernel.
+// Registers: the norm's values are dead before the product starts, so the kernel needs about what the
+// plain matvec does (why it matters: at 88 registers, with two tokens' rows held, the q|k|v product's
+// 320 blocks no longer fit on the H200 at once, and the launch measured 11.8 us instead of 7.8 for the
+// two it replaced).
+template <typename F, int A, int R, int PER>
+__global__ void __launch_bounds__(kThreads)
+    norm_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int lpr_log2, int64_t stride,
+                       const float* x, const float* __restrict__ nw, float eps, float* xn, int8_t* xq_out,
+                       float2* xds_out, float* __restrict__ y, bool accumulate) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr int64_t cols = int64_t(PER) * kThreads;
+  int8_t* sq = reinterpret_cast<int8_t*>(smem);            // [cols]
+  float2* sds = reinterpret_cast<float2*>(smem + cols);    // [cols/32]
+  uint8_t* stage = smem + act_bytes(cols);                 // [warps][stride] (A == kStaged)
+  q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+  float wv[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) wv[j] = nw[threadIdx.x + kThreads * j];  // a weight: before the wait
+  pdl_wait();
+  pdl_launch_dependents();
+  norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out);
+  q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y, accumulate);
+}
+
+template <typename F, int A, int R, int PER>
+void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geometry& g, const float* x,
+            const float* nw, float eps, float* xn, int8_t* xq, float2* xds, float* y, bool accumulate,
+            cudaStream_t stream) {
+  auto run = [&](auto kernel, int64_t stride) {
+    const size_t smem = size_t(act_bytes(int64_t(PER) * kThreads) + stride * (kThreads / 32));
+    if (smem > size_t(q8mv::kMaxStageBytes))
+      set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                int(smem));
+    pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
+                xn, xq, xds, y, accumulate);
+  };
+  if constexpr (A == 2) {
+    if (g.stride > 0) return run(norm_matvec_kernel<F, q8d::kStaged, R, PER>, g.stride);
+  }
+  run(norm_matvec_kernel<F, A, R, PER>, int64_t(0));
+}
+
+template <typename F, int A, int PER>
+void launch_per(const uint8_t* w, int64_t rows, int64_t row_bytes, const float* x, const float* nw, float eps,
+                float* xn, int8_t* xq, float2* xds, float* y, bool accumulate, cudaStream_t stream) {
+  const q8mv::Geometry g = q8mv::geometry<F, A>(rows, int64_t(PER) * kThreads, row_bytes, 1);
+  if (g.r == 2) launch<F, A, 2, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+  else launch<F, A, 1, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+}
+
+}  // namespace
+
+bool norm_matvec_supported(int64_t cols, int64_t n) {
+  return n == 1 && (cols == 256 || cols == 1024 || cols == 2048 || cols == 4096);
+}
+
+bool norm_matvec_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_NORM_MATVEC");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
+void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const float* x,
+                 const float* nw, float eps, int64_t n, float* xn, int8_t* xq, float2* xds, float* y,
+                 bool accumulate, cudaStream_t stream) {
+  STRATA_REQUIRE(norm_matvec_supported(cols, n), "q8 norm_matvec: {} columns x {} rows is not supported", cols, n);
+  q8ref::check_matvec_shape(type, cols, row_bytes, "q8 norm_matvec");
+  STRATA_REQUIRE(rows >= 0, "q8 norm_matvec: {} rows", rows);
+  const auto wa = reinterpret_cast<uintptr_t>(w);
+  STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "q8 norm_matvec: weight rows must be 2-byte aligned");
+  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "q8 norm_matvec: activations must be 16-byte aligned");
+  if (rows == 0) return rmsnorm_quantize(x, nw, n, cols, eps, xn, xq, xds, stream);  // (no blocks to do it)
+  const bool a16 = wa % 16 == 0 && row_bytes % 16 == 0;
+  const auto* wb = static_cast<const uint8_t*>(w);
+  q8d::dispatch(type, a16, [&](auto f, auto a) {
+    using F = decltype(f);
+    constexpr int A = decltype(a)::value;
+    switch (cols) {  // the row's values per thread: registers
+      case 256: return launch_per<F, A, 1>(wb, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      case 1024: return launch_per<F, A, 4>(wb, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      case 2048: return launch_per<F, A, 8>(wb, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      default: return launch_per<F, A, 16>(wb, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+    }
+  });
+}
+
+}  // namespace strata::cuda::q8
