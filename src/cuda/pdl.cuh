@@ -143,8 +143,12 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 
 // Lets the next kernel of the stream (if launched with the attribute) be launched.
+// A build configured with -DSTRATA_PDL_TRIGGER_AT_EXIT=ON (for measuring) leaves it out: the next kernel
+// is then launched as this grid's blocks exit. Why the option: the next kernel's blocks, launched early,
+// wait on the SMs beside this kernel's (e.g. wo's 256 blocks for 12 us beside attention's, session 13);
+// whether waiting blocks slow their neighbours is what it measures (against losing the early prefetch).
 __device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(STRATA_PDL_TRIGGER_AT_EXIT)
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
