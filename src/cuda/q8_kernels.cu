@@ -167,11 +167,8 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 matvec");
   STRATA_REQUIRE(rows >= 0 && n >= 0, "q8 matvec: bad shape rows {} n {}", rows, n);
-  const auto wa = reinterpret_cast<uintptr_t>(w);
-  STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "q8 matvec: weight rows must be 2-byte aligned");
-  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "q8 matvec: activations must be 16-byte aligned");
+  const bool a16 = q8mv::checked_alignment(w, row_bytes, xq, "q8 matvec");
   if (rows == 0 || n == 0) return;
-  const bool a16 = wa % 16 == 0 && row_bytes % 16 == 0;
   const auto* wb = static_cast<const uint8_t*>(w);
   q8d::dispatch(type, a16, [&](auto f, auto a) {
     using F = decltype(f);

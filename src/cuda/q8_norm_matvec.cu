@@ -130,11 +130,8 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
   STRATA_REQUIRE(norm_matvec_supported(cols, n), "q8 norm_matvec: {} columns x {} rows is not supported", cols, n);
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 norm_matvec");
   STRATA_REQUIRE(rows >= 0, "q8 norm_matvec: {} rows", rows);
-  const auto wa = reinterpret_cast<uintptr_t>(w);
-  STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "q8 norm_matvec: weight rows must be 2-byte aligned");
-  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "q8 norm_matvec: activations must be 16-byte aligned");
+  const bool a16 = q8mv::checked_alignment(w, row_bytes, xq, "q8 norm_matvec");
   if (rows == 0) return rmsnorm_quantize(x, nw, n, cols, eps, xn, xq, xds, stream);  // (no blocks to do it)
-  const bool a16 = wa % 16 == 0 && row_bytes % 16 == 0;
   const auto* wb = static_cast<const uint8_t*>(w);
   q8d::dispatch(type, a16, [&](auto f, auto a) {
     using F = decltype(f);
