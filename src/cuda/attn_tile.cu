@@ -346,6 +346,7 @@ __global__ void __launch_bounds__(32 * W, 1)
       for (int j = 0; j < DPL; ++j) pp[2 + lane * DPL + j] = acc[rr][j];
     }
   }
+  pdl_mark();  // (traced builds: the block's end)
 }
 
 // ---------------------------------------------------------------- prefill on the tensor cores

@@ -96,9 +96,12 @@ namespace strata::cuda {
 namespace pdl_trace {
 struct Rec {
   unsigned long long reached, returned;  // %globaltimer, ns
-  unsigned line, pad;
+  // kind: 0 block 0's wait; 3 the grid's last block's wait; 1 / 2 a mark (pdl_mark) of block 0 / the last
+  // block (reached == returned). line 0: a reserved record no mark used (skipped).
+  unsigned line, kind;
 };
 constexpr unsigned kCap = 1u << 18;
+constexpr unsigned kMarks = 6;  // marks a traced block may record after its wait
 static __device__ Rec g_rec[kCap];
 static __device__ unsigned g_n;
 void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*, const ReadDevice&));
@@ -112,29 +115,64 @@ static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
   if (n > kCap) n = kCap;
   std::vector<Rec> v(n);
   if (n > 0) read(v.data(), rec_at, n * sizeof(Rec));
-  for (const Rec& r : v) std::fprintf(f, "%s,%u,%llu,%llu\n", tu, r.line, r.reached, r.returned);
+  for (const Rec& r : v)
+    if (r.line != 0) std::fprintf(f, "%s,%u,%llu,%llu,%u\n", tu, r.line, r.reached, r.returned, r.kind);
 }
 static const bool g_registered = (register_dumper(__BASE_FILE__, dump), true);
+// The traced block's next free record and its end (thread 0's, per block; set by the traced wait).
+static __device__ __forceinline__ unsigned* block_records() {
+  __shared__ unsigned r[2];
+  return r;
+}
+// 1: block 0, 2: the grid's last block (x), 0: not traced. Thread 0 only.
+static __device__ __forceinline__ unsigned traced_block() {
+  if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0 || blockIdx.y != 0 || blockIdx.z != 0) return 0;
+  return blockIdx.x == 0 ? 1u : blockIdx.x == gridDim.x - 1 ? 2u : 0u;
+}
 }  // namespace pdl_trace
+// Block 0 and the grid's last block each reserve 1 + kMarks records with one atomic issued before the wait
+// (its latency is hidden when the block is early), so the marks after the wait cost a timer read and a
+// store, not an atomic round trip on the chain.
 static __device__ __forceinline__ void pdl_wait_at(unsigned line) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool rec = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && blockIdx.x == 0 &&
-                   blockIdx.y == 0 && blockIdx.z == 0;
+  const unsigned tb = pdl_trace::traced_block();
   unsigned i = 0;
   unsigned long long t0 = 0, t1 = 0;
-  if (rec) {
-    i = atomicAdd(&pdl_trace::g_n, 1u);  // before the wait: off the chain when the block is early
+  if (tb != 0) {
+    i = atomicAdd(&pdl_trace::g_n, 1u + pdl_trace::kMarks);
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (rec && i < pdl_trace::kCap) {
+  if (tb != 0) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-    pdl_trace::g_rec[i] = {t0, t1, line, 0u};
+    unsigned* br = pdl_trace::block_records();
+    const bool fits = i + 1 + pdl_trace::kMarks <= pdl_trace::kCap;
+    if (fits) pdl_trace::g_rec[i] = {t0, t1, line, tb == 1 ? 0u : 3u};
+    br[0] = fits ? i + 1 : 0;
+    br[1] = fits ? i + 1 + pdl_trace::kMarks : 0;
   }
 #endif
 }
 #define pdl_wait() pdl_wait_at(__LINE__)
+// A point inside a kernel (after its pdl_wait), for the timeline: thread 0 of block 0 and of the grid's
+// last block (x) record when they passed it (scripts/pdl-trace-report: the time since the kernel's wait
+// returned). Up to kMarks per block and launch; more are dropped.
+static __device__ __forceinline__ void pdl_mark_at(unsigned line) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned tb = pdl_trace::traced_block();
+  if (tb == 0) return;
+  unsigned* br = pdl_trace::block_records();
+  if (br[0] >= br[1]) return;
+  unsigned long long t = 0;
+  // ("memory": not moved above the memory accesses before it; a load still in flight is waited for only
+  // where its value is used, so a mark that should follow a load goes after a use, e.g. a store of it)
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  pdl_trace::g_rec[br[0]++] = {t, t, line, tb};
+#endif
+}
+#define pdl_mark() pdl_mark_at(__LINE__)
 #else
+#define pdl_mark() ((void)0)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

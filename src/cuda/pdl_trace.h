@@ -5,8 +5,10 @@
 // line of the call, into a per-translation-unit ring in device memory. In a chain of PDL launches a
 // wait returns when the previous kernel has completed, so the time from one kernel's return to the
 // next kernel's return is what that kernel adds to the chain, and "reached" tells whether its blocks
-// were already there (launched early) or arrived late. Thread 0 of block 0 is one block: a kernel whose
-// blocks do not start together shows its first block's view only.
+// were already there (launched early) or arrived late. The grid's last block (x) records its wait too,
+// so a kernel whose blocks do not all start early shows it. pdl_mark() records, for the same two blocks,
+// when they passed a point after the wait (e.g. a product's end), without an atomic on the chain (the
+// wait reserves the records).
 // The models' destructors call dump_all() (reading the rings through their transfer module), which writes "file,line,reached_ns,returned_ns" lines to
 // $STRATA_PDL_TRACE_FILE; scripts/pdl-trace-report turns them into a per-kernel table. Without the
 // build option (or without the variable) dump_all() does nothing.

@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride] (A == kStaged)
   q8mv::matvec_warp<F, A, NT, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, xq, xds, n, y, accumulate);
+  pdl_mark();  // (traced builds: the block's end)
 }
 
 template <typename F, int A, int NT, int R>

@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
     const int slot = slot_of(tb, ids, p);  // block-uniform
+    if (p == 0 && slot != -2) pdl_mark();  // (traced builds: the first pair's slot known; the test waits for it)
     if (slot < 0) continue;
     const uint8_t* base = slots + int64_t(slot) * slot_bytes;
     const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(kThreads)
     if (warp == 0) q8c::quantize_warp(hs[lane], hq + p * n_ff + r0, hds + p * (n_ff / 32) + r0 / 32);
     __syncthreads();  // hs is rewritten by the next pair
   }
+  pdl_mark();  // (traced builds: the block's end)
 }
 
 // Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
@@ -194,6 +196,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) x[t * n_embd + r] += acc;
   }
+  pdl_mark();  // (traced builds: the block's end)
 }
 
 q8ref::ExpertView host_view(const moe::ExpertLayerView& v) {

@@ -39,6 +39,7 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
   for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
   for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);  // q8c::block_sum_256's order
   if (lane == 0) sh[threadIdx.x >> 5] = s;
+  pdl_mark();  // (traced builds: x loaded, the warp's sum stored)
   __syncthreads();
   double r = sh[0];
   for (int w = 1; w < kThreads / 32; ++w) r = r + sh[w];
@@ -51,6 +52,7 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
     if (blockIdx.x == 0) xn[i] = v;
     q8c::quantize_warp(v, sq + (i - lane), sds + i / 32);
   }
+  pdl_mark();  // (traced builds: thread 0's values quantized)
   __syncthreads();
   if (blockIdx.x == 0) {  // the Q8 activations for later readers (the same as rmsnorm_quantize writes)
     for (int64_t i = threadIdx.x; i < cols / 16; i += kThreads)
@@ -81,7 +83,9 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   pdl_launch_dependents();
   norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out);
+  pdl_mark();  // (traced builds: the norm done)
   q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y, accumulate);
+  pdl_mark();  // (traced builds: the block's end)
 }
 
 template <typename F, int A, int R, int PER>
