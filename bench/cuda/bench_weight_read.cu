@@ -1,0 +1,121 @@
+// How long a decode step takes to read its weights when they are scattered over a large allocation (the
+// expert cache's slots are: 17 GB at 100% for the 30B-A3B geometry), against the same bytes in a small one.
+// Why: the per-kernel trace (bench/results/2026-12-02-gpu-session14-h200.md) has gate_up streaming its
+// 14 MB at ~1.9 TB/s and down, wo and q|k|v below that, far from the HBM's ~4 TB/s. If the time grows with
+// the footprint at the same bytes, the address translation (TLB reach), not the HBM, bounds the step.
+//
+// Each step is one kernel that reads `chunks` pieces of `chunk` bytes (16-byte loads, every block its
+// contiguous share, several loads in flight per thread) and writes one float per block. The pieces of a
+// step: "experts": 8 random slots of 3 x 884736 bytes (gate, up, down of a 768 x 2048 Q4_K expert), the
+// gate and up pieces of each (gate_up's 14 MB, 192 blocks); "dense": one 4.7 MB piece at a random place
+// (wo, 256 blocks). Steps are captured into one CUDA graph (no PDL), every step a fresh random draw, so
+// the L2 holds little of a step's bytes once the footprint is well over its 50 MB.
+//
+// Usage: bench_weight_read [--reps 20] [--steps 96] [--max-gib 64]
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/cuda_check.cuh"
+#include "cuda/device.h"
+#include "cuda/graph.h"
+#include "bench_main.h"
+#include "event_timer.cuh"
+
+namespace {
+
+using namespace strata;
+using namespace strata::cuda;
+
+constexpr int kThreads = 256;
+
+// Block b reads its share of piece b / per_piece: bytes [s, e) of base + offs[piece] (16-byte words).
+//   offs: [pieces] byte offsets   out: [gridDim.x]
+__global__ void __launch_bounds__(kThreads)
+    read_kernel(const uint8_t* __restrict__ base, const uint64_t* __restrict__ offs, int64_t piece_bytes,
+                int per_piece, float* __restrict__ out) {
+  const int piece = blockIdx.x / per_piece, part = blockIdx.x % per_piece;
+  const int64_t share = (piece_bytes / 16 + per_piece - 1) / per_piece;  // words
+  const uint4* p = reinterpret_cast<const uint4*>(base + offs[piece]);
+  const int64_t w0 = part * share, w1 = w0 + share < piece_bytes / 16 ? w0 + share : piece_bytes / 16;
+  unsigned acc = 0;
+#pragma unroll 8
+  for (int64_t w = w0 + threadIdx.x; w < w1; w += kThreads) {
+    const uint4 v = __ldg(p + w);
+    acc += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x == 0) out[blockIdx.x] = float(acc);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20, steps = 96, max_gib = 64;
+  if (const int rc = strata::bench::start("bench_weight_read", argc, argv,
+                                          {{"--reps", &reps, 1}, {"--steps", &steps, 1}, {"--max-gib", &max_gib, 1}}))
+    return rc;
+  Device dev(0);
+  Stream& cs = dev.compute();
+  const cudaStream_t s = cs.handle();
+  const size_t max_bytes = size_t(max_gib) << 30;
+  uint8_t* base = nullptr;
+  CUDA_CHECK(cudaMalloc(&base, max_bytes));
+  CUDA_CHECK(cudaMemsetAsync(base, 1, max_bytes, s));
+  float* out = nullptr;
+  CUDA_CHECK(cudaMalloc(&out, 4096 * sizeof(float)));
+  constexpr int64_t kPiece = 768 * 1152, kSlot = 3 * kPiece, kDense = 2048 * 2304;
+  struct Case {
+    const char* name;
+    int pieces, per_piece;
+    int64_t piece_bytes;
+  };
+  const Case cases[] = {{"experts (8 slots: gate + up, 14.2 MB)", 16, 12, kPiece},
+                        {"dense (one 4.7 MB piece)", 1, 256, kDense}};
+  std::printf("%d steps a graph, %d repetitions; us per step (a kernel and its launch) and GB/s\n\n", steps, reps);
+  std::printf("| footprint GiB | experts us | experts GB/s | dense us | dense GB/s |\n|---:|---:|---:|---:|---:|\n");
+  std::mt19937_64 rng(7);
+  std::vector<double> fps = {0.25, 1, 4, 16};
+  for (double f = 32; f <= max_gib; f *= 2) fps.push_back(f);
+  for (double fp : fps) {
+    const size_t footprint = std::min(max_bytes, size_t(fp * double(size_t(1) << 30)));
+    double us[2], gbs[2];
+    for (int ci = 0; ci < 2; ++ci) {
+      const Case& c = cases[ci];
+      std::vector<uint64_t> offs(size_t(steps) * size_t(c.pieces));
+      for (int st = 0; st < steps; ++st) {
+        uint64_t* o = offs.data() + size_t(st) * size_t(c.pieces);
+        if (ci == 0) {
+          const uint64_t n_slots = footprint / kSlot;
+          std::vector<uint64_t> pick;
+          while (pick.size() < 8) {
+            const uint64_t v = rng() % n_slots;
+            if (std::find(pick.begin(), pick.end(), v) == pick.end()) pick.push_back(v);
+          }
+          for (int j = 0; j < 8; ++j) o[2 * j] = pick[size_t(j)] * kSlot, o[2 * j + 1] = pick[size_t(j)] * kSlot + kPiece;
+        } else {
+          o[0] = (rng() % (footprint / kDense)) * kDense;
+        }
+      }
+      uint64_t* doffs = nullptr;
+      CUDA_CHECK(cudaMalloc(&doffs, offs.size() * 8));
+      CUDA_CHECK(cudaMemcpyAsync(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice, s));
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      Graph g = Graph::capture(cs, [&] {
+        for (int st = 0; st < steps; ++st)
+          read_kernel<<<unsigned(c.pieces * c.per_piece), kThreads, 0, s>>>(base, doffs + size_t(st) * size_t(c.pieces),
+                                                                             c.piece_bytes, c.per_piece, out);
+      });
+      us[ci] = strata::bench::time_us(s, reps, [&] { g.launch(cs); }) / steps;
+      gbs[ci] = double(c.pieces) * double(c.piece_bytes) / us[ci] / 1e3;
+      CUDA_CHECK(cudaFree(doffs));
+    }
+    std::printf("| %.2f | %.2f | %.0f | %.2f | %.0f |\n", double(footprint) / double(size_t(1) << 30), us[0], gbs[0],
+                us[1], gbs[1]);
+  }
+  CUDA_CHECK(cudaFree(out));
+  CUDA_CHECK(cudaFree(base));
+  return 0;
+}
