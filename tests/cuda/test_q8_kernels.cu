@@ -99,7 +99,7 @@ TEST_F(CudaQ8, QuantizeIdenticalToReference) {
 
 TEST_F(CudaQ8, RmsnormQuantizeIdenticalToRmsnormAndReference) {
   std::mt19937 rng(12);
-  for (int64_t cols : {int64_t(2048), int64_t(4096), int64_t(96)}) {
+  for (int64_t cols : {int64_t(2048), int64_t(4096), int64_t(1024), int64_t(96)}) {
     const int64_t n = 3;
     const auto x = make_acts(n, cols, rng);
     const auto w = test::random_acts(cols, rng);
