@@ -2,6 +2,7 @@
 #include "cuda/pdl_scope.h"
 #include "cuda/pdl_trace.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -30,6 +31,22 @@ int carveout() {
 void prefer_carveout(const void* kernel) {
   const int c = carveout();
   if (c >= 0) set_kernel_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c);
+}
+
+bool launch_late(const char* name) {
+  static const std::vector<std::string> late = [] {
+    const char* e = std::getenv("STRATA_CUDA_PDL_LATE");
+    const std::string list = e != nullptr ? e : kLateDefault;
+    std::vector<std::string> v;
+    size_t at = 0;
+    while (at <= list.size()) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at) v.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return v;
+  }();
+  return std::find(late.begin(), late.end(), std::string(name)) != late.end();
 }
 
 PlainLaunches::PlainLaunches(bool on) : prev_(t_plain) {

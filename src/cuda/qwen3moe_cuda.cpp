@@ -580,6 +580,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
       note_launch(cs, {ws.x.span(), l.attn_norm.buf.span(), l.wqkv.buf.span()},
                   {ws.xn.span(), ws.xq.span(), ws.xds.span(), ws.qkv.span()});
       op(p, [&] {
+        const pdl::PlainLaunches late(pdl::launch_late("qkv"));
         q8::norm_matvec(l.wqkv.type, l.wqkv.buf.data(), l.wqkv.rows, l.wqkv.cols,
                         int64_t(row_bytes(l.wqkv.type, l.wqkv.cols)), ws.x.as<const float>(), l.attn_norm.f32(),
                         hp.rms_eps, n, ws.xn.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
@@ -639,6 +640,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
       ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
                         ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
     });
+    const pdl::PlainLaunches late(pdl::launch_late("wo"));
     mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
   } else {
     note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
@@ -718,11 +720,13 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
     // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
     note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});
     op(p, [&] {
+      const pdl::PlainLaunches late(pdl::launch_late("gate_up"));
       q8::moe_gate_up(view, table, ws.xq.as<const int8_t>(), ws.xds.as<const float2>(), p.ids(il), p.n, k_used,
                       ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());
     });
     note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.x.span()});
     op(p, [&] {
+      const pdl::PlainLaunches late(pdl::launch_late("down"));
       q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il),
                    ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream(), /*after_gate_up=*/true);
     });
