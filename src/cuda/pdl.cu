@@ -41,7 +41,15 @@ bool launch_late(const char* name) {
     size_t at = 0;
     while (at <= list.size()) {
       const size_t comma = std::min(list.find(',', at), list.size());
-      if (comma > at) v.push_back(list.substr(at, comma - at));
+      std::string name = list.substr(at, comma - at);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      if (!name.empty()) {
+        if (name != "none" && name != "qkv" && name != "wo" && name != "gate_up" && name != "down")
+          std::fprintf(stderr, "strata: STRATA_CUDA_PDL_LATE: unknown kernel '%s' ignored (known: qkv, wo, gate_up, "
+                       "down, none)\n", name.c_str());
+        v.push_back(name);
+      }
       at = comma + 1;
     }
     return v;
