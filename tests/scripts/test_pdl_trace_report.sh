@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/pdl-trace-report on a made-up timeline with known steps: kernels at a.cu:10, b.cu:20, c.cu:30
 # return 3, 2 and 4 us apart (A's first block early by 1 us, B's by 0.5, C's not), ten rounds, with a
-# 300 us host gap after round 5 (left out). Also: a malformed line is an error, not a table.
+# 300 us host gap after round 5 (left out). Then a timeline with the last block's waits and marks. Also: a
+# malformed line is an error, not a table.
 set -euo pipefail
 report=${STRATA_SOURCE_DIR:?}/scripts/pdl-trace-report
 tmp=$(mktemp -d)
@@ -25,6 +26,27 @@ check a.cu:10 10 3.00 1.00
 check b.cu:20 10 2.00 0.50
 check c.cu:30 8 4.00 0.00   # the last round has no next kernel; round 5's step is the host gap
 echo "$out" | grep -q "^30 waits recorded$"
+
+# The 5-field records of a build with marks: b's last block reaches its wait 0.2 us after block 0's wait
+# returned (kind 3), and b marks its end 1.5 us (block 0, kind 1) and 1.8 us (last block, kind 2) after.
+t=1000000
+for r in $(seq 1 4); do
+  echo "/x/a.cu,10,$((t - 1000)),$t,0"
+  echo "/x/b.cu,20,$((t + 2500)),$((t + 3000)),0"
+  echo "/x/b.cu,20,$((t + 3200)),$((t + 3210)),3"
+  echo "/x/b.cu,25,$((t + 4500)),$((t + 4500)),1"
+  echo "/x/b.cu,25,$((t + 4800)),$((t + 4800)),2"
+  t=$((t + 9000))
+done > "$tmp/marks.csv"
+out=$(python3 "$report" "$tmp/marks.csv")
+echo "$out"
+echo "$out" | awk '$1 == "b.cu:20" { found = 1; if ($8 != "-0.20") { print "bad last early: " $0; exit 1 } }
+                   END { if (!found) exit 1 }'
+echo "$out" | awk '$1 == "b.cu:25" && $2 == "0" { z = ($3 == 4 && $4 == "1.50") }
+                   $1 == "b.cu:25" && $2 == "last" { l = ($3 == 4 && $4 == "1.80") }
+                   END { if (!z || !l) { print "bad mark rows"; exit 1 } }'
+echo "$out" | grep -q "^8 waits recorded$"
+
 echo "/x/a.cu,10,5" > "$tmp/bad.csv"
 if python3 "$report" "$tmp/bad.csv" 2> "$tmp/err"; then echo "a malformed line was accepted"; exit 1; fi
 grep -q "bad.csv:1: expected file,line,reached_ns,returned_ns" "$tmp/err"
