@@ -3,8 +3,11 @@
 #include "cuda/pdl_trace.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -33,28 +36,36 @@ void prefer_carveout(const void* kernel) {
   if (c >= 0) set_kernel_attribute_once(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c);
 }
 
+namespace {
+constexpr const char* kLateKernels[] = {"qkv", "wo", "gate_up", "down"};  // launch_late's names
+constexpr size_t kLateCount = sizeof(kLateKernels) / sizeof(kLateKernels[0]);
+}  // namespace
+
 bool launch_late(const char* name) {
-  static const std::vector<std::string> late = [] {
+  // STRATA_CUDA_PDL_LATE parsed once into one flag per kernel of kLateKernels.
+  static const std::array<bool, kLateCount> late = [] {
+    std::array<bool, kLateCount> f{};
     const char* e = std::getenv("STRATA_CUDA_PDL_LATE");
     const std::string list = e != nullptr ? e : kLateDefault;
-    std::vector<std::string> v;
     size_t at = 0;
     while (at <= list.size()) {
       const size_t comma = std::min(list.find(',', at), list.size());
-      std::string name = list.substr(at, comma - at);
-      name.erase(0, name.find_first_not_of(' '));
-      name.erase(name.find_last_not_of(' ') + 1);
-      if (!name.empty()) {
-        if (name != "none" && name != "qkv" && name != "wo" && name != "gate_up" && name != "down")
-          std::fprintf(stderr, "strata: STRATA_CUDA_PDL_LATE: unknown kernel '%s' ignored (known: qkv, wo, gate_up, "
-                       "down, none)\n", name.c_str());
-        v.push_back(name);
-      }
+      std::string item = list.substr(at, comma - at);
+      item.erase(0, item.find_first_not_of(' '));
+      item.erase(item.find_last_not_of(' ') + 1);
+      const auto* hit = std::find(std::begin(kLateKernels), std::end(kLateKernels), item);
+      if (hit != std::end(kLateKernels))
+        f[size_t(hit - std::begin(kLateKernels))] = true;
+      else if (!item.empty() && item != "none")
+        std::fprintf(stderr, "strata: STRATA_CUDA_PDL_LATE: unknown kernel '%s' ignored (known: qkv, wo, gate_up, "
+                     "down, none)\n", item.c_str());
       at = comma + 1;
     }
-    return v;
+    return f;
   }();
-  return std::find(late.begin(), late.end(), std::string(name)) != late.end();
+  for (size_t i = 0; i < kLateCount; ++i)
+    if (std::strcmp(name, kLateKernels[i]) == 0) return late[i];
+  return false;
 }
 
 PlainLaunches::PlainLaunches(bool on) : prev_(t_plain) {
