@@ -7,8 +7,9 @@
 namespace strata::cuda::pdl {
 
 // Whether qwen3moe's decode kernel `name` (qkv, wo, gate_up, down) is launched plain, i.e. only when the
-// kernel before it has completed, rather than early with PDL (qwen3next keeps PDL: not measured there): STRATA_CUDA_PDL_LATE, a comma-separated list of
-// those names ("none": every one early; read once; the default is kLateDefault). Why: a product's blocks
+// kernel before it has completed, rather than early with PDL (qwen3next keeps PDL: not measured there):
+// STRATA_CUDA_PDL_LATE, a comma-separated list of those names ("none": every one early; read once; the
+// default is kLateDefault). Why: a product's blocks
 // launched early wait beside the previous kernel's and ran slower after their wait than blocks launched
 // at its exit. H200, 48-layer 30B-A3B Q4_K, 100% resident (bench/results/2026-12-02-gpu-session14-h200.md),
 // median steps a layer: down late, gate_up + down 8.8 + 8.4 -> 10.1 + 5.3 us (gate_up's step now holds

@@ -9,7 +9,7 @@
 // so a kernel whose blocks do not all start early shows it. pdl_mark() records, for the same two blocks,
 // when they passed a point after the wait (e.g. a product's end), without an atomic on the chain (the
 // wait reserves the records).
-// The models' destructors call dump_all() (reading the rings through their transfer module), which writes "file,line,reached_ns,returned_ns" lines to
+// The models' destructors call dump_all() (reading the rings through their transfer module), which writes "file,line,reached_ns,returned_ns,kind" lines to
 // $STRATA_PDL_TRACE_FILE; scripts/pdl-trace-report turns them into a per-kernel table. Without the
 // build option (or without the variable) dump_all() does nothing.
 // Measured overhead (H200, 48-layer 30B-A3B Q4_K decode): within the run-to-run noise of tok/s.
