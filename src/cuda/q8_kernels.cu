@@ -92,12 +92,13 @@ template <typename F, int A, int NT, int R>
 __global__ void __launch_bounds__(kThreads)
     matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int lpr_log2,
                   int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
-                  float* __restrict__ y, bool accumulate) {
+                  float* y, bool accumulate) {
   q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride] (A == kStaged)
-  q8mv::matvec_warp<F, A, NT, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, xq, xds, n, y, accumulate);
+  q8mv::matvec_warp<F, A, NT, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, xq, xds, n, y,
+                                 accumulate ? y : nullptr);
   pdl_mark();  // (traced builds: the block's end)
 }
 

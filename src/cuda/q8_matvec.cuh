@@ -74,17 +74,22 @@ __device__ __forceinline__ void prefetch_warp_rows(const uint8_t* w, int64_t row
 // loads, and the lanes read their tasks from there (why: a lane's task is 32 or 64 contiguous bytes of one
 // block, so read straight from global memory every 16-bit load of the warp touches ~8-16 cache lines for
 // 64 bytes; the staged copy reads each line once).
+// add: nullptr (y = the product) or the residual (y = add + the product; add may be y). The residual is
+// loaded before the dot (why: loaded after it, as `*y + acc`, it was one more L2 round trip at the end of
+// every block on the decode chain; the sum is the same float addition).
+// Returns the sum of the squares of the values this lane wrote (every lane returns its own; the caller
+// reduces): wo_router's sum of squares of the residual stream (q8_folded_router.cu).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8 (global or shared)   xds: [n][cols/32]
-//   y: [n][rows]
+//   y, add: [n][rows]
 template <typename F, int A, int NT, int R>
-__device__ __forceinline__ void matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
-                                            int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
-                                            const int8_t* xq, const float2* xds, int64_t n, float* __restrict__ y,
-                                            bool accumulate) {
+__device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
+                                             int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
+                                             const int8_t* xq, const float2* xds, int64_t n, float* y,
+                                             const float* add) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
   const int64_t row0 = warp_row0<R>(lpr_log2);
-  if (row0 >= rows) return;  // the whole warp is past the end (warp-uniform)
+  if (row0 >= rows) return 0.f;  // the whole warp is past the end (warp-uniform)
   const int64_t rowg = row0 + int64_t(lane >> lpr_log2) * R;  // the group's first row
   const int64_t dss = cols / 32;
   // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
@@ -100,13 +105,17 @@ __device__ __forceinline__ void matvec_warp(const uint8_t* __restrict__ w, int64
   const uint8_t* wr[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) wr[i] = first + (rowg + i < rows ? rowg + i - row0 : 0) * row_bytes;
+  float squares = 0.f;
   for (int64_t t0 = 0; t0 < n; t0 += NT) {
     const int nt = int(n - t0 < NT ? n - t0 : NT);
-    float acc[R][NT];
+    float acc[R][NT], base[R][NT];
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll
-      for (int t = 0; t < NT; ++t) acc[i][t] = 0.f;
+      for (int t = 0; t < NT; ++t) {
+        acc[i][t] = 0.f;
+        base[i][t] = add != nullptr && sub == 0 && rowg + i < rows && t < nt ? add[(t0 + t) * rows + rowg + i] : 0.f;
+      }
     if (rowg < rows)
       q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
 #pragma unroll
@@ -121,10 +130,12 @@ __device__ __forceinline__ void matvec_warp(const uint8_t* __restrict__ w, int64
 #pragma unroll
           for (int t = 0; t < NT; ++t)
             if (t < nt) {
-              float* out = y + (t0 + t) * rows + rowg + i;
-              *out = accumulate ? *out + acc[i][t] : acc[i][t];
+              const float v = add != nullptr ? base[i][t] + acc[i][t] : acc[i][t];
+              y[(t0 + t) * rows + rowg + i] = v;
+              squares = fmaf(v, v, squares);
             }
   }
+  return squares;
 }
 
 }  // namespace strata::cuda::q8mv

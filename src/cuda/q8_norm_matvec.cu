@@ -70,7 +70,7 @@ template <typename F, int A, int R, int PER>
 __global__ void __launch_bounds__(kThreads)
     norm_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int lpr_log2, int64_t stride,
                        const float* x, const float* __restrict__ nw, float eps, float* xn, int8_t* xq_out,
-                       float2* xds_out, float* __restrict__ y, bool accumulate) {
+                       float2* xds_out, float* y, bool accumulate) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int64_t cols = int64_t(PER) * kThreads;
   int8_t* sq = reinterpret_cast<int8_t*>(smem);            // [cols]
@@ -84,7 +84,8 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out);
   pdl_mark();  // (traced builds: the norm done)
-  q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y, accumulate);
+  q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
+                                accumulate ? y : nullptr);
   pdl_mark();  // (traced builds: the block's end)
 }
 
