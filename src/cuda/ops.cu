@@ -23,6 +23,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/q8_common.cuh"
 #include "cuda/q8_kernels.cuh"
+#include "cuda/route_key.cuh"
 
 namespace strata::cuda::ops {
 
@@ -520,17 +521,6 @@ bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
 }
 
 // ---------------------------------------------------------------- routing and sampling
-
-// A total order for (value desc, id asc) as one unsigned 64-bit key, larger = earlier: the f32 bits
-// mapped to a monotonic unsigned (with -0 taken as +0, as the CPU's == does) in the high half, ~id in the
-// low half. Keys are unique per id.
-__device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
-  if (f == 0.0f) f = 0.0f;
-  uint32_t u = __float_as_uint(f);
-  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return (static_cast<uint64_t>(u) << 32) | (0xffffffffu - id);
-}
-__device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
 
 // Shared memory of route_token.
 struct RouteShared {
