@@ -78,8 +78,9 @@ bool norm_matvec_enabled();
 void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
                  const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream);
 
-// x[t][:] += sum over j < k with ids[t*k+j] resident of wts[t*k+j] * (down_e . h[t*k+j]), the k terms
-// summed in a fixed order first (deterministic, no atomics), then added to x once. x: [n][n_embd] f32.
+// x[t][:] = resid[t][:] + sum over j < k with ids[t*k+j] resident of wts[t*k+j] * (down_e . h[t*k+j]), the
+// k terms summed in a fixed order first (deterministic, no atomics), then added once. x: [n][n_embd] f32;
+// resid: the same shape, nullptr = x itself (x += the sum); otherwise it must not overlap x.
 // after_gate_up: the call directly follows moe_gate_up with the same ids and table on `stream`. The kernel
 // then reads ids and the table before its PDL wait (cuda/pdl.cuh) to put its experts' rows into L2 while
 // gate_up runs. Why this is ordered: gate_up's blocks let this grid launch only after their own wait, i.e.
@@ -88,7 +89,64 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
 // after gate_up ended, on the decode chain's critical path. STRATA_CUDA_DOWN_PREFETCH=0: no prefetch.
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
-              bool after_gate_up = false);
+              bool after_gate_up = false, const float* resid = nullptr);
+
+// ---- The folded router (q8_folded_router.cu; CPU references: host/q8_reference.h).
+// Decode of one token: the router's logits are a linear function of the residual stream h = x + wo . att
+// up to the ffn norm's scale, logits = s * R . (g * h) with R the router [n_expert][n_embd], g the ffn
+// norm weight and s = 1 / sqrt(mean(h^2) + eps). So with C = R * g (per column) and M = C . Wo:
+//   R . (g * h) = C . x + M . att,
+// which needs only x and att, both known when wo starts. wo_router computes them beside wo in the same
+// launch, and moe_gate_up_routed's blocks take s, the top-k and the ffn norm's Q8 activations from there:
+// the router's own launch (norm -> logits -> ticket -> top-k, ~7 us a layer on the H200) leaves the
+// decode chain. The logits differ from the router's by the order of the float sums and by M's rounding
+// (M is computed in double, then rounded to f32).
+
+// fold[e][0..n_embd) = router[e][c] * norm_w[c] and fold[e][n_embd + i] = sum_c router[e][c] * norm_w[c] *
+// wo[c][i], both computed in double and rounded once. router: [n_expert][n_embd] f32, norm_w: [n_embd],
+// wo: [n_embd][n_att] f32 (dequantized), fold: [n_expert][n_embd + n_att]. Device pointers; load time.
+void fold_router(const float* router, const float* norm_w, const float* wo, int n_expert, int64_t n_embd,
+                 int64_t n_att, float* fold, cudaStream_t stream);
+
+// One launch, n = 1: mid = x + Wo . att (as matvec with accumulate into a copy of x: the same bits),
+// ss[b] = the sum of mid^2 over the rows of block b (b < wo_router_ss_count(...)), and raw[e] =
+// fold[e] . [x; att] for e < n_expert (f32, a fixed order). Wo: [n_embd][n_att] in `type` as matvec
+// (row_bytes apart); attq/attds: att's Q8 activations; att: [n_att] f32; x, mid: [n_embd] (mid must not
+// overlap x); fold: as fold_router. Needs wo_router_supported (throws strata::Error otherwise).
+void wo_router(GgmlType type, const void* wo, int64_t n_embd, int64_t n_att, int64_t row_bytes, const int8_t* attq,
+               const float2* attds, const float* att, const float* x, const float* fold, int n_expert, float* mid,
+               float* raw, float* ss, cudaStream_t stream);
+// Entries wo_router writes to ss (its wo blocks) for this shape.
+int64_t wo_router_ss_count(GgmlType type, int64_t n_embd, int64_t n_att, int64_t row_bytes);
+// n_embd a multiple of 256 up to 4096, n_embd + n_att a multiple of 4 up to 8192, n_expert <= 512,
+// supported(type).
+bool wo_router_supported(GgmlType type, int64_t n_embd, int64_t n_att, int n_expert);
+// Whether the models use the folded router where it applies: on unless STRATA_CUDA_FOLDED_ROUTER=0, or as
+// set_folded_router said last (tests). A model decides when it loads (the fold is built then).
+bool folded_router_enabled();
+void set_folded_router(bool on);
+
+// The routing inputs of moe_gate_up_routed (written by wo_router). Device pointers.
+struct FoldedRoute {
+  const float* mid;     // [n_embd] h, the ffn's residual input
+  const float* norm_w;  // [n_embd] the ffn norm weight (read before the PDL wait: uploaded weights only)
+  float eps;
+  const float* ss;      // [n_ss] partial sums of h^2
+  int n_ss;
+  const float* raw;     // [n_expert] (router * norm_w) . h, before the norm's scale
+  int n_expert;
+  bool norm;            // the k chosen weights renormalized to sum 1 (expert_weights_norm)
+  int32_t* ids;         // [k] out: the chosen experts, best first
+  float* wts;           // [k] out: their weights
+};
+
+// moe_gate_up for one token whose routing every block does itself: s = 1 / sqrt(sum(ss) / n_embd + eps)
+// (the partial sums added in double, in a fixed order), the top k of raw (value desc, id asc: the order
+// of the router's probabilities, which are increasing in raw), xq = Q8(mid * s * norm_w) in shared memory,
+// then the product as moe_gate_up with those ids. Block (0, 0) also writes ids and the weights (softmax of
+// s * raw over all experts, then the k chosen, renormalized if r.norm) for moe_down.
+void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, const FoldedRoute& r, int k,
+                        int8_t* hq, float2* hds, cudaStream_t stream);
 
 // moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
 // per warp, in parallel, and the lanes' weight loads all in flight (on), or the first kernel, where each

@@ -13,6 +13,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/host/q8_reference.h"
 #include "cuda/q8_common.cuh"
+#include "cuda/q8_folded_route.cuh"
 #include "cuda/q8_formats.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/pdl.cuh"
@@ -50,22 +51,30 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 // AG == AU == kStaged (gate and up both 2-byte aligned formats: Q4_0 / Q8_0 / Q6_K): the warp's 4 gate
 // rows and 4 up rows (each 4 consecutive rows of memory) are first copied into its shared-memory region
 // (gstride + ustride bytes), coalesced, as matvec_kernel does.
+// Routed (moe_gate_up_routed, one token): xq, xds and ids are not read; every block first routes the token
+// and quantizes x itself from `fr` (q8_folded_route.cuh), into shared memory.
 //   slots: [n_slots][slot_bytes]  table: [n_expert]  xq: [n][n_embd]  xds: [n][n_embd/32]  ids: [n*k]
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]
-template <typename G, int AG, typename U, int AU>
+template <typename G, int AG, typename U, int AU, bool Routed>
 __global__ void __launch_bounds__(kThreads)
     gate_up_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t gate_off, int64_t up_off,
                    int64_t grb, int64_t urb, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
-                   const int8_t* __restrict__ xq, const float2* __restrict__ xds, const int32_t* __restrict__ ids,
-                   int64_t n_pairs, int k, int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride,
-                   int64_t ustride, int n_table) {
+                   const int8_t* xq, const float2* xds, const int32_t* ids, int64_t n_pairs, int k,
+                   int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride, int64_t ustride, int n_table,
+                   FoldedRoute fr) {
   static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
   __shared__ int32_t tab[moe::kViewTableMax];
   const int32_t* tb = stage_table(table, n_table, tab, kThreads);  // before the wait: the table is uploaded
-  pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
-  pdl_launch_dependents();
-  if (tb == tab) __syncthreads();
+  if constexpr (Routed) {
+    __shared__ q8fr::Shared rsh;
+    q8fr::route_block(fr, k, n_embd, rsh);  // (waits; ends with a barrier, which also publishes tab)
+    xq = rsh.xq, xds = rsh.xds, ids = rsh.sel;
+  } else {
+    pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
+    pdl_launch_dependents();
+    if (tb == tab) __syncthreads();
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
@@ -123,7 +132,9 @@ __global__ void __launch_bounds__(kThreads)
 // Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
 // out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
 // tasks, so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
-// wts[p] * (its task's dot) in its fixed order, then a butterfly, then x[t][r] += the sum once.
+// wts[p] * (its task's dot) in its fixed order, then a butterfly, then x[t][r] = resid[t][r] + the sum
+// (resid may be x). resid is loaded before the dot (why: after it, one more L2 round trip ended every
+// block on the decode chain; the same float addition).
 // Non-resident pairs (slot -1) add nothing. A == kStaged (Q4_0 / Q8_0 / Q6_K, 2-byte aligned blocks):
 // the warp first copies the k experts' rows r into its shared-memory region (stride bytes per expert),
 // coalesced, as matvec_kernel does.
@@ -140,7 +151,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
-                int64_t n, int k, float* __restrict__ x, int64_t stride, bool prefetch, int n_table) {
+                int64_t n, int k, const float* resid, float* x, int64_t stride, bool prefetch, int n_table) {
   __shared__ int jslot_all[kDownWarps][Slots ? kDownMaxK : 1];
   __shared__ int32_t tab[moe::kViewTableMax];
   const int32_t* tb = stage_table(table, n_table, tab, 32 * kDownWarps);  // (uploads only: before the wait)
@@ -168,6 +179,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     region = stage + (threadIdx.x >> 5) * k * stride;
   }
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
+    const float base = lane == 0 ? resid[t * n_embd + r] : 0.f;
     if constexpr (Slots) {
       __syncwarp();  // the previous token's reads of jslot are done
       if (lane < k) jslot[lane] = slot_of(tb, ids, t * k + lane);
@@ -194,7 +206,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
                                          lane, 32, region, stride);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) x[t * n_embd + r] += acc;
+    if (lane == 0) x[t * n_embd + r] = base + acc;
   }
   pdl_mark();  // (traced builds: the block's end)
 }
@@ -257,10 +269,14 @@ unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>
 
 bool moe_supported(const moe::ExpertLayerView& v) { return q8ref::moe_supported(host_view(v)); }
 
-void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
-                 const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream) {
-  check(v, "q8 moe_gate_up", n, k, xq, hq);
+namespace {
+
+// moe_gate_up and moe_gate_up_routed (fr != nullptr: n == 1).
+void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
+                    const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, const FoldedRoute* fr,
+                    cudaStream_t stream) {
   if (n == 0) return;
+  const FoldedRoute route = fr != nullptr ? *fr : FoldedRoute{};
   const int64_t pairs = n * k;
   const int64_t grb = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)));
   const int64_t urb = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)));
@@ -272,20 +288,47 @@ void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8
       using G = decltype(g);
       using U = decltype(u);
       constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
-      if constexpr (AG == 2 && AU == 2) {
-        if (stage_bytes <= max_stage_bytes()) {
-          auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged>;
-          allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
-          pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
-                      grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert);
-          return;
+      auto run = [&](auto routed) {
+        constexpr bool R = decltype(routed)::value;
+        if constexpr (AG == 2 && AU == 2) {
+          const int64_t extra = R ? int64_t(sizeof(q8fr::Shared)) : 0;  // its static shared memory
+          if (stage_bytes + extra <= max_stage_bytes()) {
+            auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
+            allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes + extra);
+            pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off,
+                        v.up_off, grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride,
+                        v.n_expert, route);
+            return;
+          }
         }
-      }
-      pdl::launch(gate_up_kernel<G, AG, U, AU>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off,
-                  grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0),
-                  v.n_expert);
+        pdl::launch(gate_up_kernel<G, AG, U, AU, R>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off,
+                    v.up_off, grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0),
+                    int64_t(0), v.n_expert, route);
+      };
+      if (fr != nullptr) run(std::true_type{});
+      else run(std::false_type{});
     });
   });
+}
+
+}  // namespace
+
+void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
+                 const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream) {
+  check(v, "q8 moe_gate_up", n, k, xq, hq);
+  launch_gate_up(v, table, xq, xds, ids, n, k, hq, hds, nullptr, stream);
+}
+
+void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, const FoldedRoute& r, int k,
+                        int8_t* hq, float2* hds, cudaStream_t stream) {
+  check(v, "q8 moe_gate_up_routed", 1, k, hq, hq);
+  STRATA_REQUIRE(v.n_embd % 256 == 0 && v.n_embd <= q8fr::kMaxEmbd && r.n_expert >= 1 &&
+                 r.n_expert <= q8fr::kMaxExperts && k <= q8fr::kMaxK && k <= r.n_expert && r.n_ss >= 0,
+                 "q8 moe_gate_up_routed: n_embd {} (a multiple of 256 up to {}), {} experts (up to {}), k {} (up to "
+                 "{}): unsupported", v.n_embd, q8fr::kMaxEmbd, r.n_expert, q8fr::kMaxExperts, k, q8fr::kMaxK);
+  STRATA_REQUIRE(r.mid != nullptr && r.norm_w != nullptr && r.raw != nullptr && r.ids != nullptr && r.wts != nullptr &&
+                 (r.n_ss == 0 || r.ss != nullptr), "q8 moe_gate_up_routed: a null input or output");
+  launch_gate_up(v, table, nullptr, nullptr, nullptr, 1, k, hq, hds, &r, stream);
 }
 
 namespace {
@@ -312,7 +355,7 @@ bool moe_down_slots() {
 
 void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* hq, const float2* hds,
               const int32_t* ids, const float* wts, int64_t n, int k, float* x, cudaStream_t stream,
-              bool after_gate_up) {
+              bool after_gate_up, const float* resid) {
   check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
@@ -324,7 +367,8 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     constexpr int A = decltype(a)::value;
     auto launch = [&](auto kern, size_t smem, int64_t st) {
       pdl::launch(kern, grid, 32 * kDownWarps, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
-                  table, hq, hds, ids, wts, n, k, x, st, after_gate_up && down_prefetch(), v.n_expert);
+                  table, hq, hds, ids, wts, n, k, resid != nullptr ? resid : x, x, st,
+                  after_gate_up && down_prefetch(), v.n_expert);
     };
     if constexpr (A == 2) {
       if (stage_bytes + kStaticSmem <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory

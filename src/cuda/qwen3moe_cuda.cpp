@@ -64,6 +64,7 @@ struct Layer {
   DevWeight wo;         // [n_embd][n_head * head_dim_v]
   DevWeight ffn_norm;   // [n_embd] f32
   DevWeight router;     // [n_expert][n_embd]
+  DevWeight router_fold;  // [n_expert][n_embd + n_head * head_dim_v] f32 (q8::fold_router); empty: not built
   ExpertWeights experts;  // host, the mapped file: what the CPU pool reads
 };
 
@@ -81,6 +82,7 @@ class DeviceKv final : public BackendState {
 struct WsSizes {
   int64_t n, E, q, k, v, qkv, rope, att, router, ids, h, logits, scratch;
   int64_t xq, hq;  // int8 values of the Q8 activations (fast decode): [n][max(n_embd, n_head*head_dim_v)], h
+  int64_t mid, ss;  // the folded router's (fast decode): h = x + wo . att [n][n_embd]; wo's partial sums
   WsSizes(const HParams& hp, int64_t n_tok, int64_t n_ctx)
       : n(n_tok),
         E(n_tok * hp.n_embd),
@@ -96,14 +98,17 @@ struct WsSizes {
         logits(n_tok * hp.n_vocab),
         scratch(int64_t(ops::attention_scratch_floats(n_tok, hp.n_head, hp.head_dim_v, n_ctx))),
         xq(n_tok * std::max<int64_t>(hp.n_embd, int64_t(hp.n_head) * hp.head_dim_v)),
-        hq(h) {}
+        hq(h),
+        mid(E),
+        ss(hp.n_embd) {}
   // Bytes of a Q8 activation of `values` int8 values: the values and one float2 per 32.
   static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
   // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
-  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq and hq (fast mode only; counted always).
+  // tokens, pos, out_rows (int32) and refs; the Q8 activations xq and hq and the folded router's mid and ss
+  // (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
     return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
-           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq);
+           n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq) + 4 * (mid + ss);
   }
 };
 
@@ -136,6 +141,8 @@ class CudaWorkspace final : public Workspace, public PoolIo {
       xds = dev.alloc(size_t(z.xq / 32) * sizeof(float2), "ws.xds");
       hq = dev.alloc(size_t(z.hq), "ws.hq");
       hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
+      mid = dev.alloc(size_t(z.mid) * 4, "ws.mid");
+      ss = dev.alloc(size_t(z.ss) * 4, "ws.ss");
     }
     step_host.resize(StepLayout(max_tok).bytes);
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
@@ -151,7 +158,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
-               xds.bytes() + hq.bytes() + hds.bytes();
+               xds.bytes() + hq.bytes() + hds.bytes() + mid.bytes() + ss.bytes();
     return b;
   }
 
@@ -174,6 +181,8 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer xq, xds;        // [n_tok][max(n_embd, n_head*head_dim_v)] int8, [..][../32] float2: the normed
                                // input of a dense product (attn_norm, ffn_norm, output norm) or att (wo)
   DeviceBuffer hq, hds;        // [n_tok * k][n_ff] int8, [..][n_ff/32] float2: resident experts' silu(gate)*up
+  DeviceBuffer mid;            // [n_tok][n_embd] the folded router's h = x + wo . att (moe_down: x = mid + ...)
+  DeviceBuffer ss;             // [n_embd] (at least q8::wo_router_ss_count) wo_router's partial sums of h^2
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // host
@@ -325,6 +334,9 @@ class CudaQwen3Moe final : public Model {
   void forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& pool, const ForwardOptions& opt) const;
 
   void load();
+  // Layer l's q8::fold_router weight where the fast decode can use it (else empty), through wo_f32 (the
+  // dequantized wo, allocated on first use). After l's wo, ffn_norm and router are uploaded.
+  DevWeight fold_router(const Layer& l, DeviceBuffer& wo_f32, const std::string& name);
   // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
   GgmlType device_type(const Weight& w) const { return cuda::device_type(w.type, opt_.exact); }
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
@@ -377,6 +389,14 @@ class CudaQwen3Moe final : public Model {
   // The resident experts of layer il run q8::moe_gate_up + q8::moe_down, which add into x themselves.
   bool experts_q8(const Pass& p, int il) const {
     return q8_decode(p) && !experts_grouped(p, il) && q8::moe_supported(cache_->layer_view(il));
+  }
+  // Layer il's wo, router and gate_up go through the folded router (q8_kernels.cuh): one token, int8
+  // activations for wo and the experts, the fold built at load, the router's fused kernel's conditions.
+  bool folded_router(const Pass& p, int il) const {
+    const Layer& l = layers_[size_t(il)];
+    return p.n == 1 && l.router_fold.rows > 0 && use_q8(p, l.wo) && experts_q8(p, il) && p.ws.mid.bytes() > 0 &&
+           q8::wo_router_ss_count(l.wo.type, hp_.n_embd, l.wo.cols, int64_t(row_bytes(l.wo.type, l.wo.cols))) <=
+               int64_t(p.ws.ss.bytes() / 4);
   }
   // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
   void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
@@ -477,6 +497,7 @@ void CudaQwen3Moe::load() {
   }
   layers_.resize(size_t(hp.n_layer));
   std::vector<LayerExperts> lexp(size_t(hp.n_layer));
+  DeviceBuffer wo_f32;  // fold_router's dequantized wo, reused by every layer; freed before the cache sizes
   for (int il = 0; il < hp.n_layer; ++il) {
     const std::string p = "blk." + std::to_string(il) + ".";
     Layer& l = layers_[size_t(il)];
@@ -501,6 +522,7 @@ void CudaQwen3Moe::load() {
     l.wo = upload_matrix(L.matrix(p + "attn_output.weight", {H * Dv, E}), p + "attn_output", log);
     l.ffn_norm = upload_f32(L.f32(p + "ffn_norm.weight", {E}), p + "ffn_norm");
     l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log);
+    l.router_fold = fold_router(l, wo_f32, p + "ffn_gate_inp_fold");
     l.experts.gate = L.matrix(p + "ffn_gate_exps.weight", {E, F, X});
     l.experts.up = L.matrix(p + "ffn_up_exps.weight", {E, F, X});
     l.experts.down = L.matrix(p + "ffn_down_exps.weight", {F, E, X});
@@ -509,6 +531,8 @@ void CudaQwen3Moe::load() {
                         {l.experts.down.type, l.experts.down.data}};
   }
   for (const auto& t : file_.tensors()) weight_bytes_ += t.nbytes;
+  dev_->compute().synchronize();  // the folds are done with wo_f32
+  wo_f32 = DeviceBuffer();
   const size_t free1 = dev_->free_bytes();
   const int64_t dense_bytes = int64_t(free0) - int64_t(free1);
   print_dense_repacks(log, opt_.exact);
@@ -537,6 +561,27 @@ void CudaQwen3Moe::load() {
   }
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
+}
+
+DevWeight CudaQwen3Moe::fold_router(const Layer& l, DeviceBuffer& wo_f32, const std::string& name) {
+  const HParams& hp = hp_;
+  const int64_t E = hp.n_embd, A = l.wo.cols;
+  DevWeight fold;
+  if (opt_.exact || !q8::enabled() || !q8::folded_router_enabled() || l.router.type != GgmlType::F32 ||
+      l.wo.rows != E || !q8::wo_router_supported(l.wo.type, E, A, hp.n_expert) || !quant::has_kernel(l.wo.type))
+    return fold;
+  if (wo_f32.bytes() == 0) wo_f32 = dev_->alloc(size_t(E * A) * 4, "fold_router.wo_f32");
+  fold.type = GgmlType::F32;
+  fold.rows = hp.n_expert;
+  fold.cols = E + A;
+  fold.buf = dev_->alloc(size_t(fold.rows * fold.cols) * 4, name);
+  Stream& cs = dev_->compute();
+  note_launch(cs, {l.wo.buf.span()}, {wo_f32.span()});
+  quant::dequantize(l.wo.type, l.wo.buf.data(), E * A, wo_f32.as<float>(), cs.handle());
+  note_launch(cs, {l.router.buf.span(), l.ffn_norm.buf.span(), wo_f32.span()}, {fold.buf.span()});
+  q8::fold_router(l.router.f32(), l.ffn_norm.f32(), wo_f32.as<const float>(), hp.n_expert, E, A, fold.buf.as<float>(),
+                  cs.handle());
+  return fold;
 }
 
 void CudaQwen3Moe::embed(const Pass& p) const {
@@ -641,7 +686,19 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
                         ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
     });
     const pdl::PlainLaunches late(pdl::launch_late("wo"));
-    mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
+    if (folded_router(p, il)) {
+      // mid = x + wo . att, and the router's logits and h's partial sums beside it (q8_kernels.cuh).
+      note_launch(cs, {l.wo.buf.span(), ws.xq.span(), ws.xds.span(), ws.att.span(), ws.x.span(), l.router_fold.buf.span()},
+                  {ws.mid.span(), ws.router.span(), ws.ss.span()});
+      op(p, [&] {
+        q8::wo_router(l.wo.type, l.wo.buf.data(), hp.n_embd, l.wo.cols, int64_t(row_bytes(l.wo.type, l.wo.cols)),
+                      ws.xq.as<const int8_t>(), ws.xds.as<const float2>(), ws.att.as<const float>(),
+                      ws.x.as<const float>(), l.router_fold.f32(), hp.n_expert, ws.mid.as<float>(),
+                      ws.router.as<float>(), ws.ss.as<float>(), s);
+      });
+    } else {
+      mm_q8(p, l.wo, n, ws.x, /*accumulate=*/true);
+    }
   } else {
     note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
     op(p, [&] {
@@ -657,6 +714,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   const Layer& l = layers_[size_t(il)];
   CudaWorkspace& ws = p.ws;
   const int64_t n = p.n;
+  if (folded_router(p, il)) return;  // wo_router ran the router's product; gate_up routes
   // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
   if (l.router.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens && ops::norm_router_route_enabled() &&
       ops::norm_router_route_supported(hp.n_embd)) {
@@ -716,6 +774,37 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
                  "cuda: direct reads in a pass that runs its experts on the int8 or grouped kernels");
   const moe::ExpertLayerView view = experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, direct ? p.direct : 0, p.n,
                                                  k_used, table, p.ids(il), p.launch);
+  if (experts_q8(p, il) && folded_router(p, il)) {
+    // The folded router: gate_up's blocks route the token from wo_router's outputs (block (0, 0) writes the
+    // ids and weights), moe_down writes x = mid + the weighted sum.
+    const Layer& l = layers_[size_t(il)];
+    note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span()},
+                {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
+    const q8::FoldedRoute route{.mid = ws.mid.as<const float>(),
+                                .norm_w = l.ffn_norm.f32(),
+                                .eps = hp_.rms_eps,
+                                .ss = ws.ss.as<const float>(),
+                                .n_ss = int(q8::wo_router_ss_count(l.wo.type, hp_.n_embd, l.wo.cols,
+                                                                   int64_t(row_bytes(l.wo.type, l.wo.cols)))),
+                                .raw = ws.router.as<const float>(),
+                                .n_expert = hp_.n_expert,
+                                .norm = hp_.expert_weights_norm,
+                                .ids = p.ids(il),
+                                .wts = ws.wts.as<float>()};
+    op(p, [&] {
+      const pdl::PlainLaunches late(pdl::launch_late("gate_up"));
+      q8::moe_gate_up_routed(view, table, route, k_used, ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());
+    });
+    note_launch(cs, {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span(), ws.mid.span()}, {ws.x.span()});
+    op(p, [&] {
+      const pdl::PlainLaunches late(pdl::launch_late("down"));
+      // (no prefetch: gate_up writes the ids this launch would read before its wait)
+      q8::moe_down(view, table, ws.hq.as<const int8_t>(), ws.hds.as<const float2>(), p.ids(il),
+                   ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), stream(), /*after_gate_up=*/false,
+                   ws.mid.as<const float>());
+    });
+    return;
+  }
   if (experts_q8(p, il)) {
     // Decode with Q8 activations: h only as Q8 activations, and the weighted sum added into x by moe_down.
     note_launch(cs, {ws.xq.span(), ws.xds.span(), ws.ids.span()}, {ws.hq.span(), ws.hds.span()});

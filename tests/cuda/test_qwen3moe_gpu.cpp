@@ -21,6 +21,7 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/graph.h"
+#include "cuda/q8_kernels.cuh"
 #include "engine/engine.h"
 #include "engine/sampling.h"
 
@@ -158,6 +159,38 @@ TEST(Qwen3MoeGpuAll, FastDecodeSizedPassesWithinLlamaCppKl) {
   }
   std::printf("[ gpu fast chunked, all ] mean of KL / bound over %d cases: %.3f\n", cases, ratio_sum / cases);
   EXPECT_LE(ratio_sum / cases, 1.0);
+}
+
+// The folded router (q8_kernels.cuh): one-token passes in the fast mode, every expert resident, so every
+// pass takes wo_router and the routing gate_up; the prompt one token a pass. Each format with the fold and
+// without it (set before loading: the fold is built at load); the same criteria as the chunked test above
+// (mean KL / bound over the formats <= 1, each under 2x). The fold must change the logits (so it ran) of
+// every format whose wo has an int8-activation kernel.
+TEST(Qwen3MoeGpuAll, FastOneTokenPassesFoldedRouterWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  double ratio_sum[2] = {0, 0};
+  int cases = 0, changed = 0;
+  for (const auto& [type, llama_kl] : kLlamaKl) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * llama_kl;
+    double kl[2];
+    for (int on = 0; on < 2; ++on) {
+      cuda::q8::set_folded_router(on == 1);
+      const Result r = evaluate(load_gpu(type, false, "100%", 0), ref, MatmulMode::Fast, 1);
+      kl[on] = r.mean_kl;
+      ratio_sum[on] += r.mean_kl / bound;
+      EXPECT_LE(r.mean_kl, 2 * bound) << type << (on ? " folded" : " not folded");
+    }
+    cuda::q8::set_folded_router(true);
+    ++cases;
+    changed += kl[0] != kl[1];
+    std::printf("[ gpu fast one-token %-6s ] mean KL folded %.3e, not folded %.3e (bound %.3e)\n", type.c_str(),
+                kl[1], kl[0], bound);
+  }
+  std::printf("[ gpu fast one-token, all ] mean of KL / bound over %d formats: folded %.3f, not folded %.3f; "
+              "%d of them changed by the fold\n", cases, ratio_sum[1] / cases, ratio_sum[0] / cases, changed);
+  EXPECT_LE(ratio_sum[1] / cases, 1.0);
+  EXPECT_GE(changed, 3) << "the fold changed too few formats' logits: did it run?";
 }
 
 // The same sequence at several expert-cache sizes (exact mode): the CPU pool and the slots must give
