@@ -16,7 +16,6 @@ namespace strata::cuda::q8fr {
 constexpr int kThreads = 256;       // the gate_up block
 constexpr int kMaxEmbd = 4096;      // wo_router_supported's bounds
 constexpr int kMaxExperts = 512;
-constexpr int kMaxPer = kMaxEmbd / kThreads;  // values of h per thread
 constexpr int kMaxK = 64;
 
 struct Shared {
@@ -26,28 +25,47 @@ struct Shared {
   float p[kMaxExperts];               // block (0, 0): the probabilities
   int32_t sel[kMaxK];                 // the chosen experts, best first
   float selp[kMaxK];
-  double red[32];
   float redf[32];
   float inv, wsum;
 };
 
 // Every thread of the (256-thread) block calls it; it waits for the previous kernel (PDL) and ends with a
 // barrier. k <= kMaxK, r.n_expert <= kMaxExperts, n_embd a multiple of 256 up to kMaxEmbd.
-// Thread t holds h[t + 256 j] (warp w: the 32-value groups w + 8 j), as rmsnorm_quantize_kernel, so each
-// warp quantizes whole groups from registers.
-__device__ __forceinline__ void route_block(const q8::FoldedRoute& r, int k, int64_t n_embd, Shared& sh) {
+// Blocks with blockIdx.x < gridDim.x - 1 get the chosen experts (sh.sel) and the Q8 activations and return
+// true (they run the product). The launch's last column of blocks returns false: its block y = 0 writes the
+// weights (and ids) for moe_down instead (why apart: in a product block it delayed that block's weight
+// loads by ~1.5 us, and the launch waits for its slowest block).
+// Why the lane layout of the quantization: lane l of warp w takes the 8 values 8 (l & 3) .. of 32-value
+// group 8 w + l / 4 (64 groups a pass), so a group's max and sum are 2 shuffles over 4 lanes; one lane per
+// value (quantize_warp) took 10 dependent shuffles per group, 8 groups a warp. The same bits: max and the
+// integer sum do not depend on the order.
+__device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int64_t n_embd, Shared& sh) {
+  constexpr int kPasses = kMaxEmbd / 32 / 64;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int per = int(n_embd / kThreads);
-  float wv[kMaxPer], hv[kMaxPer];
+  const int groups = int(n_embd / 32);
+  const bool product = blockIdx.x + 1 < gridDim.x;
+  float4 wv[kPasses][2];
 #pragma unroll
-  for (int j = 0; j < kMaxPer; ++j) wv[j] = j < per ? r.norm_w[tid + kThreads * j] : 0.f;  // weights: before the wait
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const int g = 64 * ps + 8 * warp + (lane >> 2);
+    const float4* src = reinterpret_cast<const float4*>(r.norm_w + 32 * g + 8 * (lane & 3));
+    wv[ps][0] = product && g < groups ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f);  // weights: before the wait
+    wv[ps][1] = product && g < groups ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   pdl_wait();  // (PDL: mid, ss and raw come from wo_router)
   pdl_launch_dependents();
-  // Every load of the block at once: h, the partial sums, the logits.
+  // Every load of the block at once: h, the partial sums (every warp all of them), the logits.
+  float4 hv[kPasses][2];
 #pragma unroll
-  for (int j = 0; j < kMaxPer; ++j) hv[j] = j < per ? r.mid[tid + kThreads * j] : 0.f;
+  for (int ps = 0; ps < kPasses; ++ps) {
+    const int g = 64 * ps + 8 * warp + (lane >> 2);
+    const float4* src = reinterpret_cast<const float4*>(r.mid + 32 * g + 8 * (lane & 3));
+    hv[ps][0] = product && g < groups ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+    hv[ps][1] = product && g < groups ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   double part = 0.0;
-  for (int i = tid; i < r.n_ss; i += kThreads) part += double(r.ss[i]);
+#pragma unroll 8
+  for (int i = lane; i < r.n_ss; i += 32) part += double(r.ss[i]);
   float raw[kMaxExperts / kThreads];
 #pragma unroll
   for (int i = 0; i < kMaxExperts / kThreads; ++i) {
@@ -62,14 +80,45 @@ __device__ __forceinline__ void route_block(const q8::FoldedRoute& r, int k, int
     if (e < n_keys)
       sh.key[e] = e < r.n_expert && raw[i] == raw[i] ? order_key(raw[i], uint32_t(e)) : uint64_t(0xffffffffu - uint32_t(e));
   }
-  const double total = q8c::block_sum_256(part, sh.red);  // (its barriers also publish the keys)
-  const float s = 1.0f / sqrtf(float(total / double(n_embd)) + r.eps);
+  // s: every warp sums the partial sums itself (lanes strided, then the butterfly: the same order in every
+  // warp and block), so no barrier stands before the quantization.
+  for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+  const float s = 1.0f / sqrtf(float(part / double(n_embd)) + r.eps);
+  if (product) {
 #pragma unroll
-  for (int j = 0; j < kMaxPer; ++j)
-    if (j < per) {
-      const int g = warp + 8 * j;
-      q8c::quantize_warp(hv[j] * s * wv[j], sh.xq + 32 * g, sh.xds + g);
+    for (int ps = 0; ps < kPasses; ++ps) {
+      const int g = 64 * ps + 8 * warp + (lane >> 2);
+      if (64 * ps >= groups) break;  // (uniform: every lane of the pass is past the end)
+      const float h[8] = {hv[ps][0].x, hv[ps][0].y, hv[ps][0].z, hv[ps][0].w,
+                          hv[ps][1].x, hv[ps][1].y, hv[ps][1].z, hv[ps][1].w};
+      const float w[8] = {wv[ps][0].x, wv[ps][0].y, wv[ps][0].z, wv[ps][0].w,
+                          wv[ps][1].x, wv[ps][1].y, wv[ps][1].z, wv[ps][1].w};
+      float y[8], amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        y[i] = h[i] * s * w[i];
+        amax = fmaxf(amax, fabsf(y[i]));
+      }
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      const float d = amax / 127.f;
+      int sum = 0;
+      uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int qi = d > 0.f ? max(-127, min(127, int(roundf(y[i] / d)))) : 0;
+        sum += qi;
+        packed[i / 4] |= uint32_t(uint8_t(int8_t(qi))) << (8 * (i % 4));
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (g < groups) {
+        *reinterpret_cast<uint2*>(sh.xq + 32 * g + 8 * (lane & 3)) = make_uint2(packed[0], packed[1]);
+        if ((lane & 3) == 0) sh.xds[g] = make_float2(d, d * float(sum));
+      }
     }
+  }
+  __syncthreads();  // the keys
 #pragma unroll
   for (int i = 0; i < kMaxExperts / kThreads; ++i) {
     const int e = tid + kThreads * i;
@@ -81,10 +130,11 @@ __device__ __forceinline__ void route_block(const q8::FoldedRoute& r, int k, int
       if (rank < k) sh.sel[rank] = e;
     }
   }
-  __syncthreads();
-  if (blockIdx.x != 0 || blockIdx.y != 0) return;
-  // Block (0, 0): the weights for moe_down. Softmax of s * raw over every expert (max, expf, the sum in
-  // double by warp 0), the k chosen in rank order, renormalized as moe_route does.
+  __syncthreads();  // sel (and xq, xds)
+  if (product) return true;
+  if (blockIdx.y != 0) return false;
+  // The weights for moe_down: softmax of s * raw over every expert (max, expf, the sum in double by warp 0),
+  // the k chosen in rank order, renormalized as moe_route does.
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kMaxExperts / kThreads; ++i)
@@ -119,6 +169,7 @@ __device__ __forceinline__ void route_block(const q8::FoldedRoute& r, int k, int
     r.ids[tid] = sh.sel[tid];
     r.wts[tid] = r.norm ? sh.selp[tid] / sh.wsum : sh.selp[tid];
   }
+  return false;
 }
 
 }  // namespace strata::cuda::q8fr

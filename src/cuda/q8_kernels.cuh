@@ -143,8 +143,9 @@ struct FoldedRoute {
 // moe_gate_up for one token whose routing every block does itself: s = 1 / sqrt(sum(ss) / n_embd + eps)
 // (the partial sums added in double, in a fixed order), the top k of raw (value desc, id asc: the order
 // of the router's probabilities, which are increasing in raw), xq = Q8(mid * s * norm_w) in shared memory,
-// then the product as moe_gate_up with those ids. Block (0, 0) also writes ids and the weights (softmax of
-// s * raw over all experts, then the k chosen, renormalized if r.norm) for moe_down.
+// then the product as moe_gate_up with those ids. One more column of blocks than moe_gate_up: its block
+// y = 0 writes ids and the weights (softmax of s * raw over all experts, then the k chosen, renormalized if
+// r.norm) for moe_down. mid and norm_w 16-byte aligned.
 void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, const FoldedRoute& r, int k,
                         int8_t* hq, float2* hds, cudaStream_t stream);
 

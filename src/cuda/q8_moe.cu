@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t* tb = stage_table(table, n_table, tab, kThreads);  // before the wait: the table is uploaded
   if constexpr (Routed) {
     __shared__ q8fr::Shared rsh;
-    q8fr::route_block(fr, k, n_embd, rsh);  // (waits; ends with a barrier, which also publishes tab)
+    // (waits; ends with a barrier, which also publishes tab; the last column of blocks writes the weights)
+    if (!q8fr::route_block(fr, k, n_embd, rsh)) return;
     xq = rsh.xq, xds = rsh.xds, ids = rsh.sel;
   } else {
     pdl_wait();  // (PDL: everything below reads the router's ids and x's quantization)
@@ -280,7 +281,8 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   const int64_t pairs = n * k;
   const int64_t grb = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)));
   const int64_t urb = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)));
-  const dim3 grid(unsigned(v.n_ff / 32), grid_y(pairs));
+  // (routed: one more column of blocks, whose block y = 0 writes moe_down's weights: q8_folded_route.cuh)
+  const dim3 grid(unsigned(v.n_ff / 32 + (fr != nullptr ? 1 : 0)), grid_y(pairs));
   const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
   const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
   q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
@@ -328,6 +330,8 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
                  "{}): unsupported", v.n_embd, q8fr::kMaxEmbd, r.n_expert, q8fr::kMaxExperts, k, q8fr::kMaxK);
   STRATA_REQUIRE(r.mid != nullptr && r.norm_w != nullptr && r.raw != nullptr && r.ids != nullptr && r.wts != nullptr &&
                  (r.n_ss == 0 || r.ss != nullptr), "q8 moe_gate_up_routed: a null input or output");
+  STRATA_REQUIRE(reinterpret_cast<uintptr_t>(r.mid) % 16 == 0 && reinterpret_cast<uintptr_t>(r.norm_w) % 16 == 0,
+                 "q8 moe_gate_up_routed: mid and norm_w must be 16-byte aligned");
   launch_gate_up(v, table, nullptr, nullptr, nullptr, 1, k, hq, hds, &r, stream);
 }
 
