@@ -22,7 +22,7 @@ struct Shared {
   __align__(16) int8_t xq[kMaxEmbd];  // the ffn norm's Q8 activations
   float2 xds[kMaxEmbd / 32];
   uint64_t key[kMaxExperts];          // order keys of raw
-  float p[kMaxExperts];               // block (0, 0): the probabilities
+  float p[kMaxExperts];               // the weights block: the probabilities
   int32_t sel[kMaxK];                 // the chosen experts, best first
   float selp[kMaxK];
   float redf[32];

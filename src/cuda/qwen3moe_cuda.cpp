@@ -65,6 +65,7 @@ struct Layer {
   DevWeight ffn_norm;   // [n_embd] f32
   DevWeight router;     // [n_expert][n_embd]
   DevWeight router_fold;  // [n_expert][n_embd + n_head * head_dim_v] f32 (q8::fold_router); empty: not built
+  int64_t fold_ss = 0;    // with router_fold: the partial sums q8::wo_router writes (wo_router_ss_count)
   ExpertWeights experts;  // host, the mapped file: what the CPU pool reads
 };
 
@@ -395,8 +396,7 @@ class CudaQwen3Moe final : public Model {
   bool folded_router(const Pass& p, int il) const {
     const Layer& l = layers_[size_t(il)];
     return p.n == 1 && l.router_fold.rows > 0 && use_q8(p, l.wo) && experts_q8(p, il) && p.ws.mid.bytes() > 0 &&
-           q8::wo_router_ss_count(l.wo.type, hp_.n_embd, l.wo.cols, int64_t(row_bytes(l.wo.type, l.wo.cols))) <=
-               int64_t(p.ws.ss.bytes() / 4);
+           l.fold_ss <= int64_t(p.ws.ss.bytes() / 4);
   }
   // ws.xn[0, rows) = rmsnorm(x) * w; with quantize also ws.xq/ws.xds = its Q8 activations (one launch).
   void norm(const Pass& p, const DeviceBuffer& x, const DevWeight& w, int64_t rows, bool quantize,
@@ -523,6 +523,8 @@ void CudaQwen3Moe::load() {
     l.ffn_norm = upload_f32(L.f32(p + "ffn_norm.weight", {E}), p + "ffn_norm");
     l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log);
     l.router_fold = fold_router(l, wo_f32, p + "ffn_gate_inp_fold");
+    if (l.router_fold.rows > 0)
+      l.fold_ss = q8::wo_router_ss_count(l.wo.type, E, l.wo.cols, int64_t(row_bytes(l.wo.type, l.wo.cols)));
     l.experts.gate = L.matrix(p + "ffn_gate_exps.weight", {E, F, X});
     l.experts.up = L.matrix(p + "ffn_up_exps.weight", {E, F, X});
     l.experts.down = L.matrix(p + "ffn_down_exps.weight", {F, E, X});
@@ -774,9 +776,9 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
                  "cuda: direct reads in a pass that runs its experts on the int8 or grouped kernels");
   const moe::ExpertLayerView view = experts_view(PoolCtx{*xfer_, cs, *cache_, work_}, il, direct ? p.direct : 0, p.n,
                                                  k_used, table, p.ids(il), p.launch);
-  if (experts_q8(p, il) && folded_router(p, il)) {
-    // The folded router: gate_up's blocks route the token from wo_router's outputs (block (0, 0) writes the
-    // ids and weights), moe_down writes x = mid + the weighted sum.
+  if (folded_router(p, il)) {
+    // The folded router: gate_up's blocks route the token from wo_router's outputs (an extra column of
+    // blocks writes the ids and weights), moe_down writes x = mid + the weighted sum.
     const Layer& l = layers_[size_t(il)];
     note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span()},
                 {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
@@ -784,8 +786,7 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
                                 .norm_w = l.ffn_norm.f32(),
                                 .eps = hp_.rms_eps,
                                 .ss = ws.ss.as<const float>(),
-                                .n_ss = int(q8::wo_router_ss_count(l.wo.type, hp_.n_embd, l.wo.cols,
-                                                                   int64_t(row_bytes(l.wo.type, l.wo.cols)))),
+                                .n_ss = int(l.fold_ss),
                                 .raw = ws.router.as<const float>(),
                                 .n_expert = hp_.n_expert,
                                 .norm = hp_.expert_weights_norm,
