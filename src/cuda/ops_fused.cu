@@ -6,11 +6,11 @@
 
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
@@ -234,20 +234,16 @@ void rope_cos_sin(const int32_t* pos, int64_t n_tok, int n_rot, float base, floa
 }
 
 namespace {
-std::atomic<int> g_prep_first{-1};  // -1: not set yet (the environment decides)
+EnvSwitch g_prep_first;
 }  // namespace
 
-void set_attn_prep_first(bool on) { g_prep_first.store(on ? 1 : 0); }
+void set_attn_prep_first(bool on) { g_prep_first.set(on); }
 
 bool attn_prep_first() {
-  int v = g_prep_first.load();
-  if (v < 0) {
+  return g_prep_first.get([] {
     const char* e = std::getenv("STRATA_CUDA_ATTN_PREP");
-    int expected = -1;
-    g_prep_first.compare_exchange_strong(expected, e != nullptr && std::string(e) == "first" ? 1 : 0);
-    v = g_prep_first.load();
-  }
-  return v == 1;
+    return e != nullptr && std::string(e) == "first";
+  });
 }
 
 void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const float* v, int64_t v_ld,

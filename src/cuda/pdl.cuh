@@ -18,7 +18,6 @@
 // the kernels stay correct when launched either way.
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,30 +25,27 @@
 #include <utility>
 #include <vector>
 
+#include "common/env_switch.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl_trace.h"
 
 namespace strata::cuda::pdl {
 
-// The process-wide switch: -1 = not set yet (the environment decides on first use).
-inline std::atomic<int>& state() {
-  static std::atomic<int> s{-1};
+// The process-wide switch.
+inline EnvSwitch& state() {
+  static EnvSwitch s;
   return s;
 }
 
 // On unless the environment sets STRATA_CUDA_PDL=0 (read on first use) or set_enabled(false) ran. Launches
 // made after a change use the new setting (graphs keep what they captured).
 inline bool enabled() {
-  int v = state().load(std::memory_order_relaxed);
-  if (v < 0) {
+  return state().get([] {
     const char* e = std::getenv("STRATA_CUDA_PDL");
-    int expected = -1;
-    state().compare_exchange_strong(expected, e == nullptr || std::strcmp(e, "0") != 0 ? 1 : 0);
-    v = state().load();
-  }
-  return v == 1;
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  });
 }
-inline void set_enabled(bool on) { state().store(on ? 1 : 0); }
+inline void set_enabled(bool on) { state().set(on); }
 // Set by pdl::PlainLaunches (pdl_scope.h) on the calling thread: launches stay plain (defined in pdl.cu).
 bool plain_launches();
 

@@ -1,11 +1,11 @@
 // The folded router (contract: q8_kernels.cuh "The folded router"): fold_router at load, wo_router in the
 // decode chain. moe_gate_up_routed, which consumes wo_router's outputs, is in q8_moe.cu. CPU references:
 // host/q8_reference.cpp fold_router / wo_router; tests: tests/cuda/test_folded_router.cu.
-#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/host/q8_reference.h"
@@ -118,20 +118,16 @@ q8mv::Geometry wo_geometry(int64_t n_embd, int64_t n_att, int64_t row_bytes) {
 }  // namespace
 
 namespace {
-std::atomic<int> g_folded{-1};  // -1: not set yet (the environment decides)
+EnvSwitch g_folded;
 }  // namespace
 
-void set_folded_router(bool on) { g_folded.store(on ? 1 : 0); }
+void set_folded_router(bool on) { g_folded.set(on); }
 
 bool folded_router_enabled() {
-  int v = g_folded.load();
-  if (v < 0) {
+  return g_folded.get([] {
     const char* e = std::getenv("STRATA_CUDA_FOLDED_ROUTER");
-    int expected = -1;
-    g_folded.compare_exchange_strong(expected, e == nullptr || std::string(e) != "0" ? 1 : 0);
-    v = g_folded.load();
-  }
-  return v == 1;
+    return e == nullptr || std::string(e) != "0";
+  });
 }
 
 bool wo_router_supported(GgmlType type, int64_t n_embd, int64_t n_att, int n_expert) {

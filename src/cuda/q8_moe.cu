@@ -3,12 +3,12 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/host/q8_reference.h"
@@ -336,24 +336,19 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 }
 
 namespace {
-std::atomic<int> g_down_slots{-1};  // -1: not set yet (the environment decides)
+EnvSwitch g_down_slots;
 }  // namespace
 
-void set_moe_down_slots(bool on) { g_down_slots.store(on ? 1 : 0); }
+void set_moe_down_slots(bool on) { g_down_slots.set(on); }
 
 bool moe_down_slots() {
-  int v = g_down_slots.load();
-  if (v < 0) {
+  return g_down_slots.get([] {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
     // Default: the per-term kernel. On the H200 (bench/results/2026-11-29-gpu-session4-h200.md, call 3,
     // cuda_matvec, k 8, n 1) the slots-once kernel took 8.68 vs 6.57 us (Q4_K down) and 20.8 vs 17.3 us
     // (Q6_K down). STRATA_CUDA_Q8_DOWN=slots selects it.
-    v = e != nullptr && std::string(e) == "slots" ? 1 : 0;
-    int expected = -1;
-    g_down_slots.compare_exchange_strong(expected, v);
-    v = g_down_slots.load();
-  }
-  return v == 1;
+    return e != nullptr && std::string(e) == "slots";
+  });
 }
 
 
