@@ -38,6 +38,19 @@ __global__ void fold_kernel(const float* __restrict__ router, const float* __res
   }
 }
 
+// *dst = the sum of v over the block's threads: a butterfly in each warp, then the warps' sums in order by
+// thread 0. Every thread calls it. part: [kThreads / 32] shared.
+__device__ __forceinline__ void write_block_sum(float v, float* part, float* dst) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = part[0];
+    for (int w = 1; w < kThreads / 32; ++w) s += part[w];
+    *dst = s;
+  }
+}
+
 // Blocks [0, wo_blocks): wo's rows, as q8_kernels.cu matvec_kernel with y = mid, add = x; then
 // ss[block] = the sum of the squares of the block's rows of mid (its 8 warps' sums in order).
 // Blocks [wo_blocks, wo_blocks + n_expert): expert e = block - wo_blocks, raw[e] = fold[e] . [x; att]:
@@ -53,7 +66,6 @@ __global__ void __launch_bounds__(kThreads)
                      const float* __restrict__ fold, float* __restrict__ mid, float* __restrict__ raw,
                      float* __restrict__ ss) {
   __shared__ float part[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (int64_t(blockIdx.x) < wo_blocks) {
     q8mv::prefetch_warp_rows<R>(wo, n_embd, row_bytes, lpr_log2);
     pdl_wait();
@@ -61,14 +73,7 @@ __global__ void __launch_bounds__(kThreads)
     extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride] (A == kStaged)
     float sq = q8mv::matvec_warp<F, A, 1, R>(wo, n_embd, row_bytes, n_att, lpr_log2, stride, stage, attq, attds, 1,
                                              mid, x);
-    for (int o = 16; o > 0; o >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, o);
-    if (lane == 0) part[warp] = sq;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float s = part[0];
-      for (int w = 1; w < kThreads / 32; ++w) s += part[w];
-      ss[blockIdx.x] = s;
-    }
+    write_block_sum(sq, part, ss + blockIdx.x);
   } else {
     const int64_t e = int64_t(blockIdx.x) - wo_blocks, len = n_embd + n_att;
     const float4* row = reinterpret_cast<const float4*>(fold + e * len);
@@ -97,14 +102,7 @@ __global__ void __launch_bounds__(kThreads)
       acc = fmaf(wv[j].z, in[j].z, acc);
       acc = fmaf(wv[j].w, in[j].w, acc);
     }
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) part[warp] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float s = part[0];
-      for (int w = 1; w < kThreads / 32; ++w) s += part[w];
-      raw[e] = s;
-    }
+    write_block_sum(acc, part, raw + e);
   }
   pdl_mark();  // (traced builds: the block's end)
 }
