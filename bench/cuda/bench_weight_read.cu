@@ -50,6 +50,18 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) out[blockIdx.x] = float(acc);
 }
 
+constexpr int64_t kPiece = 768 * 1152, kSlot = 3 * kPiece, kDense = 2048 * 2304;
+
+// One step's 16 pieces: the gate and up pieces (o[2j], o[2j + 1]) of 8 distinct random slots of n_slots.
+void eight_experts(std::mt19937_64& rng, uint64_t n_slots, uint64_t* o) {
+  std::vector<uint64_t> pick;
+  while (pick.size() < 8) {
+    const uint64_t v = rng() % n_slots;
+    if (std::find(pick.begin(), pick.end(), v) == pick.end()) pick.push_back(v);
+  }
+  for (int j = 0; j < 8; ++j) o[2 * j] = pick[size_t(j)] * kSlot, o[2 * j + 1] = pick[size_t(j)] * kSlot + kPiece;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +78,6 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaMemsetAsync(base, 1, max_bytes, s));
   float* out = nullptr;
   CUDA_CHECK(cudaMalloc(&out, 4096 * sizeof(float)));
-  constexpr int64_t kPiece = 768 * 1152, kSlot = 3 * kPiece, kDense = 2048 * 2304;
   struct Case {
     int pieces, per_piece;
     int64_t piece_bytes;
@@ -87,13 +98,7 @@ int main(int argc, char** argv) {
       for (int st = 0; st < steps; ++st) {
         uint64_t* o = offs.data() + size_t(st) * size_t(c.pieces);
         if (ci == 0) {
-          const uint64_t n_slots = footprint / kSlot;
-          std::vector<uint64_t> pick;
-          while (pick.size() < 8) {
-            const uint64_t v = rng() % n_slots;
-            if (std::find(pick.begin(), pick.end(), v) == pick.end()) pick.push_back(v);
-          }
-          for (int j = 0; j < 8; ++j) o[2 * j] = pick[size_t(j)] * kSlot, o[2 * j + 1] = pick[size_t(j)] * kSlot + kPiece;
+          eight_experts(rng, footprint / kSlot, o);
         } else {
           o[0] = (rng() % (footprint / kDense)) * kDense;
         }
@@ -120,16 +125,7 @@ int main(int argc, char** argv) {
   {
     const size_t footprint = std::min(max_bytes, size_t(16) << 30);
     std::vector<uint64_t> offs(size_t(steps) * 16);
-    const uint64_t n_slots = footprint / kSlot;
-    for (int st = 0; st < steps; ++st) {
-      std::vector<uint64_t> pick;
-      while (pick.size() < 8) {
-        const uint64_t v = rng() % n_slots;
-        if (std::find(pick.begin(), pick.end(), v) == pick.end()) pick.push_back(v);
-      }
-      for (int j = 0; j < 8; ++j)
-        offs[size_t(st) * 16 + 2 * j] = pick[size_t(j)] * kSlot, offs[size_t(st) * 16 + 2 * j + 1] = pick[size_t(j)] * kSlot + kPiece;
-    }
+    for (int st = 0; st < steps; ++st) eight_experts(rng, footprint / kSlot, offs.data() + size_t(st) * 16);
     uint64_t* doffs = nullptr;
     CUDA_CHECK(cudaMalloc(&doffs, offs.size() * 8));
     CUDA_CHECK(cudaMemcpyAsync(doffs, offs.data(), offs.size() * 8, cudaMemcpyHostToDevice, s));
