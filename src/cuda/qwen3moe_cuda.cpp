@@ -23,6 +23,7 @@
 #include "cuda/gemm_context.h"
 #include "cuda/graph.h"
 #include "cuda/model_common.h"
+#include "cuda/moe_model_base.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
@@ -209,19 +210,11 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   const void* graphs_table = nullptr;
 };
 
-class CudaQwen3Moe final : public Model {
+class CudaQwen3Moe final : public CudaMoeModel {
  public:
   CudaQwen3Moe(gguf::File file, HParams hp, const CudaOptions& opt)
-      : Model(std::move(file), std::move(hp)),
-        opt_(opt),
-        graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
-        gated_(graphs_ && opt.gated_passes && gated_passes_enabled_by_env()),
-        model_id_(next_model_id()) {
+      : CudaMoeModel(std::move(file), std::move(hp), opt) {
     load();
-  }
-  ~CudaQwen3Moe() override {
-    if (dev_) dev_->make_current();
-    if (dev_ && xfer_) dump_pdl_trace(*dev_, *xfer_);  // (measuring builds only, cuda/pdl_trace.h)
   }
 
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {
@@ -243,11 +236,7 @@ class CudaQwen3Moe final : public Model {
     dev_->make_current();
     // Exact mode keeps f32 products everywhere: the prefill paths round x and w to bf16.
     const bool prefill_paths = !opt_.exact;
-    size_t moe_scratch = 0;
-    if (prefill_paths && max_tokens >= moe::kMoeGroupedMinTokens)
-      for (int il = 0; il < hp_.n_layer; ++il)
-        moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
-                                                                           max_tokens, hp_.n_expert_used));
+    const size_t moe_scratch = grouped_scratch_bytes(hp_.n_layer, max_tokens, prefill_paths);
     auto ws = std::make_unique<CudaWorkspace>(*dev_, hp_, max_tokens, n_ctx, n_threads, prefill_paths, moe_scratch,
                                               /*q8_paths=*/!opt_.exact);
     std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
@@ -255,25 +244,12 @@ class CudaQwen3Moe final : public Model {
     xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
     return ws;
   }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
-  bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    ExpertCacheReport r = make_cache_report(*cache_, *xfer_, hp_.n_layer, hp_.n_expert, graphs_, work_);
+    ExpertCacheReport r = cache_report_locked(hp_.n_layer);
     r.stream_copy_us = decode_costs_.copy_us();
     r.stream_cpu_us = decode_costs_.cpu_us();
     return r;
-  }
-  DeviceBandwidth measure_device_bandwidth() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    dev_->make_current();
-    return cuda::measure_device_bandwidth(*dev_, *xfer_);
-  }
-  void reset_cache_stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cache_->reset_stats();
-    work_ = HostWork::starting_now(*xfer_);
   }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                const ForwardOptions& opt) const override;
@@ -435,17 +411,6 @@ class CudaQwen3Moe final : public Model {
       mm(p, w, p.ws.xn, n, y, site);
   }
 
-  static uint64_t next_model_id() {
-    static std::atomic<uint64_t> next{1};
-    return next++;
-  }
-
-  CudaOptions opt_;
-  const bool graphs_;        // CUDA graphs for passes without the CPU pool (CudaOptions, STRATA_CUDA_GRAPHS)
-  const bool gated_;         // gated CPU-pool passes (CudaOptions::gated_passes, STRATA_CUDA_GATED)
-  const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
-  std::unique_ptr<Device> dev_;
-  std::unique_ptr<Transfer> xfer_;
   DevWeight tok_embd_;     // [n_vocab][n_embd]
   DevWeight output_norm_;  // [n_embd] f32
   DevWeight output_;       // [n_vocab][n_embd]; empty when tied (out_w_ = &tok_embd_)
@@ -457,10 +422,6 @@ class CudaQwen3Moe final : public Model {
   mutable strata::moe::DecodeStreamCosts decode_costs_;  // copy cost measured at load, CPU cost averaged
   strata::moe::PrefillStreamMode prefill_stream_;        // CudaOptions::prefill_stream
   mutable strata::moe::PrefillStreamCosts prefill_costs_;  // as decode_costs_, the CPU cost per pair
-  std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
-  size_t weight_bytes_ = 0;
-  mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
-  mutable HostWork work_;  // since the last reset_cache_stats()
 };
 
 int32_t* CudaQwen3Moe::Pass::ids(int il) const {

@@ -26,6 +26,7 @@
 #include "cuda/gemm_context.h"
 #include "cuda/graph.h"
 #include "cuda/model_common.h"
+#include "cuda/moe_model_base.h"
 #include "cuda/moe_kernels.cuh"
 #include "cuda/next_fused.cuh"
 #include "cuda/ops.cuh"
@@ -317,20 +318,11 @@ Weight host_matrix(const Weight& like, const std::vector<uint8_t>& bytes, int64_
   return w;
 }
 
-class CudaQwen3Next final : public Model {
+class CudaQwen3Next final : public CudaMoeModel {
  public:
   CudaQwen3Next(gguf::File file, HParams hp, NextParams np, const CudaOptions& opt)
-      : Model(std::move(file), std::move(hp)),
-        np_(std::move(np)),
-        opt_(opt),
-        graphs_(opt.cuda_graphs && graphs_enabled_by_env()),
-        gated_(graphs_ && opt.gated_passes && gated_passes_enabled_by_env()),
-        model_id_(next_model_id()) {
+      : CudaMoeModel(std::move(file), std::move(hp), opt), np_(std::move(np)) {
     load();
-  }
-  ~CudaQwen3Next() override {
-    if (dev_) dev_->make_current();
-    if (dev_ && xfer_) dump_pdl_trace(*dev_, *xfer_);  // (measuring builds only, cuda/pdl_trace.h)
   }
 
   // One object per sequence: host SequenceState (no host KV or recurrent buffers: the GDN layers are
@@ -357,11 +349,7 @@ class CudaQwen3Next final : public Model {
     dev_->make_current();
     // Exact mode keeps f32 products everywhere: the prefill paths round x and w to bf16.
     const bool prefill_paths = !opt_.exact;
-    size_t moe_scratch = 0;
-    if (prefill_paths && max_tokens >= moe::kMoeGroupedMinTokens)
-      for (int il = 0; il < np_.n_layer; ++il)
-        moe_scratch = std::max(moe_scratch, moe::moe_grouped_scratch_bytes(cache_->layer_view(il), hp_.n_expert,
-                                                                           max_tokens, hp_.n_expert_used));
+    const size_t moe_scratch = grouped_scratch_bytes(np_.n_layer, max_tokens, prefill_paths);
     auto ws = std::make_unique<NextWorkspace>(*dev_, hp_, np_, max_tokens, n_ctx, n_threads, prefill_paths,
                                               moe_scratch, /*q8_paths=*/!opt_.exact);
     std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
@@ -370,23 +358,10 @@ class CudaQwen3Next final : public Model {
     xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});
     return ws;
   }
-  size_t weight_bytes() const override { return weight_bytes_; }
-  std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
   int32_t routed_layers() const override { return np_.n_layer; }  // the MTP blocks do not run
-  bool samples_on_device() const override { return true; }
   ExpertCacheReport cache_report() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return make_cache_report(*cache_, *xfer_, np_.n_layer, hp_.n_expert, graphs_, work_);
-  }
-  DeviceBandwidth measure_device_bandwidth() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    dev_->make_current();
-    return cuda::measure_device_bandwidth(*dev_, *xfer_);
-  }
-  void reset_cache_stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cache_->reset_stats();
-    work_ = HostWork::starting_now(*xfer_);
+    return cache_report_locked(np_.n_layer);
   }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                const ForwardOptions& opt) const override;
@@ -563,23 +538,12 @@ class CudaQwen3Next final : public Model {
     return {y.as<float>() + p.n * sc + (part.col - sc), pr.stacks[size_t(part.stack)].rows};
   }
   cudaStream_t stream() const { return dev_->compute().handle(); }
-  static uint64_t next_model_id() {
-    static std::atomic<uint64_t> next{1};
-    return next++;
-  }
-
   NextParams np_;
-  CudaOptions opt_;
-  const bool graphs_;        // CUDA graphs for decode passes without the CPU pool
-  const bool gated_;         // gated CPU-pool passes (CudaOptions::gated_passes, STRATA_CUDA_GATED)
-  const uint64_t model_id_;  // unique in the process: a workspace's graphs belong to one model
   int n_attn_ = 0, n_gdn_ = 0;  // attention / Gated DeltaNet layers
   int stream_min_tokens_ = 4;   // STRATA_CUDA_STREAM_MIN_TOKENS: pairs an expert needs to be streamed
   int direct_share_ = 0;        // CudaOptions::decode_direct (moe/direct_rule.h), 0 where it cannot run
   strata::moe::PrefillStreamMode prefill_stream_;          // CudaOptions::prefill_stream
   mutable strata::moe::PrefillStreamCosts prefill_costs_;  // copy cost measured at load, CPU cost per pair
-  std::unique_ptr<Device> dev_;
-  std::unique_ptr<Transfer> xfer_;
   qwen3next::Weights host_;  // every tensor of the file, checked (the CPU pool reads the experts here)
   DevWeight tok_embd_;       // [n_vocab][n_embd]
   DevWeight output_norm_;    // [n_embd] f32
@@ -587,10 +551,6 @@ class CudaQwen3Next final : public Model {
   const DevWeight* out_w_ = nullptr;
   std::vector<Layer> layers_;
   DeviceBuffer sh_table_;  // int32 [1] = 0: the shared expert's one-expert residency table (slot 0)
-  std::unique_ptr<ExpertCache> cache_;  // declared last: destroyed first (its copies use xfer_, dev_)
-  size_t weight_bytes_ = 0;
-  mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
-  mutable HostWork work_;
 };
 
 Proj CudaQwen3Next::upload_proj(const std::vector<std::pair<const Weight*, std::string>>& parts, RepackLog& log) {
