@@ -5,7 +5,7 @@
 //
 // Destruction: the derived model's members (its weights on the GPU, its host views) go first, then cache_
 // (its pending copies use xfer_ and dev_), then xfer_, then dev_; the destructor first writes the PDL
-// trace of a measuring build (cuda/pdl_trace.h).
+// trace of a measuring build (cuda/pdl_trace.h) of a model whose load() completed.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -29,7 +29,7 @@ class CudaMoeModel : public Model {
  public:
   ~CudaMoeModel() override {
     if (dev_) dev_->make_current();
-    if (dev_ && xfer_) dump_pdl_trace(*dev_, *xfer_);  // (measuring builds only, cuda/pdl_trace.h)
+    if (loaded_ && dev_ && xfer_) dump_pdl_trace(*dev_, *xfer_);  // (measuring builds only, cuda/pdl_trace.h)
   }
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
@@ -78,6 +78,7 @@ class CudaMoeModel : public Model {
   size_t weight_bytes_ = 0;
   mutable std::mutex mu_;  // one forward at a time (the expert cache's step protocol); stats
   mutable HostWork work_;  // since the last reset_cache_stats()
+  bool loaded_ = false;    // set by the model's constructor after its load(): a failed load writes no trace
 
  private:
   static uint64_t next_model_id() {

@@ -215,6 +215,7 @@ class CudaQwen3Moe final : public CudaMoeModel {
   CudaQwen3Moe(gguf::File file, HParams hp, const CudaOptions& opt)
       : CudaMoeModel(std::move(file), std::move(hp), opt) {
     load();
+    loaded_ = true;
   }
 
   std::unique_ptr<SequenceState> new_sequence(int32_t n_ctx, KvType kv_type) const override {

@@ -323,6 +323,7 @@ class CudaQwen3Next final : public CudaMoeModel {
   CudaQwen3Next(gguf::File file, HParams hp, NextParams np, const CudaOptions& opt)
       : CudaMoeModel(std::move(file), std::move(hp), opt), np_(std::move(np)) {
     load();
+    loaded_ = true;
   }
 
   // One object per sequence: host SequenceState (no host KV or recurrent buffers: the GDN layers are
