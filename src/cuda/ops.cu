@@ -568,10 +568,7 @@ __device__ void route_token(const float* lr, int n_expert, int k, bool norm, int
   }
   __syncthreads();
   for (int e = tid; e < n_expert; e += nt) {
-    const uint64_t mine = sh.key[e];
-    int rank = 0;
-#pragma unroll 16
-    for (int i = 0; i < n_keys; ++i) rank += sh.key[i] > mine;  // broadcast reads, all in flight
+    const int rank = key_rank(sh.key, n_keys, sh.key[e]);
     if (rank < k) {
       ids[rank] = static_cast<int32_t>(e);
       sh.sel[rank] = sh.p[e];

@@ -123,10 +123,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
   for (int i = 0; i < kMaxExperts / kThreads; ++i) {
     const int e = tid + kThreads * i;
     if (e < r.n_expert) {
-      const uint64_t mine = sh.key[e];
-      int rank = 0;
-#pragma unroll 16
-      for (int q = 0; q < n_keys; ++q) rank += sh.key[q] > mine;  // broadcast reads, all in flight
+      const int rank = key_rank(sh.key, n_keys, sh.key[e]);
       if (rank < k) sh.sel[rank] = e;
     }
   }

@@ -1,6 +1,6 @@
 #pragma once
 // The order of routing and sampling (device code; ops.cu's top-k, argmax and sampling, and
-// q8_folded_router.cu's routing inside gate_up).
+// q8_folded_route.cuh's routing inside gate_up).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,5 +17,14 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
   return (static_cast<uint64_t>(u) << 32) | (0xffffffffu - id);
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
+
+// How many of keys[0, n_keys) order before `mine` (its 0-based rank; keys are unique). keys in shared
+// memory: every thread of a block reads the same word at a time (broadcast reads, all in flight).
+__device__ __forceinline__ int key_rank(const uint64_t* keys, int n_keys, uint64_t mine) {
+  int rank = 0;
+#pragma unroll 16
+  for (int i = 0; i < n_keys; ++i) rank += keys[i] > mine;
+  return rank;
+}
 
 }  // namespace strata::cuda
