@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
 
@@ -50,6 +51,7 @@ enum class Select : int { All, OneCache, Mixed };
 //   v:    [2][KT][D] f16 (read along a row: no padding needed)
 //   p:    [W][RPW][KT] f32, each warp's softmax weights of the current tile
 //   refs: [R] KvRef, the tile's tokens (TQ <= R)
+//   kn:   [D] f32, only with a Prep (prep_bytes): the warp preparing the token's K norms it here
 template <int D, int RPW, int W>
 struct Layout {
   static constexpr int R = RPW * W;
@@ -60,6 +62,8 @@ struct Layout {
   static constexpr size_t p_off = v_off + size_t(2) * KT * D * 2;
   static constexpr size_t r_off = p_off + size_t(W) * RPW * KT * 4;
   static constexpr size_t bytes = r_off + size_t(R) * sizeof(ops::KvRef);
+  static constexpr size_t kn_off = (bytes + 15) / 16 * 16;
+  static constexpr size_t prep_bytes() { return kn_off + size_t(D) * 4; }
 };
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -102,6 +106,60 @@ __device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
   }
 }
 
+// The one-token kernel's own attention input (attn_tile_kernel with P): each warp norms and rotates its
+// RPW query rows into qs (times scale, as the plain kernel scales q), rows of no head zeroed as there; with
+// own_new, warp 0 also prepares KV head hk's K (normed in kn) and V, returns them as f16 bits in k_new /
+// v_new and, in the block of head chunk 0, stores them in the cache at r.pos. Every load of the warp is
+// issued before its first norm.
+//   qs: [R][D] (shared)   kn: [D] f32 (shared)   r: the token's KvRef
+template <int D, int RPW, int DPL>
+__device__ __forceinline__ void prepare_token(const Prep& pp, const ops::KvRef& r, int layer, int n_head_kv, int hg,
+                                              int hc, int hk, int group, int h_first, float scale, bool own_new,
+                                              float* qs, float* kn, uint16_t (&k_new)[DPL], uint16_t (&v_new)[DPL]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* c = pp.in.cs;  // token 0's angles: [n_rot/2][2]
+  prep::HeadIn<DPL> hin[RPW];
+  bool valid[RPW];
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int row = warp * RPW + rr;  // the token's head h_first + row when row < hg (one token: tile row = head)
+    valid[rr] = row < hg && hc * hg + row < group;
+    if (valid[rr]) prep::load_head(pp.in.q + int64_t(h_first + row) * D, pp.in.q_norm, c, D, pp.n_rot, lane, hin[rr]);
+  }
+  const bool do_kv = own_new && warp == 0;
+  prep::HeadIn<DPL> kin;
+  float vv[DPL];
+  if (do_kv) {
+    prep::load_head(pp.in.k + int64_t(hk) * D, pp.in.k_norm, c, D, pp.n_rot, lane, kin);
+#pragma unroll
+    for (int u = 0; u < DPL; ++u) vv[u] = pp.in.v[int64_t(hk) * D + lane + 32 * u];
+  }
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    float* qr = qs + (warp * RPW + rr) * D;  // [D]: the norm's scratch, then the row
+    float val[DPL];
+    if (valid[rr]) prep::norm_rope_head(hin[rr], D, pp.n_rot, pp.eps, lane, qr, val);
+#pragma unroll
+    for (int u = 0; u < DPL; ++u) qr[lane + 32 * u] = valid[rr] ? val[u] * scale : 0.0f;
+  }
+  if (do_kv) {
+    float kv[DPL];
+    prep::norm_rope_head(kin, D, pp.n_rot, pp.eps, lane, kn, kv);
+    const int64_t at = int64_t(layer) * r.n_ctx + r.pos, row_len = int64_t(n_head_kv) * D;
+    uint16_t* ko = r.k + at * row_len + int64_t(hk) * D;  // [D]
+    uint16_t* vo = r.v + at * row_len + int64_t(hk) * D;  // [D]
+#pragma unroll
+    for (int u = 0; u < DPL; ++u) {
+      k_new[u] = __half_as_ushort(__float2half_rn(kv[u]));
+      v_new[u] = __half_as_ushort(__float2half_rn(vv[u]));
+      if (hc == 0) {
+        ko[lane + 32 * u] = k_new[u];
+        vo[lane + 32 * u] = v_new[u];
+      }
+    }
+  }
+}
+
 // q: [n_tok][n_head][D] f32; refs: [n_tok] device; out: [n_tok][n_head][D] f32 (n_split == 1) or
 // part: [n_tok*n_head][n_split][2 + D] (n_split > 1). hg: query heads per block (<= R), n_hchunk:
 // ceil(group / hg), tq: tokens per tile (tq * hg <= R). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
@@ -109,11 +167,16 @@ __device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
 // select / cls: which tiles this launch takes, by the "class tile" of cls tokens holding the block's tile
 // (cls a multiple of tq): all, only class tiles of one cache (the prefill shape), or only the others
 // (the decode shape, for the tokens of mixed tiles).
-template <int D, int RPW, int W>
+// P (one token, select All, q null): the block prepares its query rows from pp.in as attn_prep does, and
+// a block whose split holds the token's position prepares its K/V row too: it stores the row in the
+// cache (hc == 0) and puts it into its shared-memory tile itself (that row is not copied from the cache,
+// which this launch is writing). Why the same bits as attn_prep then this kernel: the same arithmetic
+// (cuda/attn_prep_head.cuh), the same f16 rounding, and q times the scale as below.
+template <int D, int RPW, int W, bool P>
 __global__ void __launch_bounds__(32 * W, 1)
     attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
                      int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
-                     Select select, int cls, float* __restrict__ part, float* __restrict__ out) {
+                     Select select, int cls, float* __restrict__ part, float* __restrict__ out, Prep pp) {
   using L = Layout<D, RPW, W>;
   constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -176,6 +239,16 @@ __global__ void __launch_bounds__(32 * W, 1)
 #pragma unroll
     for (int j = 0; j < DPL; ++j) acc[rr][j] = 0.0f;
   }
+  // P: whether this block holds the token's position (its K/V row prepared by warp 0, kept in registers
+  // as f16 bits until the tile that holds it), and that position (-1: none; no row is skipped).
+  bool own_new = false;
+  int new_pos = -1;
+  uint16_t k_new[DPL], v_new[DPL];
+  if constexpr (P) {
+    const int pos = rs[0].pos, lo = split * chunk;
+    own_new = pos >= lo && (split == n_split - 1 || pos < lo + chunk);
+    new_pos = own_new ? pos : -1;
+  }
 
   for (int seg = 0; seg < n_t;) {  // runs of tokens sharing a cache; block-uniform
     const ops::KvRef r0 = rs[seg];
@@ -203,6 +276,9 @@ __global__ void __launch_bounds__(32 * W, 1)
       uint16_t* vd = vs + buf * KT * D;
       for (int e = threadIdx.x; e < nt * C8; e += NT) {
         const int p = e / C8, c = (e % C8) * 8;
+        if constexpr (P) {
+          if (kv0 + p == new_pos) continue;  // prepared by this block (below)
+        }
         const uint16_t* kg = kb + int64_t(kv0 + p) * row_len + c;
         const uint16_t* vg = vb + int64_t(kv0 + p) * row_len + c;
         if (aligned) {
@@ -220,8 +296,11 @@ __global__ void __launch_bounds__(32 * W, 1)
     };
 
     if (lo < hi_x) issue(lo, 0);
-    if (seg == 0) {  // q to shared memory while the first K/V tile's copies are in flight; every read of qs
-                     // follows the barrier after those copies land
+    if (P && seg == 0) {  // q prepared into shared memory (and the token's K/V) while the copies fly
+      prepare_token<D, RPW, DPL>(pp, rs[0], layer, n_head_kv, hg, hc, hk, group, h_first, scale, own_new, qs,
+                                 reinterpret_cast<float*>(smem + L::kn_off), k_new, v_new);
+    } else if (seg == 0) {  // q to shared memory while the first K/V tile's copies are in flight; every read
+                            // of qs follows the barrier after those copies land
       for (int e = threadIdx.x; e < R * D; e += NT) {
         const int r = e / D, d = e % D, tt = r / hg, g = hc * hg + r % hg;
         qs[e] = tt < n_t && g < group ? q[((t0 + tt) * n_head + h_first + r % hg) * D + d] * scale : 0.0f;
@@ -236,6 +315,18 @@ __global__ void __launch_bounds__(32 * W, 1)
         __pipeline_wait_prior(1);
       } else {
         __pipeline_wait_prior(0);
+      }
+      if constexpr (P) {  // the token's own K/V row into its tile (the buffer's earlier reads ended at the
+                          // barrier closing the iteration before last; the copies skip this row)
+        if (warp == 0 && new_pos >= kv0 && new_pos < kv0 + KT) {
+          uint16_t* kd = ks + buf * KT * KS + (new_pos - kv0) * KS;
+          uint16_t* vd = vs + buf * KT * D + (new_pos - kv0) * D;
+#pragma unroll
+          for (int u = 0; u < DPL; ++u) {
+            kd[lane + 32 * u] = k_new[u];
+            vd[lane + 32 * u] = v_new[u];
+          }
+        }
       }
       __syncthreads();
       const int nt = min(KT, hi_x - kv0);
@@ -626,21 +717,28 @@ void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer
 
 std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and ran 2.5-3x faster than the CUDA-core kernel on the H200 (bench/results/2026-11-29-gpu-kernels-h200.md)
 
-// hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel.
+// hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel. prep: the kernel
+// with P (one token; the decode shape only).
 template <int D, int RPW, int W>
 void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int hg, int tq, Select select, int cls, float scale, int n_split, int chunk, float* part,
-                  float* out, cudaStream_t stream) {
+                  float* out, cudaStream_t stream, const Prep* prep) {
   using L = Layout<D, RPW, W>;
   const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
   STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
-  auto kernel = attn_tile_kernel<D, RPW, W>;
-  allow_shared(kernel, L::bytes);
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
-  pdl::launch(kernel, grid, 32 * W, L::bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
-              scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out);
+  auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
+    allow_shared(kernel, bytes);
+    pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
+                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, pp);
+  };
+  if constexpr (RPW * W == kDecodeRows) {
+    if (prep != nullptr) return run(attn_tile_kernel<D, RPW, W, true>, L::prep_bytes(), *prep);
+  }
+  STRATA_REQUIRE(prep == nullptr, "attention tile kernel: the prepared token takes the decode shape");
+  run(attn_tile_kernel<D, RPW, W, false>, L::bytes, Prep{});
 }
 
 }  // namespace
@@ -653,9 +751,11 @@ bool supported(int head_dim, int head_dim_v) {
 }
 
 void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream) {
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream,
+            const Prep* prep) {
   STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
+  STRATA_REQUIRE(prep == nullptr || n_tok == 1, "attention tile kernel: {} tokens to prepare (one only)", n_tok);
   const int group = n_head / n_head_kv;
   // Decode shape: 4 warps x 2 rows = one token's heads of a group of 8 (tq tokens when the group is smaller).
   const int hg_d = std::min(group, kDecodeRows), tq_d = std::max(1, kDecodeRows / hg_d);
@@ -669,27 +769,27 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
   // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
   const Select sel_p = Select::OneCache, sel_d = prefill ? Select::Mixed : Select::All;
   const bool use_mma = prefill_mma() && head_dim <= 128;  // the mma kernel's shared memory: head size <= 128
-#define STRATA_TILE_ARGS(hg, tq, sel) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, scale, n_split, \
-                                      chunk, part, out, stream
+#define STRATA_TILE_ARGS(hg, tq, sel, pr) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, scale, \
+                                          n_split, chunk, part, out, stream, pr
   switch (head_dim) {
     case 64:
       if (prefill && use_mma)
         launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
       else if (prefill)
-        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
-      launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
+      launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
     case 128:
       if (prefill && use_mma)
         launch_mma<128>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out,
                         stream);
       else if (prefill)
-        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
-      launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
+      launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
     default:
-      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p));
-      launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d));
+      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
+      launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
   }
 #undef STRATA_TILE_ARGS

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/ops.cuh"
+#include "cuda/ops_fused.cuh"
 
 namespace strata::cuda::attn_tile {
 
@@ -36,7 +37,16 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 //   ops.cu's combine kernel.
 // PDL (cuda/pdl.cuh): the CUDA-core kernel reads refs before its wait, so refs must not be written by a
 // kernel of the stream (the models upload them with the pass's inputs; no kernel writes a KvRef array).
+// prep (ops::prep_attention_q8): one token (n_tok == 1) whose q, K and V the kernel prepares itself from
+// the q|k|v product, as attn_prep does (same bits), instead of reading q (then null) and the token's own
+// K/V row from the cache; the block(s) holding position refs[0].pos store that row in the cache.
+struct Prep {
+  ops::AttnPrepIn in;
+  int n_rot;  // rotated dims per head (even, <= head_dim)
+  float eps;  // q_norm / k_norm epsilon
+};
 void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream);
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream,
+            const Prep* prep = nullptr);
 
 }  // namespace strata::cuda::attn_tile

@@ -15,6 +15,7 @@
 #include <string>
 #include <cub/block/block_scan.cuh>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/cuda_check.cuh"
@@ -1201,6 +1202,47 @@ void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
   const bool done = attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv,
                                    scratch, out, fused ? xq : nullptr, fused ? xds : nullptr, stream);
   if (!done || !fused) q8::quantize(out, n_tok, int64_t(n_head) * head_dim_v, xq, xds, stream);
+}
+
+// Declared in cuda/ops_fused.cuh; here beside attention_q8, whose split and combine it shares.
+bool prep_attention_supported(int64_t n_tok, const AttnPrepShape& s) {
+  return n_tok == 1 && s.n_head_kv >= 1 && s.n_head >= s.n_head_kv && s.n_head % s.n_head_kv == 0 &&
+         attn_tile::supported(s.head_dim, s.head_dim_v) && s.n_rot >= 2 && s.n_rot % 2 == 0 &&
+         s.n_rot <= s.head_dim;
+}
+
+namespace {
+EnvSwitch g_prep_attention;
+}  // namespace
+
+bool prep_attention_enabled() {
+  return g_prep_attention.get([] {
+    const char* e = std::getenv("STRATA_CUDA_PREP_ATTENTION");
+    return e == nullptr || std::string(e) != "0";
+  });
+}
+
+void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef* refs, int layer, float scale,
+                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
+  STRATA_REQUIRE(prep_attention_supported(1, s),
+                 "prep_attention_q8: {} query / {} KV heads of {}/{}, n_rot {} (needs K and V heads of 64, 128 or "
+                 "256, whole groups, an even n_rot <= head size)", s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v,
+                 s.n_rot);
+  STRATA_REQUIRE(in.q_ld >= int64_t(s.n_head) * s.head_dim && in.k_ld >= int64_t(s.n_head_kv) * s.head_dim &&
+                     in.v_ld >= int64_t(s.n_head_kv) * s.head_dim_v && layer >= 0 && max_kv >= 1,
+                 "prep_attention_q8: row strides {}/{}/{} shorter than the rows, layer {} or max_kv {}", in.q_ld,
+                 in.k_ld, in.v_ld, layer, max_kv);
+  // The same split as attention_q8 of one token (launch_attention), so the same partial sums and merge.
+  const int n_split = attn_splits(1, s.n_head, max_kv);
+  const int64_t per = (max_kv + n_split - 1) / n_split;
+  const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
+  const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
+  const attn_tile::Prep prep{in, s.n_rot, s.eps};
+  attn_tile::launch(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, scale, used, chunk, scratch, out,
+                    stream, &prep);
+  const int64_t cols = int64_t(s.n_head) * s.head_dim_v;
+  if (used == 1) q8::quantize(out, 1, cols, xq, xds, stream);  // as attention_q8 when no combine runs
+  else launch_combine(scratch, s.n_head, used, s.head_dim_v, out, xq, xds, stream);
 }
 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,

@@ -12,6 +12,7 @@
 
 #include "common/env_switch.h"
 #include "common/error.h"
+#include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
 
@@ -19,38 +20,10 @@ namespace strata::cuda::ops {
 
 namespace {
 
-constexpr int kPrepWarps = 4;      // attn_prep: heads per block (one warp each)
-constexpr int kNormThreads = 256;  // ops::rmsnorm's block size, whose summation order head_sum_sq follows
+constexpr int kPrepWarps = 4;  // attn_prep: heads per block (one warp each)
 
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
+using prep::head_sum_sq;
 constexpr int kLaneVals = kAttnPrepMaxDim / 32;  // values per lane of a head row, at most
-
-// sum(x[i]^2) in double for one head row of n values, in exactly the order of ops.cu's rmsnorm_kernel
-// (256 threads: thread j sums x[j], x[j+256], ... from 0; each warp's 32 partials reduced by the same
-// xor butterfly; the 8 warp sums added in warp order). One warp emulates the 8 warps one after the
-// other; warps whose threads hold no value contribute an exact 0 and are skipped. xv[u] = x[lane + 32u]
-// (the row in registers; LV = values per lane, at most kLaneVals; a head has n <= 32 * LV). Result in every lane.
-template <int LV>
-__device__ __forceinline__ double head_sum_sq(const float (&xv)[LV], int n, int lane) {
-  double r = 0.0;
-#pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) {
-    if (w * 32 >= n) break;
-    double s = 0.0;
-#pragma unroll
-    for (int m = 0; m < (LV + kNormThreads / 32 - 1) / (kNormThreads / 32); ++m) {  // x[32w + lane + 256m] = xv[w + 8m]
-      const int u = w + (kNormThreads / 32) * m;
-      if (u < LV && lane + 32 * u < n) s += static_cast<double>(xv[u]) * xv[u];
-    }
-    s = warp_sum(s);
-    r = w == 0 ? s : r + s;
-  }
-  return r;
-}
 
 // pos: [n_tok]; cs: [n_tok][n_rot/2][2]. One block per token; angle i by its own thread, built exactly
 // as rope_neox_kernel builds it (i multiplications from pos).
@@ -90,57 +63,40 @@ __global__ void __launch_bounds__(32 * kPrepWarps)
   const int j = static_cast<int>(wi % heads);
   const bool is_q = j < s.n_head;
   const int h = is_q ? j : j - s.n_head;
-  const int D = s.head_dim, half = s.n_rot / 2;
+  const int D = s.head_dim;
   const float* x = is_q ? q + t * q_ld + int64_t(h) * D : k + t * k_ld + int64_t(h) * D;  // [D]
   const float* w = is_q ? q_norm : k_norm;                                                 // [D]
   const float* c = cs + t * s.n_rot;                                                       // [half][2]
   const float* vi = v + t * v_ld + int64_t(h) * s.head_dim_v;                              // [head_dim_v] (key heads)
   float* y = prep_sh + warp * D;                                                           // [D]
 
-  // Every load in flight at once: the head, its norm weights, the angles of this lane's dims (dim i < half
-  // pairs with i + half through angle i; dim i in [half, n_rot) with i - half), the KvRef, the value head.
-  float xv[LV], wv[LV], ca[LV], cb[LV], vv[LV];
+  // Every load in flight at once: the head, its norm weights, the angles of this lane's dims, the KvRef,
+  // the value head.
+  prep::HeadIn<LV> hin;
+  float vv[LV];
   const KvRef r = refs[t];
+  prep::load_head(x, w, c, D, s.n_rot, lane, hin);
 #pragma unroll
   for (int u = 0; u < LV; ++u) {
     const int i = lane + 32 * u;
-    xv[u] = i < D ? x[i] : 0.0f;
-    wv[u] = i < D ? w[i] : 0.0f;
-    const int ci = i < half ? i : i - half;
-    const bool rot = i < s.n_rot;
-    ca[u] = rot ? c[2 * ci] : 0.0f;
-    cb[u] = rot ? c[2 * ci + 1] : 0.0f;
     vv[u] = !is_q && i < s.head_dim_v ? vi[i] : 0.0f;
   }
-  // rmsnorm (ops.cu rmsnorm_kernel's arithmetic)
-  const double sum = head_sum_sq(xv, D, lane);
-  const float mean = static_cast<float>(sum / static_cast<double>(D));
-  const float scale = 1.0f / sqrtf(mean + s.eps);
-#pragma unroll
-  for (int u = 0; u < LV; ++u)
-    if (lane + 32 * u < D) y[lane + 32 * u] = xv[u] * scale * wv[u];
-  __syncwarp();
+  float val[LV];
+  prep::norm_rope_head(hin, D, s.n_rot, s.eps, lane, y, val);
 
-  // rope (rope_neox_kernel's arithmetic) and the store
+  // The store. x is fully read (into registers) before the norm, so q_out may alias q.
   const int64_t at = static_cast<int64_t>(layer) * r.n_ctx + r.pos;  // row index in [n_layer][n_ctx]
   const int64_t k_row = int64_t(s.n_head_kv) * D, v_row = int64_t(s.n_head_kv) * s.head_dim_v;
   float* qo = q_out + (t * s.n_head + h) * D;     // [D] (query heads)
   uint16_t* ko = r.k + at * k_row + int64_t(h) * D;  // [D] (key heads)
-  // x is fully read (into registers and y) before the __syncwarp above, so q_out may alias q.
 #pragma unroll
   for (int u = 0; u < LV; ++u) {
     const int i = lane + 32 * u;
     if (i >= D) break;
-    float val = y[i];
-    if (i < half) {
-      val = fmaf(y[i], ca[u], -(y[i + half] * cb[u]));
-    } else if (i < s.n_rot) {
-      val = fmaf(y[i - half], cb[u], y[i] * ca[u]);
-    }
     if (is_q)
-      qo[i] = val;
+      qo[i] = val[u];
     else
-      ko[i] = __half_as_ushort(__float2half_rn(val));
+      ko[i] = __half_as_ushort(__float2half_rn(val[u]));
   }
   if (!is_q) {
     uint16_t* vo = r.v + at * v_row + int64_t(h) * s.head_dim_v;

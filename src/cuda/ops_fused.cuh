@@ -56,6 +56,36 @@ void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
                   int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
                   float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool fused = attention_q8_fused());
 
+// Where attn_prep reads one token's q|k|v product from (as attn_prep's q, k, v, their row strides, the norm
+// weights and the angles).
+struct AttnPrepIn {
+  const float* q;  // row t at q + t*q_ld: [n_head][head_dim] f32
+  int64_t q_ld;
+  const float* k;  // row t at k + t*k_ld: [n_head_kv][head_dim] f32
+  int64_t k_ld;
+  const float* v;  // row t at v + t*v_ld: [n_head_kv][head_dim_v] f32
+  int64_t v_ld;
+  const float* q_norm;  // [head_dim]
+  const float* k_norm;  // [head_dim]
+  const float* cs;      // [n_tok][n_rot/2][2] (rope_cos_sin)
+};
+
+// attn_prep then attention_q8 (F32 maths, fused) of ONE token, with the prep inside the attention kernel:
+// each attention block norms and rotates its own query heads, and the block whose positions hold the
+// token's own stores its K/V (to the cache, and to its shared-memory tile). The same values bit for bit
+// as the two calls (out, xq, xds, the cache rows), except that the prepared q is not written anywhere.
+// Why: attn_prep was a step of its own on every layer's decode chain (2.55 us of a 41.4 us layer in
+// session 16's trace), for ~40 KB of data that the attention kernel reads right after it.
+//   in: as attn_prep's (token 0)   shape: attn_prep's   refs: [1]   scale, max_kv, scratch, out, xq, xds:
+//   as attention_q8's.
+// Needs prep_attention_supported(n_tok = 1, shape) (else strata::Error). PDL: as the tiled kernel (refs
+// are read before the wait). prep_attention_enabled(): on unless the environment sets
+// STRATA_CUDA_PREP_ATTENTION=0 (read once; the forward then keeps attn_prep and attention_q8).
+bool prep_attention_supported(int64_t n_tok, const AttnPrepShape& shape);
+bool prep_attention_enabled();
+void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& shape, const KvRef* refs, int layer, float scale,
+                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream);
+
 // attn_prep's kernels (same results; tests run both): every global load issued at the start (the
 // default), or the first kernel (angles, KvRef and value head loaded after the norm). Process-wide; the
 // first call reads the environment (STRATA_CUDA_ATTN_PREP=first) unless set_attn_prep_first ran before.

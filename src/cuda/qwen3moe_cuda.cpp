@@ -627,28 +627,44 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     qkv_in[1] = &ws.k;
     qkv_in[2] = &ws.v;
   }
-  // q_norm, k_norm, rope of q and k, K/V into the cache, in one launch (ops_fused.cuh).
-  note_launch(cs,
-              {qkv_in[0]->span(), qkv_in[1]->span(), qkv_in[2]->span(), ws.rope_cs.span(), ws.step_in.span(),
-               l.q_norm.buf.span(), l.k_norm.buf.span()},
-              {ws.q.span()});
   const ops::AttnPrepShape shape{int(H), int(Hkv), int(D), int(Dv), hp.n_rot, hp.rms_eps};
-  op(p, [&] {
-    ops::attn_prep(qi, q_ld, ki, k_ld, vi, v_ld, l.q_norm.f32(), l.k_norm.f32(), ws.rope_cs.as<const float>(), refs,
-                   n, il, shape, q, s);
-  });
+  const ops::AttnPrepIn prep_in{qi, q_ld, ki, k_ld, vi, v_ld, l.q_norm.f32(), l.k_norm.f32(),
+                                ws.rope_cs.as<const float>()};
+  const std::initializer_list<DevSpan> prep_reads{qkv_in[0]->span(), qkv_in[1]->span(), qkv_in[2]->span(),
+                                                     ws.rope_cs.span(), ws.step_in.span(), l.q_norm.buf.span(),
+                                                     l.k_norm.buf.span()};
+  // Decode of one token: the attention kernel prepares its own heads (ops::prep_attention_q8: no attn_prep step).
+  const bool prep_in_attention = use_q8(p, l.wo) && p.attn == cpu::AttnMath::F32 && ops::attention_q8_fused() &&
+                                 ops::prep_attention_enabled() && ops::prep_attention_supported(n, shape);
+  if (!prep_in_attention) {
+    // q_norm, k_norm, rope of q and k, K/V into the cache, in one launch (ops_fused.cuh).
+    note_launch(cs, prep_reads, {ws.q.span()});
+    op(p, [&] {
+      ops::attn_prep(qi, q_ld, ki, k_ld, vi, v_ld, l.q_norm.f32(), l.k_norm.f32(), ws.rope_cs.as<const float>(),
+                     refs, n, il, shape, q, s);
+    });
+  }
   // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
   // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (use_q8(p, l.wo)) {
     // x += wo . att: att also as Q8 activations (by the attention's combine kernel when it runs: ops_fused.cuh),
     // the product adds into x (no separate add).
-    note_launch(cs, {ws.step_in.span(), ws.q.span()},
-                {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
-    op(p, [&] {
-      ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
-                        ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
-    });
+    if (prep_in_attention) {
+      note_launch(cs, prep_reads, {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
+      op(p, [&] {
+        ops::prep_attention_q8(prep_in, shape, refs, il, scale, ws.n_ctx_max, ws.attn_scratch.as<float>(),
+                               ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+      });
+    } else {
+      note_launch(cs, {ws.step_in.span(), ws.q.span()},
+                  {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
+      op(p, [&] {
+        ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+                          ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
+                          s);
+      });
+    }
     const pdl::PlainLaunches late(pdl::launch_late("wo"));
     if (folded_router(p, il)) {
       // mid = x + wo . att, and the router's logits and h's partial sums beside it (q8_kernels.cuh).

@@ -375,6 +375,105 @@ TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
                strata::Error);  // 40 output columns: not whole Q8 blocks
 }
 
+// prep_attention_q8 (one token, the prep inside the attention kernel) against attn_prep then attention_q8:
+// out, xq, xds and both whole caches bit for bit. Cases: Qwen3-30B-A3B's heads (32/4 of 128) at one split
+// (max_kv 64: the quantize launch), two splits with the token alone in the second (65), 64 splits, and 66
+// splits of 5 tiles each (the token's row in a later tile of its split, so in the second buffer); a group
+// of 16 (two head chunks: both blocks need the row, one stores it), a group of 4 (two tokens' rows per
+// decode tile, one used), head sizes 64 and 256 with a partial rope.
+TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
+  constexpr int L = 2, layer = 1;
+  struct PCase {
+    int n_head, n_head_kv, D, n_rot;
+    int n_ctx;
+    std::vector<int> pos;
+  };
+  for (const PCase& c : {PCase{32, 4, 128, 128, 64, {0, 40, 63}}, PCase{32, 4, 128, 128, 65, {63, 64}},
+                         PCase{32, 4, 128, 128, 4096, {0, 8, 64, 3000, 4095}},
+                         PCase{32, 4, 128, 128, 20000, {4800, 4864, 5100, 5119, 19999}},
+                         PCase{32, 2, 128, 128, 1000, {500, 999}}, PCase{16, 4, 64, 32, 300, {0, 299}},
+                         PCase{16, 2, 256, 64, 200, {130}}}) {
+    const int H = c.n_head, Hkv = c.n_head_kv, D = c.D;
+    const float scale = 1.0f / std::sqrt(float(D));
+    const int64_t qw = int64_t(H) * D, kw = int64_t(Hkv) * D, width = qw + 2 * kw;  // q|k|v row
+    const ops::AttnPrepShape shape{H, Hkv, D, D, c.n_rot, kEps};
+    ASSERT_TRUE(ops::prep_attention_supported(1, shape));
+    const size_t cache = size_t(L) * size_t(c.n_ctx) * size_t(kw);
+    std::vector<uint16_t> kc(cache), vc(cache);
+    std::mt19937 rng(31 + uint32_t(c.n_ctx) + uint32_t(D));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : kc) x = cpu::float_to_half(nd(rng));
+    for (auto& x : vc) x = cpu::float_to_half(nd(rng));
+    const std::vector<float> qn = randn(size_t(D), 17, 1.0f), kn = randn(size_t(D), 18, 1.0f);
+    Buf dqn = upload_vec(qn), dkn = upload_vec(kn);
+    for (const int pos : c.pos) {
+      SCOPED_TRACE("heads " + std::to_string(H) + "/" + std::to_string(Hkv) + " of " + std::to_string(D) + " n_rot " +
+                   std::to_string(c.n_rot) + " max_kv " + std::to_string(c.n_ctx) + " pos " + std::to_string(pos));
+      std::vector<float> qkv = randn(size_t(width), 700 + uint32_t(pos), 1.0f);
+      for (size_t i = 0; i < qkv.size(); i += 53) qkv[i] *= 30.0f;
+      Buf dqkv = upload_vec(qkv);
+      const float* dq = dqkv.ptr<float>();
+      Buf dpos = upload_vec(std::vector<int32_t>{pos});
+      Buf dcs = output(size_t(c.n_rot) * 4);
+      ops::rope_cos_sin(dpos.ptr<int32_t>(), 1, c.n_rot, 1e6f, dcs.ptr<float>(), stream());
+      const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
+                               dcs.ptr<float>()};
+      const size_t n_out = size_t(qw), n_blk = n_out / 32;
+      struct Run {
+        Buf k, v, refs, scratch, out, xq, xds;
+      };
+      auto make = [&](Run& r) {
+        r.k = upload_vec(kc);
+        r.v = upload_vec(vc);
+        r.refs = upload_vec(std::vector<ops::KvRef>{{r.k.ptr<uint16_t>(), r.v.ptr<uint16_t>(), c.n_ctx, pos}});
+        r.scratch = output(ops::attention_scratch_floats(1, H, D, c.n_ctx) * 4);
+        r.out = output(n_out * 4);
+        r.xq = output(n_out);
+        r.xds = output(n_blk * 8);
+      };
+      Run seq, fused;
+      make(seq);
+      make(fused);
+      Buf dqo = output(n_out * 4);
+      ops::attn_prep(in.q, in.q_ld, in.k, in.k_ld, in.v, in.v_ld, in.q_norm, in.k_norm, in.cs,
+                     seq.refs.ptr<ops::KvRef>(), 1, layer, shape, dqo.ptr<float>(), stream());
+      ops::attention_q8(dqo.ptr<float>(), seq.refs.ptr<ops::KvRef>(), 1, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
+                        c.n_ctx, seq.scratch.ptr<float>(), seq.out.ptr<float>(), seq.xq.ptr<int8_t>(),
+                        seq.xds.ptr<float2>(), stream(), /*fused=*/true);
+      ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
+                             fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
+                             fused.xds.ptr<float2>(), stream());
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(fused.out, n_out), download<float>(seq.out, n_out), &first), 0u)
+          << "out: " << first;
+      const auto gq = download<int8_t>(fused.xq, n_out), eq = download<int8_t>(seq.xq, n_out);
+      EXPECT_TRUE(gq == eq) << "xq codes differ";
+      EXPECT_EQ(count_bit_diffs(download<float>(fused.xds, 2 * n_blk), download<float>(seq.xds, 2 * n_blk), &first), 0u)
+          << "xds: " << first;
+      const auto ek = download<uint16_t>(seq.k, cache), gk = download<uint16_t>(fused.k, cache);
+      EXPECT_EQ(count_diffs(gk, ek, &first), 0u) << "K cache: " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(fused.v, cache), download<uint16_t>(seq.v, cache), &first), 0u)
+          << "V cache: " << first;
+      // The token's row was written (it differs from the random row before).
+      const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
+      EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
+    }
+  }
+  // What it does not take: several tokens, head sizes without a tiled kernel, an odd rope.
+  EXPECT_FALSE(ops::prep_attention_supported(2, ops::AttnPrepShape{32, 4, 128, 128, 128, kEps}));
+  EXPECT_FALSE(ops::prep_attention_supported(1, ops::AttnPrepShape{32, 4, 80, 80, 80, kEps}));
+  EXPECT_FALSE(ops::prep_attention_supported(1, ops::AttnPrepShape{32, 4, 128, 64, 128, kEps}));
+  EXPECT_FALSE(ops::prep_attention_supported(1, ops::AttnPrepShape{32, 4, 128, 128, 127, kEps}));
+  EXPECT_FALSE(ops::prep_attention_supported(1, ops::AttnPrepShape{30, 4, 128, 128, 128, kEps}));
+  const ops::AttnPrepIn none{};
+  EXPECT_THROW(ops::prep_attention_q8(none, ops::AttnPrepShape{32, 4, 80, 80, 80, kEps}, nullptr, 0, 1.0f, 64, nullptr,
+                                      nullptr, nullptr, nullptr, stream()),
+               strata::Error);
+  EXPECT_THROW(ops::prep_attention_q8(none, ops::AttnPrepShape{32, 4, 128, 128, 128, kEps}, nullptr, 0, 1.0f, 64,
+                                      nullptr, nullptr, nullptr, nullptr, stream()),
+               strata::Error);  // row strides 0
+}
+
 // norm_router_route against the launches it replaces (q8::rmsnorm_quantize, or ops::rmsnorm without Q8
 // output, then router_route): xn, xq, xds, logits, ids and weights bit for bit, twice in a row (the counter
 // comes back to zero), at Qwen3's shapes (2048 columns, 128 experts, top 8, 1/3/8 tokens), a narrower and an
