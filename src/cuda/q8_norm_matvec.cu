@@ -24,16 +24,19 @@ constexpr int64_t act_bytes(int64_t cols) { return cols + (cols / 32) * 8; }
 // Every block: sq/sds (shared) = the Q8 activations of rmsnorm(x) * nw (one row of cols = 256 * PER),
 // computed as rmsnorm_quantize_kernel<PER> does (thread i holds x[i + 256 j]; the same double sum in the
 // same order, the same float expression, quantize_warp), so the values are the same bits. Block 0 also
-// writes xn and copies sq/sds to xq/xds. wv: the thread's norm weights.
-template <int PER>
+// writes xn and copies sq/sds to xq/xds. wv: the thread's norm weights. after_loads(): called once the
+// thread's loads of x are issued, before their values are used.
+template <int PER, typename AfterLoads>
 __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&wv)[PER], float eps, int8_t* sq,
-                                                  float2* sds, float* xn, int8_t* xq, float2* xds) {
+                                                  float2* sds, float* xn, int8_t* xq, float2* xds,
+                                                  AfterLoads after_loads) {
   __shared__ double sh[kThreads / 32];
   constexpr int64_t cols = int64_t(PER) * kThreads;
   const int lane = threadIdx.x & 31;
   float xv[PER];
 #pragma unroll
   for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];  // every load in flight at once
+  after_loads();
   double s = 0.0;
 #pragma unroll
   for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
@@ -61,7 +64,8 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
   }
 }
 
-// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); the rest as q8_kernels.cu matvec_kernel.
+// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); the rest as
+// q8_kernels.cu matvec_kernel.
 // Registers: the norm's values are dead before the product starts, so the kernel needs about what the
 // plain matvec does (why it matters: at 88 registers, with two tokens' rows held, the q|k|v product's
 // 320 blocks no longer fit on the H200 at once, and the launch measured 11.8 us instead of 7.8 for the
@@ -70,23 +74,38 @@ template <typename F, int A, int R, int PER>
 __global__ void __launch_bounds__(kThreads)
     norm_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int lpr_log2, int64_t stride,
                        const float* x, const float* __restrict__ nw, float eps, float* xn, int8_t* xq_out,
-                       float2* xds_out, float* y, bool accumulate) {
+                       float2* xds_out, float* y, bool accumulate, int prefetch) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int64_t cols = int64_t(PER) * kThreads;
   int8_t* sq = reinterpret_cast<int8_t*>(smem);            // [cols]
   float2* sds = reinterpret_cast<float2*>(smem + cols);    // [cols/32]
   uint8_t* stage = smem + act_bytes(cols);                 // [warps][stride] (A == kStaged)
-  q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+  if (prefetch == 1) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
   float wv[PER];
 #pragma unroll
   for (int j = 0; j < PER; ++j) wv[j] = nw[threadIdx.x + kThreads * j];  // a weight: before the wait
   pdl_wait();
   pdl_launch_dependents();
-  norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out);
+  norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, [&] {
+    if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+  });
   pdl_mark();  // (traced builds: the norm done)
   q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
                                 accumulate ? y : nullptr);
   pdl_mark();  // (traced builds: the block's end)
+}
+
+// Where the kernel asks L2 for its weight rows: 2 (the default) after its PDL wait, once the loads of x are
+// issued; 1 before the wait; 0 not at all. STRATA_CUDA_QKV_PREFETCH=0|1|2 (read once). Why 2: session 14
+// suspected x's loads (the first step after the wait) of queueing behind the prefetches; H200, 48-layer
+// 30B-A3B geometry, fully resident, tok/s in one call each (session 17): 2 gave 493.3, 488.8, 493.8;
+// 1 gave 487.0, 487.4 (alternating) and 488.5, 480.2; 0 gave 485.9. About +1%, within two runs' spread.
+int prefetch_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("STRATA_CUDA_QKV_PREFETCH");
+    return e == nullptr ? 2 : std::string(e) == "0" ? 0 : std::string(e) == "1" ? 1 : 2;
+  }();
+  return mode;
 }
 
 template <typename F, int A, int R, int PER>
@@ -99,7 +118,7 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
       set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 int(smem));
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
-                xn, xq, xds, y, accumulate);
+                xn, xq, xds, y, accumulate, prefetch_mode());
   };
   if constexpr (A == 2) {
     if (g.stride > 0) return run(norm_matvec_kernel<F, q8d::kStaged, R, PER>, g.stride);
