@@ -30,6 +30,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
@@ -715,6 +717,19 @@ void launch_mma(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer
   CUDA_CHECK_LAUNCH();
 }
 
+// The decode shape's warps: 8 warps of 1 query row (the default) or, with STRATA_CUDA_ATTN_DECODE_WARPS=4
+// (read once), 4 warps of 2 rows: the same 8 rows and K/V tiles, the same values. Why 8: a one-token
+// block's time is its chain of scores, softmax and P.V over the split's positions, and 8 warps halve each
+// warp's part. H200, 48-layer 30B-A3B geometry fully resident (session 17, alternating in one call):
+// 498.4 and 515.4 tok/s against 492.8 and 490.3 with 4 warps; 25% resident 98.2 against 97.3.
+bool decode_wide() {
+  static const bool on = [] {
+    const char* e = std::getenv("STRATA_CUDA_ATTN_DECODE_WARPS");
+    return e == nullptr || std::string(e) != "4";
+  }();
+  return on;
+}
+
 std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and ran 2.5-3x faster than the CUDA-core kernel on the H200 (bench/results/2026-11-29-gpu-kernels-h200.md)
 
 // hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel. prep: the kernel
@@ -757,7 +772,8 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
   STRATA_REQUIRE(prep == nullptr || n_tok == 1, "attention tile kernel: {} tokens to prepare (one only)", n_tok);
   const int group = n_head / n_head_kv;
-  // Decode shape: 4 warps x 2 rows = one token's heads of a group of 8 (tq tokens when the group is smaller).
+  // Decode shape: 8 warps x 1 row (or 4 x 2: decode_wide()) = one token's heads of a group of 8 (tq tokens
+  // when the group is smaller).
   const int hg_d = std::min(group, kDecodeRows), tq_d = std::max(1, kDecodeRows / hg_d);
   // Prefill shape: 8 warps x 8 rows (8 tokens x 8 heads); 8 x 4 at head size 256 (8 values per lane per
   // row). Its token tile is a multiple of the decode shape's so that every decode tile lies in one.
@@ -777,7 +793,8 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
         launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
       else if (prefill)
         launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
     case 128:
       if (prefill && use_mma)
@@ -785,11 +802,13 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
                         stream);
       else if (prefill)
         launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
     default:
       if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
       break;
   }
 #undef STRATA_TILE_ARGS
