@@ -171,6 +171,63 @@ TEST(Q8Reference, MatvecWithinActivationRoundingOfExact) {
     }
 }
 
+// The early norm's reference (q8ref::norm_matvec_early, the GPU's STRATA_CUDA_NORM_EARLY): xn the bits of
+// rmsnorm_quantize's; y within the activation rounding of the exact product of the dequantized weights
+// with xn, where the codes are those of x * nw and each block's rounding (d / 2) is scaled by the norm's
+// scale; and close to rmsnorm_quantize + matvec (two roundings of the same values).
+TEST(Q8Reference, NormMatvecEarlyWithinActivationRoundingOfExact) {
+  std::mt19937 rng(5);
+  for (GgmlType t : kTypes) {
+    const int64_t rows = 64, cols = 2048, rb = int64_t(row_bytes(t, uint64_t(cols)));
+    const auto w = make_weights(t, rows, cols, rng);
+    const auto x = make_acts(cols, rng);
+    const auto nw = test::random_acts(cols, rng);
+    std::vector<float> xn(static_cast<size_t>(cols)), xn_ref(static_cast<size_t>(cols)), y(static_cast<size_t>(rows), 0.5f),
+        y_ref(static_cast<size_t>(rows), 0.5f);
+    q8ref::norm_matvec_early(t, w.data(), rows, cols, rb, x.data(), nw.data(), 1e-6f, xn.data(), y.data(), true);
+    std::vector<int8_t> q(static_cast<size_t>(cols));
+    std::vector<Q8Ds> ds(static_cast<size_t>(cols / 32));
+    q8ref::rmsnorm_quantize(x.data(), nw.data(), 1, cols, 1e-6f, xn_ref.data(), q.data(), ds.data());
+    EXPECT_EQ(xn, xn_ref) << type_name(t);
+    q8ref::matvec(t, w.data(), rows, cols, rb, q.data(), ds.data(), 1, y_ref.data(), true);
+    const float scale = q8ref::rmsnorm_scale(x.data(), cols, 1e-6f);
+    std::vector<float> v(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = x[size_t(c)] * nw[size_t(c)];
+    q8ref::quantize(v.data(), 1, cols, q.data(), ds.data());
+    std::vector<float> wf(static_cast<size_t>(cols));
+    int over = 0;
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(t, w.data() + r * rb, wf.data(), cols);
+      double exact = 0, mag = 0, quant = 0;
+      for (int64_t b = 0; b < cols / 32; ++b) {
+        double wabs = 0;
+        for (int i = 0; i < 32; ++i) {
+          const size_t col = size_t(32 * b + i);
+          exact += double(wf[col]) * xn[col];
+          mag += std::fabs(double(wf[col]) * xn[col]);
+          wabs += std::fabs(wf[col]);
+        }
+        quant += 0.5 * ds[size_t(b)].d * scale * wabs;
+      }
+      const double bound = quant * (1 + 1e-5) + 1e-5 * (mag + 0.5);  // as check_matvec's
+      const double err = std::fabs(double(y[size_t(r)]) - (0.5 + exact));
+      worst = std::max(worst, err / bound);
+      over += err > bound;
+      // Against the plain path: both within their rounding of the same exact value.
+      EXPECT_LE(std::fabs(double(y[size_t(r)]) - y_ref[size_t(r)]), 2 * bound) << type_name(t) << " row " << r;
+    }
+    EXPECT_EQ(over, 0) << type_name(t) << ": worst error / bound " << worst;
+    EXPECT_GT(worst, 0.01) << type_name(t);  // the bound is not loose
+  }
+  std::vector<float> xn(2048), y(4);
+  const std::vector<uint8_t> w(size_t(4 * 1152));
+  const std::vector<float> x(2048, 1.f);
+  EXPECT_THROW(q8ref::norm_matvec_early(GgmlType::Q4_K, w.data(), 4, 2048, 1000, x.data(), x.data(), 1e-6f,
+                                        xn.data(), y.data(), false),
+               Error);  // row stride shorter than a row
+}
+
 // Negative control: the same check on Q4_K / Q5_K weights whose dmin field is zeroed for the reference
 // (the min term dropped, what a kernel that forgot the block sums would compute) fails on many outputs
 // (the matvec test above asserts none fails); and Q4_0 codes with the offset applied the wrong way fail

@@ -79,13 +79,15 @@ __device__ __forceinline__ void prefetch_warp_rows(const uint8_t* w, int64_t row
 // every block on the decode chain; the sum is the same float addition).
 // Returns the sum of the squares of the values this lane wrote (every lane returns its own; the caller
 // reduces): wo_router's sum of squares of the residual stream (q8_folded_router.cu).
+// Scaled: each dot is multiplied by `scale` (rounded on its own, then the residual added: no fused
+// multiply-add) before it is written: norm_matvec's early norm, whose activations lack the norm's scale.
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8 (global or shared)   xds: [n][cols/32]
 //   y, add: [n][rows]
-template <typename F, int A, int NT, int R>
+template <typename F, int A, int NT, int R, bool Scaled = false>
 __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
                                              const int8_t* xq, const float2* xds, int64_t n, float* y,
-                                             const float* add) {
+                                             const float* add, float scale = 1.f) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
   const int64_t row0 = warp_row0<R>(lpr_log2);
@@ -130,7 +132,13 @@ __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int6
 #pragma unroll
           for (int t = 0; t < NT; ++t)
             if (t < nt) {
-              const float v = add != nullptr ? base[i][t] + acc[i][t] : acc[i][t];
+              float v;
+              if constexpr (Scaled) {
+                const float dot = __fmul_rn(acc[i][t], scale);
+                v = add != nullptr ? base[i][t] + dot : dot;
+              } else {
+                v = add != nullptr ? base[i][t] + acc[i][t] : acc[i][t];
+              }
               y[(t0 + t) * rows + rowg + i] = v;
               squares = fmaf(v, v, squares);
             }

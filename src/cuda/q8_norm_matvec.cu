@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/host/q8_reference.h"
@@ -64,13 +65,52 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
   }
 }
 
-// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); the rest as
-// q8_kernels.cu matvec_kernel.
+// The early norm (norm_matvec_early()): every warp quantizes its values of x * nw as soon as its loads of x
+// land, without the norm's scale (the int8 codes of v * scale and of v are the same up to rounding, and d
+// scales with it), and adds up its sum of squares in the same order as norm_quantize_row; one barrier then
+// publishes the codes and the warps' sums. Returns the scale, which the caller applies to each dot. Block
+// 0 writes xn (the same bits as rmsnorm_quantize); xq / xds are not written. Why: in session 17's trace
+// block 0 had x 0.64 us after the wait but its codes only at 2.88 (the last block at 3.62): two barriers
+// with the scale's arithmetic between them, before the product could start.
+template <int PER, typename AfterLoads>
+__device__ __forceinline__ float norm_quantize_row_early(const float* x, const float (&wv)[PER], float eps,
+                                                         int8_t* sq, float2* sds, float* xn, AfterLoads after_loads) {
+  __shared__ double sh[kThreads / 32];
+  constexpr int64_t cols = int64_t(PER) * kThreads;
+  const int lane = threadIdx.x & 31;
+  float xv[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];  // every load in flight at once
+  after_loads();
+  double s = 0.0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const int64_t i = threadIdx.x + kThreads * j;
+    q8c::quantize_warp(xv[j] * wv[j], sq + (i - lane), sds + i / 32);
+  }
+  for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);  // q8c::block_sum_256's order
+  if (lane == 0) sh[threadIdx.x >> 5] = s;
+  pdl_mark();  // (traced builds: thread 0's values quantized)
+  __syncthreads();
+  double r = sh[0];
+  for (int w = 1; w < kThreads / 32; ++w) r = r + sh[w];
+  const float mean = static_cast<float>(r / static_cast<double>(cols));
+  const float scale = 1.0f / sqrtf(mean + eps);
+  if (blockIdx.x == 0)
+#pragma unroll
+    for (int j = 0; j < PER; ++j) xn[threadIdx.x + kThreads * j] = xv[j] * scale * wv[j];
+  return scale;
+}
+
+// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); E: the early norm
+// (above); the rest as q8_kernels.cu matvec_kernel.
 // Registers: the norm's values are dead before the product starts, so the kernel needs about what the
 // plain matvec does (why it matters: at 88 registers, with two tokens' rows held, the q|k|v product's
 // 320 blocks no longer fit on the H200 at once, and the launch measured 11.8 us instead of 7.8 for the
 // two it replaced).
-template <typename F, int A, int R, int PER>
+template <typename F, int A, int R, int PER, bool E>
 __global__ void __launch_bounds__(kThreads)
     norm_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int lpr_log2, int64_t stride,
                        const float* x, const float* __restrict__ nw, float eps, float* xn, int8_t* xq_out,
@@ -86,12 +126,21 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < PER; ++j) wv[j] = nw[threadIdx.x + kThreads * j];  // a weight: before the wait
   pdl_wait();
   pdl_launch_dependents();
-  norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, [&] {
-    if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
-  });
-  pdl_mark();  // (traced builds: the norm done)
-  q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
-                                accumulate ? y : nullptr);
+  if constexpr (E) {
+    const float scale = norm_quantize_row_early<PER>(x, wv, eps, sq, sds, xn, [&] {
+      if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+    });
+    pdl_mark();  // (traced builds: the norm done)
+    q8mv::matvec_warp<F, A, 1, R, true>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
+                                        accumulate ? y : nullptr, scale);
+  } else {
+    norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, [&] {
+      if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+    });
+    pdl_mark();  // (traced builds: the norm done)
+    q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
+                                  accumulate ? y : nullptr);
+  }
   pdl_mark();  // (traced builds: the block's end)
 }
 
@@ -120,10 +169,14 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
                 xn, xq, xds, y, accumulate, prefetch_mode());
   };
+  const bool early = norm_matvec_early();
   if constexpr (A == 2) {
-    if (g.stride > 0) return run(norm_matvec_kernel<F, q8d::kStaged, R, PER>, g.stride);
+    if (g.stride > 0)
+      return early ? run(norm_matvec_kernel<F, q8d::kStaged, R, PER, true>, g.stride)
+                   : run(norm_matvec_kernel<F, q8d::kStaged, R, PER, false>, g.stride);
   }
-  run(norm_matvec_kernel<F, A, R, PER>, int64_t(0));
+  if (early) run(norm_matvec_kernel<F, A, R, PER, true>, int64_t(0));
+  else run(norm_matvec_kernel<F, A, R, PER, false>, int64_t(0));
 }
 
 template <typename F, int A, int PER>
@@ -138,6 +191,19 @@ void launch_per(const uint8_t* w, int64_t rows, int64_t row_bytes, const float* 
 
 bool norm_matvec_supported(int64_t cols, int64_t n) {
   return n == 1 && (cols == 256 || cols == 1024 || cols == 2048 || cols == 4096);
+}
+
+namespace {
+EnvSwitch g_norm_early;
+}  // namespace
+
+void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
+
+bool norm_matvec_early() {
+  return g_norm_early.get([] {
+    const char* e = std::getenv("STRATA_CUDA_NORM_EARLY");
+    return e != nullptr && std::string(e) == "1";
+  });
 }
 
 bool norm_matvec_enabled() {

@@ -324,6 +324,69 @@ TEST_F(CudaQ8Matvec, NormMatvecSameBitsAsRmsnormQuantizeThenMatvec) {
   EXPECT_EQ(cases, 50);  // 5 formats x 5 shapes x accumulate off / on
 }
 
+// norm_matvec's early norm (set_norm_matvec_early) against its definition on the GPU: xn the bits of
+// rmsnorm_quantize's, y the bits of matvec on the Q8 activations of x * nw (quantized by q8::quantize),
+// each dot times the norm's scale (q8ref::rmsnorm_scale: the kernel's order), then the accumulate's add;
+// the same formats, shapes and alignments as above.
+TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
+  struct Shape { int64_t rows, cols; size_t w_offset; };
+  const Shape shapes[] = {{5120, 2048, 0}, {4097, 2048, 2}, {768, 4096, 0}, {37, 1024, 2}, {300, 256, 0}};
+  const bool was = q8::norm_matvec_early();
+  q8::set_norm_matvec_early(true);
+  std::mt19937 rng(37);
+  int64_t cases = 0;
+  for (GgmlType t : kTypes)
+    for (const Shape& sh : shapes) {
+      if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
+      const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows + sh.cols + int(t)));
+      const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
+      auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
+      const auto nw = test::random_acts(cols, rng);
+      const auto x = make_acts(1, cols, rng);
+      auto d_nw = upload_vec(nw), d_x = upload_vec(x);
+      std::vector<float> v(static_cast<size_t>(cols));
+      for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = x[size_t(c)] * nw[size_t(c)];
+      const float scale = q8ref::rmsnorm_scale(x.data(), cols, 1e-6f);
+      // The definition's pieces: codes of x * nw and the plain product on them.
+      auto d_v = upload_vec(v), r_q = output(cols), r_ds = output(cols / 32 * 8), r_y = output(rows * 4);
+      q8::quantize(d_v.ptr<float>(), 1, cols, r_q.ptr<int8_t>(), r_ds.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_v.span()}, {r_q.span(), r_ds.span()});
+      q8::matvec(t, d_w.ptr(), rows, cols, rb, r_q.ptr<int8_t>(), r_ds.ptr<float2>(), 1, r_y.ptr<float>(), false,
+                 stream());
+      cuda::note_launch(dev->compute(), {d_w.span(), r_q.span(), r_ds.span()}, {r_y.span()});
+      const auto dots = download<float>(r_y, rows);
+      auto r_xn = output(cols * 4), r_xq = output(cols), r_xds = output(cols / 32 * 8);
+      q8::rmsnorm_quantize(d_x.ptr<float>(), d_nw.ptr<float>(), 1, cols, 1e-6f, r_xn.ptr<float>(),
+                           r_xq.ptr<int8_t>(), r_xds.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_x.span(), d_nw.span()}, {r_xn.span(), r_xq.span(), r_xds.span()});
+      std::vector<float> y0(static_cast<size_t>(rows));
+      for (auto& e : y0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
+      for (bool acc : {false, true}) {
+        auto f_xn = output(cols * 4, 0x11), f_q = output(cols, 0x22), f_ds = output(cols / 32 * 8, 0x33);
+        auto f_y = acc ? upload_vec(y0) : output(rows * 4, 0x44);
+        q8::norm_matvec(t, d_w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, 1,
+                        f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
+        cuda::note_launch(dev->compute(), {d_w.span(), d_x.span(), d_nw.span(), f_y.span()},
+                          {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
+        const std::string what = std::string(type_name(t)) + " " + std::to_string(rows) + "x" +
+                                 std::to_string(cols) + (acc ? " accumulate" : "") +
+                                 (sh.w_offset ? " weights at +2" : "");
+        EXPECT_EQ(download<float>(f_xn, cols), download<float>(r_xn, cols)) << what << ": xn";
+        const auto fy = download<float>(f_y, rows);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          const float p = dots[size_t(r)] * scale;
+          bad += !test::same_bits(fy[size_t(r)], acc ? y0[size_t(r)] + p : p);
+        }
+        EXPECT_EQ(bad, 0) << what << ": y differs from scale * (matvec on the codes of x * nw) in " << bad
+                          << " outputs";
+        ++cases;
+      }
+    }
+  q8::set_norm_matvec_early(was);
+  EXPECT_EQ(cases, 50);
+}
+
 TEST_F(CudaQ8Matvec, NormMatvecUnsupportedShapesAreErrors) {
   EXPECT_FALSE(q8::norm_matvec_supported(2048, 2));  // two rows: two launches
   EXPECT_FALSE(q8::norm_matvec_supported(2048, 0));

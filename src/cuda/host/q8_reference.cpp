@@ -163,31 +163,35 @@ void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, Q8Ds* ds) {
   for (int64_t b = 0; b < n * (cols / 32); ++b) quantize_block(x + 32 * b, q + 32 * b, ds[b]);
 }
 
+float rmsnorm_scale(const float* xr, int64_t cols, float eps) {
+  constexpr int kThreads = 256;
+  double part[kThreads];
+  for (int i = 0; i < kThreads; ++i) {
+    double s = 0.0;
+    for (int64_t c = i; c < cols; c += kThreads) s += double(xr[c]) * xr[c];
+    part[i] = s;
+  }
+  double total = 0.0;
+  for (int wp = 0; wp < kThreads / 32; ++wp) {
+    double v[32], nv[32];
+    std::copy(part + 32 * wp, part + 32 * wp + 32, v);
+    for (int o = 16; o > 0; o >>= 1) {
+      for (int l = 0; l < 32; ++l) nv[l] = v[l] + v[l ^ o];
+      std::copy(nv, nv + 32, v);
+    }
+    total = wp == 0 ? v[0] : total + v[0];
+  }
+  const float mean = float(total / double(cols));
+  return 1.0f / std::sqrt(mean + eps);
+}
+
 void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
                       Q8Ds* ds) {
   STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 rmsnorm_quantize: {} columns is not a positive multiple of 32", cols);
-  constexpr int kThreads = 256;
   for (int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * cols;
     float* yr = y + t * cols;
-    double part[kThreads];
-    for (int i = 0; i < kThreads; ++i) {
-      double s = 0.0;
-      for (int64_t c = i; c < cols; c += kThreads) s += double(xr[c]) * xr[c];
-      part[i] = s;
-    }
-    double total = 0.0;
-    for (int wp = 0; wp < kThreads / 32; ++wp) {
-      double v[32], nv[32];
-      std::copy(part + 32 * wp, part + 32 * wp + 32, v);
-      for (int o = 16; o > 0; o >>= 1) {
-        for (int l = 0; l < 32; ++l) nv[l] = v[l] + v[l ^ o];
-        std::copy(nv, nv + 32, v);
-      }
-      total = wp == 0 ? v[0] : total + v[0];
-    }
-    const float mean = float(total / double(cols));
-    const float scale = 1.0f / std::sqrt(mean + eps);
+    const float scale = rmsnorm_scale(xr, cols, eps);
     for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] * scale * w[c];
     quantize(yr, 1, cols, q + t * cols, ds + t * (cols / 32));
   }
@@ -212,6 +216,26 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
       float& out = y[t * rows + r];
       out = accumulate ? out + d : d;
     }
+}
+
+void norm_matvec_early(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes_, const float* x,
+                       const float* nw, float eps, float* xn, float* y, bool accumulate) {
+  STRATA_REQUIRE(cols > 0 && cols % 32 == 0, "q8 norm_matvec_early: {} columns is not a positive multiple of 32", cols);
+  check_matvec_shape(type, cols, row_bytes_, "q8 norm_matvec_early");
+  const float scale = rmsnorm_scale(x, cols, eps);
+  std::vector<float> v(static_cast<size_t>(cols), 0.f);
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  std::vector<Q8Ds> ds(static_cast<size_t>(cols / 32));
+  for (int64_t c = 0; c < cols; ++c) {
+    xn[c] = x[c] * scale * nw[c];
+    v[size_t(c)] = x[c] * nw[c];
+  }
+  quantize(v.data(), 1, cols, q.data(), ds.data());
+  const auto* wb = static_cast<const uint8_t*>(w);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float d = row_dot(type, wb + r * row_bytes_, cols, q.data(), ds.data()) * scale;
+    y[r] = accumulate ? y[r] + d : d;
+  }
 }
 
 float silu_mul(float g, float u) { return g / (1.f + std::exp(-g)) * u; }

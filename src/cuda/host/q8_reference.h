@@ -51,6 +51,14 @@ void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, Q8Ds* ds);
 void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, float eps, float* y, int8_t* q,
                       Q8Ds* ds);
 
+// The scale of rmsnorm_quantize's row xr [cols] (the GPU's order, as above): 1 / sqrtf(mean + eps).
+float rmsnorm_scale(const float* xr, int64_t cols, float eps);
+
+// q8::norm_matvec with its early norm (q8_kernels.cuh norm_matvec_early), one token: xn = rmsnorm(x) * nw
+// (as rmsnorm_quantize), then y[r] (+)= row_dot(W[r], Q8(x * nw)) * scale, the scale that of rmsnorm_scale.
+void norm_matvec_early(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const float* x,
+                       const float* nw, float eps, float* xn, float* y, bool accumulate);
+
 // One weight row (cols values of `type`) . one Q8 activation row (xq [cols], xds [cols/32]).
 float row_dot(GgmlType type, const uint8_t* row, int64_t cols, const int8_t* xq, const Q8Ds* xds);
 
