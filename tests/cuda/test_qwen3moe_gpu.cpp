@@ -193,6 +193,37 @@ TEST(Qwen3MoeGpuAll, FastOneTokenPassesFoldedRouterWithinLlamaCppKl) {
   EXPECT_GE(changed, 3) << "the fold changed too few formats' logits: did it run?";
 }
 
+// norm_matvec's early norm (q8_kernels.cuh norm_matvec_early, off by default): one-token passes with it on
+// and off, every expert resident; with it on, the same criteria as above (mean KL / bound over the formats
+// <= 1, each under 2x). It must change the logits of at least one format (so it ran: it serves the formats
+// whose q, k and v share a type with an int8-activation kernel).
+TEST(Qwen3MoeGpuAll, FastOneTokenPassesEarlyNormWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const bool was = cuda::q8::norm_matvec_early();
+  double ratio_sum = 0;
+  int cases = 0, changed = 0;
+  for (const auto& [type, llama_kl] : kLlamaKl) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * llama_kl;
+    double kl[2];
+    for (int on = 0; on < 2; ++on) {
+      cuda::q8::set_norm_matvec_early(on == 1);
+      kl[on] = evaluate(load_gpu(type, false, "100%", 0), ref, MatmulMode::Fast, 1).mean_kl;
+    }
+    EXPECT_LE(kl[1], 2 * bound) << type << " early norm";
+    ratio_sum += kl[1] / bound;
+    ++cases;
+    changed += kl[0] != kl[1];
+    std::printf("[ gpu fast one-token %-6s ] mean KL early norm %.3e, default %.3e (bound %.3e)\n", type.c_str(),
+                kl[1], kl[0], bound);
+  }
+  cuda::q8::set_norm_matvec_early(was);
+  std::printf("[ gpu fast one-token, all ] early norm: mean of KL / bound over %d formats %.3f; %d changed by it\n",
+              cases, ratio_sum / cases, changed);
+  EXPECT_LE(ratio_sum / cases, 1.0);
+  EXPECT_GE(changed, 1) << "the early norm changed no format's logits: did it run?";
+}
+
 // The same sequence at several expert-cache sizes (exact mode): the CPU pool and the slots must give
 // the same tokens as the CPU engine and as each other.
 TEST_P(Qwen3MoeGpu, ExpertCacheSizesAgree) {
