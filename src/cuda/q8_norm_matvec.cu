@@ -22,6 +22,20 @@ using q8mv::kThreads;
 // Dynamic shared memory: [cols] int8 | [cols/32] float2 | staged weight rows.
 constexpr int64_t act_bytes(int64_t cols) { return cols + (cols / 32) * 8; }
 
+// The thread's values of one row (thread i holds x[i + 256 j]; every load in flight at once) and their sum
+// of squares in double, j in order. after_loads(): called once the loads are issued, before their values
+// are used.
+template <int PER, typename AfterLoads>
+__device__ __forceinline__ double load_row(const float* x, float (&xv)[PER], AfterLoads& after_loads) {
+#pragma unroll
+  for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];
+  after_loads();
+  double s = 0.0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
+  return s;
+}
+
 // Every block: sq/sds (shared) = the Q8 activations of rmsnorm(x) * nw (one row of cols = 256 * PER),
 // computed as rmsnorm_quantize_kernel<PER> does (thread i holds x[i + 256 j]; the same double sum in the
 // same order, the same float expression, quantize_warp), so the values are the same bits. Block 0 also
@@ -35,12 +49,7 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
   constexpr int64_t cols = int64_t(PER) * kThreads;
   const int lane = threadIdx.x & 31;
   float xv[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];  // every load in flight at once
-  after_loads();
-  double s = 0.0;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
+  double s = load_row(x, xv, after_loads);
   for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);  // q8c::block_sum_256's order
   if (lane == 0) sh[threadIdx.x >> 5] = s;
   pdl_mark();  // (traced builds: x loaded, the warp's sum stored)
@@ -79,12 +88,7 @@ __device__ __forceinline__ float norm_quantize_row_early(const float* x, const f
   constexpr int64_t cols = int64_t(PER) * kThreads;
   const int lane = threadIdx.x & 31;
   float xv[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) xv[j] = x[threadIdx.x + kThreads * j];  // every load in flight at once
-  after_loads();
-  double s = 0.0;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) s += static_cast<double>(xv[j]) * xv[j];
+  double s = load_row(x, xv, after_loads);
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int64_t i = threadIdx.x + kThreads * j;
