@@ -485,6 +485,24 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
   return d <= 32 ? 1 : d <= 64 ? 2 : d <= 128 ? 4 : 8;
 }
 
+// The tiled kernel (K/V through shared memory, shared by all query rows of a block) and, over more than one
+// split, the combine. Splits are whole K/V tiles, so fewer than attn_splits may be needed; one split writes
+// `out` itself (no combine launch). prep: as attn_tile::launch. Returns whether xq/xds were written (only
+// when xq != null and the call ended in the combine kernel).
+bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+                  int head_dim, int head_dim_v, float scale, int64_t max_kv, float* scratch, float* out, int8_t* xq,
+                  float2* xds, cudaStream_t stream, const attn_tile::Prep* prep = nullptr) {
+  const int n_split = attn_splits(n_tok, n_head, max_kv);
+  const int64_t per = (max_kv + n_split - 1) / n_split;
+  const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
+  const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
+  attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream,
+                    prep);
+  if (used == 1) return false;
+  launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
+  return xq != nullptr;
+}
+
 // Returns whether xq/xds were written (only when xq != null and the call ended in the combine kernel).
 template <int DPL>
 bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
@@ -498,18 +516,10 @@ bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
     CUDA_CHECK_LAUNCH();
     return false;
   }
+  if (attn_tile::supported(head_dim, head_dim_v))
+    return launch_tiled(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, max_kv, scratch, out,
+                        xq, xds, stream);
   const int n_split = attn_splits(n_tok, n_head, max_kv);
-  if (attn_tile::supported(head_dim, head_dim_v)) {
-    // The tiled kernel (K/V through shared memory, shared by all query rows of a block). Splits are whole
-    // K/V tiles, so fewer than n_split may be needed; one split writes `out` itself (no combine launch).
-    const int64_t per = (max_kv + n_split - 1) / n_split;
-    const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
-    const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
-    attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream);
-    if (used == 1) return false;
-    launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
-    return xq != nullptr;
-  }
   constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
   const int group = n_head / n_head_kv, n_tiles = (group + GT - 1) / GT;
@@ -1232,17 +1242,11 @@ void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef
                      in.v_ld >= int64_t(s.n_head_kv) * s.head_dim_v && layer >= 0 && max_kv >= 1,
                  "prep_attention_q8: row strides {}/{}/{} shorter than the rows, layer {} or max_kv {}", in.q_ld,
                  in.k_ld, in.v_ld, layer, max_kv);
-  // The same split as attention_q8 of one token (launch_attention), so the same partial sums and merge.
-  const int n_split = attn_splits(1, s.n_head, max_kv);
-  const int64_t per = (max_kv + n_split - 1) / n_split;
-  const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
-  const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
+  // The same launches as attention_q8 of one token, so the same split, partial sums and merge.
   const attn_tile::Prep prep{in, s.n_rot, s.eps};
-  attn_tile::launch(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, scale, used, chunk, scratch, out,
-                    stream, &prep);
-  const int64_t cols = int64_t(s.n_head) * s.head_dim_v;
-  if (used == 1) q8::quantize(out, 1, cols, xq, xds, stream);  // as attention_q8 when no combine runs
-  else launch_combine(scratch, s.n_head, used, s.head_dim_v, out, xq, xds, stream);
+  if (!launch_tiled(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, scale, max_kv, scratch,
+                    out, xq, xds, stream, &prep))
+    q8::quantize(out, 1, int64_t(s.n_head) * s.head_dim_v, xq, xds, stream);  // (no combine ran)
 }
 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,
