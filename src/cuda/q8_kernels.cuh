@@ -68,8 +68,8 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
 bool norm_matvec_supported(int64_t cols, int64_t n);
 // Whether the models use norm_matvec where it applies: on unless STRATA_CUDA_NORM_MATVEC=0 (read once).
 bool norm_matvec_enabled();
-// norm_matvec's early norm (a process-wide switch; the first call reads STRATA_CUDA_NORM_EARLY=1 unless
-// set_norm_matvec_early ran before; off by default until measured on a GPU): every block quantizes x * nw
+// norm_matvec's early norm (a process-wide switch, on by default: the first call reads
+// STRATA_CUDA_NORM_EARLY=0 to turn it off unless set_norm_matvec_early ran before): every block quantizes x * nw
 // without the norm's scale and multiplies each dot by it instead, so the product need not wait for the
 // block's sum of squares. Then y = W . Q8(x * nw) * scale (each dot rounded, times scale rounded, then the
 // accumulate's add), not the bits of rmsnorm_quantize + matvec; xn keeps its bits; xq, xds are not

@@ -206,7 +206,7 @@ void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 bool norm_matvec_early() {
   return g_norm_early.get([] {
     const char* e = std::getenv("STRATA_CUDA_NORM_EARLY");
-    return e != nullptr && std::string(e) == "1";
+    return e == nullptr || std::string(e) != "0";
   });
 }
 

@@ -268,8 +268,13 @@ TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
 // norm_matvec against rmsnorm_quantize + matvec on the GPU: xn, xq, xds and y the same bits (the same
 // norm, quantization and dot order in one launch), accumulate off and on, every format, 16-byte and
 // 2-byte aligned weights (the staged path), the decode shapes (cols 256, 1024, 2048, 4096; one token),
-// rows not a multiple of a block's.
+// rows not a multiple of a block's. With the early norm off (it is on by default; its own test follows).
 TEST_F(CudaQ8Matvec, NormMatvecSameBitsAsRmsnormQuantizeThenMatvec) {
+  struct EarlyOff {  // restores the switch however the test ends
+    const bool was = q8::norm_matvec_early();
+    EarlyOff() { q8::set_norm_matvec_early(false); }
+    ~EarlyOff() { q8::set_norm_matvec_early(was); }
+  } early_off;
   struct Shape { int64_t rows, cols; size_t w_offset; };
   const Shape shapes[] = {{5120, 2048, 0}, {4097, 2048, 2}, {768, 4096, 0}, {37, 1024, 2}, {300, 256, 0}};
   std::mt19937 rng(31);

@@ -193,7 +193,7 @@ TEST(Qwen3MoeGpuAll, FastOneTokenPassesFoldedRouterWithinLlamaCppKl) {
   EXPECT_GE(changed, 3) << "the fold changed too few formats' logits: did it run?";
 }
 
-// norm_matvec's early norm (q8_kernels.cuh norm_matvec_early, off by default): one-token passes with it on
+// norm_matvec's early norm (q8_kernels.cuh norm_matvec_early, on by default): one-token passes with it on
 // and off, every expert resident; with it on, the same criteria as above (mean KL / bound over the formats
 // <= 1, each under 2x). It must change the logits of at least one format (so it ran: it serves the formats
 // whose q, k and v share a type with an int8-activation kernel).
