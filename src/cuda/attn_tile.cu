@@ -37,6 +37,7 @@
 #include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/q8_common.cuh"
 
 namespace strata::cuda::attn_tile {
 
@@ -163,7 +164,9 @@ __device__ __forceinline__ void prepare_token(const Prep& pp, const ops::KvRef& 
 }
 
 // q: [n_tok][n_head][D] f32; refs: [n_tok] device; out: [n_tok][n_head][D] f32 (n_split == 1) or
-// part: [n_tok*n_head][n_split][2 + D] (n_split > 1). hg: query heads per block (<= R), n_hchunk:
+// part: [n_tok*n_head][n_split][2 + D] (n_split > 1); xq: [n_tok][n_head * D] int8, xds: [n_tok][n_head * D / 32]:
+// out as Q8 activations too (q8_kernels.cuh layout, the bits of q8::quantize of out), only with n_split == 1
+// (else null). hg: query heads per block (<= R), n_hchunk:
 // ceil(group / hg), tq: tokens per tile (tq * hg <= R). grid: (n_tiles * n_head_kv * n_hchunk, n_split) with
 // blockIdx.x = (tile * n_head_kv + hk) * n_hchunk + hc; block 32*W threads; Layout::bytes of shared memory.
 // select / cls: which tiles this launch takes, by the "class tile" of cls tokens holding the block's tile
@@ -178,7 +181,8 @@ template <int D, int RPW, int W, bool P>
 __global__ void __launch_bounds__(32 * W, 1)
     attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
                      int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
-                     Select select, int cls, float* __restrict__ part, float* __restrict__ out, Prep pp) {
+                     Select select, int cls, float* __restrict__ part, float* __restrict__ out,
+                     int8_t* __restrict__ xq, float2* __restrict__ xds, Prep pp) {
   using L = Layout<D, RPW, W>;
   constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -427,8 +431,15 @@ __global__ void __launch_bounds__(32 * W, 1)
     const int64_t row = (t0 + tt) * n_head + h_first + r % hg;
     if (part == nullptr) {
       const float inv = lt == 0.0f ? 0.0f : 1.0f / lt;
+      float o[DPL];
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) out[row * D + lane * DPL + j] = acc[rr][j] * inv;
+      for (int j = 0; j < DPL; ++j) {
+        o[j] = acc[rr][j] * inv;
+        out[row * D + lane * DPL + j] = o[j];
+      }
+      // Why here: with one split no combine kernel runs, and a separate quantize launch was one more
+      // dependent step before wo (the row's 32-value blocks are whole within this warp's head).
+      if (xq != nullptr) q8c::quantize_lanes<DPL>(o, xq + row * D, xds + row * (D / 32));
     } else {
       float* pp = part + (row * n_split + split) * (D + 2);
       if (lane == 0) {
@@ -737,7 +748,7 @@ std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and r
 template <int D, int RPW, int W>
 void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int hg, int tq, Select select, int cls, float scale, int n_split, int chunk, float* part,
-                  float* out, cudaStream_t stream, const Prep* prep) {
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, const Prep* prep) {
   using L = Layout<D, RPW, W>;
   const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
@@ -747,7 +758,8 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
     allow_shared(kernel, bytes);
     pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
-                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, pp);
+                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, n_split > 1 ? nullptr : xq,
+                n_split > 1 ? nullptr : xds, pp);
   };
   if constexpr (RPW * W == kDecodeRows) {
     if (prep != nullptr) return run(attn_tile_kernel<D, RPW, W, true>, L::prep_bytes(), *prep);
@@ -765,9 +777,9 @@ bool supported(int head_dim, int head_dim_v) {
   return head_dim == head_dim_v && (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 
-void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream,
-            const Prep* prep) {
+bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
+            cudaStream_t stream, const Prep* prep) {
   STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
   STRATA_REQUIRE(prep == nullptr || n_tok == 1, "attention tile kernel: {} tokens to prepare (one only)", n_tok);
@@ -785,33 +797,38 @@ void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
   // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
   const Select sel_p = Select::OneCache, sel_d = prefill ? Select::Mixed : Select::All;
   const bool use_mma = prefill_mma() && head_dim <= 128;  // the mma kernel's shared memory: head size <= 128
-#define STRATA_TILE_ARGS(hg, tq, sel, pr) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, scale, \
-                                          n_split, chunk, part, out, stream, pr
+  // Q8 output: one split, the decode shape alone (it then writes every row of out).
+  const bool q8_out = xq != nullptr && n_split == 1 && !prefill;
+  int8_t* const dq = q8_out ? xq : nullptr;
+  float2* const dds = q8_out ? xds : nullptr;
+#define STRATA_TILE_ARGS(hg, tq, sel, q8, ds, pr) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, \
+                                                  scale, n_split, chunk, part, out, q8, ds, stream, pr
   switch (head_dim) {
     case 64:
       if (prefill && use_mma)
         launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
       else if (prefill)
-        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
-      else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;
     case 128:
       if (prefill && use_mma)
         launch_mma<128>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out,
                         stream);
       else if (prefill)
-        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
-      else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;
     default:
-      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr));
-      if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
-      else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, prep));
+      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;
   }
 #undef STRATA_TILE_ARGS
+  return q8_out;
 }
 
 }  // namespace strata::cuda::attn_tile

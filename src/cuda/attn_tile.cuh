@@ -32,7 +32,10 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 // Causal attention, F32 maths, for every token of the call (see ops::attention for q/refs/out).
 // Positions [split*chunk, split*chunk + chunk) of each sequence go to split `split` (the last split also
 // takes anything beyond n_split*chunk); chunk is a multiple of kTileKv.
-// n_split == 1: writes out [n_tok][n_head][head_dim] directly (part unused, may be null).
+// n_split == 1: writes out [n_tok][n_head][head_dim] directly (part unused, may be null); with xq non-null
+//   and fewer than kPrefillMinTok tokens (the decode shape) also xq: [n_tok][n_head * head_dim] int8 and
+//   xds: [n_tok][n_head * head_dim / 32], out's Q8 activations (the bits of q8::quantize of out).
+//   Returns whether it wrote them.
 // n_split  > 1: writes part [n_tok*n_head][n_split][2 + head_dim] = (max m, sum s, acc[head_dim]) for
 //   ops.cu's combine kernel.
 // PDL (cuda/pdl.cuh): the CUDA-core kernel reads refs before its wait, so refs must not be written by a
@@ -45,8 +48,8 @@ struct Prep {
   int n_rot;  // rotated dims per head (even, <= head_dim)
   float eps;  // q_norm / k_norm epsilon
 };
-void launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
-            int head_dim, float scale, int n_split, int chunk, float* part, float* out, cudaStream_t stream,
-            const Prep* prep = nullptr);
+bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
+            int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
+            cudaStream_t stream, const Prep* prep = nullptr);
 
 }  // namespace strata::cuda::attn_tile

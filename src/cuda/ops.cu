@@ -487,8 +487,8 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
 
 // The tiled kernel (K/V through shared memory, shared by all query rows of a block) and, over more than one
 // split, the combine. Splits are whole K/V tiles, so fewer than attn_splits may be needed; one split writes
-// `out` itself (no combine launch). prep: as attn_tile::launch. Returns whether xq/xds were written (only
-// when xq != null and the call ended in the combine kernel).
+// `out` itself (no combine launch), and its Q8 activations in the decode shape. prep: as attn_tile::launch.
+// Returns whether xq/xds were written (only when xq != null: by the combine kernel or the one split).
 bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int head_dim, int head_dim_v, float scale, int64_t max_kv, float* scratch, float* out, int8_t* xq,
                   float2* xds, cudaStream_t stream, const attn_tile::Prep* prep = nullptr) {
@@ -496,9 +496,10 @@ bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
   const int64_t per = (max_kv + n_split - 1) / n_split;
   const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
   const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
-  attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk, scratch, out, stream,
-                    prep);
-  if (used == 1) return false;
+  const bool q8_done = attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk,
+                                        scratch, out, used == 1 ? xq : nullptr, used == 1 ? xds : nullptr, stream,
+                                        prep);
+  if (used == 1) return q8_done;
   launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
   return xq != nullptr;
 }
@@ -1246,7 +1247,7 @@ void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef
   const attn_tile::Prep prep{in, s.n_rot, s.eps};
   if (!launch_tiled(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, scale, max_kv, scratch,
                     out, xq, xds, stream, &prep))
-    q8::quantize(out, 1, int64_t(s.n_head) * s.head_dim_v, xq, xds, stream);  // (no combine ran)
+    q8::quantize(out, 1, int64_t(s.n_head) * s.head_dim_v, xq, xds, stream);  // (not written by the launch)
 }
 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids, float* weights,

@@ -47,9 +47,10 @@ void attn_prep(const float* q, int64_t q_ld, const float* k, int64_t k_ld, const
 
 // ops::attention, and its output also as Q8 activations (q8_kernels.cuh layout) of [n_tok][n_head *
 // head_dim_v]: xq, xds equal bit for bit to q8::quantize(out, n_tok, n_head * head_dim_v, xq, xds).
-// fused (default attention_q8_fused()): when the call ends in the split combine (decode over more than one
-// K/V tile of max_kv, the engine's graphs), the combine kernel quantizes the rows it writes (one launch
-// less per layer; head_dim_v % 32 == 0); otherwise, and with !fused, q8::quantize runs after.
+// fused (default attention_q8_fused()): F32 maths with head_dim_v % 32 == 0: when the call ends in the
+// split combine (decode over more than one K/V tile of max_kv), the combine kernel quantizes the rows it
+// writes; over one split, the tiled kernel's decode shape (fewer than 8 tokens) quantizes its own rows (one
+// launch less per layer either way); otherwise, and with !fused, q8::quantize runs after.
 // n_head * head_dim_v % 32 == 0 (else strata::Error). attention_q8_fused(): on unless the environment sets STRATA_CUDA_ATTN_Q8=0 (read once).
 bool attention_q8_fused();
 void attention_q8(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,

@@ -23,6 +23,34 @@ __device__ __forceinline__ void quantize_warp(float v, int8_t* q, float2* ds) {
   if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * float(s));
 }
 
+// One warp quantizes 32 * DPL consecutive values, lane l holding values DPL*l .. DPL*l + DPL - 1 (32-value
+// block b is lanes b*32/DPL .. of the warp): the same bits as quantize_warp on each block (max, IEEE
+// division, roundf and an integer sum do not depend on the order; amax starts from a value, as there, so
+// an all-NaN block gives the same d). q: [32 * DPL], ds: [DPL]. Why: a kernel whose lanes hold a row's
+// values in runs of DPL (the attention tile kernel's output) quantizes without regrouping through shared memory.
+template <int DPL>
+__device__ __forceinline__ void quantize_lanes(const float (&v)[DPL], int8_t* q, float2* ds) {
+  static_assert(DPL == 1 || DPL == 2 || DPL == 4 || DPL == 8, "quantize_lanes: 1, 2, 4 or 8 values a lane");
+  constexpr int LG = 32 / DPL;  // lanes per 32-value block
+  const int lane = threadIdx.x & 31;
+  float amax = fabsf(v[0]);
+#pragma unroll
+  for (int j = 1; j < DPL; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int o = 1; o < LG; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float d = amax / 127.f;
+  int s = 0;
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) {
+    const int qi = d > 0.f ? max(-127, min(127, int(roundf(v[j] / d)))) : 0;
+    s += qi;
+    q[DPL * lane + j] = int8_t(qi);
+  }
+#pragma unroll
+  for (int o = 1; o < LG; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  if (lane % LG == 0) ds[lane / LG] = make_float2(d, d * float(s));
+}
+
 // Sum over a block of 256 threads in the order of ops.cu's block_reduce (warp butterfly, then warps 0..7
 // in order): the same double as ops::rmsnorm. sh: [32] shared. Every thread gets the total.
 __device__ __forceinline__ double block_sum_256(double v, double* sh) {

@@ -2,6 +2,7 @@
 // stream, with the routed experts split between the GPU expert cache (resident experts, from slots) and
 // the CPU pool (the others, on CPU threads from the mapped file, at the same time). docs/gpu.md has the
 // design: stream roles, the per-layer flow, why every cross-stream access is ordered.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
 #include "cuda/gemm_context.h"
+#include "cuda/host/attn_span.h"
 #include "cuda/graph.h"
 #include "cuda/model_common.h"
 #include "cuda/moe_model_base.h"
@@ -193,6 +195,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   // attention kernel switch): they bake in this workspace's buffer addresses, so they live and die with it.
   struct GraphKey {
     int64_t n, n_out;
+    int64_t span;  // Pass::kv_span: the attention kernels' split count and chunk
     int attn;
     bool mma;      // attn_tile::prefill_mma(): a process-wide switch that picks the kernel from 8 tokens on
     bool generic;  // quant::generic_only(): a process-wide switch (benchmarks) that turns the fast dots off
@@ -200,8 +203,8 @@ class CudaWorkspace final : public Workspace, public PoolIo {
                    // kGatedSegment: a gated pass (forward_gated)
     std::vector<uint8_t> layers;  // a gated pass: each layer's kind (gated_layer_kinds, pool_io.h); else empty
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma, generic, segment, layers) <
-             std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.segment, o.layers);
+      return std::tie(n, n_out, span, attn, mma, generic, segment, layers) <
+             std::tie(o.n, o.n_out, o.span, o.attn, o.mma, o.generic, o.segment, o.layers);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -261,10 +264,16 @@ class CudaQwen3Moe final : public CudaMoeModel {
   struct Pass {
     CudaWorkspace& ws;
     int64_t n, n_out;  // tokens in the batch, rows that want logits
+    int64_t kv_span;   // attention's max_kv (cuda/host/attn_span.h)
     cpu::AttnMath attn;
     bool launch;
     bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
     int direct = 0;     // direct reads of non-resident experts (moe/direct_rule.h share; 0: none)
+    Pass notes_only() const {  // the same pass with launch off: ops only take their stream-order notes
+      Pass q = *this;
+      q.launch = false;
+      return q;
+    }
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -644,8 +653,8 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
                      refs, n, il, shape, q, s);
     });
   }
-  // The split count of the F32 kernel depends on (n, n_head, n_ctx_max) only, never on the positions in
-  // refs (ops.cu attn_splits): what a graph bakes in for n tokens holds at every step.
+  // The split count of the F32 kernel depends on (n, n_head, kv_span) only (ops.cu attn_splits), and the
+  // graphs are keyed by kv_span: what a graph bakes in holds at every step it is replayed for.
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (use_q8(p, l.wo)) {
     // x += wo . att: att also as Q8 activations (by the attention's combine kernel when it runs: ops_fused.cuh),
@@ -653,14 +662,14 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     if (prep_in_attention) {
       note_launch(cs, prep_reads, {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
       op(p, [&] {
-        ops::prep_attention_q8(prep_in, shape, refs, il, scale, ws.n_ctx_max, ws.attn_scratch.as<float>(),
+        ops::prep_attention_q8(prep_in, shape, refs, il, scale, p.kv_span, ws.attn_scratch.as<float>(),
                                ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
       });
     } else {
       note_launch(cs, {ws.step_in.span(), ws.q.span()},
                   {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
       op(p, [&] {
-        ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+        ops::attention_q8(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, p.kv_span,
                           ws.attn_scratch.as<float>(), ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
                           s);
       });
@@ -682,7 +691,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   } else {
     note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
     op(p, [&] {
-      ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+      ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, p.kv_span,
                      ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
     });
     mm_add(p, l.wo, ws.att, n, ws.x);  // x += wo . att
@@ -862,8 +871,8 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
 //    the address of each layer's row of the device residency table: fixed for the cache's lifetime;
 //    checked anyway (graphs_slots / graphs_table), so a cache that ever reallocates recaptures;
 //  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
-//    ws.n_ctx_max, from which (with n and n_head) alone the F32 kernel's split count and chunk are
-//    derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
+//    Pass::kv_span (in the key; cuda/host/attn_span.h: a power of two from the pass's positions), from
+//    which (with n and n_head) alone the F32 kernel's split count and chunk are derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
 //    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on, and
 //    quant::generic_only() (benchmarks: fast dot kernels off), both in the key too; the fast-dot choice
 //    otherwise depends on n, the weights' and slots' alignment and types: fixed.
@@ -891,7 +900,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0, {}};
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0, {}};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
@@ -899,7 +908,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
     ++work_.captures;
     it = ws.graphs.emplace(key, std::move(g)).first;
   } else if (strata::stream_check::enabled()) {
-    compute_resident(Pass{ws, p.n, p.n_out, p.attn, false});  // the replayed launches' notes, no kernel
+    compute_resident(p.notes_only());  // the replayed launches' notes, no kernel
   }
   it->second.launch(cs);
   ++work_.graph_forwards;
@@ -915,7 +924,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
-  const CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
+  const CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
                                     1 + segment, {}};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
@@ -923,7 +932,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
     ++work_.captures;
     it = ws.graphs.emplace(key, std::move(g)).first;
   } else if (strata::stream_check::enabled()) {
-    body(Pass{ws, p.n, p.n_out, p.attn, false, p.pool, p.direct});  // the replayed launches' notes, no kernel
+    body(p.notes_only());  // the replayed launches' notes, no kernel
   }
   it->second.launch(cs);
 }
@@ -974,7 +983,7 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
   const std::vector<uint8_t> kinds = gated_layer_kinds(cache_->residency(), hp_.n_layer, hp_.n_expert, &pl);
   drop_stale_graphs(ws);
   ws.gates->reset();  // no kernel of an earlier pass polls them: each pass ends with the stream drained
-  CudaWorkspace::GraphKey key{p.n,  p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
+  CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
                               kGatedSegment, kinds};
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
@@ -993,7 +1002,7 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
   }
   it->second.launch(cs);
   ++work_.gated_forwards;
-  const Pass release{ws, p.n, p.n_out, p.attn, false, p.pool, p.direct};
+  const Pass release = p.notes_only();
   run_gated_host(pc, ws,
                  GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert, p.direct,
                            [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
@@ -1046,13 +1055,14 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   auto* tok_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.tokens);
   auto* pos_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.pos);
   auto* rows_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.rows);
-  int64_t n_out = 0;
+  int64_t n_out = 0, n_kv = 1;  // n_kv: the most positions a token attends to
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = batch.tokens[size_t(t)];
     STRATA_REQUIRE(bt.seq >= 0 && size_t(bt.seq) < batch.seqs.size(), "forward: bad sequence index");
     SequenceState& seq = *batch.seqs[size_t(bt.seq)];
     STRATA_REQUIRE(bt.pos >= 0 && bt.pos < seq.n_ctx() && bt.pos < ws.n_ctx_max,
                    "forward: position {} outside the context", bt.pos);
+    n_kv = std::max<int64_t>(n_kv, int64_t(bt.pos) + 1);
     STRATA_REQUIRE(bt.token >= 0 && bt.token < hp.n_vocab,
                    "token id {} is out of range: the vocabulary has {} tokens (0..{})", bt.token, hp.n_vocab,
                    hp.n_vocab - 1);
@@ -1077,7 +1087,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
                                 decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
   // Direct reads in decode-sized CPU-pool passes without decode streaming (moe/direct_rule.h).
   const int direct = !all_resident && n < moe::kMoeGroupedMinTokens && !decode_stream_on ? direct_share_ : 0;
-  const Pass p{ws, n, n_out, opt.attn, true, !all_resident, direct};
+  const Pass p{ws, n, n_out, pass_attention_span(n_kv, ws.n_ctx_max), opt.attn, true, !all_resident, direct};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {

@@ -24,6 +24,7 @@
 #include "cuda/gdn.cuh"
 #include "cuda/attn_tile.cuh"
 #include "cuda/gemm_context.h"
+#include "cuda/host/attn_span.h"
 #include "cuda/graph.h"
 #include "cuda/model_common.h"
 #include "cuda/moe_model_base.h"
@@ -272,13 +273,14 @@ class NextWorkspace final : public Workspace, public PoolIo {
   // reused by a later sequence holds a state of the same layout, so the graph is right for it too).
   struct GraphKey {
     int64_t n, n_out;
+    int64_t span;  // Pass::kv_span: the attention kernels' split count and chunk
     int attn;
     bool mma, generic;  // attn_tile::prefill_mma(), quant::generic_only(): process-wide switches
     std::vector<std::tuple<int32_t, int32_t, const void*, const void*>> runs;  // t0, t1, conv, ssm
     std::vector<uint8_t> layers;  // a gated pass (forward_gated): each layer's kind (gated_layer_kinds); else empty
     bool operator<(const GraphKey& o) const {
-      return std::tie(n, n_out, attn, mma, generic, runs, layers) <
-             std::tie(o.n, o.n_out, o.attn, o.mma, o.generic, o.runs, o.layers);
+      return std::tie(n, n_out, span, attn, mma, generic, runs, layers) <
+             std::tie(o.n, o.n_out, o.span, o.attn, o.mma, o.generic, o.runs, o.layers);
     }
   };
   std::map<GraphKey, Graph> graphs;
@@ -374,10 +376,16 @@ class CudaQwen3Next final : public CudaMoeModel {
     NextWorkspace& ws;
     int64_t n, n_out;  // tokens in the batch, rows that want logits
     int64_t n_runs;    // ws.runs[0, n_runs): the batch's sequences
+    int64_t kv_span;   // attention's max_kv (cuda/host/attn_span.h)
     cpu::AttnMath attn;
     bool launch;
     bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
     int direct = 0;     // direct reads of non-resident experts (moe/direct_rule.h share; 0: none)
+    Pass notes_only() const {  // the same pass with launch off: ops only take their stream-order notes
+      Pass q = *this;
+      q.launch = false;
+      return q;
+    }
     template <typename T>
     T* step(size_t offset) const {  // a field of ws.step_in (StepLayout(n))
       return reinterpret_cast<T*>(static_cast<char*>(ws.step_in.data()) + offset);
@@ -919,7 +927,7 @@ void CudaQwen3Next::attention_block(const Pass& p, const Layer& l) const {
   note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   op(p, [&] {
-    ops::attention(q, refs, n, l.index, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, ws.n_ctx_max,
+    ops::attention(q, refs, n, l.index, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, p.kv_span,
                    ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
   });
   if (use_q8(p, w.wo)) {
@@ -1152,7 +1160,7 @@ void CudaQwen3Next::prepare_graphs(NextWorkspace& ws) const {
 }
 
 NextWorkspace::GraphKey CudaQwen3Next::graph_key(const Pass& p) const {
-  NextWorkspace::GraphKey key{p.n, p.n_out, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}, {}};
+  NextWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}, {}};
   for (int64_t r = 0; r < p.n_runs; ++r) {
     const Run& run = p.ws.runs[size_t(r)];
     key.runs.emplace_back(run.t0, run.t1, run.st->conv.data(), run.st->ssm.data());
@@ -1172,7 +1180,7 @@ void CudaQwen3Next::run_graph(const Pass& p) const {
     ++work_.captures;
     it = ws.graphs.emplace(std::move(key), std::move(g)).first;
   } else if (strata::stream_check::enabled()) {
-    compute_resident(Pass{ws, p.n, p.n_out, p.n_runs, p.attn, false});  // the replayed launches' notes only
+    compute_resident(p.notes_only());  // the replayed launches' notes only
   }
   it->second.launch(cs);
   ++work_.graph_forwards;
@@ -1234,7 +1242,7 @@ void CudaQwen3Next::forward_gated(const Pass& p, ThreadPool& pool, const Forward
   }
   it->second.launch(cs);
   ++work_.gated_forwards;
-  const Pass release{ws, p.n, p.n_out, p.n_runs, p.attn, false, p.pool, p.direct};
+  const Pass release = p.notes_only();
   run_gated_host(pc, ws,
                  GatedHost{pl, p.n, hp_.n_embd, hp_.n_expert, p.direct,
                            [&](int il) -> const ExpertWeights& { return layers_[size_t(il)].experts; },
@@ -1308,13 +1316,14 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   auto* tok_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.tokens);
   auto* pos_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.pos);
   auto* rows_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.rows);
-  int64_t n_out = 0, n_runs = 0;
+  int64_t n_out = 0, n_runs = 0, n_kv = 1;  // n_kv: the most positions a token attends to
   for (int64_t t = 0; t < n; ++t) {
     const BatchToken& bt = batch.tokens[size_t(t)];
     STRATA_REQUIRE(bt.seq >= 0 && size_t(bt.seq) < batch.seqs.size(), "forward: bad sequence index");
     SequenceState& seq = *batch.seqs[size_t(bt.seq)];
     STRATA_REQUIRE(bt.pos >= 0 && bt.pos < seq.n_ctx() && bt.pos < ws.n_ctx_max, "forward: position {} outside the context",
                    bt.pos);
+    n_kv = std::max<int64_t>(n_kv, int64_t(bt.pos) + 1);
     STRATA_REQUIRE(bt.token >= 0 && bt.token < hp.n_vocab,
                    "token id {} is out of range: the vocabulary has {} tokens (0..{})", bt.token, hp.n_vocab,
                    hp.n_vocab - 1);
@@ -1361,7 +1370,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   for (int il = 0; il < np_.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
   // Direct reads in decode-sized CPU-pool passes (moe/direct_rule.h; qwen3next has no decode streaming).
   const int direct = !all_resident && n < moe::kMoeGroupedMinTokens ? direct_share_ : 0;
-  const Pass p{ws, n, n_out, n_runs, opt.attn, true, !all_resident, direct};
+  const Pass p{ws, n, n_out, n_runs, pass_attention_span(n_kv, ws.n_ctx_max), opt.attn, true, !all_resident, direct};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {

@@ -322,14 +322,16 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
 // attention_q8 against ops::attention + q8::quantize: out, xq and xds bit for bit, fused (the combine kernel
 // quantizes) and not, at Qwen3's decode shape (32 / 4 heads of 128): short and long contexts of a
 // 4096-position cache (the combine path, mostly empty splits at ctx 9), 3 tokens of one batch, a 1000
-// cache with 2 tokens, and max_kv 64 (one split, no combine: the quantize launch must run instead), also at
-// head sizes 64 and 256.
+// cache with 2 tokens, and max_kv 64 (one split, no combine: the tiled kernel quantizes, or with !fused the
+// quantize launch), also at head sizes 64 and 256 and 5 tokens (the decode shape), and a span of 128 in a
+// 4096 cache (2 splits).
 TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
   constexpr int H = 32, Hkv = 4, L = 2, layer = 1;
   struct ACase { int n_ctx; int64_t max_kv; std::vector<int> pos; int D = 128; };
   for (const ACase& c : {ACase{4096, 4096, {8}}, ACase{4096, 4096, {3000}}, ACase{4096, 4096, {5, 700, 4095}},
                          ACase{1000, 1000, {999, 3}}, ACase{64, 64, {40}}, ACase{64, 64, {40, 63}, 64},
-                         ACase{64, 64, {17}, 256}}) {
+                         ACase{64, 64, {17}, 256}, ACase{4096, 64, {3, 11, 25, 40, 63}},
+                         ACase{4096, 128, {100}}}) {
     const int D = c.D;
     const float scale = 1.0f / std::sqrt(float(D));
     const int64_t n = int64_t(c.pos.size());

@@ -382,6 +382,52 @@ TEST(Qwen3MoeGpuGraphs, GraphsOnAndOffGiveIdenticalLogits) {
   }
 }
 
+// The attention span (cuda/host/attn_span.h): decode logits depend on the positions, not on the context
+// the model and engine were made for. One sequence, fast mode with F32 attention, graphs on: 41 prompt
+// tokens, then 30 greedy steps (positions 41..70, so spans 64 then 128), in a 128-position context and in a
+// 4096-position one: bit-identical logits. With the whole-pass graphs, one capture per span (2), each
+// replayed. Before the span, a 4096 context split every step over 64 blocks and merged them: other bits.
+TEST(Qwen3MoeGpuGraphs, DecodeLogitsDoNotDependOnTheContextSize) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-Q8_0.f32ref.slg");
+  const size_t V = ref.n_vocab;
+  constexpr int kSteps = 30;
+  auto run = [&](int n_ctx, ExpertCacheReport& rep) {
+    cuda::CudaOptions o = small_cuda_options("100%", false);
+    o.n_ctx = n_ctx;
+    EngineOptions opt = small_engine_options(MatmulMode::Fast, cpu::AttnMath::F32);
+    opt.n_ctx = n_ctx;
+    std::shared_ptr<const Model> model = cuda::load_model_cuda(kModels + "tiny-qwen3moe-A-Q8_0.gguf", o);
+    Engine eng(model, opt);
+    auto seq = eng.new_sequence();
+    std::vector<float> last(V), all;
+    eng.prefill(*seq, std::vector<int32_t>(ref.prompt.begin(), ref.prompt.begin() + 41), last.data());
+    model->reset_cache_stats();
+    for (int i = 0; i < kSteps; ++i) {
+      const int32_t t = argmax(last.data(), V);
+      SequenceState* sp = seq.get();
+      eng.decode({&sp, 1}, {&t, 1}, last.data());
+      all.insert(all.end(), last.begin(), last.end());
+    }
+    rep = model->cache_report();
+    return all;
+  };
+  ExpertCacheReport r_small, r_big;
+  const std::vector<float> small = run(128, r_small), big = run(4096, r_big);
+  const size_t n_diff = bit_differences(small, big);
+  std::printf("[ attention span ] context 128 vs 4096: %zu of %zu logits differ; captures %lld / %lld, replayed "
+              "%lld / %lld of %d passes\n", n_diff, small.size(), (long long)r_small.graph_captures,
+              (long long)r_big.graph_captures, (long long)r_small.graph_forwards, (long long)r_big.graph_forwards,
+              kSteps);
+  EXPECT_EQ(n_diff, 0u);
+  if (cuda::graphs_enabled_by_env()) {
+    EXPECT_EQ(r_small.graph_forwards, kSteps);
+    EXPECT_EQ(r_big.graph_forwards, kSteps);
+    EXPECT_EQ(r_small.graph_captures, 2);  // spans 64 and 128
+    EXPECT_EQ(r_big.graph_captures, 2);
+  }
+}
+
 // Gated CPU-pool passes give the segmented passes' bits (decode_test_util.h says what is run).
 TEST(Qwen3MoeGpuGated, GatedPassesGiveTheSegmentedPassesBits) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
