@@ -36,10 +36,13 @@
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/host/attn_span.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_common.cuh"
 
 namespace strata::cuda::attn_tile {
+
+static_assert(kTileKv == kAttnSpanMin, "an attention span of one tile: cuda/host/attn_span.h");
 
 namespace {
 
@@ -758,8 +761,7 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
     allow_shared(kernel, bytes);
     pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
-                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, n_split > 1 ? nullptr : xq,
-                n_split > 1 ? nullptr : xds, pp);
+                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, xq, xds, pp);
   };
   if constexpr (RPW * W == kDecodeRows) {
     if (prep != nullptr) return run(attn_tile_kernel<D, RPW, W, true>, L::prep_bytes(), *prep);

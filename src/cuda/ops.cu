@@ -497,8 +497,7 @@ bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
   const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
   const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
   const bool q8_done = attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk,
-                                        scratch, out, used == 1 ? xq : nullptr, used == 1 ? xds : nullptr, stream,
-                                        prep);
+                                        scratch, out, xq, xds, stream, prep);  // (writes xq with one split only)
   if (used == 1) return q8_done;
   launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
   return xq != nullptr;

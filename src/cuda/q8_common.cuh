@@ -6,28 +6,13 @@
 
 namespace strata::cuda::q8c {
 
-// One warp quantizes one 32-value block, lane i holding value v of column i: d = amax / 127,
-// q = roundf(v / d) clamped to [-127, 127] (ties away from zero; 0 when d == 0), ds = {d, d * sum q}.
-// Bit-identical to q8ref::quantize_block (max, IEEE division, roundf and an integer sum are exact).
-// q: [32], ds: one.
-__device__ __forceinline__ void quantize_warp(float v, int8_t* q, float2* ds) {
-  float amax = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float d = amax / 127.f;
-  const int qi = d > 0.f ? max(-127, min(127, int(roundf(v / d)))) : 0;
-  int s = qi;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-  q[threadIdx.x & 31] = int8_t(qi);
-  if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * float(s));
-}
-
 // One warp quantizes 32 * DPL consecutive values, lane l holding values DPL*l .. DPL*l + DPL - 1 (32-value
-// block b is lanes b*32/DPL .. of the warp): the same bits as quantize_warp on each block (max, IEEE
-// division, roundf and an integer sum do not depend on the order; amax starts from a value, as there, so
-// an all-NaN block gives the same d). q: [32 * DPL], ds: [DPL]. Why: a kernel whose lanes hold a row's
-// values in runs of DPL (the attention tile kernel's output) quantizes without regrouping through shared memory.
+// block b is lanes b*32/DPL .. of the warp), each block as q8ref::quantize_block: d = amax / 127,
+// q = roundf(v / d) clamped to [-127, 127] (ties away from zero; 0 when d == 0), ds = {d, d * sum q}.
+// Bit-identical to it for any DPL (max, IEEE division, roundf and an integer sum do not depend on the
+// order; amax starts from a value, so an all-NaN block gives NaN as there). q: [32 * DPL], ds: [DPL].
+// Why DPL > 1: a kernel whose lanes hold a row's values in runs of DPL (the attention tile kernel's
+// output) quantizes without regrouping through shared memory.
 template <int DPL>
 __device__ __forceinline__ void quantize_lanes(const float (&v)[DPL], int8_t* q, float2* ds) {
   static_assert(DPL == 1 || DPL == 2 || DPL == 4 || DPL == 8, "quantize_lanes: 1, 2, 4 or 8 values a lane");
@@ -37,18 +22,26 @@ __device__ __forceinline__ void quantize_lanes(const float (&v)[DPL], int8_t* q,
 #pragma unroll
   for (int j = 1; j < DPL; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
-  for (int o = 1; o < LG; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  for (int o = LG / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   const float d = amax / 127.f;
-  int s = 0;
+  int qi[DPL], s = 0;
 #pragma unroll
   for (int j = 0; j < DPL; ++j) {
-    const int qi = d > 0.f ? max(-127, min(127, int(roundf(v[j] / d)))) : 0;
-    s += qi;
-    q[DPL * lane + j] = int8_t(qi);
+    qi[j] = d > 0.f ? max(-127, min(127, int(roundf(v[j] / d)))) : 0;
+    s += qi[j];
   }
 #pragma unroll
-  for (int o = 1; o < LG; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  for (int o = LG / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+#pragma unroll
+  for (int j = 0; j < DPL; ++j) q[DPL * lane + j] = int8_t(qi[j]);
   if (lane % LG == 0) ds[lane / LG] = make_float2(d, d * float(s));
+}
+
+// One warp quantizes one 32-value block, lane i holding value v of column i (quantize_lanes<1>).
+// q: [32], ds: one.
+__device__ __forceinline__ void quantize_warp(float v, int8_t* q, float2* ds) {
+  const float one[1] = {v};
+  quantize_lanes<1>(one, q, ds);
 }
 
 // Sum over a block of 256 threads in the order of ops.cu's block_reduce (warp butterfly, then warps 0..7
