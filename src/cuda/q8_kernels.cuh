@@ -76,6 +76,11 @@ bool norm_matvec_enabled();
 // written. CPU reference: q8ref::norm_matvec_early.
 void set_norm_matvec_early(bool on);
 bool norm_matvec_early();
+// How the early norm lays out its quantization (the same bits either way; a process-wide switch, on by
+// default: STRATA_CUDA_NORM_LANES=0 turns it off unless set_norm_matvec_lanes ran before): on, each lane
+// quantizes a run of consecutive values (q8c::quantize_lanes); off, one value a lane (quantize_warp).
+void set_norm_matvec_lanes(bool on);
+bool norm_matvec_lanes();
 
 // MoE decode with Q8 activations, experts read from expert-cache slots through the layer's residency
 // table row (same view and table contract as moe::moe_gate_up / moe::moe_down).

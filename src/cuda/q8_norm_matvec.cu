@@ -3,6 +3,7 @@
 // tests/cuda/test_q8_kernels.cu compares it bit for bit with rmsnorm_quantize + matvec on the GPU.
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/env_switch.h"
 #include "common/error.h"
@@ -81,18 +82,70 @@ __device__ __forceinline__ void norm_quantize_row(const float* x, const float (&
 // 0 writes xn (the same bits as rmsnorm_quantize); xq / xds are not written. Why: in session 17's trace
 // block 0 had x 0.64 us after the wait but its codes only at 2.88 (the last block at 3.62): two barriers
 // with the scale's arithmetic between them, before the product could start.
-template <int PER, typename AfterLoads>
+// Lanes (the default; STRATA_CUDA_NORM_LANES=0 off): the codes come from a second load of x in runs
+// (LaneRuns below; wv holds nw in that layout), quantized by q8c::quantize_lanes<DPL>: 2 dependent
+// shuffles a 32-value block for each of max and sum instead of quantize_warp's 5 + 5 for every value (why:
+// session 19's trace had block 0's codes 2.14 us after the wait, 1.5 us after x landed, 8 quantize_warp
+// calls a thread at 2048 columns). The sum of squares still comes from the strided values (its order, so
+// the scale is the same bits); the codes do not depend on which lane quantizes (quantize_lanes' contract).
+// Without Lanes, wv is nw at the strided layout (thread i holds nw[i + 256 j]).
+template <int PER>
+struct LaneRuns {
+  static constexpr int kDpl = PER < 8 ? PER : 8;  // values a lane holds in a run (quantize_lanes' DPL)
+  static constexpr int kPasses = PER / kDpl;
+  // First column of the run of pass p for the calling thread: warp w's 32 * DPL columns of pass p.
+  static __device__ __forceinline__ int64_t col(int p) {
+    return int64_t(32 * kDpl) * (8 * p + (threadIdx.x >> 5)) + kDpl * (threadIdx.x & 31);
+  }
+};
+
+// v[p * DPL + j] = src[LaneRuns<PER>::col(p) + j] (src 16-byte aligned: float4 loads where DPL allows).
+template <int PER>
+__device__ __forceinline__ void load_runs(const float* src, float (&v)[PER]) {
+  using L = LaneRuns<PER>;
+#pragma unroll
+  for (int p = 0; p < L::kPasses; ++p) {
+    const float* r = src + L::col(p);
+    if constexpr (L::kDpl % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < L::kDpl; j += 4) {
+        const float4 f = *reinterpret_cast<const float4*>(r + j);
+        float* o = v + p * L::kDpl + j;
+        o[0] = f.x, o[1] = f.y, o[2] = f.z, o[3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < L::kDpl; ++j) v[p * L::kDpl + j] = r[j];
+    }
+  }
+}
+
+template <int PER, bool Lanes, typename AfterLoads>
 __device__ __forceinline__ float norm_quantize_row_early(const float* x, const float (&wv)[PER], float eps,
                                                          int8_t* sq, float2* sds, float* xn, AfterLoads after_loads) {
   __shared__ double sh[kThreads / 32];
   constexpr int64_t cols = int64_t(PER) * kThreads;
   const int lane = threadIdx.x & 31;
+  using L = LaneRuns<PER>;
+  float xr[PER];  // Lanes: x in runs
+  if constexpr (Lanes) load_runs<PER>(x, xr);
   float xv[PER];
   double s = load_row(x, xv, after_loads);
+  if constexpr (Lanes) {
 #pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const int64_t i = threadIdx.x + kThreads * j;
-    q8c::quantize_warp(xv[j] * wv[j], sq + (i - lane), sds + i / 32);
+    for (int p = 0; p < L::kPasses; ++p) {
+      float v[L::kDpl];
+#pragma unroll
+      for (int j = 0; j < L::kDpl; ++j) v[j] = xr[p * L::kDpl + j] * wv[p * L::kDpl + j];
+      const int64_t c0 = L::col(p) - L::kDpl * lane;  // the warp's first column of the pass
+      q8c::quantize_lanes<L::kDpl>(v, sq + c0, sds + c0 / 32);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int64_t i = threadIdx.x + kThreads * j;
+      q8c::quantize_warp(xv[j] * wv[j], sq + (i - lane), sds + i / 32);
+    }
   }
   for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);  // q8c::block_sum_256's order
   if (lane == 0) sh[threadIdx.x >> 5] = s;
@@ -102,19 +155,28 @@ __device__ __forceinline__ float norm_quantize_row_early(const float* x, const f
   for (int w = 1; w < kThreads / 32; ++w) r = r + sh[w];
   const float mean = static_cast<float>(r / static_cast<double>(cols));
   const float scale = 1.0f / sqrtf(mean + eps);
-  if (blockIdx.x == 0)
+  if (blockIdx.x == 0) {
+    if constexpr (Lanes) {
 #pragma unroll
-    for (int j = 0; j < PER; ++j) xn[threadIdx.x + kThreads * j] = xv[j] * scale * wv[j];
+      for (int p = 0; p < L::kPasses; ++p)
+#pragma unroll
+        for (int j = 0; j < L::kDpl; ++j) xn[L::col(p) + j] = xr[p * L::kDpl + j] * scale * wv[p * L::kDpl + j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < PER; ++j) xn[threadIdx.x + kThreads * j] = xv[j] * scale * wv[j];
+    }
+  }
   return scale;
 }
 
-// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); E: the early norm
-// (above); the rest as q8_kernels.cu matvec_kernel.
+// x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); E: 0 the two-step
+// norm, 1 the early norm (above) one value a lane, 2 the early norm in runs; the rest as q8_kernels.cu
+// matvec_kernel.
 // Registers: the norm's values are dead before the product starts, so the kernel needs about what the
 // plain matvec does (why it matters: at 88 registers, with two tokens' rows held, the q|k|v product's
 // 320 blocks no longer fit on the H200 at once, and the launch measured 11.8 us instead of 7.8 for the
 // two it replaced).
-template <typename F, int A, int R, int PER, bool E>
+template <typename F, int A, int R, int PER, int E>
 __global__ void __launch_bounds__(kThreads)
     norm_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int lpr_log2, int64_t stride,
                        const float* x, const float* __restrict__ nw, float eps, float* xn, int8_t* xq_out,
@@ -125,13 +187,17 @@ __global__ void __launch_bounds__(kThreads)
   float2* sds = reinterpret_cast<float2*>(smem + cols);    // [cols/32]
   uint8_t* stage = smem + act_bytes(cols);                 // [warps][stride] (A == kStaged)
   if (prefetch == 1) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
-  float wv[PER];
+  float wv[PER];  // a weight: before the wait (E == 2: in runs, else strided)
+  if constexpr (E == 2) {
+    load_runs<PER>(nw, wv);
+  } else {
 #pragma unroll
-  for (int j = 0; j < PER; ++j) wv[j] = nw[threadIdx.x + kThreads * j];  // a weight: before the wait
+    for (int j = 0; j < PER; ++j) wv[j] = nw[threadIdx.x + kThreads * j];
+  }
   pdl_wait();
   pdl_launch_dependents();
-  if constexpr (E) {
-    const float scale = norm_quantize_row_early<PER>(x, wv, eps, sq, sds, xn, [&] {
+  if constexpr (E != 0) {
+    const float scale = norm_quantize_row_early<PER, E == 2>(x, wv, eps, sq, sds, xn, [&] {
       if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
     });
     pdl_mark();  // (traced builds: the norm done)
@@ -173,14 +239,20 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
                 xn, xq, xds, y, accumulate, prefetch_mode());
   };
-  const bool early = norm_matvec_early();
+  // 0: the two-step norm; 1: the early norm, strided; 2: the early norm, in runs (x and nw 16-byte aligned).
+  const bool runs = norm_matvec_lanes() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(nw) % 16 == 0;
+  const int mode = !norm_matvec_early() ? 0 : runs ? 2 : 1;
+  auto pick = [&](auto a, int64_t stride) {
+    constexpr int AA = decltype(a)::value;
+    if (mode == 2) run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
+    else if (mode == 1) run(norm_matvec_kernel<F, AA, R, PER, 1>, stride);
+    else run(norm_matvec_kernel<F, AA, R, PER, 0>, stride);
+  };
   if constexpr (A == 2) {
-    if (g.stride > 0)
-      return early ? run(norm_matvec_kernel<F, q8d::kStaged, R, PER, true>, g.stride)
-                   : run(norm_matvec_kernel<F, q8d::kStaged, R, PER, false>, g.stride);
+    if (g.stride > 0) return pick(std::integral_constant<int, q8d::kStaged>{}, g.stride);
   }
-  if (early) run(norm_matvec_kernel<F, A, R, PER, true>, int64_t(0));
-  else run(norm_matvec_kernel<F, A, R, PER, false>, int64_t(0));
+  pick(std::integral_constant<int, A>{}, int64_t(0));
 }
 
 template <typename F, int A, int PER>
@@ -206,6 +278,19 @@ void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 bool norm_matvec_early() {
   return g_norm_early.get([] {
     const char* e = std::getenv("STRATA_CUDA_NORM_EARLY");
+    return e == nullptr || std::string(e) != "0";
+  });
+}
+
+namespace {
+EnvSwitch g_norm_lanes;
+}  // namespace
+
+void set_norm_matvec_lanes(bool on) { g_norm_lanes.set(on); }
+
+bool norm_matvec_lanes() {
+  return g_norm_lanes.get([] {
+    const char* e = std::getenv("STRATA_CUDA_NORM_LANES");
     return e == nullptr || std::string(e) != "0";
   });
 }

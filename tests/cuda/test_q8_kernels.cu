@@ -332,17 +332,20 @@ TEST_F(CudaQ8Matvec, NormMatvecSameBitsAsRmsnormQuantizeThenMatvec) {
 // norm_matvec's early norm (set_norm_matvec_early) against its definition on the GPU: xn the bits of
 // rmsnorm_quantize's, y the bits of matvec on the Q8 activations of x * nw (quantized by q8::quantize),
 // each dot times the norm's scale (q8ref::rmsnorm_scale: the kernel's order), then the accumulate's add;
-// the same formats, shapes and alignments as above.
+// the same formats, shapes and alignments as above; with the codes quantized in runs (set_norm_matvec_lanes)
+// and one value a lane.
 TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
   struct Shape { int64_t rows, cols; size_t w_offset; };
   const Shape shapes[] = {{5120, 2048, 0}, {4097, 2048, 2}, {768, 4096, 0}, {37, 1024, 2}, {300, 256, 0}};
-  const bool was = q8::norm_matvec_early();
+  const bool was = q8::norm_matvec_early(), lanes_was = q8::norm_matvec_lanes();
   q8::set_norm_matvec_early(true);
   std::mt19937 rng(37);
   int64_t cases = 0;
+  for (bool lanes : {true, false})
   for (GgmlType t : kTypes)
     for (const Shape& sh : shapes) {
       if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
+      q8::set_norm_matvec_lanes(lanes);
       const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows + sh.cols + int(t)));
       const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
       auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
@@ -375,7 +378,7 @@ TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
                           {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
         const std::string what = std::string(type_name(t)) + " " + std::to_string(rows) + "x" +
                                  std::to_string(cols) + (acc ? " accumulate" : "") +
-                                 (sh.w_offset ? " weights at +2" : "");
+                                 (sh.w_offset ? " weights at +2" : "") + (lanes ? " runs" : " one a lane");
         EXPECT_EQ(download<float>(f_xn, cols), download<float>(r_xn, cols)) << what << ": xn";
         const auto fy = download<float>(f_y, rows);
         int64_t bad = 0;
@@ -389,7 +392,8 @@ TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
       }
     }
   q8::set_norm_matvec_early(was);
-  EXPECT_EQ(cases, 50);
+  q8::set_norm_matvec_lanes(lanes_was);
+  EXPECT_EQ(cases, 100);
 }
 
 TEST_F(CudaQ8Matvec, NormMatvecUnsupportedShapesAreErrors) {
