@@ -84,6 +84,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
   // warp and block), so no barrier stands before the quantization.
   for (int o = 16; o > 0; o >>= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
   const float s = 1.0f / sqrtf(float(part / double(n_embd)) + r.eps);
+  if (s != -2.f) pdl_mark();  // (traced builds: the sum of squares known)
   if (product) {
 #pragma unroll
     for (int ps = 0; ps < kPasses; ++ps) {
@@ -119,6 +120,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
     }
   }
   __syncthreads();  // the keys
+  pdl_mark();  // (traced builds: the keys and the Q8 activations stored)
 #pragma unroll
   for (int i = 0; i < kMaxExperts / kThreads; ++i) {
     const int e = tid + kThreads * i;
@@ -128,6 +130,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
     }
   }
   __syncthreads();  // sel (and xq, xds)
+  pdl_mark();  // (traced builds: the experts chosen)
   if (product) return true;
   if (blockIdx.y != 0) return false;
   // The weights for moe_down: softmax of s * raw over every expert (max, expf, the sum in double by warp 0),

@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < 2 * kRowsPerWarp; ++i)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    if (p == 0 && acc[0] != -2.f) pdl_mark();  // (traced builds: the first pair's dots)
     if (lane == 0)
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) hs[kRowsPerWarp * warp + i] = silu(acc[i]) * acc[kRowsPerWarp + i];
