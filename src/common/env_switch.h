@@ -3,6 +3,8 @@
 // from the environment (from_env) and keeps it. Safe to call from several threads: the first value stored
 // sticks. The fast path is one relaxed load (some switches are read at every kernel launch).
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 namespace strata {
 
@@ -23,5 +25,11 @@ class EnvSwitch {
  private:
   std::atomic<int> state_{-1};  // -1: not decided yet
 };
+
+// True unless the environment sets `name` to "0": how a switch that is on by default reads it.
+inline bool env_on_unless_zero(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
 
 }  // namespace strata

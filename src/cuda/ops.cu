@@ -1196,10 +1196,7 @@ void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int 
 }
 
 bool attention_q8_fused() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_ATTN_Q8");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_on_unless_zero("STRATA_CUDA_ATTN_Q8");
   return on;
 }
 
@@ -1226,10 +1223,7 @@ EnvSwitch g_prep_attention;
 }  // namespace
 
 bool prep_attention_enabled() {
-  return g_prep_attention.get([] {
-    const char* e = std::getenv("STRATA_CUDA_PREP_ATTENTION");
-    return e == nullptr || std::string(e) != "0";
-  });
+  return g_prep_attention.get([] { return env_on_unless_zero("STRATA_CUDA_PREP_ATTENTION"); });
 }
 
 void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef* refs, int layer, float scale,
@@ -1307,10 +1301,7 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
 bool norm_router_route_supported(int64_t cols) { return cols >= 32 && cols % 32 == 0 && cols <= kRouterStage; }
 
 bool norm_router_route_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_NORM_ROUTER");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_on_unless_zero("STRATA_CUDA_NORM_ROUTER");
   return on;
 }
 

@@ -122,10 +122,7 @@ EnvSwitch g_folded;
 void set_folded_router(bool on) { g_folded.set(on); }
 
 bool folded_router_enabled() {
-  return g_folded.get([] {
-    const char* e = std::getenv("STRATA_CUDA_FOLDED_ROUTER");
-    return e == nullptr || std::string(e) != "0";
-  });
+  return g_folded.get([] { return env_on_unless_zero("STRATA_CUDA_FOLDED_ROUTER"); });
 }
 
 bool wo_router_supported(GgmlType type, int64_t n_embd, int64_t n_att, int n_expert) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/host/q8_reference.h"
@@ -135,10 +136,7 @@ void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t co
 bool supported(GgmlType t) { return q8ref::supported(t); }
 
 bool enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_Q8");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_on_unless_zero("STRATA_CUDA_Q8");
   return on;
 }
 

@@ -239,10 +239,7 @@ void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, co
 
 // moe_down's prefetch switch: on unless the environment sets STRATA_CUDA_DOWN_PREFETCH=0 (read once).
 bool down_prefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_DOWN_PREFETCH");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_on_unless_zero("STRATA_CUDA_DOWN_PREFETCH");
   return on;
 }
 

@@ -276,10 +276,7 @@ EnvSwitch g_norm_early;
 void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 
 bool norm_matvec_early() {
-  return g_norm_early.get([] {
-    const char* e = std::getenv("STRATA_CUDA_NORM_EARLY");
-    return e == nullptr || std::string(e) != "0";
-  });
+  return g_norm_early.get([] { return env_on_unless_zero("STRATA_CUDA_NORM_EARLY"); });
 }
 
 namespace {
@@ -289,17 +286,11 @@ EnvSwitch g_norm_lanes;
 void set_norm_matvec_lanes(bool on) { g_norm_lanes.set(on); }
 
 bool norm_matvec_lanes() {
-  return g_norm_lanes.get([] {
-    const char* e = std::getenv("STRATA_CUDA_NORM_LANES");
-    return e == nullptr || std::string(e) != "0";
-  });
+  return g_norm_lanes.get([] { return env_on_unless_zero("STRATA_CUDA_NORM_LANES"); });
 }
 
 bool norm_matvec_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("STRATA_CUDA_NORM_MATVEC");
-    return e == nullptr || std::string(e) != "0";
-  }();
+  static const bool on = env_on_unless_zero("STRATA_CUDA_NORM_MATVEC");
   return on;
 }
 
