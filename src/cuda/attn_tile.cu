@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(32 * W, 1)
       for (int j = 0; j < DPL; ++j) pp[2 + lane * DPL + j] = acc[rr][j];
     }
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 // ---------------------------------------------------------------- prefill on the tensor cores

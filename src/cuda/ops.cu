@@ -463,7 +463,7 @@ __global__ void attn_combine_kernel(const float* part, int n_split, int head_dim
     out[f] = a * inv;
     if constexpr (Q8) q8c::quantize_warp(a * inv, xq + (f - (threadIdx.x & 31)), xds + f / 32);
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 // The combine kernel to launch: compact unless the environment sets STRATA_CUDA_ATTN_COMBINE=all (read
@@ -842,7 +842,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
   }
   pdl_mark();  // (traced builds: the product done)
   route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
-  pdl_mark();  // (traced builds: the block's end; the last block to finish routes)
+  pdl_end();  // (traced builds: the block's end, every block's in a histogram; the last block to finish routes)
 }
 
 constexpr int kRowThreads = 1024;  // argmax / sample: one block per row

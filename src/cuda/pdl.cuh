@@ -100,12 +100,24 @@ constexpr unsigned kCap = 1u << 18;
 constexpr unsigned kMarks = 6;  // marks a traced block may record after its wait
 static __device__ Rec g_rec[kCap];
 static __device__ unsigned g_n;
+// Every block's end (pdl_end): how many blocks ended b * kEndBucketNs .. ns after their own wait returned,
+// per end site (slot = line % kEndSites; g_end_line names the site; two sites of one file whose lines are
+// equal mod kEndSites would share a slot). Fire-and-forget atomics: a block does not wait for them.
+constexpr unsigned kEndSites = 64, kEndBuckets = 128, kEndBucketNs = 250;
+static __device__ unsigned g_end_hist[kEndSites][kEndBuckets];
+static __device__ unsigned g_end_line[kEndSites];
 void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*, const ReadDevice&));
+// Lines "tu,line,reached,returned,kind" (kind 0-3: Rec above), then "tu,line,bucket,blocks,5" for every
+// non-empty bucket of the block-end histograms.
 static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
   void* n_at = nullptr;
   void* rec_at = nullptr;
+  void* hist_at = nullptr;
+  void* line_at = nullptr;
   CUDA_CHECK(cudaGetSymbolAddress(&n_at, g_n));
   CUDA_CHECK(cudaGetSymbolAddress(&rec_at, g_rec));
+  CUDA_CHECK(cudaGetSymbolAddress(&hist_at, g_end_hist));
+  CUDA_CHECK(cudaGetSymbolAddress(&line_at, g_end_line));
   unsigned n = 0;
   read(&n, n_at, sizeof n);
   if (n > kCap) n = kCap;
@@ -113,12 +125,24 @@ static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
   if (n > 0) read(v.data(), rec_at, n * sizeof(Rec));
   for (const Rec& r : v)
     if (r.line != 0) std::fprintf(f, "%s,%u,%llu,%llu,%u\n", tu, r.line, r.reached, r.returned, r.kind);
+  std::vector<unsigned> hist(size_t(kEndSites) * kEndBuckets), lines(kEndSites);
+  read(hist.data(), hist_at, hist.size() * sizeof(unsigned));
+  read(lines.data(), line_at, lines.size() * sizeof(unsigned));
+  for (unsigned s = 0; s < kEndSites; ++s)
+    for (unsigned b = 0; b < kEndBuckets; ++b)
+      if (lines[s] != 0 && hist[size_t(s) * kEndBuckets + b] != 0)
+        std::fprintf(f, "%s,%u,%u,%u,5\n", tu, lines[s], b, hist[size_t(s) * kEndBuckets + b]);
 }
 static const bool g_registered = (register_dumper(__BASE_FILE__, dump), true);
 // The traced block's next free record and its end (thread 0's, per block; set by the traced wait).
 static __device__ __forceinline__ unsigned* block_records() {
   __shared__ unsigned r[2];
   return r;
+}
+// When the block's wait returned (%globaltimer, thread 0's; set by the traced wait in every block).
+static __device__ __forceinline__ unsigned long long* block_wait_returned() {
+  __shared__ unsigned long long t;
+  return &t;
 }
 // 1: block 0, 2: the grid's last block (x), 0: not traced. Thread 0 only.
 static __device__ __forceinline__ unsigned traced_block() {
@@ -139,8 +163,11 @@ static __device__ __forceinline__ void pdl_wait_at(unsigned line) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  if (tb != 0) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {  // every block: for pdl_end's histogram
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    *pdl_trace::block_wait_returned() = t1;
+  }
+  if (tb != 0) {
     unsigned* br = pdl_trace::block_records();
     const bool fits = i + 1 + pdl_trace::kMarks <= pdl_trace::kCap;
     if (fits) pdl_trace::g_rec[i] = {t0, t1, line, tb == 1 ? 0u : 3u};
@@ -167,8 +194,28 @@ static __device__ __forceinline__ void pdl_mark_at(unsigned line) {
 #endif
 }
 #define pdl_mark() pdl_mark_at(__LINE__)
+// A block's end (after its pdl_wait): pdl_mark() for block 0 and the grid's last block, and for every
+// block, thread 0 adds the time since its own wait returned to the site's histogram (pdl_trace::g_end_hist;
+// scripts/pdl-trace-report prints its percentiles). Why: the step of a kernel ends with its slowest block,
+// and the marks show only two. Thread 0's end stands for the block's (warps that end later are not seen).
+static __device__ __forceinline__ void pdl_end_at(unsigned line) {
+  pdl_mark_at(line);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
+  unsigned long long t = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  const unsigned long long dt = t - *pdl_trace::block_wait_returned();
+  const unsigned b = dt / pdl_trace::kEndBucketNs < pdl_trace::kEndBuckets ? unsigned(dt / pdl_trace::kEndBucketNs)
+                                                                            : pdl_trace::kEndBuckets - 1;
+  const unsigned slot = line % pdl_trace::kEndSites;
+  pdl_trace::g_end_line[slot] = line;
+  atomicAdd(&pdl_trace::g_end_hist[slot][b], 1u);
+#endif
+}
+#define pdl_end() pdl_end_at(__LINE__)
 #else
 #define pdl_mark() ((void)0)
+#define pdl_end() ((void)0)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -8,7 +8,8 @@
 // were already there (launched early) or arrived late. The grid's last block (x) records its wait too,
 // so a kernel whose blocks do not all start early shows it. pdl_mark() records, for the same two blocks,
 // when they passed a point after the wait (e.g. a product's end), without an atomic on the chain (the
-// wait reserves the records).
+// wait reserves the records). pdl_end() (a block's end) adds, for every block, the time since its own
+// wait returned to a per-site histogram, so a kernel's slowest blocks show too (not only those two).
 // The models' destructors call dump_all() (reading the rings through their transfer module), which writes "file,line,reached_ns,returned_ns,kind" lines to
 // $STRATA_PDL_TRACE_FILE; scripts/pdl-trace-report turns them into a per-kernel table. Without the
 // build option (or without the variable) dump_all() does nothing.

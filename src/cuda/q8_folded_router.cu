@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     write_block_sum(acc, part, raw + e);
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 // The wo geometry of wo_router (that of matvec at n = 1).

@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) uint8_t stage[];  // [warps][stride] (A == kStaged)
   q8mv::matvec_warp<F, A, NT, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, xq, xds, n, y,
                                  accumulate ? y : nullptr);
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 template <typename F, int A, int NT, int R>

@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads)
     if (warp == 0) q8c::quantize_warp(hs[lane], hq + p * n_ff + r0, hds + p * (n_ff / 32) + r0 / 32);
     __syncthreads();  // hs is rewritten by the next pair
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 // Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(32 * kDownWarps)
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) x[t * n_embd + r] = base + acc;
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 q8ref::ExpertView host_view(const moe::ExpertLayerView& v) {

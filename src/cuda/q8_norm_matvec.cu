@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads)
     q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
                                   accumulate ? y : nullptr);
   }
-  pdl_mark();  // (traced builds: the block's end)
+  pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
 // Where the kernel asks L2 for its weight rows: 2 (the default) after its PDL wait, once the loads of x are

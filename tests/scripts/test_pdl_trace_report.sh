@@ -47,6 +47,21 @@ echo "$out" | awk '$1 == "b.cu:25" && $2 == "0" { z = ($3 == 4 && $4 == "1.50") 
                    END { if (!z || !l) { print "bad mark rows"; exit 1 } }'
 echo "$out" | grep -q "^8 waits recorded$"
 
+# Block-end histograms (kind 5: bucket, blocks): 100 blocks of b.cu:25, 50 ending in bucket 3 (0.75-1.00
+# us after their wait), 40 in 7, 9 in 11 and one in the last bucket (later than 31.75 us).
+{ cat "$tmp/marks.csv"
+  echo "/x/b.cu,25,3,50,5"; echo "/x/b.cu,25,7,30,5"; echo "/x/b.cu,25,7,10,5"; echo "/x/b.cu,25,11,9,5"
+  echo "/x/b.cu,25,127,1,5"; } > "$tmp/ends.csv"
+out=$(python3 "$report" "$tmp/ends.csv")
+echo "$out"
+echo "$out" | sed -n '/^block ends/,$p' | awk '$1 == "b.cu:25" { found = 1
+    if ($2 != 100 || $3 != "1.00" || $4 != "2.00" || $5 != "3.00" || $6 != ">31.75") { print "bad end row: " $0; exit 1 } }
+  END { if (!found) { print "no end row"; exit 1 } }'
+echo "$out" | grep -q "^8 waits recorded$"
+echo "/x/b.cu,25,128,1,5" > "$tmp/bad_bucket.csv"
+if python3 "$report" "$tmp/bad_bucket.csv" 2> "$tmp/err"; then echo "a bucket out of range was accepted"; exit 1; fi
+grep -q "bad_bucket.csv:1: bucket 128 out of range" "$tmp/err"
+
 echo "/x/a.cu,10,5" > "$tmp/bad.csv"
 if python3 "$report" "$tmp/bad.csv" 2> "$tmp/err"; then echo "a malformed line was accepted"; exit 1; fi
 grep -q "bad.csv:1: expected file,line,reached_ns,returned_ns" "$tmp/err"
