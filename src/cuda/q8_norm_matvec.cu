@@ -270,7 +270,7 @@ bool norm_matvec_supported(int64_t cols, int64_t n) {
 }
 
 namespace {
-EnvSwitch g_norm_early;
+EnvSwitch g_norm_early, g_norm_lanes;
 }  // namespace
 
 void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
@@ -278,10 +278,6 @@ void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 bool norm_matvec_early() {
   return g_norm_early.get([] { return env_on_unless_zero("STRATA_CUDA_NORM_EARLY"); });
 }
-
-namespace {
-EnvSwitch g_norm_lanes;
-}  // namespace
 
 void set_norm_matvec_lanes(bool on) { g_norm_lanes.set(on); }
 

@@ -308,6 +308,12 @@ class CudaQwen3Moe final : public CudaMoeModel {
   // or called directly when graphs are off or the pass is too large.
   void run_segment(const Pass& p, int segment, const std::function<void(const Pass&)>& body) const;
   void drop_stale_graphs(CudaWorkspace& ws) const;  // the workspace's graphs if made for other buffers
+  // The key of pass p's graph (what a capture bakes in besides the buffers: see forward()) for a segment
+  // (0: the whole pass, 1 + s: segment s, kGatedSegment) and a gated pass's layer kinds.
+  static CudaWorkspace::GraphKey graph_key(const Pass& p, int segment, std::vector<uint8_t> layers = {}) {
+    return {p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), segment,
+            std::move(layers)};
+  }
   // Gated passes (docs/gpu.md): a decode-sized CPU-pool pass enqueued whole as one cached graph; the host
   // waits for each CPU-pool layer's signal, runs its pairs, and opens its gate (ws.gates).
   //   gated_piece: piece k of the pass over its CPU-pool layers pl (ascending): piece 0 starts with the
@@ -872,10 +878,11 @@ void CudaQwen3Moe::compute_resident(const Pass& p) const {
 //    checked anyway (graphs_slots / graphs_table), so a cache that ever reallocates recaptures;
 //  * scalars: n, n_out, the shapes and eps/rope constants of the model, and attention's max_kv =
 //    Pass::kv_span (in the key; cuda/host/attn_span.h: a power of two from the pass's positions), from
-//    which (with n and n_head) alone the F32 kernel's split count and chunk are derived (ops.cu attn_splits); host-side kernel choices: the attention math (in the key) and
-//    attn_tile::prefill_mma(), a process-wide switch that matters from 8 tokens on, and
-//    quant::generic_only() (benchmarks: fast dot kernels off), both in the key too; the fast-dot choice
-//    otherwise depends on n, the weights' and slots' alignment and types: fixed.
+//    which (with n and n_head) alone the F32 kernel's split count and chunk are derived (ops.cu
+//    attn_splits); host-side kernel choices: the attention math (in the key) and attn_tile::prefill_mma(),
+//    a process-wide switch that matters from 8 tokens on, and quant::generic_only() (benchmarks: fast dot
+//    kernels off), both in the key too (graph_key builds it); the fast-dot choice otherwise depends on
+//    n, the weights' and slots' alignment and types: fixed.
 //    Which tokens of a tile share a cache is decided in the kernel from refs, not on the host.
 // Everything that changes per step is read from device memory by the kernels: tokens, positions, the
 // KvRef array (each sequence's K/V pointers, n_ctx, pos; attention's n_kv = pos + 1), the logit rows, and
@@ -900,7 +907,7 @@ void CudaQwen3Moe::run_graph(const Pass& p) const {
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), 0, {}};
+  const CudaWorkspace::GraphKey key = graph_key(p, 0);
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     // The checker's notes are taken while capturing: the launch below follows them on the same stream.
@@ -924,8 +931,7 @@ void CudaQwen3Moe::run_segment(const Pass& p, int segment, const std::function<v
   CudaWorkspace& ws = p.ws;
   Stream& cs = dev_->compute();
   drop_stale_graphs(ws);
-  const CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
-                                    1 + segment, {}};
+  const CudaWorkspace::GraphKey key = graph_key(p, 1 + segment);
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     Graph g = Graph::capture(cs, [&] { body(p); });
@@ -983,8 +989,7 @@ void CudaQwen3Moe::forward_gated(const Pass& p, const PoolCtx& pc, ThreadPool& p
   const std::vector<uint8_t> kinds = gated_layer_kinds(cache_->residency(), hp_.n_layer, hp_.n_expert, &pl);
   drop_stale_graphs(ws);
   ws.gates->reset();  // no kernel of an earlier pass polls them: each pass ends with the stream drained
-  CudaWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
-                              kGatedSegment, kinds};
+  CudaWorkspace::GraphKey key = graph_key(p, kGatedSegment, kinds);
   auto it = ws.graphs.find(key);
   if (it == ws.graphs.end()) {
     size_t gated = 0;

@@ -1160,7 +1160,8 @@ void CudaQwen3Next::prepare_graphs(NextWorkspace& ws) const {
 }
 
 NextWorkspace::GraphKey CudaQwen3Next::graph_key(const Pass& p) const {
-  NextWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(), {}, {}};
+  NextWorkspace::GraphKey key{p.n, p.n_out, p.kv_span, int(p.attn), attn_tile::prefill_mma(), quant::generic_only(),
+                              {}, {}};
   for (int64_t r = 0; r < p.n_runs; ++r) {
     const Run& run = p.ws.runs[size_t(r)];
     key.runs.emplace_back(run.t0, run.t1, run.st->conv.data(), run.st->ssm.data());

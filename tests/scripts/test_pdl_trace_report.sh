@@ -55,7 +55,8 @@ echo "$out" | grep -q "^8 waits recorded$"
 out=$(python3 "$report" "$tmp/ends.csv")
 echo "$out"
 echo "$out" | sed -n '/^block ends/,$p' | awk '$1 == "b.cu:25" { found = 1
-    if ($2 != 100 || $3 != "1.00" || $4 != "2.00" || $5 != "3.00" || $6 != ">31.75") { print "bad end row: " $0; exit 1 } }
+    if ($2 != 100 || $3 != "1.00" || $4 != "2.00" || $5 != "3.00" || $6 != ">31.75") {
+      print "bad end row: " $0; exit 1 } }
   END { if (!found) { print "no end row"; exit 1 } }'
 echo "$out" | grep -q "^8 waits recorded$"
 echo "/x/b.cu,25,128,1,5" > "$tmp/bad_bucket.csv"
