@@ -81,13 +81,15 @@ __device__ __forceinline__ void prefetch_warp_rows(const uint8_t* w, int64_t row
 // reduces): wo_router's sum of squares of the residual stream (q8_folded_router.cu).
 // Scaled: each dot is multiplied by `scale` (rounded on its own, then the residual added: no fused
 // multiply-add) before it is written: norm_matvec's early norm, whose activations lack the norm's scale.
+// staged (A == 16 only; else null): the warp's rows already copied there by the caller (shared memory,
+// 16-byte aligned, landed and visible to the warp), read instead of w's (norm_matvec's prestaged rows).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8 (global or shared)   xds: [n][cols/32]
 //   y, add: [n][rows]
 template <typename F, int A, int NT, int R, bool Scaled = false>
 __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
                                              const int8_t* xq, const float2* xds, int64_t n, float* y,
-                                             const float* add, float scale = 1.f) {
+                                             const float* add, float scale = 1.f, const uint8_t* staged = nullptr) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
   const int64_t row0 = warp_row0<R>(lpr_log2);
@@ -96,7 +98,7 @@ __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int6
   const int64_t dss = cols / 32;
   // The warp's rows start at `first` (global memory, or their staged copy). Rows past the end compute on
   // row0's bytes (always valid) and are not written.
-  const uint8_t* first = w + row0 * row_bytes;
+  const uint8_t* first = staged != nullptr ? staged : w + row0 * row_bytes;
   if constexpr (A == q8d::kStaged) {
     const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
     uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);

@@ -1,6 +1,8 @@
 // q8::norm_matvec (contract: q8_kernels.cuh): the decode rmsnorm, its Q8 quantization and a dense matvec in
 // one kernel. CPU reference: q8ref::rmsnorm_quantize then q8ref::matvec (the same values);
 // tests/cuda/test_q8_kernels.cu compares it bit for bit with rmsnorm_quantize + matvec on the GPU.
+#include <cuda_pipeline.h>
+
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -169,6 +171,23 @@ __device__ __forceinline__ float norm_quantize_row_early(const float* x, const f
   return scale;
 }
 
+// Prestaging (prefetch_mode() 3 and 4; A == 16 rows only): the warp's rows into its shared-memory region
+// (stage + warp * stride) by 16-byte cp.async copies, one commit group; the caller waits for them
+// (__pipeline_wait_prior(0), __syncwarp) right before the product. Why: with the rows only asked into L2
+// (modes 1, 2) the product after the norm's barrier still starts with an L2 round trip for them (q|k|v:
+// block 0's end 2.2 us after the barrier in session 20's first trace).
+template <int R>
+__device__ __forceinline__ const uint8_t* prestage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes,
+                                                        int lpr_log2, uint8_t* region) {
+  const int64_t row0 = q8mv::warp_row0<R>(lpr_log2), rows_per_warp = int64_t(R) << (5 - lpr_log2);
+  if (row0 >= rows) return nullptr;
+  const int64_t n16 = (rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp) * row_bytes / 16;
+  const uint8_t* src = w + row0 * row_bytes;
+  for (int64_t i = threadIdx.x & 31; i < n16; i += 32) __pipeline_memcpy_async(region + 16 * i, src + 16 * i, 16);
+  __pipeline_commit();
+  return region;
+}
+
 // x, nw, eps, xn, xq_out, xds_out: as norm_matvec (one token); prefetch: prefetch_mode(); E: 0 the two-step
 // norm, 1 the early norm (above) one value a lane, 2 the early norm in runs; the rest as q8_kernels.cu
 // matvec_kernel.
@@ -185,8 +204,13 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int64_t cols = int64_t(PER) * kThreads;
   int8_t* sq = reinterpret_cast<int8_t*>(smem);            // [cols]
   float2* sds = reinterpret_cast<float2*>(smem + cols);    // [cols/32]
-  uint8_t* stage = smem + act_bytes(cols);                 // [warps][stride] (A == kStaged)
+  uint8_t* stage = smem + act_bytes(cols);                 // [warps][stride] (A == kStaged, or prestaged)
   if (prefetch == 1) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+  const uint8_t* staged = nullptr;  // prestaged rows (modes 3, 4)
+  uint8_t* region = stage + (threadIdx.x >> 5) * stride;
+  if constexpr (A == 16) {
+    if (prefetch == 4) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
+  }
   float wv[PER];  // a weight: before the wait (E == 2: in runs, else strided)
   if constexpr (E == 2) {
     load_runs<PER>(nw, wv);
@@ -199,30 +223,50 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (E != 0) {
     const float scale = norm_quantize_row_early<PER, E == 2>(x, wv, eps, sq, sds, xn, [&] {
       if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+      if constexpr (A == 16) {
+        if (prefetch == 3) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
+      }
     });
     pdl_mark();  // (traced builds: the norm done)
+    if (staged != nullptr) {
+      __pipeline_wait_prior(0);
+      __syncwarp();
+    }
     q8mv::matvec_warp<F, A, 1, R, true>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
-                                        accumulate ? y : nullptr, scale);
+                                        accumulate ? y : nullptr, scale, staged);
   } else {
     norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, [&] {
       if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+      if constexpr (A == 16) {
+        if (prefetch == 3) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
+      }
     });
     pdl_mark();  // (traced builds: the norm done)
+    if (staged != nullptr) {
+      __pipeline_wait_prior(0);
+      __syncwarp();
+    }
     q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
-                                  accumulate ? y : nullptr);
+                                  accumulate ? y : nullptr, 1.f, staged);
   }
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
-// Where the kernel asks L2 for its weight rows: 2 (the default) after its PDL wait, once the loads of x are
-// issued; 1 before the wait; 0 not at all. STRATA_CUDA_QKV_PREFETCH=0|1|2 (read once). Why 2: session 14
-// suspected x's loads (the first step after the wait) of queueing behind the prefetches; H200, 48-layer
-// 30B-A3B geometry, fully resident, tok/s in one call each (session 17): 2 gave 493.3, 488.8, 493.8;
-// 1 gave 487.0, 487.4 (alternating) and 488.5, 480.2; 0 gave 485.9. About +1%, within two runs' spread.
+// Where the kernel gets its weight rows ahead of the product: 3 (the default) copies them into shared memory
+// after its PDL wait, once the loads of x are issued (prestage_rows; rows 16-byte aligned, else as 2); 4 the
+// same before the wait; 2 asks L2 for them after the wait, 1 before it; 0 not at all.
+// STRATA_CUDA_QKV_PREFETCH=0..4 (read once). Why 3: H200, 48-layer 30B-A3B geometry fully resident,
+// alternating in one machine (session 20): 3 gave 563.3, 556.3, 567.5, 552.9, 566.8 tok/s against 558.1,
+// 553.5, 551.1, 560.2 for 2 (+1.0%, within the runs' spread; 3 of 4 pairs ahead); 4 gave 557.3, 549.7.
+// Why 2 before it: session 14 suspected x's loads (the first step after the wait) of queueing behind the
+// prefetches; H200, 48-layer 30B-A3B geometry, fully resident, tok/s in one call each (session 17): 2 gave
+// 493.3, 488.8, 493.8; 1 gave 487.0, 487.4 (alternating) and 488.5, 480.2; 0 gave 485.9. About +1%.
 int prefetch_mode() {
   static const int mode = [] {
     const char* e = std::getenv("STRATA_CUDA_QKV_PREFETCH");
-    return e == nullptr ? 2 : std::string(e) == "0" ? 0 : std::string(e) == "1" ? 1 : 2;
+    if (e == nullptr) return 3;
+    const std::string v(e);
+    return v == "0" ? 0 : v == "1" ? 1 : v == "2" ? 2 : v == "4" ? 4 : 3;
   }();
   return mode;
 }
@@ -231,13 +275,21 @@ template <typename F, int A, int R, int PER>
 void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geometry& g, const float* x,
             const float* nw, float eps, float* xn, int8_t* xq, float2* xds, float* y, bool accumulate,
             cudaStream_t stream) {
+  // Prestaging (modes 3, 4): 16-byte aligned rows whose warp regions fit kMaxStageBytes; else mode 2.
+  int pf = prefetch_mode();
+  int64_t pre_stride = 0;
+  if (pf >= 3) {
+    pre_stride = (g.rows_per_warp * row_bytes + 15) / 16 * 16;
+    if (A != 16 || pre_stride * (kThreads / 32) > q8mv::kMaxStageBytes) pf = 2, pre_stride = 0;
+  }
   auto run = [&](auto kernel, int64_t stride) {
+    if (pf >= 3) stride = pre_stride;
     const size_t smem = size_t(act_bytes(int64_t(PER) * kThreads) + stride * (kThreads / 32));
     if (smem > size_t(q8mv::kMaxStageBytes))
       set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 int(smem));
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
-                xn, xq, xds, y, accumulate, prefetch_mode());
+                xn, xq, xds, y, accumulate, pf);
   };
   // 0: the two-step norm; 1: the early norm, strided; 2: the early norm, in runs (x and nw 16-byte aligned).
   const bool runs = norm_matvec_lanes() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
