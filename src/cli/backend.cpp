@@ -62,6 +62,10 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                  (long long)r.forwards, (long long)r.graph_captures, double(r.op_calls) / double(r.forwards),
                  double(r.transfers) / double(r.forwards), 1e6 * r.host_s / double(r.forwards),
                  1e6 * r.wait_s / double(r.forwards));
+  if (r.predicted > 0)
+    std::fprintf(stderr, "strata: %s expert prediction (%s): %.1f%% of the %lld experts routed in predicting layers "
+                 "were predicted from the layer's input and prefetched into L2 during attention\n", what,
+                 backend.c_str(), 100.0 * double(r.predict_hits) / double(r.predicted), (long long)r.predicted);
   if (r.gated_forwards > 0)
     std::fprintf(stderr, "strata: %s host work (%s): %lld of the CPU-pool passes ran gated (enqueued whole, "
                  "the host releasing each layer)\n", what, backend.c_str(), (long long)r.gated_forwards);

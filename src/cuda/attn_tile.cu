@@ -36,6 +36,7 @@
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
+#include "cuda/expert_predict.cuh"
 #include "cuda/host/attn_span.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_common.cuh"
@@ -195,6 +196,15 @@ __global__ void __launch_bounds__(32 * W, 1)
   float* ps = reinterpret_cast<float*>(smem + L::p_off);               // [W][RPW][KT]
   ops::KvRef* rs = reinterpret_cast<ops::KvRef*>(smem + L::r_off);     // [R]
 
+  if constexpr (P && 32 * W == predict::kThreads) {
+    // The expert predictor's blocks (expert_predict.cuh), after the attention's: the first row of the grid
+    // runs them, the other splits' copies have nothing to do. (Blocks of another size: launch_shape adds
+    // none.)
+    if (pp.pf.on() && blockIdx.x >= gridDim.x - predict::kBlocks) {
+      if (blockIdx.y == 0) predict::run_block(pp.pf, int(blockIdx.x - (gridDim.x - predict::kBlocks)));
+      return;
+    }
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int group = n_head / n_head_kv;
   const int64_t bx = blockIdx.x;
@@ -756,8 +766,11 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
-  STRATA_REQUIRE(blocks <= INT32_MAX, "attention: {} tokens x {} heads is too many blocks", n_tok, n_head);
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(n_split));
+  STRATA_REQUIRE(blocks <= INT32_MAX - predict::kBlocks, "attention: {} tokens x {} heads is too many blocks", n_tok,
+                 n_head);
+  const bool pf = prep != nullptr && prep->pf.on() && 32 * W == predict::kThreads;
+  if (pf) predict::check(prep->pf);
+  const dim3 grid(static_cast<unsigned>(blocks + (pf ? predict::kBlocks : 0)), static_cast<unsigned>(n_split));
   auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
     allow_shared(kernel, bytes);
     pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/expert_predict.h"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 
@@ -43,10 +44,13 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 // prep (ops::prep_attention_q8): one token (n_tok == 1) whose q, K and V the kernel prepares itself from
 // the q|k|v product, as attn_prep does (same bits), instead of reading q (then null) and the token's own
 // K/V row from the cache; the block(s) holding position refs[0].pos store that row in the cache.
+// prep->pf on (expert_predict.h): predict::kBlocks more blocks in the grid's first row predict the layer's
+// experts from x and prefetch them into L2; the attention's values do not change.
 struct Prep {
   ops::AttnPrepIn in;
   int n_rot;  // rotated dims per head (even, <= head_dim)
   float eps;  // q_norm / k_norm epsilon
+  predict::ExpertPrefetch pf = {};
 };
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,

@@ -1227,7 +1227,8 @@ bool prep_attention_enabled() {
 }
 
 void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef* refs, int layer, float scale,
-                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
+                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream,
+                       const predict::ExpertPrefetch* pf) {
   STRATA_REQUIRE(prep_attention_supported(1, s),
                  "prep_attention_q8: {} query / {} KV heads of {}/{}, n_rot {} (needs K and V heads of 64, 128 or "
                  "256, whole groups, an even n_rot <= head size)", s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v,
@@ -1237,7 +1238,7 @@ void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef
                  "prep_attention_q8: row strides {}/{}/{} shorter than the rows, layer {} or max_kv {}", in.q_ld,
                  in.k_ld, in.v_ld, layer, max_kv);
   // The same launches as attention_q8 of one token, so the same split, partial sums and merge.
-  const attn_tile::Prep prep{in, s.n_rot, s.eps};
+  const attn_tile::Prep prep{in, s.n_rot, s.eps, pf != nullptr ? *pf : predict::ExpertPrefetch{}};
   if (!launch_tiled(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, scale, max_kv, scratch,
                     out, xq, xds, stream, &prep))
     q8::quantize(out, 1, int64_t(s.n_head) * s.head_dim_v, xq, xds, stream);  // (not written by the launch)

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/expert_predict.h"
 #include "cuda/ops.cuh"
 
 namespace strata::cuda::ops {
@@ -82,10 +83,14 @@ struct AttnPrepIn {
 // Needs prep_attention_supported(n_tok = 1, shape) (else strata::Error). PDL: as the tiled kernel (refs
 // are read before the wait). prep_attention_enabled(): on unless the environment sets
 // STRATA_CUDA_PREP_ATTENTION=0 (read once; the forward then keeps attn_prep and attention_q8).
+// pf (optional, cuda/expert_predict.h): the same launch also predicts the layer's experts and prefetches
+// them into L2 (its blocks are added to the grid; the attention's values are the same). Ignored with the
+// 4-warp decode blocks (STRATA_CUDA_ATTN_DECODE_WARPS=4).
 bool prep_attention_supported(int64_t n_tok, const AttnPrepShape& shape);
 bool prep_attention_enabled();
 void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& shape, const KvRef* refs, int layer, float scale,
-                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream);
+                       int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream,
+                       const predict::ExpertPrefetch* pf = nullptr);
 
 // attn_prep's kernels (same results; tests run both): every global load issued at the start (the
 // default), or the first kernel (angles, KvRef and value head loaded after the norm). Process-wide; the

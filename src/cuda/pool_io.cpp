@@ -393,6 +393,8 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.gated_forwards = int64_t(work.gated_forwards);
   r.op_calls = int64_t(work.op_calls);
   r.transfers = int64_t(work.transfers);
+  r.predicted = int64_t(work.predicted);
+  r.predict_hits = int64_t(work.predict_hits);
   r.host_s = std::chrono::duration<double>(work.host).count();
   r.wait_s = std::chrono::duration<double>(work.wait).count();
   r.pool_s = std::chrono::duration<double>(work.pool).count();

@@ -34,6 +34,9 @@ struct HostWork {
   uint64_t direct_pairs = 0;    // non-resident pairs the GPU read from host memory (moe/direct_rule.h)
   uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
   uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
+  // Decode expert prediction (cuda/expert_predict.h): routed experts of the layers that predicted, and how
+  // many of them the prediction named.
+  uint64_t predicted = 0, predict_hits = 0;
   // Wall time of forward(): blocked on the end-of-pass wait (the GPU still working), and the rest
   // (enqueueing, and in CPU-pool passes the pool's work and waits). host >> wait = the host is the
   // bottleneck.

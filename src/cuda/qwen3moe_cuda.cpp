@@ -21,6 +21,7 @@
 #include "cuda/device.h"
 #include "cuda/attn_tile.cuh"
 #include "cuda/expert_cache.h"
+#include "cuda/expert_predict.h"
 #include "cuda/gemm_context.h"
 #include "cuda/host/attn_span.h"
 #include "cuda/graph.h"
@@ -69,6 +70,7 @@ struct Layer {
   DevWeight router;     // [n_expert][n_embd]
   DevWeight router_fold;  // [n_expert][n_embd + n_head * head_dim_v] f32 (q8::fold_router); empty: not built
   int64_t fold_ss = 0;    // with router_fold: the partial sums q8::wo_router writes (wo_router_ss_count)
+  DevWeight router_pred;  // [n_expert][n_embd] bf16 (predict::build_weight); empty: no expert prefetch
   ExpertWeights experts;  // host, the mapped file: what the CPU pool reads
 };
 
@@ -147,6 +149,11 @@ class CudaWorkspace final : public Workspace, public PoolIo {
       hds = dev.alloc(size_t(z.hq / 32) * sizeof(float2), "ws.hds");
       mid = dev.alloc(size_t(z.mid) * 4, "ws.mid");
       ss = dev.alloc(size_t(z.ss) * 4, "ws.ss");
+      pred_counter = dev.alloc(4, "ws.pred_counter");  // zeroed by new_workspace
+      pred_logits = dev.alloc(size_t(hp.n_expert) * 4, "ws.pred_logits");
+      pred_ids = dev.alloc(size_t(hp.n_layer) * size_t(hp.n_expert_used) * 4, "ws.pred_ids");
+      pred_ids_h = dev.alloc_pinned(pred_ids.bytes(), "ws.pred_ids_h");
+      pred_layers.assign(size_t(hp.n_layer), 0);
     }
     step_host.resize(StepLayout(max_tok).bytes);
     if (prefill_paths && max_tok >= std::min(kGemmMinTokens, moe::kMoeGroupedMinTokens)) {
@@ -162,7 +169,8 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
-               xds.bytes() + hq.bytes() + hds.bytes() + mid.bytes() + ss.bytes();
+               xds.bytes() + hq.bytes() + hds.bytes() + mid.bytes() + ss.bytes() + pred_counter.bytes() +
+               pred_logits.bytes() + pred_ids.bytes() + pred_ids_h.bytes();
     return b;
   }
 
@@ -187,6 +195,12 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer hq, hds;        // [n_tok * k][n_ff] int8, [..][n_ff/32] float2: resident experts' silu(gate)*up
   DeviceBuffer mid;            // [n_tok][n_embd] the folded router's h = x + wo . att (moe_down: x = mid + ...)
   DeviceBuffer ss;             // [n_embd] (at least q8::wo_router_ss_count) wo_router's partial sums of h^2
+  // The expert predictor's (cuda/expert_predict.h; fast decode):
+  DeviceBuffer pred_counter;   // uint32, a multiple of predict::kBlocks between launches
+  DeviceBuffer pred_logits;    // [n_expert]
+  DeviceBuffer pred_ids;       // [n_layer][k] int32: each layer's predicted experts of the latest token
+  PinnedBuffer pred_ids_h;     // its host copy
+  std::vector<uint8_t> pred_layers;  // [n_layer] the latest pass's layers that predicted
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
   DeviceBuffer moe_scratch;    // moe::moe_grouped_scratch_bytes for the largest layer (prefill MoE)
   // host
@@ -246,6 +260,7 @@ class CudaQwen3Moe final : public CudaMoeModel {
     std::lock_guard<std::mutex> lock(mu_);  // the transfer module is used by one thread at a time (forward)
     Stream& cs = dev_->compute();
     xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
+    if (ws->pred_counter.bytes() > 0) xfer_->fill(ws->pred_counter.span(), 0, cs, {&cs});
     return ws;
   }
   ExpertCacheReport cache_report() const override {
@@ -330,6 +345,15 @@ class CudaQwen3Moe final : public CudaMoeModel {
   // Layer l's q8::fold_router weight where the fast decode can use it (else empty), through wo_f32 (the
   // dequantized wo, allocated on first use). After l's wo, ffn_norm and router are uploaded.
   DevWeight fold_router(const Layer& l, DeviceBuffer& wo_f32, const std::string& name);
+  // Layer l's expert predictor weight (predict::build_weight) where the fast decode can use it, else empty.
+  // After l's router and ffn_norm are uploaded.
+  DevWeight predict_router(const Layer& l, const std::string& name);
+  // The expert prefetch of layer il's one-token attention launch (predict::ExpertPrefetch; off: not on()).
+  predict::ExpertPrefetch expert_prefetch(const Pass& p, int il) const;
+  // One-token passes that predicted: every layer's predicted experts to the host (enqueued before
+  // finish_forward's end-of-pass wait), then counted against the routing (work_.predicted, predict_hits).
+  Ticket download_predictions(const Pass& p) const;
+  void count_predictions(const Pass& p, Ticket& t) const;
   // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
   GgmlType device_type(const Weight& w) const { return cuda::device_type(w.type, opt_.exact); }
   DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
@@ -500,6 +524,7 @@ void CudaQwen3Moe::load() {
     l.ffn_norm = upload_f32(L.f32(p + "ffn_norm.weight", {E}), p + "ffn_norm");
     l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log);
     l.router_fold = fold_router(l, wo_f32, p + "ffn_gate_inp_fold");
+    l.router_pred = predict_router(l, p + "ffn_gate_inp_pred");
     if (l.router_fold.rows > 0)
       l.fold_ss = q8::wo_router_ss_count(l.wo.type, E, l.wo.cols, int64_t(row_bytes(l.wo.type, l.wo.cols)));
     l.experts.gate = L.matrix(p + "ffn_gate_exps.weight", {E, F, X});
@@ -540,6 +565,82 @@ void CudaQwen3Moe::load() {
   }
   dev_->compute().synchronize();  // weights and first slots in place before the first forward
   work_ = HostWork::starting_now(*xfer_);
+}
+
+Ticket CudaQwen3Moe::download_predictions(const Pass& p) const {
+  CudaWorkspace& ws = p.ws;
+  bool any = false;
+  for (int il = 0; il < hp_.n_layer && ws.pred_ids.bytes() > 0; ++il) {
+    ws.pred_layers[size_t(il)] = expert_prefetch(p, il).on() ? 1 : 0;
+    any = any || ws.pred_layers[size_t(il)] != 0;
+  }
+  if (!any) return Ticket();
+  ++work_.transfers;
+  return xfer_->download(ws.pred_ids_h.span(), ws.pred_ids.span(), dev_->compute());
+}
+
+void CudaQwen3Moe::count_predictions(const Pass& p, Ticket& t) const {
+  if (!t.valid()) return;
+  t.wait();
+  CudaWorkspace& ws = p.ws;
+  ws.pred_ids_h.note_host_access(strata::stream_check::Access::Read);
+  ws.ids_h.note_host_access(strata::stream_check::Access::Read);
+  const int k = hp_.n_expert_used;
+  const int32_t* pred = ws.pred_ids_h.as<const int32_t>();
+  const int32_t* ids = ws.ids_h.as<const int32_t>();  // [n_layer][1][k]: every layer's routing (finish_forward)
+  for (int il = 0; il < hp_.n_layer; ++il) {
+    if (!ws.pred_layers[size_t(il)]) continue;
+    for (int a = 0; a < k; ++a)
+      for (int b = 0; b < k; ++b) work_.predict_hits += ids[il * k + a] == pred[il * k + b] ? 1 : 0;
+    work_.predicted += uint64_t(k);
+  }
+}
+
+predict::ExpertPrefetch CudaQwen3Moe::expert_prefetch(const Pass& p, int il) const {
+  const Layer& l = layers_[size_t(il)];
+  predict::ExpertPrefetch pf;
+  const int mode = predict::prefetch_mode();
+  if (l.router_pred.rows == 0 || mode == 0 || p.n != 1 || p.ws.pred_counter.bytes() == 0 || !experts_q8(p, il))
+    return pf;
+  const moe::ExpertLayerView v = cache_->layer_view(il);
+  const int64_t gate = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd))) * v.n_ff;
+  const int64_t up = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd))) * v.n_ff;
+  const int64_t down = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff))) * v.n_embd;
+  const int64_t off[3] = {v.gate_off, v.up_off, v.down_off}, bytes[3] = {gate, up, down};
+  const int n_ranges = mode == 2 ? 3 : 2;
+  for (int r = 0; r < n_ranges; ++r)  // (a slot layout whose ranges are not 16-byte aligned: no prefetch)
+    if (off[r] % 16 != 0 || bytes[r] % 16 != 0 || v.slot_bytes % 16 != 0) return pf;
+  pf.w = l.router_pred.buf.as<const uint16_t>();
+  pf.x = p.ws.x.as<const float>();
+  pf.n_embd = int(hp_.n_embd);
+  pf.n_expert = hp_.n_expert;
+  pf.k = hp_.n_expert_used;
+  pf.logits = p.ws.pred_logits.as<float>();
+  pf.counter = p.ws.pred_counter.as<uint32_t>();
+  pf.table = cache_->device_layer_row(il);
+  pf.slots = v.slots;
+  pf.slot_bytes = v.slot_bytes;
+  for (int r = 0; r < n_ranges; ++r) pf.off[r] = off[r], pf.bytes[r] = bytes[r];
+  pf.n_ranges = n_ranges;
+  pf.ids = p.ws.pred_ids.as<int32_t>() + int64_t(il) * hp_.n_expert_used;
+  pf.lines = mode == 3;
+  return pf;
+}
+
+DevWeight CudaQwen3Moe::predict_router(const Layer& l, const std::string& name) {
+  const HParams& hp = hp_;
+  DevWeight w;
+  if (opt_.exact || !q8::enabled() || predict::prefetch_mode() == 0 || l.router.type != GgmlType::F32 ||
+      !predict::supported(hp.n_expert, hp.n_embd, hp.n_expert_used))
+    return w;
+  w.type = GgmlType::BF16;
+  w.rows = hp.n_expert;
+  w.cols = hp.n_embd;
+  w.buf = dev_->alloc(size_t(w.rows * w.cols) * 2, name);
+  Stream& cs = dev_->compute();
+  note_launch(cs, {l.router.buf.span(), l.ffn_norm.buf.span()}, {w.buf.span()});
+  predict::build_weight(l.router.f32(), l.ffn_norm.f32(), hp.n_expert, hp.n_embd, w.buf.as<uint16_t>(), cs.handle());
+  return w;
 }
 
 DevWeight CudaQwen3Moe::fold_router(const Layer& l, DeviceBuffer& wo_f32, const std::string& name) {
@@ -667,9 +768,16 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     // the product adds into x (no separate add).
     if (prep_in_attention) {
       note_launch(cs, prep_reads, {ws.att.span(), ws.attn_scratch.span(), ws.xq.span(), ws.xds.span()});
+      const predict::ExpertPrefetch pf = expert_prefetch(p, il);
+      if (pf.on()) {
+        note_launch(cs, {ws.x.span(), l.router_pred.buf.span()},
+                    {ws.pred_counter.span(), ws.pred_logits.span(), ws.pred_ids.span()});
+        cache_->note_expert_reads(cs, il);  // (its table row; the slots are only asked into L2)
+      }
       op(p, [&] {
         ops::prep_attention_q8(prep_in, shape, refs, il, scale, p.kv_span, ws.attn_scratch.as<float>(),
-                               ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s);
+                               ws.att.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(), s,
+                               pf.on() ? &pf : nullptr);
       });
     } else {
       note_launch(cs, {ws.step_in.span(), ws.q.span()},
@@ -1099,7 +1207,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     compute_resident(p);
   } else if (gated_ && n <= kMaxGraphTokens && !decode_stream_on && pool_fits_gated(ws, *xfer_, n, E)) {
     forward_gated(p, pc, pool, opt);
+    Ticket predicted = download_predictions(p);
     finish_forward(pc, ws, n, n_out, V, logits, opt.sampling, opt.usage, t_start);
+    count_predictions(p, predicted);
     ws.gates->check();  // the stream drained
     return;
   } else {
@@ -1147,7 +1257,9 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     }
     output(p);
   }
+  Ticket predicted = download_predictions(p);
   finish_forward(pc, ws, n, n_out, V, logits, opt.sampling, opt.usage, t_start);
+  count_predictions(p, predicted);
 }
 
 }  // namespace

@@ -76,6 +76,8 @@ struct ExpertCacheReport {
   int64_t gated_forwards = 0;  // CPU-pool passes enqueued whole as one graph (docs/gpu.md "Gated passes")
   double host_s = 0, wait_s = 0;  // wall time in forward(): blocked on the end-of-pass wait / the rest
   double pool_s = 0, route_wait_s = 0;  // of host_s: in the CPU pool's experts / waiting for a layer's routing
+  // Decode expert prediction (prefetch into L2): routed experts of the layers that predicted, of them named
+  int64_t predicted = 0, predict_hits = 0;
   double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
 };
 

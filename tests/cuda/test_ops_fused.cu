@@ -18,6 +18,7 @@
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/ops_fused_ref.h"
+#include "cuda/expert_predict.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
 #include "gpu_test_util.h"
@@ -474,6 +475,122 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
   EXPECT_THROW(ops::prep_attention_q8(none, ops::AttnPrepShape{32, 4, 128, 128, 128, kEps}, nullptr, 0, 1.0f, 64,
                                       nullptr, nullptr, nullptr, nullptr, stream()),
                strata::Error);  // row strides 0
+}
+
+// The expert predictor (cuda/expert_predict.h) inside the one-token attention launch: the attention's
+// outputs and caches are the same bits with and without it; the predicted experts are the k best of
+// w . x (CPU reference; where the k-th and the next logit are closer than the f32 sums' rounding could
+// move them, only the first k-1 are compared); the counter grows by kBlocks per launch. Layers in a row
+// share the counter (one launch after the other), at one split (max_kv 64) and at 64 splits (4096:
+// the other rows of the grid hold predictor copies with nothing to do). A prefetch of every range (gate,
+// up, down; the last chunk partial) of slots with non-resident experts (-1) among the winners.
+TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
+  constexpr int L = 2, H = 32, Hkv = 4, D = 128, E = 128, X = 2048, K = 8, kSlots = 12;
+  constexpr int64_t kSlotBytes = 3 * 40016;
+  const float scale = 1.0f / std::sqrt(float(D));
+  const int64_t qw = int64_t(H) * D, kw = int64_t(Hkv) * D, width = qw + 2 * kw;
+  const ops::AttnPrepShape shape{H, Hkv, D, D, D, kEps};
+  // The predictor's weight: build_weight against its reference.
+  const std::vector<float> router = randn(size_t(E) * X, 91, 0.05f), nw = randn(size_t(X), 92, 1.0f);
+  std::vector<uint16_t> wref(size_t(E) * X);
+  predict::build_weight_ref(router.data(), nw.data(), E, X, wref.data());
+  Buf drouter = upload_vec(router), dnw = upload_vec(nw);
+  Buf dw = output(wref.size() * 2);
+  predict::build_weight(drouter.ptr<float>(), dnw.ptr<float>(), E, X, dw.ptr<uint16_t>(), stream());
+  EXPECT_TRUE(download<uint16_t>(dw, wref.size()) == wref) << "build_weight differs from its reference";
+  // Slots: experts e % 3 == 0 not resident.
+  std::vector<int32_t> table(static_cast<size_t>(E));
+  for (int e = 0; e < E; ++e) table[size_t(e)] = e % 3 == 0 ? -1 : e % kSlots;
+  Buf dtable = upload_vec(table), dslots = output(size_t(kSlots) * kSlotBytes, 0);
+  Buf dcounter = upload_vec(std::vector<uint32_t>{0}), dlogits = output(size_t(E) * 4);
+  Buf dids = output(size_t(L) * K * 4);
+  const std::vector<float> qn = randn(size_t(D), 17, 1.0f), kn = randn(size_t(D), 18, 1.0f);
+  Buf dqn = upload_vec(qn), dkn = upload_vec(kn);
+  int launches = 0;
+  for (const int n_ctx : {64, 4096}) {
+    const size_t cache = size_t(L) * size_t(n_ctx) * size_t(kw);
+    std::mt19937 rng(5 + uint32_t(n_ctx));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<uint16_t> kc(cache), vc(cache);
+    for (auto& x : kc) x = cpu::float_to_half(nd(rng));
+    for (auto& x : vc) x = cpu::float_to_half(nd(rng));
+    for (int layer = 0; layer < L; ++layer) {
+      const int pos = n_ctx == 64 ? 40 : 3000;
+      SCOPED_TRACE("max_kv " + std::to_string(n_ctx) + " layer " + std::to_string(layer));
+      const std::vector<float> qkv = randn(size_t(width), 300 + uint32_t(layer + n_ctx), 1.0f);
+      const std::vector<float> x = randn(size_t(X), 400 + uint32_t(layer + n_ctx), 3.0f);
+      Buf dqkv = upload_vec(qkv), dx = upload_vec(x);
+      const float* dq = dqkv.ptr<float>();
+      Buf dpos = upload_vec(std::vector<int32_t>{pos});
+      Buf dcs = output(size_t(D) * 4);
+      ops::rope_cos_sin(dpos.ptr<int32_t>(), 1, D, 1e6f, dcs.ptr<float>(), stream());
+      const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
+                               dcs.ptr<float>()};
+      const size_t n_out = size_t(qw), n_blk = n_out / 32;
+      struct Run {
+        Buf k, v, refs, scratch, out, xq, xds;
+      };
+      auto make = [&](Run& r) {
+        r.k = upload_vec(kc);
+        r.v = upload_vec(vc);
+        r.refs = upload_vec(std::vector<ops::KvRef>{{r.k.ptr<uint16_t>(), r.v.ptr<uint16_t>(), n_ctx, pos}});
+        r.scratch = output(ops::attention_scratch_floats(1, H, D, n_ctx) * 4);
+        r.out = output(n_out * 4);
+        r.xq = output(n_out);
+        r.xds = output(n_blk * 8);
+      };
+      Run plain, with;
+      make(plain);
+      make(with);
+      predict::ExpertPrefetch pf;
+      pf.w = dw.ptr<uint16_t>();
+      pf.x = dx.ptr<float>();
+      pf.n_embd = X, pf.n_expert = E, pf.k = K;
+      pf.logits = dlogits.ptr<float>();
+      pf.counter = dcounter.ptr<uint32_t>();
+      pf.table = dtable.ptr<int32_t>();
+      pf.slots = dslots.ptr<uint8_t>();
+      pf.slot_bytes = kSlotBytes;
+      for (int r = 0; r < 3; ++r) pf.off[r] = r * 40016, pf.bytes[r] = 40016;
+      pf.n_ranges = 3;
+      pf.ids = dids.ptr<int32_t>() + layer * K;
+      pf.lines = layer == 1;
+      auto run = [&](Run& r, const predict::ExpertPrefetch* p) {
+        ops::prep_attention_q8(in, shape, r.refs.ptr<ops::KvRef>(), layer, scale, n_ctx, r.scratch.ptr<float>(),
+                               r.out.ptr<float>(), r.xq.ptr<int8_t>(), r.xds.ptr<float2>(), stream(), p);
+      };
+      run(plain, nullptr);
+      run(with, &pf);
+      ++launches;
+      std::string first;
+      EXPECT_EQ(count_bit_diffs(download<float>(with.out, n_out), download<float>(plain.out, n_out), &first), 0u)
+          << "out: " << first;
+      EXPECT_TRUE(download<int8_t>(with.xq, n_out) == download<int8_t>(plain.xq, n_out)) << "xq codes differ";
+      EXPECT_EQ(count_bit_diffs(download<float>(with.xds, 2 * n_blk), download<float>(plain.xds, 2 * n_blk), &first),
+                0u) << "xds: " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(with.k, cache), download<uint16_t>(plain.k, cache), &first), 0u)
+          << "K cache: " << first;
+      EXPECT_EQ(count_diffs(download<uint16_t>(with.v, cache), download<uint16_t>(plain.v, cache), &first), 0u)
+          << "V cache: " << first;
+      std::vector<int32_t> want(K);
+      std::vector<double> logits(E);
+      predict::predict_ref(wref.data(), x.data(), E, X, K, want.data(), logits.data());
+      const std::vector<int32_t> got = download<int32_t>(dids, size_t(L) * K);
+      std::vector<double> sorted(logits);
+      std::sort(sorted.begin(), sorted.end(), std::greater<>());
+      const int check = std::abs(sorted[K - 1] - sorted[K]) > 1e-3 ? K : K - 1;
+      for (int j = 0; j < check; ++j) EXPECT_EQ(got[size_t(layer * K + j)], want[size_t(j)]) << "rank " << j;
+      EXPECT_EQ(download<uint32_t>(dcounter, 1)[0], uint32_t(launches * predict::kBlocks));
+    }
+  }
+  // What it refuses: an unsupported width, a range outside the slot.
+  predict::ExpertPrefetch bad;
+  bad.w = dw.ptr<uint16_t>();
+  bad.n_embd = 2000, bad.n_expert = E, bad.k = K;
+  EXPECT_THROW(predict::check(bad), strata::Error);
+  EXPECT_FALSE(predict::supported(E, 8192, K));
+  EXPECT_FALSE(predict::supported(300, X, K));
+  EXPECT_FALSE(predict::supported(E, X, 65));
 }
 
 // norm_router_route against the launches it replaces (q8::rmsnorm_quantize, or ops::rmsnorm without Q8
