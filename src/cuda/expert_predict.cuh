@@ -89,7 +89,7 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
   const int n_keys = (p.n_expert + 31) / 32 * 32;
   if (tid < n_keys) {
     const float v = tid < p.n_expert ? __ldcg(p.logits + tid) : 0.f;
-    key[tid] = tid < p.n_expert && v == v ? order_key(v, uint32_t(tid)) : uint64_t(0xffffffffu - uint32_t(tid));
+    key[tid] = tid < p.n_expert && v == v ? order_key(v, uint32_t(tid)) : bottom_key(uint32_t(tid));
   }
   __syncthreads();
   if (tid < p.n_expert) {
@@ -103,16 +103,12 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
   }
   __syncthreads();
   pdl_mark();  // (traced builds: the experts chosen and their slots known)
-  int per_expert = 0;  // chunks
-  for (int r = 0; r < p.n_ranges; ++r) per_expert += int((p.bytes[r] + kChunk - 1) / kChunk);
+  int chunks[kMaxRanges], per_expert = 0;  // kChunk pieces of each range, of an expert
+  for (int r = 0; r < p.n_ranges; ++r) per_expert += chunks[r] = int((p.bytes[r] + kChunk - 1) / kChunk);
   for (int c = pb; c < p.k * per_expert; c += kBlocks) {
     const int j = c / per_expert;
     int rest = c % per_expert, r = 0;
-    for (; r < p.n_ranges; ++r) {
-      const int n = int((p.bytes[r] + kChunk - 1) / kChunk);
-      if (rest < n) break;
-      rest -= n;
-    }
+    for (; rest >= chunks[r]; ++r) rest -= chunks[r];  // (rest < per_expert: r stays below n_ranges)
     if (slot[j] < 0) continue;  // (block-uniform)
     const int64_t at = int64_t(rest) * kChunk;
     const int64_t len = p.bytes[r] - at < kChunk ? p.bytes[r] - at : kChunk;

@@ -575,7 +575,7 @@ __device__ void route_token(const float* lr, int n_expert, int k, bool norm, int
     const bool on = e < n_expert;
     const float pe = on ? sh.p[e] * sh.inv : 0.0f;
     if (on) sh.p[e] = pe;  // only this thread reads p[e] from here on
-    sh.key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : uint64_t(0xffffffffu - uint32_t(e));
+    sh.key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : bottom_key(uint32_t(e));
   }
   __syncthreads();
   for (int e = tid; e < n_expert; e += nt) {

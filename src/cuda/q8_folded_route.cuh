@@ -78,7 +78,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
   for (int i = 0; i < kMaxExperts / kThreads; ++i) {
     const int e = tid + kThreads * i;
     if (e < n_keys)
-      sh.key[e] = e < r.n_expert && raw[i] == raw[i] ? order_key(raw[i], uint32_t(e)) : uint64_t(0xffffffffu - uint32_t(e));
+      sh.key[e] = e < r.n_expert && raw[i] == raw[i] ? order_key(raw[i], uint32_t(e)) : bottom_key(uint32_t(e));
   }
   // s: every warp sums the partial sums itself (lanes strided, then the butterfly: the same order in every
   // warp and block), so no barrier stands before the quantization.

@@ -220,35 +220,22 @@ __global__ void __launch_bounds__(kThreads)
   }
   pdl_wait();
   pdl_launch_dependents();
-  if constexpr (E != 0) {
-    const float scale = norm_quantize_row_early<PER, E == 2>(x, wv, eps, sq, sds, xn, [&] {
-      if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
-      if constexpr (A == 16) {
-        if (prefetch == 3) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
-      }
-    });
-    pdl_mark();  // (traced builds: the norm done)
-    if (staged != nullptr) {
-      __pipeline_wait_prior(0);
-      __syncwarp();
+  auto after_loads = [&] {  // x's loads issued: the weight rows' prefetch or prestaging (modes 2, 3)
+    if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
+    if constexpr (A == 16) {
+      if (prefetch == 3) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
     }
-    q8mv::matvec_warp<F, A, 1, R, true>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
-                                        accumulate ? y : nullptr, scale, staged);
-  } else {
-    norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, [&] {
-      if (prefetch == 2) q8mv::prefetch_warp_rows<R>(w, rows, row_bytes, lpr_log2);
-      if constexpr (A == 16) {
-        if (prefetch == 3) staged = prestage_rows<R>(w, rows, row_bytes, lpr_log2, region);
-      }
-    });
-    pdl_mark();  // (traced builds: the norm done)
-    if (staged != nullptr) {
-      __pipeline_wait_prior(0);
-      __syncwarp();
-    }
-    q8mv::matvec_warp<F, A, 1, R>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
-                                  accumulate ? y : nullptr, 1.f, staged);
+  };
+  float scale = 1.f;  // the early norm's: each dot is scaled by it
+  if constexpr (E != 0) scale = norm_quantize_row_early<PER, E == 2>(x, wv, eps, sq, sds, xn, after_loads);
+  else norm_quantize_row<PER>(x, wv, eps, sq, sds, xn, xq_out, xds_out, after_loads);
+  pdl_mark();  // (traced builds: the norm done)
+  if (staged != nullptr) {
+    __pipeline_wait_prior(0);
+    __syncwarp();
   }
+  q8mv::matvec_warp<F, A, 1, R, E != 0>(w, rows, row_bytes, cols, lpr_log2, stride, stage, sq, sds, 1, y,
+                                        accumulate ? y : nullptr, scale, staged);
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
@@ -283,7 +270,6 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
     if (A != 16 || pre_stride * (kThreads / 32) > q8mv::kMaxStageBytes) pf = 2, pre_stride = 0;
   }
   auto run = [&](auto kernel, int64_t stride) {
-    if (pf >= 3) stride = pre_stride;
     const size_t smem = size_t(act_bytes(int64_t(PER) * kThreads) + stride * (kThreads / 32));
     if (smem > size_t(q8mv::kMaxStageBytes))
       set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -304,7 +290,7 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
   if constexpr (A == 2) {
     if (g.stride > 0) return pick(std::integral_constant<int, q8d::kStaged>{}, g.stride);
   }
-  pick(std::integral_constant<int, A>{}, int64_t(0));
+  pick(std::integral_constant<int, A>{}, pre_stride);  // (0 unless prestaged)
 }
 
 template <typename F, int A, int PER>

@@ -1,6 +1,6 @@
 #pragma once
-// The order of routing and sampling (device code; ops.cu's top-k, argmax and sampling, and
-// q8_folded_route.cuh's routing inside gate_up).
+// The order of routing and sampling (device code; ops.cu's top-k, argmax and sampling,
+// q8_folded_route.cuh's routing inside gate_up, and expert_predict.cuh's prediction).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,6 +17,9 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
   return (static_cast<uint64_t>(u) << 32) | (0xffffffffu - id);
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
+// A key below every order_key (high half 0), still unique per id and lower ids first: for a value that
+// must never be chosen before a real one (a NaN, padding past the last expert).
+__device__ __forceinline__ uint64_t bottom_key(uint32_t id) { return uint64_t(0xffffffffu - id); }
 
 // How many of keys[0, n_keys) order before `mine` (its 0-based rank; keys are unique). keys in shared
 // memory: every thread of a block reads the same word at a time (broadcast reads, all in flight).
