@@ -29,8 +29,6 @@ using namespace strata;
 using namespace strata::cuda;
 using strata::test::same_bits;
 
-class GpuOpsFused : public strata::test::GpuKernelTest {};
-
 struct Case {
   int64_t n_tok;
   int n_head, n_head_kv, head_dim, head_dim_v, n_rot;
@@ -67,6 +65,44 @@ size_t count_diffs(const std::vector<uint16_t>& a, const std::vector<uint16_t>& 
       *first = "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
   return bad;
 }
+
+class GpuOpsFused : public strata::test::GpuKernelTest {
+ protected:
+  // One token's attention run of H query heads of D at position pos (prep_attention_q8, or attn_prep then
+  // attention_q8): its own copies of the caches kc / vc ([L][n_ctx][KV heads][D] f16) and its outputs.
+  struct AttnRun {
+    Buf k, v, refs, scratch, out, xq, xds;
+  };
+  AttnRun attn_run(const std::vector<uint16_t>& kc, const std::vector<uint16_t>& vc, int n_ctx, int pos, int H,
+                   int D) {
+    const size_t n_out = size_t(H) * size_t(D);
+    AttnRun r;
+    r.k = upload_vec(kc);
+    r.v = upload_vec(vc);
+    r.refs = upload_vec(std::vector<ops::KvRef>{{r.k.ptr<uint16_t>(), r.v.ptr<uint16_t>(), n_ctx, pos}});
+    r.scratch = output(ops::attention_scratch_floats(1, H, D, n_ctx) * 4);
+    r.out = output(n_out * 4);
+    r.xq = output(n_out);
+    r.xds = output(n_out / 32 * 8);
+    return r;
+  }
+  // got's out, xq, xds and both caches equal want's bit for bit (n_out values, caches of `cache` halves).
+  // Returns got's K cache.
+  std::vector<uint16_t> expect_same_run(const AttnRun& got, const AttnRun& want, size_t n_out, size_t cache) {
+    const size_t n_blk = n_out / 32;
+    std::string first;
+    EXPECT_EQ(count_bit_diffs(download<float>(got.out, n_out), download<float>(want.out, n_out), &first), 0u)
+        << "out: " << first;
+    EXPECT_TRUE(download<int8_t>(got.xq, n_out) == download<int8_t>(want.xq, n_out)) << "xq codes differ";
+    EXPECT_EQ(count_bit_diffs(download<float>(got.xds, 2 * n_blk), download<float>(want.xds, 2 * n_blk), &first), 0u)
+        << "xds: " << first;
+    std::vector<uint16_t> gk = download<uint16_t>(got.k, cache);
+    EXPECT_EQ(count_diffs(gk, download<uint16_t>(want.k, cache), &first), 0u) << "K cache: " << first;
+    EXPECT_EQ(count_diffs(download<uint16_t>(got.v, cache), download<uint16_t>(want.v, cache), &first), 0u)
+        << "V cache: " << first;
+    return gk;
+  }
+};
 
 constexpr int kLayers = 2, kLayer = 1, kCtx = 600;
 constexpr float kEps = 1e-6f;
@@ -421,22 +457,8 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
       ops::rope_cos_sin(dpos.ptr<int32_t>(), 1, c.n_rot, 1e6f, dcs.ptr<float>(), stream());
       const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
                                dcs.ptr<float>()};
-      const size_t n_out = size_t(qw), n_blk = n_out / 32;
-      struct Run {
-        Buf k, v, refs, scratch, out, xq, xds;
-      };
-      auto make = [&](Run& r) {
-        r.k = upload_vec(kc);
-        r.v = upload_vec(vc);
-        r.refs = upload_vec(std::vector<ops::KvRef>{{r.k.ptr<uint16_t>(), r.v.ptr<uint16_t>(), c.n_ctx, pos}});
-        r.scratch = output(ops::attention_scratch_floats(1, H, D, c.n_ctx) * 4);
-        r.out = output(n_out * 4);
-        r.xq = output(n_out);
-        r.xds = output(n_blk * 8);
-      };
-      Run seq, fused;
-      make(seq);
-      make(fused);
+      const size_t n_out = size_t(qw);
+      AttnRun seq = attn_run(kc, vc, c.n_ctx, pos, H, D), fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
       Buf dqo = output(n_out * 4);
       ops::attn_prep(in.q, in.q_ld, in.k, in.k_ld, in.v, in.v_ld, in.q_norm, in.k_norm, in.cs,
                      seq.refs.ptr<ops::KvRef>(), 1, layer, shape, dqo.ptr<float>(), stream());
@@ -446,17 +468,7 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
       ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
                              fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
                              fused.xds.ptr<float2>(), stream());
-      std::string first;
-      EXPECT_EQ(count_bit_diffs(download<float>(fused.out, n_out), download<float>(seq.out, n_out), &first), 0u)
-          << "out: " << first;
-      const auto gq = download<int8_t>(fused.xq, n_out), eq = download<int8_t>(seq.xq, n_out);
-      EXPECT_TRUE(gq == eq) << "xq codes differ";
-      EXPECT_EQ(count_bit_diffs(download<float>(fused.xds, 2 * n_blk), download<float>(seq.xds, 2 * n_blk), &first), 0u)
-          << "xds: " << first;
-      const auto ek = download<uint16_t>(seq.k, cache), gk = download<uint16_t>(fused.k, cache);
-      EXPECT_EQ(count_diffs(gk, ek, &first), 0u) << "K cache: " << first;
-      EXPECT_EQ(count_diffs(download<uint16_t>(fused.v, cache), download<uint16_t>(seq.v, cache), &first), 0u)
-          << "V cache: " << first;
+      const std::vector<uint16_t> gk = expect_same_run(fused, seq, n_out, cache);
       // The token's row was written (it differs from the random row before).
       const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
       EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
@@ -526,22 +538,7 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
       ops::rope_cos_sin(dpos.ptr<int32_t>(), 1, D, 1e6f, dcs.ptr<float>(), stream());
       const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
                                dcs.ptr<float>()};
-      const size_t n_out = size_t(qw), n_blk = n_out / 32;
-      struct Run {
-        Buf k, v, refs, scratch, out, xq, xds;
-      };
-      auto make = [&](Run& r) {
-        r.k = upload_vec(kc);
-        r.v = upload_vec(vc);
-        r.refs = upload_vec(std::vector<ops::KvRef>{{r.k.ptr<uint16_t>(), r.v.ptr<uint16_t>(), n_ctx, pos}});
-        r.scratch = output(ops::attention_scratch_floats(1, H, D, n_ctx) * 4);
-        r.out = output(n_out * 4);
-        r.xq = output(n_out);
-        r.xds = output(n_blk * 8);
-      };
-      Run plain, with;
-      make(plain);
-      make(with);
+      AttnRun plain = attn_run(kc, vc, n_ctx, pos, H, D), with = attn_run(kc, vc, n_ctx, pos, H, D);
       predict::ExpertPrefetch pf;
       pf.w = dw.ptr<uint16_t>();
       pf.x = dx.ptr<float>();
@@ -555,23 +552,14 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
       pf.n_ranges = 3;
       pf.ids = dids.ptr<int32_t>() + layer * K;
       pf.lines = layer == 1;
-      auto run = [&](Run& r, const predict::ExpertPrefetch* p) {
+      auto run = [&](AttnRun& r, const predict::ExpertPrefetch* p) {
         ops::prep_attention_q8(in, shape, r.refs.ptr<ops::KvRef>(), layer, scale, n_ctx, r.scratch.ptr<float>(),
                                r.out.ptr<float>(), r.xq.ptr<int8_t>(), r.xds.ptr<float2>(), stream(), p);
       };
       run(plain, nullptr);
       run(with, &pf);
       ++launches;
-      std::string first;
-      EXPECT_EQ(count_bit_diffs(download<float>(with.out, n_out), download<float>(plain.out, n_out), &first), 0u)
-          << "out: " << first;
-      EXPECT_TRUE(download<int8_t>(with.xq, n_out) == download<int8_t>(plain.xq, n_out)) << "xq codes differ";
-      EXPECT_EQ(count_bit_diffs(download<float>(with.xds, 2 * n_blk), download<float>(plain.xds, 2 * n_blk), &first),
-                0u) << "xds: " << first;
-      EXPECT_EQ(count_diffs(download<uint16_t>(with.k, cache), download<uint16_t>(plain.k, cache), &first), 0u)
-          << "K cache: " << first;
-      EXPECT_EQ(count_diffs(download<uint16_t>(with.v, cache), download<uint16_t>(plain.v, cache), &first), 0u)
-          << "V cache: " << first;
+      expect_same_run(with, plain, size_t(qw), cache);
       std::vector<int32_t> want(K);
       std::vector<double> logits(E);
       predict::predict_ref(wref.data(), x.data(), E, X, K, want.data(), logits.data());
