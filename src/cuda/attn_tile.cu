@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(32 * W, 1)
     // The expert predictor's blocks (expert_predict.cuh), after the attention's: the first row of the grid
     // runs them, the other splits' copies have nothing to do. (Blocks of another size: launch_shape adds
     // none.)
-    if (pp.pf.on() && blockIdx.x >= gridDim.x - predict::kBlocks) {
-      if (blockIdx.y == 0) predict::run_block(pp.pf, int(blockIdx.x - (gridDim.x - predict::kBlocks)));
+    if (pp.pf.on() && blockIdx.x >= gridDim.x - unsigned(pp.pf.blocks)) {
+      if (blockIdx.y == 0) predict::run_block(pp.pf, int(blockIdx.x - (gridDim.x - unsigned(pp.pf.blocks))));
       return;
     }
   }
@@ -766,11 +766,11 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
   const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
   const int64_t blocks = n_tiles * n_head_kv * n_hchunk;
-  STRATA_REQUIRE(blocks <= INT32_MAX - predict::kBlocks, "attention: {} tokens x {} heads is too many blocks", n_tok,
+  STRATA_REQUIRE(blocks <= INT32_MAX - predict::kMaxBlocks, "attention: {} tokens x {} heads is too many blocks", n_tok,
                  n_head);
   const bool pf = prep != nullptr && prep->pf.on() && 32 * W == predict::kThreads;
   if (pf) predict::check(prep->pf);
-  const dim3 grid(static_cast<unsigned>(blocks + (pf ? predict::kBlocks : 0)), static_cast<unsigned>(n_split));
+  const dim3 grid(static_cast<unsigned>(blocks + (pf ? prep->pf.blocks : 0)), static_cast<unsigned>(n_split));
   auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
     allow_shared(kernel, bytes);
     pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,

@@ -44,7 +44,7 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 // prep (ops::prep_attention_q8): one token (n_tok == 1) whose q, K and V the kernel prepares itself from
 // the q|k|v product, as attn_prep does (same bits), instead of reading q (then null) and the token's own
 // K/V row from the cache; the block(s) holding position refs[0].pos store that row in the cache.
-// prep->pf on (expert_predict.h): predict::kBlocks more blocks in the grid's first row predict the layer's
+// prep->pf on (expert_predict.h): prep->pf.blocks more blocks in the grid's first row predict the layer's
 // experts from x and prefetch them into L2; the attention's values do not change.
 struct Prep {
   ops::AttnPrepIn in;

@@ -44,6 +44,10 @@ void check(const ExpertPrefetch& p) {
   STRATA_REQUIRE(supported(p.n_expert, p.n_embd, p.k),
                  "expert prefetch: {} experts ({} used) of width {} (supported: up to {} experts, up to {} used, width "
                  "a multiple of 256 up to {})", p.n_expert, p.k, p.n_embd, kMaxExperts, kMaxK, kMaxEmbd);
+  STRATA_REQUIRE(p.blocks >= 16 && p.blocks <= kMaxBlocks && (p.blocks & (p.blocks - 1)) == 0 &&
+                     p.blocks * (kThreads / 32) >= p.n_expert,
+                 "expert prefetch: {} predictor blocks for {} experts (a power of two, 16..{}, 8 experts a block)",
+                 p.blocks, p.n_expert, kMaxBlocks);
   STRATA_REQUIRE(p.x != nullptr && p.logits != nullptr && p.counter != nullptr && p.table != nullptr &&
                      p.slots != nullptr && p.n_ranges >= 0 && p.n_ranges <= kMaxRanges,
                  "expert prefetch: a null pointer or {} ranges", p.n_ranges);
@@ -85,6 +89,15 @@ void predict_ref(const uint16_t* w, const float* x, int n_expert, int64_t n_embd
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
   for (int j = 0; j < k; ++j) ids[j] = order[size_t(j)];
+}
+
+int prefetch_blocks() {
+  static const int blocks = [] {
+    const char* e = std::getenv("STRATA_CUDA_EXPERT_PREFETCH_BLOCKS");
+    const int b = e == nullptr ? kMaxBlocks : std::atoi(e);
+    return b >= 16 && b <= kMaxBlocks && (b & (b - 1)) == 0 ? b : kMaxBlocks;
+  }();
+  return blocks;
 }
 
 int prefetch_mode() {

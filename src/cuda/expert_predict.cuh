@@ -1,6 +1,6 @@
 #pragma once
 // The predictor blocks (contract: expert_predict.h), device code, private to attn_tile.cu: the one-token
-// attention launch appends kBlocks of them to its grid; each calls run_block once (256 threads).
+// attention launch appends p.blocks of them to its grid; each calls run_block once (256 threads).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -29,12 +29,12 @@ __device__ __forceinline__ void bulk_prefetch_l2(const void* addr, uint32_t byte
 #endif
 }
 
-// Block pb (0 .. kBlocks-1) of a launch. Warp g = pb * 8 + warp computes logit g (its row of w before the
+// Block pb (0 .. p.blocks-1) of a launch. Warp g = pb * 8 + warp computes logit g (its row of w before the
 // PDL wait: weights are uploads, pdl.cuh's contract; x after it), lane sums in a fixed order then a
-// butterfly. The blocks meet at `counter` (each adds 1, then waits for the launch's kBlocks arrivals),
+// butterfly. The blocks meet at `counter` (each adds 1, then waits for the launch's p.blocks arrivals),
 // then each ranks all logits itself (order_key: value desc, id asc), looks up the k winners' slots and
 // prefetches its share of their ranges: kChunk pieces (bulk prefetches, or with p.lines 128-byte line
-// prefetches), chunk c by block c % kBlocks.
+// prefetches), chunk c by block c % p.blocks.
 // Why the wait cannot starve: every block of the launch arrives before it waits, the attention blocks
 // beside them never wait on them, and the dependent kernel launches only once every block has started.
 // The wait still gives up after ~30 ms (a hint is all it makes; the counter stays aligned, since each
@@ -81,7 +81,8 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
   __syncthreads();
   if (tid == 0) {
     const uint32_t old = atomicAdd(p.counter, 1u);
-    const uint32_t target = old - old % kBlocks + kBlocks;  // this launch's arrivals all in
+    const uint32_t nb = uint32_t(p.blocks);
+    const uint32_t target = old - old % nb + nb;  // this launch's arrivals all in
     for (int spin = 0; spin < (1 << 20) && int32_t(load_acquire(p.counter) - target) < 0; ++spin) __nanosleep(32);
   }
   __syncthreads();
@@ -105,7 +106,7 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
   pdl_mark();  // (traced builds: the experts chosen and their slots known)
   int chunks[kMaxRanges], per_expert = 0;  // kChunk pieces of each range, of an expert
   for (int r = 0; r < p.n_ranges; ++r) per_expert += chunks[r] = int((p.bytes[r] + kChunk - 1) / kChunk);
-  for (int c = pb; c < p.k * per_expert; c += kBlocks) {
+  for (int c = pb; c < p.k * per_expert; c += p.blocks) {
     const int j = c / per_expert;
     int rest = c % per_expert, r = 0;
     for (; rest >= chunks[r]; ++r) rest -= chunks[r];  // (rest < per_expert: r stays below n_ranges)
@@ -115,7 +116,7 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
     const uint8_t* src = p.slots + int64_t(slot[j]) * p.slot_bytes + p.off[r] + at;
     if (p.lines) {
       for (int64_t o = int64_t(tid) * 128; o < len; o += int64_t(kThreads) * 128) prefetch_l2(src + o);
-    } else if (tid == (c / kBlocks) % kThreads) {
+    } else if (tid == (c / p.blocks) % kThreads) {
       bulk_prefetch_l2(src, uint32_t(len));
     }
   }

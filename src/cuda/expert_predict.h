@@ -18,9 +18,9 @@
 
 namespace strata::cuda::predict {
 
-constexpr int kBlocks = 32;             // predictor blocks per launch (256 threads each)
+constexpr int kMaxBlocks = 128;         // predictor blocks per launch (ExpertPrefetch::blocks; 256 threads each)
 constexpr int kThreads = 256;
-constexpr int kMaxExperts = kBlocks * kThreads / 32;  // one warp per router row
+constexpr int kMaxExperts = kThreads;   // one thread per key when ranking
 constexpr int kMaxK = 64;
 constexpr int kMaxEmbd = 4096;
 constexpr int64_t kChunk = 32 * 1024;   // bytes per bulk prefetch
@@ -32,7 +32,8 @@ struct ExpertPrefetch {
   const float* x = nullptr;         // [n_embd] the layer's input (the residual stream before attention)
   int n_embd = 0, n_expert = 0, k = 0;
   float* logits = nullptr;          // [n_expert] scratch
-  uint32_t* counter = nullptr;      // one uint32, a multiple of kBlocks before the first launch (0)
+  uint32_t* counter = nullptr;      // one uint32, a multiple of `blocks` before the first launch (0)
+  int blocks = 32;                  // predictor blocks: a power of two, 16..kMaxBlocks, blocks * 8 >= n_expert
   const int32_t* table = nullptr;   // [n_expert] the layer's residency row: slot or -1
   const uint8_t* slots = nullptr;   // [n_slots][slot_bytes]
   int64_t slot_bytes = 0;
@@ -60,6 +61,9 @@ void build_weight_ref(const float* router, const float* norm_w, int n_expert, in
 void predict_ref(const uint16_t* w, const float* x, int n_expert, int64_t n_embd, int k, int32_t* ids,
                  double* logits);
 
+// STRATA_CUDA_EXPERT_PREFETCH_BLOCKS: the predictor's block count (16..128, a power of two; default 128:
+// the prefetches' issue spread over that many SMs). Read once.
+int prefetch_blocks();
 // STRATA_CUDA_EXPERT_PREFETCH: 0 off (the default), 1 gate and up, 2 gate, up and down, 3 gate and up by
 // line prefetches (read once). Off by default: on the H200 it cost 6-9% fully resident and gained nothing
 // at 25% (session 20: the predictor blocks ended 10 us after their wait, 4 us after the attention's, most

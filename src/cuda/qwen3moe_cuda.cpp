@@ -196,7 +196,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer mid;            // [n_tok][n_embd] the folded router's h = x + wo . att (moe_down: x = mid + ...)
   DeviceBuffer ss;             // [n_embd] (at least q8::wo_router_ss_count) wo_router's partial sums of h^2
   // The expert predictor's (cuda/expert_predict.h; fast decode):
-  DeviceBuffer pred_counter;   // uint32, a multiple of predict::kBlocks between launches
+  DeviceBuffer pred_counter;   // uint32, a multiple of the predictor's block count between launches
   DeviceBuffer pred_logits;    // [n_expert]
   DeviceBuffer pred_ids;       // [n_layer][k] int32: each layer's predicted experts of the latest token
   PinnedBuffer pred_ids_h;     // its host copy
@@ -617,6 +617,7 @@ predict::ExpertPrefetch CudaQwen3Moe::expert_prefetch(const Pass& p, int il) con
   pf.k = hp_.n_expert_used;
   pf.logits = p.ws.pred_logits.as<float>();
   pf.counter = p.ws.pred_counter.as<uint32_t>();
+  pf.blocks = predict::prefetch_blocks();
   pf.table = cache_->device_layer_row(il);
   pf.slots = v.slots;
   pf.slot_bytes = v.slot_bytes;
