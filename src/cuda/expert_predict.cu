@@ -105,7 +105,7 @@ int prefetch_mode() {
     const char* e = std::getenv("STRATA_CUDA_EXPERT_PREFETCH");
     if (e == nullptr) return 0;
     const int m = std::atoi(e);
-    return m >= 0 && m <= 3 ? m : 0;
+    return m >= 0 && m <= 4 ? m : 0;
   }();
   return mode;
 }

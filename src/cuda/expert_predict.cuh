@@ -20,21 +20,12 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
-// One bulk prefetch into L2 (Hopper TMA; addr and bytes 16-byte multiples). A hint: nothing waits on it.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* addr, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr), "r"(bytes) : "memory");
-#else
-  prefetch_l2_range(addr, bytes);
-#endif
-}
-
 // Block pb (0 .. p.blocks-1) of a launch. Warp g = pb * 8 + warp computes logit g (its row of w before the
 // PDL wait: weights are uploads, pdl.cuh's contract; x after it), lane sums in a fixed order then a
 // butterfly. The blocks meet at `counter` (each adds 1, then waits for the launch's p.blocks arrivals),
 // then each ranks all logits itself (order_key: value desc, id asc), looks up the k winners' slots and
 // prefetches its share of their ranges: kChunk pieces (bulk prefetches, or with p.lines 128-byte line
-// prefetches), chunk c by block c % p.blocks.
+// prefetches), chunk c by block c % p.blocks. Block 0 writes the ids and slots (when asked).
 // Why the wait cannot starve: every block of the launch arrives before it waits, the attention blocks
 // beside them never wait on them, and the dependent kernel launches only once every block has started.
 // The wait still gives up after ~30 ms (a hint is all it makes; the counter stays aligned, since each
@@ -101,6 +92,7 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
   if (tid < p.k) {
     slot[tid] = p.table[sel[tid]];
     if (pb == 0 && p.ids != nullptr) p.ids[tid] = sel[tid];
+    if (pb == 0 && p.slots_out != nullptr) p.slots_out[tid] = slot[tid];
   }
   __syncthreads();
   pdl_mark();  // (traced builds: the experts chosen and their slots known)
@@ -117,7 +109,7 @@ __device__ __forceinline__ void run_block(const ExpertPrefetch& p, int pb) {
     if (p.lines) {
       for (int64_t o = int64_t(tid) * 128; o < len; o += int64_t(kThreads) * 128) prefetch_l2(src + o);
     } else if (tid == (c / p.blocks) % kThreads) {
-      bulk_prefetch_l2(src, uint32_t(len));
+      prefetch_l2_bulk(src, uint32_t(len));  // (ranges 16-byte aligned: check())
     }
   }
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)

@@ -40,6 +40,8 @@ struct ExpertPrefetch {
   int64_t off[kMaxRanges] = {}, bytes[kMaxRanges] = {};  // ranges of a slot to prefetch (16-byte multiples)
   int n_ranges = 0;
   int32_t* ids = nullptr;           // [k] the predicted experts, best first; null: not written
+  int32_t* slots_out = nullptr;     // [k] their slots (-1: not resident), as ids; null: not written. Mode 4:
+                                    // gate_up's blocks read it after their wait (q8::FoldedRoute::pred_slots)
   bool lines = false;               // 128-byte line prefetches instead of bulk ones (prefetch_mode 3)
   __host__ __device__ bool on() const { return w != nullptr; }
 };
@@ -65,9 +67,13 @@ void predict_ref(const uint16_t* w, const float* x, int n_expert, int64_t n_embd
 // the prefetches' issue spread over that many SMs). Read once.
 int prefetch_blocks();
 // STRATA_CUDA_EXPERT_PREFETCH: 0 off (the default), 1 gate and up, 2 gate, up and down, 3 gate and up by
-// line prefetches (read once). Off by default: on the H200 it cost 6-9% fully resident and gained nothing
-// at 25% (session 20: the predictor blocks ended 10 us after their wait, 4 us after the attention's, most
-// of it issuing the prefetches from 32 SMs; gate_up gained only 1.3 us). See docs/gpu.md.
+// line prefetches, 4 the predictor only writes the predicted slots and each of gate_up's product blocks
+// asks L2 for its own rows of its pair's predicted expert right after its wait, while it routes (the
+// prefetches issued from every SM, the attention's step not lengthened) (read once). Off by default: on
+// the H200, modes 1-3 cost 4-9% fully resident and gained nothing at 25% (session 20: with 32 blocks they
+// ended 10 us after their wait, 4 us after the attention's, most of it issuing the prefetches; gate_up
+// gained only 1.3 us); mode 4 changed nothing (session 21: gate_up's median block ended 0.75 us earlier,
+// its slowest ones did not). See docs/gpu.md.
 int prefetch_mode();
 
 }  // namespace strata::cuda::predict

@@ -249,6 +249,18 @@ __device__ __forceinline__ void prefetch_l2_range(const void* p, int64_t bytes) 
     prefetch_l2(reinterpret_cast<const void*>(a));
 }
 
+// An L2 prefetch of [p, p + bytes) by the calling thread: one bulk prefetch (Hopper's TMA; nothing waits
+// on it) when p and bytes are 16-byte multiples, else line by line (prefetch_l2_range).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if ((reinterpret_cast<uintptr_t>(p) | bytes) % 16 == 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+    return;
+  }
+#endif
+  prefetch_l2_range(p, bytes);
+}
+
 // One warp's L2 prefetch of `bytes` bytes from p (a product's weight rows before pdl_wait()): lane i takes
 // the lines i, i + 32, ...
 __device__ __forceinline__ void warp_prefetch_l2(const uint8_t* p, int64_t bytes, int lane) {

@@ -30,7 +30,8 @@ struct Shared {
 };
 
 // Every thread of the (256-thread) block calls it; it waits for the previous kernel (PDL) and ends with a
-// barrier. k <= kMaxK, r.n_expert <= kMaxExperts, n_embd a multiple of 256 up to kMaxEmbd.
+// barrier. after_loads(): called by every thread once its loads of wo_router's outputs are issued (gate_up's
+// prefetch of its predicted rows: its own load then waits beside them, not before them). k <= kMaxK, r.n_expert <= kMaxExperts, n_embd a multiple of 256 up to kMaxEmbd.
 // Blocks with blockIdx.x < gridDim.x - 1 get the chosen experts (sh.sel) and the Q8 activations and return
 // true (they run the product). The launch's last column of blocks returns false: its block y = 0 writes the
 // weights (and ids) for moe_down instead (why apart: in a product block it delayed that block's weight
@@ -39,7 +40,9 @@ struct Shared {
 // group 8 w + l / 4 (64 groups a pass), so a group's max and sum are 2 shuffles over 4 lanes; one lane per
 // value (quantize_warp) took 10 dependent shuffles per group, 8 groups a warp. The same bits: max and the
 // integer sum do not depend on the order.
-__device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int64_t n_embd, Shared& sh) {
+template <typename AfterLoads>
+__device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int64_t n_embd, Shared& sh,
+                                            AfterLoads&& after_loads) {
   constexpr int kPasses = kMaxEmbd / 32 / 64;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int groups = int(n_embd / 32);
@@ -72,6 +75,7 @@ __device__ __forceinline__ bool route_block(const q8::FoldedRoute& r, int k, int
     const int e = tid + kThreads * i;
     raw[i] = e < r.n_expert ? r.raw[e] : 0.f;
   }
+  after_loads();
   // The top k by raw: keys (a NaN and the padding below every real key), then ranks.
   const int n_keys = (r.n_expert + 31) / 32 * 32;
 #pragma unroll

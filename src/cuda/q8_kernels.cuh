@@ -151,6 +151,10 @@ struct FoldedRoute {
   bool norm;            // the k chosen weights renormalized to sum 1 (expert_weights_norm)
   int32_t* ids;         // [k] out: the chosen experts, best first
   float* wts;           // [k] out: their weights
+  // [k] or null: the slots of the experts the predictor (cuda/expert_predict.h, mode 4) expects, best
+  // first (-1: none). A hint: right after its wait, each product block of pair j asks L2 for its own gate
+  // and up rows of slot pred_slots[j] while it routes; what it reads and computes is the router's choice.
+  const int32_t* pred_slots = nullptr;
 };
 
 // moe_gate_up for one token whose routing every block does itself: s = 1 / sqrt(sum(ss) / n_embd + eps)

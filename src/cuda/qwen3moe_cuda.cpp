@@ -152,6 +152,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
       pred_counter = dev.alloc(4, "ws.pred_counter");  // zeroed by new_workspace
       pred_logits = dev.alloc(size_t(hp.n_expert) * 4, "ws.pred_logits");
       pred_ids = dev.alloc(size_t(hp.n_layer) * size_t(hp.n_expert_used) * 4, "ws.pred_ids");
+      pred_slots = dev.alloc(pred_ids.bytes(), "ws.pred_slots");  // -1 (no slot) by new_workspace
       pred_ids_h = dev.alloc_pinned(pred_ids.bytes(), "ws.pred_ids_h");
       pred_layers.assign(size_t(hp.n_layer), 0);
     }
@@ -170,7 +171,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
                xds.bytes() + hq.bytes() + hds.bytes() + mid.bytes() + ss.bytes() + pred_counter.bytes() +
-               pred_logits.bytes() + pred_ids.bytes() + pred_ids_h.bytes();
+               pred_logits.bytes() + pred_ids.bytes() + pred_slots.bytes() + pred_ids_h.bytes();
     return b;
   }
 
@@ -199,6 +200,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   DeviceBuffer pred_counter;   // uint32, a multiple of the predictor's block count between launches
   DeviceBuffer pred_logits;    // [n_expert]
   DeviceBuffer pred_ids;       // [n_layer][k] int32: each layer's predicted experts of the latest token
+  DeviceBuffer pred_slots;     // [n_layer][k] int32: their slots (-1: none; mode 4: gate_up prefetches them)
   PinnedBuffer pred_ids_h;     // its host copy
   std::vector<uint8_t> pred_layers;  // [n_layer] the latest pass's layers that predicted
   std::unique_ptr<GemmContext> gemm;  // prefill dense products (null: exact mode or small batches)
@@ -261,6 +263,7 @@ class CudaQwen3Moe final : public CudaMoeModel {
     Stream& cs = dev_->compute();
     xfer_->fill(ws->route_counter.span(), 0, cs, {&cs});  // ordered before every forward on compute
     if (ws->pred_counter.bytes() > 0) xfer_->fill(ws->pred_counter.span(), 0, cs, {&cs});
+    if (ws->pred_slots.bytes() > 0) xfer_->fill(ws->pred_slots.span(), 0xFF, cs, {&cs});
     return ws;
   }
   ExpertCacheReport cache_report() const override {
@@ -607,7 +610,7 @@ predict::ExpertPrefetch CudaQwen3Moe::expert_prefetch(const Pass& p, int il) con
   const int64_t up = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd))) * v.n_ff;
   const int64_t down = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff))) * v.n_embd;
   const int64_t off[3] = {v.gate_off, v.up_off, v.down_off}, bytes[3] = {gate, up, down};
-  const int n_ranges = mode == 2 ? 3 : 2;
+  const int n_ranges = mode == 4 ? 0 : mode == 2 ? 3 : 2;  // (4: gate_up's blocks prefetch, from pred_slots)
   for (int r = 0; r < n_ranges; ++r)  // (a slot layout whose ranges are not 16-byte aligned: no prefetch)
     if (off[r] % 16 != 0 || bytes[r] % 16 != 0 || v.slot_bytes % 16 != 0) return pf;
   pf.w = l.router_pred.buf.as<const uint16_t>();
@@ -625,6 +628,7 @@ predict::ExpertPrefetch CudaQwen3Moe::expert_prefetch(const Pass& p, int il) con
   pf.n_ranges = n_ranges;
   pf.ids = p.ws.pred_ids.as<int32_t>() + int64_t(il) * hp_.n_expert_used;
   pf.lines = mode == 3;
+  if (mode == 4) pf.slots_out = p.ws.pred_slots.as<int32_t>() + int64_t(il) * hp_.n_expert_used;
   return pf;
 }
 
@@ -772,7 +776,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
       const predict::ExpertPrefetch pf = expert_prefetch(p, il);
       if (pf.on()) {
         note_launch(cs, {ws.x.span(), l.router_pred.buf.span()},
-                    {ws.pred_counter.span(), ws.pred_logits.span(), ws.pred_ids.span()});
+                    {ws.pred_counter.span(), ws.pred_logits.span(), ws.pred_ids.span(), ws.pred_slots.span()});
         cache_->note_expert_reads(cs, il);  // (its table row; the slots are only asked into L2)
       }
       op(p, [&] {
@@ -882,8 +886,19 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
     // The folded router: gate_up's blocks route the token from wo_router's outputs (an extra column of
     // blocks writes the ids and weights), moe_down writes x = mid + the weighted sum.
     const Layer& l = layers_[size_t(il)];
-    note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span()},
-                {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
+    // (mode 4 of the expert predictor: the slots it wrote beside this layer's attention, from the cache's
+    // table; only when gate_up reads that table's slots, not a streaming pass's staged row)
+    const moe::ExpertLayerView cached = cache_->layer_view(il);
+    const int32_t* pred_slots = predict::prefetch_mode() == 4 && !staged_row && !direct && view.slots == cached.slots &&
+                                        view.slot_bytes == cached.slot_bytes && expert_prefetch(p, il).on()
+                                    ? ws.pred_slots.as<const int32_t>() + int64_t(il) * k_used
+                                    : nullptr;
+    if (pred_slots != nullptr)
+      note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span(), ws.pred_slots.span()},
+                  {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
+    else
+      note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span()},
+                  {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
     const q8::FoldedRoute route{.mid = ws.mid.as<const float>(),
                                 .norm_w = l.ffn_norm.f32(),
                                 .eps = hp_.rms_eps,
@@ -893,7 +908,8 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
                                 .n_expert = hp_.n_expert,
                                 .norm = hp_.expert_weights_norm,
                                 .ids = p.ids(il),
-                                .wts = ws.wts.as<float>()};
+                                .wts = ws.wts.as<float>(),
+                                .pred_slots = pred_slots};
     op(p, [&] {
       const pdl::PlainLaunches late(pdl::launch_late("gate_up"));
       q8::moe_gate_up_routed(view, table, route, k_used, ws.hq.as<int8_t>(), ws.hds.as<float2>(), stream());

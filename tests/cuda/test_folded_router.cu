@@ -7,7 +7,8 @@
 //    up to the reference's total (1e-5 relative); raw within 1e-5 of the sum of |fold . [x; att]| terms;
 //  * moe_gate_up_routed: the ids of the reference (a 128-value top 8, ties impossible with random data),
 //    weights within 1e-5, and hq / hds equal to q8::moe_gate_up run on the reference's activations and ids
-//    (codes may differ by 1 where the scale s rounds differently: at most 1% of them);
+//    (codes may differ by 1 where the scale s rounds differently: at most 1% of them); with predicted slots
+//    (a hint: none, a wrong one, the right ones reordered) the same bits;
 //  * moe_down with a separate residual: the same bits as in place on a copy of it;
 //  * deterministic (the whole chain twice gives the same bits); 60 experts, k 4 (keys padded to 64);
 //  * unsupported shapes are errors.
@@ -184,6 +185,33 @@ class CudaFoldedRouter : public test::GpuKernelTest {
     const auto ids = download<int32_t>(d_ids, k);
     const auto wts = download<float>(d_wts, k);
     const auto hq = download<int8_t>(d_hq, k * n_ff);
+    const auto hds = download<float2>(d_hds, k * n_ff / 32);
+    {
+      // A prediction (expert_predict mode 4's hint) changes no bit: no slot, a wrong slot, the right slots
+      // in another order.
+      std::vector<int32_t> pred(k);
+      for (int j = 0; j < k; ++j) pred[j] = j == 0 ? -1 : j == 1 ? (table[ids[0]] + 1) % n_slots : table[ids[(j + 1) % k]];
+      auto d_pred = upload_vec(pred);
+      q8::FoldedRoute fp = fr;
+      fp.pred_slots = d_pred.ptr<int32_t>();
+      auto d_hq_p = output(size_t(k * n_ff), 0x55);
+      auto d_hds_p = output(size_t(k * n_ff / 32) * sizeof(float2), 0x55);
+      auto d_ids_p = output(size_t(k) * 4, 0x55);
+      auto d_wts_p = output(size_t(k) * 4, 0x55);
+      fp.ids = d_ids_p.ptr<int32_t>(), fp.wts = d_wts_p.ptr<float>();
+      q8::moe_gate_up_routed(v, d_table.ptr<int32_t>(), fp, k, d_hq_p.ptr<int8_t>(), d_hds_p.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_mid.span(), d_g.span(), d_ss.span(),
+                                         d_raw.span(), d_pred.span()},
+                        {d_hq_p.span(), d_hds_p.span(), d_ids_p.span(), d_wts_p.span()});
+      EXPECT_EQ(download<int32_t>(d_ids_p, k), ids) << what << ": ids with a prediction";
+      const auto wts_p = download<float>(d_wts_p, k);
+      const auto hq_p = download<int8_t>(d_hq_p, k * n_ff);
+      const auto hds_p = download<float2>(d_hds_p, k * n_ff / 32);
+      EXPECT_EQ(std::memcmp(wts_p.data(), wts.data(), size_t(k) * 4), 0) << what << ": weights with a prediction";
+      EXPECT_EQ(std::memcmp(hq_p.data(), hq.data(), size_t(k * n_ff)), 0) << what << ": h codes with a prediction";
+      EXPECT_EQ(std::memcmp(hds_p.data(), hds.data(), size_t(k * n_ff / 32) * sizeof(float2)), 0)
+          << what << ": h scales with a prediction";
+    }
     std::vector<int32_t> ids_ref(k);
     std::vector<float> wts_ref(k);
     std::vector<int8_t> hq_ref(k * n_ff), xq_ref(n_embd);

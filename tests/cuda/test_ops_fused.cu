@@ -495,7 +495,8 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
 // move them, only the first k-1 are compared); the counter grows by the block count per launch (32 and 128). Layers in a row
 // share the counter (one launch after the other), at one split (max_kv 64) and at 64 splits (4096:
 // the other rows of the grid hold predictor copies with nothing to do). A prefetch of every range (gate,
-// up, down; the last chunk partial) of slots with non-resident experts (-1) among the winners.
+// up, down; the last chunk partial) of slots with non-resident experts (-1) among the winners; at 4096 no
+// ranges (mode 4). The slots written beside the ids are the table's for those ids.
 TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
   constexpr int L = 2, H = 32, Hkv = 4, D = 128, E = 128, X = 2048, K = 8, kSlots = 12;
   constexpr int64_t kSlotBytes = 3 * 40016;
@@ -515,7 +516,7 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
   for (int e = 0; e < E; ++e) table[size_t(e)] = e % 3 == 0 ? -1 : e % kSlots;
   Buf dtable = upload_vec(table), dslots = output(size_t(kSlots) * kSlotBytes, 0);
   Buf dcounter = upload_vec(std::vector<uint32_t>{0}), dlogits = output(size_t(E) * 4);
-  Buf dids = output(size_t(L) * K * 4);
+  Buf dids = output(size_t(L) * K * 4), dslots_out = output(size_t(L) * K * 4);
   const std::vector<float> qn = randn(size_t(D), 17, 1.0f), kn = randn(size_t(D), 18, 1.0f);
   Buf dqn = upload_vec(qn), dkn = upload_vec(kn);
   uint32_t arrivals = 0;
@@ -550,8 +551,9 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
       pf.slots = dslots.ptr<uint8_t>();
       pf.slot_bytes = kSlotBytes;
       for (int r = 0; r < 3; ++r) pf.off[r] = r * 40016, pf.bytes[r] = 40016;
-      pf.n_ranges = 3;
+      pf.n_ranges = n_ctx == 64 ? 3 : 0;  // (0: mode 4's predictor, which only writes ids and slots)
       pf.ids = dids.ptr<int32_t>() + layer * K;
+      pf.slots_out = dslots_out.ptr<int32_t>() + layer * K;
       pf.lines = layer == 1;
       auto run = [&](AttnRun& r, const predict::ExpertPrefetch* p) {
         ops::prep_attention_q8(in, shape, r.refs.ptr<ops::KvRef>(), layer, scale, n_ctx, r.scratch.ptr<float>(),
@@ -569,6 +571,12 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
       std::sort(sorted.begin(), sorted.end(), std::greater<>());
       const int check = std::abs(sorted[K - 1] - sorted[K]) > 1e-3 ? K : K - 1;
       for (int j = 0; j < check; ++j) EXPECT_EQ(got[size_t(layer * K + j)], want[size_t(j)]) << "rank " << j;
+      const std::vector<int32_t> got_slots = download<int32_t>(dslots_out, size_t(L) * K);
+      for (int j = 0; j < K; ++j) {
+        const int32_t e = got[size_t(layer * K + j)];
+        ASSERT_TRUE(e >= 0 && e < E) << "rank " << j;
+        EXPECT_EQ(got_slots[size_t(layer * K + j)], table[size_t(e)]) << "the slot of rank " << j;
+      }
       EXPECT_EQ(download<uint32_t>(dcounter, 1)[0], arrivals);
     }
   }
