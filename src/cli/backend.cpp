@@ -64,7 +64,7 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
                  1e6 * r.wait_s / double(r.forwards));
   if (r.predicted > 0)
     std::fprintf(stderr, "strata: %s expert prediction (%s): %.1f%% of the %lld experts routed in predicting layers "
-                 "were predicted from the layer's input and prefetched into L2 during attention\n", what,
+                 "were predicted from the layer's input and asked into L2 before gate_up read them\n", what,
                  backend.c_str(), 100.0 * double(r.predict_hits) / double(r.predicted), (long long)r.predicted);
   if (r.gated_forwards > 0)
     std::fprintf(stderr, "strata: %s host work (%s): %lld of the CPU-pool passes ran gated (enqueued whole, "

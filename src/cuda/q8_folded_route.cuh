@@ -31,7 +31,8 @@ struct Shared {
 
 // Every thread of the (256-thread) block calls it; it waits for the previous kernel (PDL) and ends with a
 // barrier. after_loads(): called by every thread once its loads of wo_router's outputs are issued (gate_up's
-// prefetch of its predicted rows: its own load then waits beside them, not before them). k <= kMaxK, r.n_expert <= kMaxExperts, n_embd a multiple of 256 up to kMaxEmbd.
+// prefetch of its predicted rows: its own load then waits beside them, not before them). k <= kMaxK,
+// r.n_expert <= kMaxExperts, n_embd a multiple of 256 up to kMaxEmbd.
 // Blocks with blockIdx.x < gridDim.x - 1 get the chosen experts (sh.sel) and the Q8 activations and return
 // true (they run the product). The launch's last column of blocks returns false: its block y = 0 writes the
 // weights (and ids) for moe_down instead (why apart: in a product block it delayed that block's weight

@@ -888,11 +888,12 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
     const Layer& l = layers_[size_t(il)];
     // (mode 4 of the expert predictor: the slots it wrote beside this layer's attention, from the cache's
     // table; only when gate_up reads that table's slots, not a streaming pass's staged row)
-    const moe::ExpertLayerView cached = cache_->layer_view(il);
-    const int32_t* pred_slots = predict::prefetch_mode() == 4 && !staged_row && !direct && view.slots == cached.slots &&
-                                        view.slot_bytes == cached.slot_bytes && expert_prefetch(p, il).on()
-                                    ? ws.pred_slots.as<const int32_t>() + int64_t(il) * k_used
-                                    : nullptr;
+    const int32_t* pred_slots = nullptr;
+    if (predict::prefetch_mode() == 4 && !staged_row && !direct && expert_prefetch(p, il).on()) {
+      const moe::ExpertLayerView cached = cache_->layer_view(il);
+      if (view.slots == cached.slots && view.slot_bytes == cached.slot_bytes)
+        pred_slots = ws.pred_slots.as<const int32_t>() + int64_t(il) * k_used;
+    }
     if (pred_slots != nullptr)
       note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span(), ws.pred_slots.span()},
                   {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
