@@ -106,9 +106,20 @@ static __device__ unsigned g_n;
 constexpr unsigned kEndSites = 64, kEndBuckets = 128, kEndBucketNs = 250;
 static __device__ unsigned g_end_hist[kEndSites][kEndBuckets];
 static __device__ unsigned g_end_line[kEndSites];
+// Every block's own record at its end (pdl_end), in a ring that keeps the translation unit's latest kBlkCap
+// ends (the last passes of a bench): when its wait returned and when it ended, which block and which SM.
+// Why: the histogram shows that a kernel has a tail, not which blocks make it (late to start, sharing an SM,
+// or one grid position); scripts/pdl-trace-report groups these by launch and says.
+struct BlkRec {
+  unsigned long long returned, end;  // %globaltimer, ns
+  unsigned line, bx, by, smid;
+};
+constexpr unsigned kBlkCap = 1u << 16;
+static __device__ BlkRec g_blk[kBlkCap];
+static __device__ unsigned g_blk_n;
 void register_dumper(const char* tu, void (*fn)(std::FILE*, const char*, const ReadDevice&));
 // Lines "tu,line,reached,returned,kind" (kind 0-3: Rec above), then "tu,line,bucket,blocks,5" for every
-// non-empty bucket of the block-end histograms.
+// non-empty bucket of the block-end histograms, then "tu,line,returned,end,6,bx,by,smid" per block record.
 static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
   void* n_at = nullptr;
   void* rec_at = nullptr;
@@ -132,6 +143,17 @@ static void dump(std::FILE* f, const char* tu, const ReadDevice& read) {
     for (unsigned b = 0; b < kEndBuckets; ++b)
       if (lines[s] != 0 && hist[size_t(s) * kEndBuckets + b] != 0)
         std::fprintf(f, "%s,%u,%u,%u,5\n", tu, lines[s], b, hist[size_t(s) * kEndBuckets + b]);
+  void* bn_at = nullptr;
+  void* blk_at = nullptr;
+  CUDA_CHECK(cudaGetSymbolAddress(&bn_at, g_blk_n));
+  CUDA_CHECK(cudaGetSymbolAddress(&blk_at, g_blk));
+  unsigned bn = 0;
+  read(&bn, bn_at, sizeof bn);
+  std::vector<BlkRec> blk(bn < kBlkCap ? bn : kBlkCap);
+  if (!blk.empty()) read(blk.data(), blk_at, blk.size() * sizeof(BlkRec));
+  for (const BlkRec& r : blk)
+    if (r.line != 0)
+      std::fprintf(f, "%s,%u,%llu,%llu,6,%u,%u,%u\n", tu, r.line, r.returned, r.end, r.bx, r.by, r.smid);
 }
 static const bool g_registered = (register_dumper(__BASE_FILE__, dump), true);
 // The traced block's next free record and its end (thread 0's, per block; set by the traced wait).
@@ -196,8 +218,9 @@ static __device__ __forceinline__ void pdl_mark_at(unsigned line) {
 #define pdl_mark() pdl_mark_at(__LINE__)
 // A block's end (after its pdl_wait): pdl_mark() for block 0 and the grid's last block, and for every
 // block, thread 0 adds the time since its own wait returned to the site's histogram (pdl_trace::g_end_hist;
-// scripts/pdl-trace-report prints its percentiles). Why: the step of a kernel ends with its slowest block,
-// and the marks show only two. Thread 0's end stands for the block's (warps that end later are not seen).
+// scripts/pdl-trace-report prints its percentiles) and writes the block's record (pdl_trace::g_blk). Why:
+// the step of a kernel ends with its slowest block, and the marks show only two. Thread 0's end stands for
+// the block's (warps that end later are not seen).
 static __device__ __forceinline__ void pdl_end_at(unsigned line) {
   pdl_mark_at(line);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -210,6 +233,10 @@ static __device__ __forceinline__ void pdl_end_at(unsigned line) {
   const unsigned slot = line % pdl_trace::kEndSites;
   pdl_trace::g_end_line[slot] = line;
   atomicAdd(&pdl_trace::g_end_hist[slot][b], 1u);
+  unsigned smid = 0;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned j = atomicAdd(&pdl_trace::g_blk_n, 1u) % pdl_trace::kBlkCap;
+  pdl_trace::g_blk[j] = {*pdl_trace::block_wait_returned(), t, line, blockIdx.x, blockIdx.y, smid};
 #endif
 }
 #define pdl_end() pdl_end_at(__LINE__)
