@@ -46,22 +46,37 @@ struct HeadIn {
   float x[LV], w[LV], ca[LV], cb[LV];
 };
 
-// x, w: [D] (the head, its norm weight); c: [n_rot/2][2] (the token's angles). Every load is issued at
-// once (why: attn_prep's first version loaded the angles after the norm, a dependent round trip more).
+// The lane's norm weights of one head (w: [D]). Weights only (no kernel writes them), so a kernel may load
+// them before its PDL wait (cuda/pdl.cuh).
 template <int LV>
-__device__ __forceinline__ void load_head(const float* x, const float* w, const float* c, int D, int n_rot, int lane,
-                                          HeadIn<LV>& h) {
+__device__ __forceinline__ void load_head_weight(const float* w, int D, int lane, HeadIn<LV>& h) {
+#pragma unroll
+  for (int u = 0; u < LV; ++u) h.w[u] = lane + 32 * u < D ? w[lane + 32 * u] : 0.0f;
+}
+
+// The lane's values of one head and their angles (x: [D]; c: [n_rot/2][2], the token's angles).
+template <int LV>
+__device__ __forceinline__ void load_head_input(const float* x, const float* c, int D, int n_rot, int lane,
+                                                HeadIn<LV>& h) {
   const int half = n_rot / 2;
 #pragma unroll
   for (int u = 0; u < LV; ++u) {
     const int i = lane + 32 * u;
     h.x[u] = i < D ? x[i] : 0.0f;
-    h.w[u] = i < D ? w[i] : 0.0f;
     const int ci = i < half ? i : i - half;
     const bool rot = i < n_rot;
     h.ca[u] = rot ? c[2 * ci] : 0.0f;
     h.cb[u] = rot ? c[2 * ci + 1] : 0.0f;
   }
+}
+
+// x, w: [D] (the head, its norm weight); c: [n_rot/2][2] (the token's angles). Every load is issued at
+// once (why: attn_prep's first version loaded the angles after the norm, a dependent round trip more).
+template <int LV>
+__device__ __forceinline__ void load_head(const float* x, const float* w, const float* c, int D, int n_rot, int lane,
+                                          HeadIn<LV>& h) {
+  load_head_weight(w, D, lane, h);
+  load_head_input(x, c, D, n_rot, lane, h);
 }
 
 // out[u] = the normed and rotated value of dim lane + 32u (ops.cu rmsnorm_kernel's then rope_neox_kernel's

@@ -113,31 +113,59 @@ __device__ __forceinline__ void load_f16(const uint16_t* p, float (&f)[N]) {
   }
 }
 
+// The one-token kernel's prepared heads: each warp's RPW query heads and, in warp 0, the KV head's K.
+template <int RPW, int DPL>
+struct TokenIn {
+  prep::HeadIn<DPL> q[RPW], k;
+};
+
+// The norm weights of the heads prepare_token norms (warp 0 also K's), into `in`. Weights only, so the kernel
+// may call it before its PDL wait (Prep::early_weights). Why: those few hundred bytes a layer were the
+// prepared token's first loads after the wait, and long out of L2 (a whole pass of weights streams through
+// it between two uses), so their HBM latency came before the norm. The angles are a kernel's output (the
+// pass's rope_cos_sin): only asked into L2 here.
+template <int D, int RPW, int DPL>
+__device__ __forceinline__ void prepare_token_weights(const Prep& pp, int hg, int hc, int group, TokenIn<RPW, DPL>& in) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int rr = 0; rr < RPW; ++rr) {
+    const int row = warp * RPW + rr;
+    if (row < hg && hc * hg + row < group) prep::load_head_weight(pp.in.q_norm, D, lane, in.q[rr]);
+  }
+  if (warp == 0) prep::load_head_weight(pp.in.k_norm, D, lane, in.k);
+  if (threadIdx.x == 0) prefetch_l2_range(pp.in.cs, int64_t(pp.n_rot) * 4);  // [n_rot/2][2]
+}
+
 // The one-token kernel's own attention input (attn_tile_kernel with P): each warp norms and rotates its
 // RPW query rows into qs (times scale, as the plain kernel scales q), rows of no head zeroed as there; with
 // own_new, warp 0 also prepares KV head hk's K (normed in kn) and V, returns them as f16 bits in k_new /
 // v_new and, in the block of head chunk 0, stores them in the cache at r.pos. Every load of the warp is
-// issued before its first norm.
+// issued before its first norm. weights_in: the norm weights are in `in` already (prepare_token_weights).
 //   qs: [R][D] (shared)   kn: [D] f32 (shared)   r: the token's KvRef
 template <int D, int RPW, int DPL>
 __device__ __forceinline__ void prepare_token(const Prep& pp, const ops::KvRef& r, int layer, int n_head_kv, int hg,
                                               int hc, int hk, int group, int h_first, float scale, bool own_new,
-                                              float* qs, float* kn, uint16_t (&k_new)[DPL], uint16_t (&v_new)[DPL]) {
+                                              float* qs, float* kn, uint16_t (&k_new)[DPL], uint16_t (&v_new)[DPL],
+                                              TokenIn<RPW, DPL>& in, bool weights_in) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float* c = pp.in.cs;  // token 0's angles: [n_rot/2][2]
-  prep::HeadIn<DPL> hin[RPW];
+  prep::HeadIn<DPL>* hin = in.q;
   bool valid[RPW];
 #pragma unroll
   for (int rr = 0; rr < RPW; ++rr) {
     const int row = warp * RPW + rr;  // the token's head h_first + row when row < hg (one token: tile row = head)
     valid[rr] = row < hg && hc * hg + row < group;
-    if (valid[rr]) prep::load_head(pp.in.q + int64_t(h_first + row) * D, pp.in.q_norm, c, D, pp.n_rot, lane, hin[rr]);
+    if (valid[rr]) {
+      if (!weights_in) prep::load_head_weight(pp.in.q_norm, D, lane, hin[rr]);
+      prep::load_head_input(pp.in.q + int64_t(h_first + row) * D, c, D, pp.n_rot, lane, hin[rr]);
+    }
   }
   const bool do_kv = own_new && warp == 0;
-  prep::HeadIn<DPL> kin;
+  prep::HeadIn<DPL>& kin = in.k;
   float vv[DPL];
   if (do_kv) {
-    prep::load_head(pp.in.k + int64_t(hk) * D, pp.in.k_norm, c, D, pp.n_rot, lane, kin);
+    if (!weights_in) prep::load_head_weight(pp.in.k_norm, D, lane, kin);
+    prep::load_head_input(pp.in.k + int64_t(hk) * D, c, D, pp.n_rot, lane, kin);
 #pragma unroll
     for (int u = 0; u < DPL; ++u) vv[u] = pp.in.v[int64_t(hk) * D + lane + 32 * u];
   }
@@ -231,6 +259,10 @@ __global__ void __launch_bounds__(32 * W, 1)
     for (int e = threadIdx.x; e < 2 * (hi_x - lo); e += NT)  // one K or V row per thread
       prefetch_l2_range((e & 1 ? vb : kb) + int64_t(lo + e / 2) * row_len, int64_t(D) * 2);
   }
+  TokenIn<RPW, DPL> tin;  // P: the prepared heads' loads
+  if constexpr (P) {
+    if (pp.early_weights) prepare_token_weights<D, RPW, DPL>(pp, hg, hc, int(n_head / n_head_kv), tin);
+  }
   pdl_wait();  // (PDL: q and the KV cache come from earlier kernels)
   pdl_launch_dependents();
   if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
@@ -317,7 +349,8 @@ __global__ void __launch_bounds__(32 * W, 1)
     if (lo < hi_x) issue(lo, 0);
     if (P && seg == 0) {  // q prepared into shared memory (and the token's K/V) while the copies fly
       prepare_token<D, RPW, DPL>(pp, rs[0], layer, n_head_kv, hg, hc, hk, group, h_first, scale, own_new, qs,
-                                 reinterpret_cast<float*>(smem + L::kn_off), k_new, v_new);
+                                 reinterpret_cast<float*>(smem + L::kn_off), k_new, v_new, tin, pp.early_weights);
+      pdl_mark();  // (traced builds: q normed and rotated, the token's K/V prepared)
     } else if (seg == 0) {  // q to shared memory while the first K/V tile's copies are in flight; every read
                             // of qs follows the barrier after those copies land
       for (int e = threadIdx.x; e < R * D; e += NT) {
@@ -348,6 +381,7 @@ __global__ void __launch_bounds__(32 * W, 1)
         }
       }
       __syncthreads();
+      if (kv0 == lo) pdl_mark();  // (traced builds: the first tile in shared memory)
       const int nt = min(KT, hi_x - kv0);
       const uint16_t* kt = ks + buf * KT * KS;
       const uint16_t* vt = vs + buf * KT * D;
@@ -395,6 +429,7 @@ __global__ void __launch_bounds__(32 * W, 1)
         pw[lane + 32] = e1;
       }
       __syncwarp();
+      if (kv0 == lo) pdl_mark();  // (traced builds: the first tile's scores and softmax)
       // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
       // by 0 (an inf in V must not turn rows that do not attend it into NaN).
       // Positions go 4 at a time: one 16-byte broadcast read of a row's 4 weights instead of 4 reads.
@@ -431,6 +466,7 @@ __global__ void __launch_bounds__(32 * W, 1)
           for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
         }
       }
+      if (kv0 == lo && acc[0][0] != -2.f) pdl_mark();  // (traced builds: the first tile's P.V)
       __syncthreads();  // the buffer and p are rewritten next
     }
     seg = end;

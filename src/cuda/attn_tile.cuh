@@ -51,6 +51,7 @@ struct Prep {
   int n_rot;  // rotated dims per head (even, <= head_dim)
   float eps;  // q_norm / k_norm epsilon
   predict::ExpertPrefetch pf = {};
+  bool early_weights = true;  // the norm weights loaded before the PDL wait (ops::prep_early_weights())
 };
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,

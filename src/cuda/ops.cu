@@ -1220,10 +1220,16 @@ bool prep_attention_supported(int64_t n_tok, const AttnPrepShape& s) {
 
 namespace {
 EnvSwitch g_prep_attention;
+EnvSwitch g_prep_early;
 }  // namespace
 
 bool prep_attention_enabled() {
   return g_prep_attention.get([] { return env_on_unless_zero("STRATA_CUDA_PREP_ATTENTION"); });
+}
+
+void set_prep_early_weights(bool on) { g_prep_early.set(on); }
+bool prep_early_weights() {
+  return g_prep_early.get([] { return env_on_unless_zero("STRATA_CUDA_PREP_EARLY"); });
 }
 
 void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef* refs, int layer, float scale,
@@ -1238,7 +1244,8 @@ void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& s, const KvRef
                  "prep_attention_q8: row strides {}/{}/{} shorter than the rows, layer {} or max_kv {}", in.q_ld,
                  in.k_ld, in.v_ld, layer, max_kv);
   // The same launches as attention_q8 of one token, so the same split, partial sums and merge.
-  const attn_tile::Prep prep{in, s.n_rot, s.eps, pf != nullptr ? *pf : predict::ExpertPrefetch{}};
+  const attn_tile::Prep prep{in, s.n_rot, s.eps, pf != nullptr ? *pf : predict::ExpertPrefetch{},
+                             prep_early_weights()};
   if (!launch_tiled(nullptr, refs, 1, layer, s.n_head, s.n_head_kv, s.head_dim, s.head_dim_v, scale, max_kv, scratch,
                     out, xq, xds, stream, &prep))
     q8::quantize(out, 1, int64_t(s.n_head) * s.head_dim_v, xq, xds, stream);  // (not written by the launch)

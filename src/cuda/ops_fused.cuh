@@ -88,6 +88,10 @@ struct AttnPrepIn {
 // 4-warp decode blocks (STRATA_CUDA_ATTN_DECODE_WARPS=4).
 bool prep_attention_supported(int64_t n_tok, const AttnPrepShape& shape);
 bool prep_attention_enabled();
+// Whether prep_attention_q8's blocks load the q_norm / k_norm weights before their PDL wait (and ask L2 for
+// the angles): on unless STRATA_CUDA_PREP_EARLY=0 (read once; set_prep_early_weights overrides). Same values.
+void set_prep_early_weights(bool on);
+bool prep_early_weights();
 void prep_attention_q8(const AttnPrepIn& in, const AttnPrepShape& shape, const KvRef* refs, int layer, float scale,
                        int64_t max_kv, float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream,
                        const predict::ExpertPrefetch* pf = nullptr);

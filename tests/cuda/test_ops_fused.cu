@@ -458,20 +458,27 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
       const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
                                dcs.ptr<float>()};
       const size_t n_out = size_t(qw);
-      AttnRun seq = attn_run(kc, vc, c.n_ctx, pos, H, D), fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
+      AttnRun seq = attn_run(kc, vc, c.n_ctx, pos, H, D);
       Buf dqo = output(n_out * 4);
       ops::attn_prep(in.q, in.q_ld, in.k, in.k_ld, in.v, in.v_ld, in.q_norm, in.k_norm, in.cs,
                      seq.refs.ptr<ops::KvRef>(), 1, layer, shape, dqo.ptr<float>(), stream());
       ops::attention_q8(dqo.ptr<float>(), seq.refs.ptr<ops::KvRef>(), 1, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
                         c.n_ctx, seq.scratch.ptr<float>(), seq.out.ptr<float>(), seq.xq.ptr<int8_t>(),
                         seq.xds.ptr<float2>(), stream(), /*fused=*/true);
-      ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
-                             fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
-                             fused.xds.ptr<float2>(), stream());
-      const std::vector<uint16_t> gk = expect_same_run(fused, seq, n_out, cache);
-      // The token's row was written (it differs from the random row before).
-      const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
-      EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
+      const bool was_early = ops::prep_early_weights();
+      for (const bool early : {true, false}) {  // the norm weights loaded before the PDL wait, or after it
+        SCOPED_TRACE(early ? "norm weights before the wait" : "norm weights after the wait");
+        ops::set_prep_early_weights(early);
+        AttnRun fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
+        ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
+                               fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
+                               fused.xds.ptr<float2>(), stream());
+        const std::vector<uint16_t> gk = expect_same_run(fused, seq, n_out, cache);
+        // The token's row was written (it differs from the random row before).
+        const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
+        EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
+      }
+      ops::set_prep_early_weights(was_early);
     }
   }
   // What it does not take: several tokens, head sizes without a tiled kernel, an odd rope.
