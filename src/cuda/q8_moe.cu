@@ -3,8 +3,12 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -258,27 +262,90 @@ bool down_prefetch() {
 // Static shared memory of the kernels, at most: the table copy and 1 KiB for the rest (hs, jslot_all).
 constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 1024;
 
-// The most dynamic shared memory a gate_up block may use on this device: the opt-in limit per block
-// (227 KiB on sm_90) less the kernel's static shared memory.
-int64_t max_stage_bytes() {
-  int dev = 0, bytes = 0;
+// The most dynamic shared memory `kern` may use on the current device: the opt-in limit per block (227 KiB
+// on sm_90) less the kernel's own static shared memory. Why not kStaticSmem: the routed gate_up's static part
+// is ~14 KiB, and cudaFuncSetAttribute rejects a limit that passes the opt-in with it (session 22: the first
+// build of the blocks-per-SM cap asked for optin - kStaticSmem and failed so; the staged routed launch asked
+// for the same above 48 KiB, e.g. Q8_0 or Q6_K gate/up rows at n_embd 2048).
+int64_t dynamic_limit(const void* kern) {
+  int dev = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  return int64_t(bytes) - kStaticSmem;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  return int64_t(optin) - int64_t(fa.sharedSizeBytes);
 }
 
-// Lets `kern` launch with up to max_stage_bytes() of dynamic shared memory (above 48 KiB a kernel must opt
-// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB.
-void allow_stage_bytes(const void* kern, int64_t bytes) {
-  if (bytes + kStaticSmem <= 48 * 1024) return;
-  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(max_stage_bytes()));
+// Lets `kern` launch with up to dynamic_limit(kern) of dynamic shared memory (above 48 KiB a kernel must opt
+// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB in all.
+void allow_dynamic_bytes(const void* kern, int64_t bytes) {
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  if (bytes + int64_t(fa.sharedSizeBytes) <= 48 * 1024) return;
+  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_limit(kern)));
 }
 
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
 
+// The dynamic shared memory with which at most `cap` blocks of `kern` (kThreads each) fit on one SM of the
+// current device, or `base` if that is more or no size gives exactly `cap` (e.g. registers cap it lower
+// already). Found once per (kernel, device, base, cap) with the occupancy calculator; sets the kernel's
+// opt-in limit when it passes 48 KiB. Why: gate_up_per_sm().
+size_t smem_for_cap(const void* kern, size_t base, int cap) {
+  if (cap <= 0) return base;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t, int>, size_t> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(kern, dev, base, cap);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int per_sm = 0, reserve = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  const int64_t limit = dynamic_limit(kern);
+  // cap + 1 blocks must not fit: each block then takes more than per_sm / (cap + 1), its reserve included.
+  int64_t bytes = (int64_t(per_sm) / (cap + 1) + 1 - reserve - int64_t(fa.sharedSizeBytes) + 127) / 128 * 128;
+  size_t got = base;
+  if (bytes > int64_t(base) && bytes <= limit) {
+    allow_dynamic_bytes(kern, bytes);
+    int blocks = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kThreads, size_t(bytes)));
+    if (blocks == cap) got = size_t(bytes);
+  }
+  known.emplace(key, got);
+  return got;
+}
+
+std::atomic<int> g_gate_up_per_sm{-1};  // -1: not read from the environment yet
+
 }  // namespace
 
 bool moe_supported(const moe::ExpertLayerView& v) { return q8ref::moe_supported(host_view(v)); }
+
+void set_gate_up_per_sm(int cap) {
+  STRATA_REQUIRE(cap >= 0 && cap <= 8, "gate_up blocks per SM: {} (0 to 8)", cap);
+  g_gate_up_per_sm.store(cap);
+}
+
+// Why a cap (2 by default): gate_up's blocks are launched while wo_router's still run, and each SM that
+// wo_router frees takes as many of them as fit (3 of the 30B-A3B geometry's 200). Session 22 traced 87% of
+// them on SMs holding 3 and about half of the 132 SMs in use: blocks alone on an SM ended 9.2 us after their
+// wait, 2 to an SM 10.0, 3 to an SM 10.7, and every launch's latest block was on an SM of 3. Shared memory
+// the kernel does not otherwise need caps how many fit (smem_for_cap).
+int gate_up_per_sm() {
+  int cap = g_gate_up_per_sm.load();
+  if (cap < 0) {
+    const char* e = std::getenv("STRATA_CUDA_GATE_UP_PER_SM");
+    const int v = e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 2 : e[0] - '0';
+    int expected = -1;
+    g_gate_up_per_sm.compare_exchange_strong(expected, v);
+    cap = g_gate_up_per_sm.load();
+  }
+  return cap;
+}
 
 namespace {
 
@@ -295,6 +362,13 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   const dim3 grid(unsigned(v.n_ff / 32 + (fr != nullptr ? 1 : 0)), grid_y(pairs));
   const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
   const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
+  // A cap only where it spreads the grid: more blocks than SMs (else each may have an SM of its own), and
+  // all of them on the GPU at once under it (else it would only leave fewer blocks in flight).
+  int dev = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int64_t blocks = int64_t(grid.x) * grid.y, per_sm = gate_up_per_sm();
+  const int cap = blocks > sms && blocks <= per_sm * sms ? int(per_sm) : 0;
   q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
     q8d::dispatch(v.up_type, rows16(v, v.up_off, urb), [&](auto u, auto au) {
       using G = decltype(g);
@@ -303,19 +377,20 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
       auto run = [&](auto routed) {
         constexpr bool R = decltype(routed)::value;
         if constexpr (AG == 2 && AU == 2) {
-          const int64_t extra = R ? int64_t(sizeof(q8fr::Shared)) : 0;  // its static shared memory
-          if (stage_bytes + extra <= max_stage_bytes()) {
-            auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
-            allow_stage_bytes(reinterpret_cast<const void*>(kern), stage_bytes + extra);
-            pdl::launch(kern, grid, kThreads, size_t(stage_bytes), stream, v.slots, v.slot_bytes, v.gate_off,
-                        v.up_off, grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride,
-                        v.n_expert, route);
+          auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
+          if (stage_bytes <= dynamic_limit(reinterpret_cast<const void*>(kern))) {
+            allow_dynamic_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
+            const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap);
+            pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                        v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route);
             return;
           }
         }
-        pdl::launch(gate_up_kernel<G, AG, U, AU, R>, grid, kThreads, 0, stream, v.slots, v.slot_bytes, v.gate_off,
-                    v.up_off, grb, urb, v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0),
-                    int64_t(0), v.n_expert, route);
+        auto* kern = gate_up_kernel<G, AG, U, AU, R>;
+        const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap);
+        pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                    v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0), v.n_expert,
+                    route);
       };
       if (fr != nullptr) run(std::true_type{});
       else run(std::false_type{});

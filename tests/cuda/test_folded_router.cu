@@ -40,10 +40,9 @@ class CudaFoldedRouter : public test::GpuKernelTest {
   static constexpr int64_t n_embd = 2048, n_att = 4096, n_ff = 768;
   static constexpr int n_slots = 6;
 
-  void run(int n_expert, int k, uint32_t seed) {
+  void run(int n_expert, int k, uint32_t seed, GgmlType wt = GgmlType::Q4_K) {
     std::mt19937 rng(seed);
-    const std::string what = std::to_string(n_expert) + " experts, k " + std::to_string(k);
-    const GgmlType wt = GgmlType::Q4_K;
+    const std::string what = std::to_string(n_expert) + " experts, k " + std::to_string(k) + ", " + std::string(type_name(wt));
     const int64_t wrb = int64_t(row_bytes(wt, n_att));
     // Weights: wo, the router, the ffn norm weight; activations: x (residual stream) and att.
     const auto wo = test::random_weights(wt, n_embd, n_att, rng);
@@ -264,10 +263,33 @@ class CudaFoldedRouter : public test::GpuKernelTest {
     EXPECT_EQ(std::memcmp(download<float>(d_raw, n_expert).data(), raw.data(), size_t(n_expert) * 4), 0) << what;
     EXPECT_EQ(std::memcmp(download<int8_t>(d_hq, k * n_ff).data(), hq.data(), size_t(k * n_ff)), 0) << what;
     EXPECT_EQ(download<float>(d_wts, k), wts) << what;
+
+    // gate_up's blocks-per-SM cap (the default 2 applies to this grid of 25 x 8 blocks on an H200) is a
+    // launch shape only: the same bits without it and with 1 and 3, routed and not.
+    const int cap_was = q8::gate_up_per_sm();
+    for (const int cap : {0, 1, 3}) {
+      q8::set_gate_up_per_sm(cap);
+      gate_up_gpu();
+      EXPECT_EQ(std::memcmp(download<int8_t>(d_hq, k * n_ff).data(), hq.data(), size_t(k * n_ff)), 0)
+          << what << ": h codes, routed, cap " << cap;
+      EXPECT_EQ(std::memcmp(download<float2>(d_hds, k * n_ff / 32).data(), hds.data(),
+                            size_t(k * n_ff / 32) * sizeof(float2)), 0) << what << ": h scales, routed, cap " << cap;
+      q8::moe_gate_up(v, d_table.ptr<int32_t>(), d_xq.ptr<int8_t>(), d_xds.ptr<float2>(), d_ids_ref.ptr<int32_t>(), 1,
+                      k, d_hq2.ptr<int8_t>(), d_hds2.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids_ref.span()},
+                        {d_hq2.span(), d_hds2.span()});
+      EXPECT_EQ(download<int8_t>(d_hq2, k * n_ff), hq2) << what << ": h codes, cap " << cap;
+    }
+    q8::set_gate_up_per_sm(cap_was);
+    EXPECT_THROW(q8::set_gate_up_per_sm(9), Error);
+    EXPECT_THROW(q8::set_gate_up_per_sm(-1), Error);
   }
 };
 
 TEST_F(CudaFoldedRouter, Qwen3MoeShapes) { run(128, 8, 5); }
+// Q8_0 rows go through shared memory (staged): at this size more than 48 KiB of it, beside the routing's
+// static part.
+TEST_F(CudaFoldedRouter, Qwen3MoeShapesStagedRows) { run(128, 8, 9, GgmlType::Q8_0); }
 TEST_F(CudaFoldedRouter, ExpertsNotAMultipleOf32) { run(60, 4, 6); }
 
 TEST_F(CudaFoldedRouter, UnsupportedShapesAreErrors) {
