@@ -262,27 +262,41 @@ bool down_prefetch() {
 // Static shared memory of the kernels, at most: the table copy and 1 KiB for the rest (hs, jslot_all).
 constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 1024;
 
+// `kern`'s static shared memory and its dynamic limit on the current device, looked up once per (kernel,
+// device): the launches of a CPU-pool pass of 9-31 tokens ask for them every layer.
+struct KernelSmem {
+  int64_t static_bytes = 0, limit = 0;
+};
+KernelSmem kernel_smem(const void* kern) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, KernelSmem> known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kern, dev);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  int optin = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes fa{};
+  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
+  const KernelSmem ks{int64_t(fa.sharedSizeBytes), int64_t(optin) - int64_t(fa.sharedSizeBytes)};
+  known.emplace(key, ks);
+  return ks;
+}
+
 // The most dynamic shared memory `kern` may use on the current device: the opt-in limit per block (227 KiB
 // on sm_90) less the kernel's own static shared memory. Why not kStaticSmem: the routed gate_up's static part
 // is ~14 KiB, and cudaFuncSetAttribute rejects a limit that passes the opt-in with it (session 22: the first
 // build of the blocks-per-SM cap asked for optin - kStaticSmem and failed so; the staged routed launch asked
 // for the same above 48 KiB, e.g. Q8_0 or Q6_K gate/up rows at n_embd 2048).
-int64_t dynamic_limit(const void* kern) {
-  int dev = 0, optin = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaFuncAttributes fa{};
-  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  return int64_t(optin) - int64_t(fa.sharedSizeBytes);
-}
+int64_t dynamic_limit(const void* kern) { return kernel_smem(kern).limit; }
 
 // Lets `kern` launch with up to dynamic_limit(kern) of dynamic shared memory (above 48 KiB a kernel must opt
 // in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB in all.
 void allow_dynamic_bytes(const void* kern, int64_t bytes) {
-  cudaFuncAttributes fa{};
-  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  if (bytes + int64_t(fa.sharedSizeBytes) <= 48 * 1024) return;
-  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_limit(kern)));
+  const KernelSmem ks = kernel_smem(kern);
+  if (bytes + ks.static_bytes <= 48 * 1024) return;
+  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ks.limit));
 }
 
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
@@ -303,11 +317,10 @@ size_t smem_for_cap(const void* kern, size_t base, int cap) {
   int per_sm = 0, reserve = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-  cudaFuncAttributes fa{};
-  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const int64_t limit = dynamic_limit(kern);
+  const KernelSmem ks = kernel_smem(kern);
+  const int64_t limit = ks.limit;
   // cap + 1 blocks must not fit: each block then takes more than per_sm / (cap + 1), its reserve included.
-  int64_t bytes = (int64_t(per_sm) / (cap + 1) + 1 - reserve - int64_t(fa.sharedSizeBytes) + 127) / 128 * 128;
+  int64_t bytes = (int64_t(per_sm) / (cap + 1) + 1 - reserve - ks.static_bytes + 127) / 128 * 128;
   size_t got = base;
   if (bytes > int64_t(base) && bytes <= limit) {
     allow_dynamic_bytes(kern, bytes);
