@@ -1,29 +1,42 @@
 #pragma once
-// A process-wide on/off switch: set() (tests, benchmarks) wins; otherwise the first get() takes the value
-// from the environment (from_env) and keeps it. Safe to call from several threads: the first value stored
-// sticks. The fast path is one relaxed load (some switches are read at every kernel launch).
+// A process-wide setting: set() (tests, benchmarks) wins; otherwise the first get() takes the value from the
+// environment (from_env) and keeps it. Safe to call from several threads: the first value stored sticks.
+// The fast path is one relaxed load (some settings are read at every kernel launch). EnvInt holds a
+// non-negative int (e.g. a count), EnvSwitch an on/off switch.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 namespace strata {
 
+class EnvInt {
+ public:
+  template <typename FromEnv>
+  int get(FromEnv&& from_env) {
+    int v = state_.load(std::memory_order_relaxed);
+    if (v < 0) {
+      int expected = -1;
+      state_.compare_exchange_strong(expected, from_env());
+      v = state_.load();
+    }
+    return v;
+  }
+  void set(int v) { state_.store(v); }  // v >= 0
+
+ private:
+  std::atomic<int> state_{-1};  // -1: not decided yet
+};
+
 class EnvSwitch {
  public:
   template <typename FromEnv>
   bool get(FromEnv&& from_env) {
-    int v = state_.load(std::memory_order_relaxed);
-    if (v < 0) {
-      int expected = -1;
-      state_.compare_exchange_strong(expected, from_env() ? 1 : 0);
-      v = state_.load();
-    }
-    return v == 1;
+    return value_.get([&] { return from_env() ? 1 : 0; }) == 1;
   }
-  void set(bool on) { state_.store(on ? 1 : 0); }
+  void set(bool on) { value_.set(on ? 1 : 0); }
 
  private:
-  std::atomic<int> state_{-1};  // -1: not decided yet
+  EnvInt value_;
 };
 
 // True unless the environment sets `name` to "0": how a switch that is on by default reads it.

@@ -44,8 +44,7 @@ void check(const ExpertPrefetch& p) {
   STRATA_REQUIRE(supported(p.n_expert, p.n_embd, p.k),
                  "expert prefetch: {} experts ({} used) of width {} (supported: up to {} experts, up to {} used, width "
                  "a multiple of 256 up to {})", p.n_expert, p.k, p.n_embd, kMaxExperts, kMaxK, kMaxEmbd);
-  STRATA_REQUIRE(p.blocks >= 16 && p.blocks <= kMaxBlocks && (p.blocks & (p.blocks - 1)) == 0 &&
-                     p.blocks * (kThreads / 32) >= p.n_expert,
+  STRATA_REQUIRE(block_count_ok(p.blocks) && p.blocks * (kThreads / 32) >= p.n_expert,
                  "expert prefetch: {} predictor blocks for {} experts (a power of two, 16..{}, 8 experts a block)",
                  p.blocks, p.n_expert, kMaxBlocks);
   STRATA_REQUIRE(p.x != nullptr && p.logits != nullptr && p.counter != nullptr && p.table != nullptr &&
@@ -95,7 +94,7 @@ int prefetch_blocks() {
   static const int blocks = [] {
     const char* e = std::getenv("STRATA_CUDA_EXPERT_PREFETCH_BLOCKS");
     const int b = e == nullptr ? kMaxBlocks : std::atoi(e);
-    return b >= 16 && b <= kMaxBlocks && (b & (b - 1)) == 0 ? b : kMaxBlocks;
+    return block_count_ok(b) ? b : kMaxBlocks;
   }();
   return blocks;
 }

@@ -19,6 +19,8 @@
 namespace strata::cuda::predict {
 
 constexpr int kMaxBlocks = 128;         // predictor blocks per launch (ExpertPrefetch::blocks; 256 threads each)
+// A predictor block count the launch takes: a power of two from 16 to kMaxBlocks.
+constexpr bool block_count_ok(int b) { return b >= 16 && b <= kMaxBlocks && (b & (b - 1)) == 0; }
 constexpr int kThreads = 256;
 constexpr int kMaxExperts = kThreads;   // one thread per key when ranking
 constexpr int kMaxK = 64;

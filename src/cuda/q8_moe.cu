@@ -3,7 +3,6 @@
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -332,7 +331,7 @@ size_t smem_for_cap(const void* kern, size_t base, int cap) {
   return got;
 }
 
-std::atomic<int> g_gate_up_per_sm{-1};  // -1: not read from the environment yet
+EnvInt g_gate_up_per_sm;
 
 }  // namespace
 
@@ -340,7 +339,7 @@ bool moe_supported(const moe::ExpertLayerView& v) { return q8ref::moe_supported(
 
 void set_gate_up_per_sm(int cap) {
   STRATA_REQUIRE(cap >= 0 && cap <= 8, "gate_up blocks per SM: {} (0 to 8)", cap);
-  g_gate_up_per_sm.store(cap);
+  g_gate_up_per_sm.set(cap);
 }
 
 // Why a cap (2 by default): gate_up's blocks are launched while wo_router's still run, and each SM that
@@ -349,15 +348,10 @@ void set_gate_up_per_sm(int cap) {
 // wait, 2 to an SM 10.0, 3 to an SM 10.7, and every launch's latest block was on an SM of 3. Shared memory
 // the kernel does not otherwise need caps how many fit (smem_for_cap).
 int gate_up_per_sm() {
-  int cap = g_gate_up_per_sm.load();
-  if (cap < 0) {
+  return g_gate_up_per_sm.get([] {
     const char* e = std::getenv("STRATA_CUDA_GATE_UP_PER_SM");
-    const int v = e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 2 : e[0] - '0';
-    int expected = -1;
-    g_gate_up_per_sm.compare_exchange_strong(expected, v);
-    cap = g_gate_up_per_sm.load();
-  }
-  return cap;
+    return e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 2 : e[0] - '0';
+  });
 }
 
 namespace {

@@ -894,12 +894,9 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
       if (view.slots == cached.slots && view.slot_bytes == cached.slot_bytes)
         pred_slots = ws.pred_slots.as<const int32_t>() + int64_t(il) * k_used;
     }
-    if (pred_slots != nullptr)
-      note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span(), ws.pred_slots.span()},
-                  {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
-    else
-      note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span()},
-                  {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
+    note_launch(cs, {ws.mid.span(), l.ffn_norm.buf.span(), ws.ss.span(), ws.router.span(),
+                     pred_slots != nullptr ? ws.pred_slots.span() : DevSpan{}},  // (an empty span: not checked)
+                {ws.hq.span(), ws.hds.span(), ws.ids.span(), ws.wts.span()});
     const q8::FoldedRoute route{.mid = ws.mid.as<const float>(),
                                 .norm_w = l.ffn_norm.f32(),
                                 .eps = hp_.rms_eps,
