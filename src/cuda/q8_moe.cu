@@ -4,12 +4,8 @@
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
-#include <tuple>
 #include <type_traits>
-#include <utility>
 
 #include "common/env_switch.h"
 #include "common/error.h"
@@ -20,6 +16,7 @@
 #include "cuda/q8_formats.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/pdl.cuh"
+#include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -261,75 +258,7 @@ bool down_prefetch() {
 // Static shared memory of the kernels, at most: the table copy and 1 KiB for the rest (hs, jslot_all).
 constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 1024;
 
-// `kern`'s static shared memory and its dynamic limit on the current device, looked up once per (kernel,
-// device): the launches of a CPU-pool pass of 9-31 tokens ask for them every layer.
-struct KernelSmem {
-  int64_t static_bytes = 0, limit = 0;
-};
-KernelSmem kernel_smem(const void* kern) {
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, KernelSmem> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(kern, dev);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  int optin = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaFuncAttributes fa{};
-  CUDA_CHECK(cudaFuncGetAttributes(&fa, kern));
-  const KernelSmem ks{int64_t(fa.sharedSizeBytes), int64_t(optin) - int64_t(fa.sharedSizeBytes)};
-  known.emplace(key, ks);
-  return ks;
-}
-
-// The most dynamic shared memory `kern` may use on the current device: the opt-in limit per block (227 KiB
-// on sm_90) less the kernel's own static shared memory. Why not kStaticSmem: the routed gate_up's static part
-// is ~14 KiB, and cudaFuncSetAttribute rejects a limit that passes the opt-in with it (session 22: the first
-// build of the blocks-per-SM cap asked for optin - kStaticSmem and failed so; the staged routed launch asked
-// for the same above 48 KiB, e.g. Q8_0 or Q6_K gate/up rows at n_embd 2048).
-int64_t dynamic_limit(const void* kern) { return kernel_smem(kern).limit; }
-
-// Lets `kern` launch with up to dynamic_limit(kern) of dynamic shared memory (above 48 KiB a kernel must opt
-// in, per device): set once per (kernel, device), the first time a launch needs more than 48 KiB in all.
-void allow_dynamic_bytes(const void* kern, int64_t bytes) {
-  const KernelSmem ks = kernel_smem(kern);
-  if (bytes + ks.static_bytes <= 48 * 1024) return;
-  set_kernel_attribute_once(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ks.limit));
-}
-
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
-
-// The dynamic shared memory with which at most `cap` blocks of `kern` (kThreads each) fit on one SM of the
-// current device, or `base` if that is more or no size gives exactly `cap` (e.g. registers cap it lower
-// already). Found once per (kernel, device, base, cap) with the occupancy calculator; sets the kernel's
-// opt-in limit when it passes 48 KiB. Why: gate_up_per_sm().
-size_t smem_for_cap(const void* kern, size_t base, int cap) {
-  if (cap <= 0) return base;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  static std::mutex mu;
-  static std::map<std::tuple<const void*, int, size_t, int>, size_t> known;
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(kern, dev, base, cap);
-  if (const auto it = known.find(key); it != known.end()) return it->second;
-  int per_sm = 0, reserve = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&reserve, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-  const KernelSmem ks = kernel_smem(kern);
-  const int64_t limit = ks.limit;
-  // cap + 1 blocks must not fit: each block then takes more than per_sm / (cap + 1), its reserve included.
-  int64_t bytes = (int64_t(per_sm) / (cap + 1) + 1 - reserve - ks.static_bytes + 127) / 128 * 128;
-  size_t got = base;
-  if (bytes > int64_t(base) && bytes <= limit) {
-    allow_dynamic_bytes(kern, bytes);
-    int blocks = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kThreads, size_t(bytes)));
-    if (blocks == cap) got = size_t(bytes);
-  }
-  known.emplace(key, got);
-  return got;
-}
 
 EnvInt g_gate_up_per_sm;
 
@@ -369,13 +298,7 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   const dim3 grid(unsigned(v.n_ff / 32 + (fr != nullptr ? 1 : 0)), grid_y(pairs));
   const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
   const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
-  // A cap only where it spreads the grid: more blocks than SMs (else each may have an SM of its own), and
-  // all of them on the GPU at once under it (else it would only leave fewer blocks in flight).
-  int dev = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int64_t blocks = int64_t(grid.x) * grid.y, per_sm = gate_up_per_sm();
-  const int cap = blocks > sms && blocks <= per_sm * sms ? int(per_sm) : 0;
+  const int cap = spreading_cap(int64_t(grid.x) * grid.y, gate_up_per_sm());
   q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
     q8d::dispatch(v.up_type, rows16(v, v.up_off, urb), [&](auto u, auto au) {
       using G = decltype(g);
@@ -387,14 +310,14 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
           auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
           if (stage_bytes <= dynamic_limit(reinterpret_cast<const void*>(kern))) {
             allow_dynamic_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
-            const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap);
+            const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap, kThreads);
             pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
                         v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route);
             return;
           }
         }
         auto* kern = gate_up_kernel<G, AG, U, AU, R>;
-        const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap);
+        const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap, kThreads);
         pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
                     v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0), v.n_expert,
                     route);
