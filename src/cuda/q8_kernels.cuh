@@ -81,6 +81,17 @@ bool norm_matvec_early();
 // quantizes a run of consecutive values (q8c::quantize_lanes); off, one value a lane (quantize_warp).
 void set_norm_matvec_lanes(bool on);
 bool norm_matvec_lanes();
+// norm_matvec's launch shape for 2048 and 4096 columns (the same bits; process-wide, the first call reads
+// the environment unless the setter ran before):
+// - rows: weight rows a lane group holds, 1 to 5 (3 to 5 only with the early norm in runs, the default:
+//   else the geometry's choice: 2 for whole-warp rows of at least 4096 rows, else 1); 0 (the default) 3
+//   where the geometry's choice is 2, else the geometry's. STRATA_CUDA_QKV_ROWS=0..5.
+// - per SM: the grid's blocks an SM at most, by shared-memory padding where the grid fits on the GPU at
+//   once under it (smem_cap.cuh), 0 no cap. STRATA_CUDA_QKV_PER_SM=0..8, default 2.
+void set_norm_matvec_rows(int rows);
+int norm_matvec_rows();
+void set_norm_matvec_per_sm(int cap);
+int norm_matvec_per_sm();
 
 // MoE decode with Q8 activations, experts read from expert-cache slots through the layer's residency
 // table row (same view and table contract as moe::moe_gate_up / moe::moe_down).

@@ -23,11 +23,11 @@ struct Geometry {
   int lpr_log2 = 0, r = 1;
   int64_t rows_per_warp = 0, blocks = 0, stride = 0;
 };
-template <typename F, int A>
-Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
-  Geometry g;
-  g.lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
-  g.r = nt_tile <= 2 && g.lpr_log2 == 5 && rows >= kTwoRowsMinRows ? 2 : 1;
+
+// g with r rows per lane group (g.lpr_log2 set): its rows per warp, blocks and staged region.
+template <int A>
+Geometry with_rows(Geometry g, int r, int64_t rows, int64_t row_bytes) {
+  g.r = r, g.stride = 0;
   g.rows_per_warp = int64_t(g.r) << (5 - g.lpr_log2);
   const int64_t rows_per_block = (kThreads / 32) * g.rows_per_warp;
   g.blocks = (rows + rows_per_block - 1) / rows_per_block;
@@ -36,6 +36,13 @@ Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
   const int64_t stride = q8d::stage_stride(g.rows_per_warp * row_bytes);
   if (A == 2 && stride * (kThreads / 32) <= kMaxStageBytes) g.stride = stride;
   return g;
+}
+
+template <typename F, int A>
+Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
+  Geometry g;
+  g.lpr_log2 = q8d::lanes_per_row_log2(int(cols / F::kVals) * F::kTasks);
+  return with_rows<A>(g, nt_tile <= 2 && g.lpr_log2 == 5 && rows >= kTwoRowsMinRows ? 2 : 1, rows, row_bytes);
 }
 
 // The alignment every q8 product needs (strata::Error otherwise): weight rows 2-byte aligned, activations

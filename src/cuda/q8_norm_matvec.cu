@@ -3,6 +3,7 @@
 // tests/cuda/test_q8_kernels.cu compares it bit for bit with rmsnorm_quantize + matvec on the GPU.
 #include <cuda_pipeline.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -16,6 +17,7 @@
 #include "cuda/q8_formats.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/q8_matvec.cuh"
+#include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -24,6 +26,12 @@ using q8mv::kThreads;
 
 // Dynamic shared memory: [cols] int8 | [cols/32] float2 | staged weight rows.
 constexpr int64_t act_bytes(int64_t cols) { return cols + (cols / 32) * 8; }
+
+constexpr int kMaxRows = 5;  // rows a lane group holds at most (norm_matvec_rows)
+
+bool aligned16(const float* x, const float* nw) {
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(nw) % 16 == 0;
+}
 
 // The thread's values of one row (thread i holds x[i + 256 j]; every load in flight at once) and their sum
 // of squares in double, j in order. after_loads(): called once the loads are issued, before their values
@@ -269,23 +277,27 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
     pre_stride = (g.rows_per_warp * row_bytes + 15) / 16 * 16;
     if (A != 16 || pre_stride * (kThreads / 32) > q8mv::kMaxStageBytes) pf = 2, pre_stride = 0;
   }
+  const int cap = spreading_cap(g.blocks, norm_matvec_per_sm());
   auto run = [&](auto kernel, int64_t stride) {
-    const size_t smem = size_t(act_bytes(int64_t(PER) * kThreads) + stride * (kThreads / 32));
-    if (smem > size_t(q8mv::kMaxStageBytes))
-      set_kernel_attribute_once(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                int(smem));
+    const auto* kern = reinterpret_cast<const void*>(kernel);
+    const int64_t need = act_bytes(int64_t(PER) * kThreads) + stride * (kThreads / 32);
+    allow_dynamic_bytes(kern, need);
+    const size_t smem = smem_for_cap(kern, size_t(need), cap, kThreads);
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
                 xn, xq, xds, y, accumulate, pf);
   };
   // 0: the two-step norm; 1: the early norm, strided; 2: the early norm, in runs (x and nw 16-byte aligned).
-  const bool runs = norm_matvec_lanes() && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                    reinterpret_cast<uintptr_t>(nw) % 16 == 0;
+  const bool runs = norm_matvec_lanes() && aligned16(x, nw);
   const int mode = !norm_matvec_early() ? 0 : runs ? 2 : 1;
   auto pick = [&](auto a, int64_t stride) {
     constexpr int AA = decltype(a)::value;
-    if (mode == 2) run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
-    else if (mode == 1) run(norm_matvec_kernel<F, AA, R, PER, 1>, stride);
-    else run(norm_matvec_kernel<F, AA, R, PER, 0>, stride);
+    if constexpr (R > 2) {  // (only the default mode has them: norm_matvec_rows())
+      run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
+    } else {
+      if (mode == 2) run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
+      else if (mode == 1) run(norm_matvec_kernel<F, AA, R, PER, 1>, stride);
+      else run(norm_matvec_kernel<F, AA, R, PER, 0>, stride);
+    }
   };
   if constexpr (A == 2) {
     if (g.stride > 0) return pick(std::integral_constant<int, q8d::kStaged>{}, g.stride);
@@ -296,7 +308,20 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
 template <typename F, int A, int PER>
 void launch_per(const uint8_t* w, int64_t rows, int64_t row_bytes, const float* x, const float* nw, float eps,
                 float* xn, int8_t* xq, float2* xds, float* y, bool accumulate, cudaStream_t stream) {
-  const q8mv::Geometry g = q8mv::geometry<F, A>(rows, int64_t(PER) * kThreads, row_bytes, 1);
+  q8mv::Geometry g = q8mv::geometry<F, A>(rows, int64_t(PER) * kThreads, row_bytes, 1);
+  if constexpr (PER >= 8) {
+    // 3 to 5 rows a lane group: the early norm in runs only (the default; else the geometry's choice).
+    // 0: 3 where the geometry picks 2 (whole-warp rows, at least 4096 of them). Why: norm_matvec_per_sm().
+    const bool runs = norm_matvec_early() && norm_matvec_lanes() && aligned16(x, nw);
+    const int want = norm_matvec_rows(), r = want == 0 && g.r == 2 ? 3 : want;
+    if (r >= 1 && r <= kMaxRows && (r <= 2 || runs)) g = q8mv::with_rows<A>(g, r, rows, row_bytes);
+    switch (g.r) {
+      case 3: return launch<F, A, 3, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      case 4: return launch<F, A, 4, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      case 5: return launch<F, A, 5, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      default: break;
+    }
+  }
   if (g.r == 2) launch<F, A, 2, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
   else launch<F, A, 1, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
 }
@@ -309,7 +334,39 @@ bool norm_matvec_supported(int64_t cols, int64_t n) {
 
 namespace {
 EnvSwitch g_norm_early, g_norm_lanes;
+EnvInt g_norm_rows, g_norm_per_sm;
+
+// A digit from lo to hi, else `fallback`.
+int env_digit(const char* name, int lo, int hi, int fallback) {
+  const char* e = std::getenv(name);
+  return e == nullptr || e[0] < '0' + lo || e[0] > '0' + hi || e[1] != 0 ? fallback : e[0] - '0';
+}
 }  // namespace
+
+void set_norm_matvec_rows(int rows) {
+  STRATA_REQUIRE(rows >= 0 && rows <= kMaxRows, "norm_matvec rows a lane group: {} (0 to {})", rows, kMaxRows);
+  g_norm_rows.set(rows);
+}
+
+int norm_matvec_rows() {
+  return g_norm_rows.get([] { return env_digit("STRATA_CUDA_QKV_ROWS", 0, kMaxRows, 0); });
+}
+
+void set_norm_matvec_per_sm(int cap) {
+  STRATA_REQUIRE(cap >= 0 && cap <= 8, "norm_matvec blocks per SM: {} (0 to 8)", cap);
+  g_norm_per_sm.set(cap);
+}
+
+// Why 3 rows and 2 blocks an SM by default: the 30B-A3B geometry's q|k|v (5120 x 2048) is 320 blocks at 2
+// rows, launched while moe_down still runs, and session 22's block records put the launch's latest block
+// on an SM of 3 (3 to an SM 4.32 us, 2 to an SM 3.62). At 3 rows it is 214 blocks, at most 2 to an SM.
+// H200, 48-layer 30B-A3B geometry at Q4_K fully resident, alternating in one call (session 23): 3 rows
+// capped at 2 595.5 / 595.2 tok/s against 582.2 / 580.0 / 580.3 for 2 rows uncapped; 5 rows capped at 1
+// (128 blocks) 584.9 / 594.2, uncapped 550.6 / 550.0; 4 rows capped at 2 588.7 / 583.9; 2 rows capped
+// at 3 571.5.
+int norm_matvec_per_sm() {
+  return g_norm_per_sm.get([] { return env_digit("STRATA_CUDA_QKV_PER_SM", 0, 8, 2); });
+}
 
 void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -394,6 +395,64 @@ TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
   q8::set_norm_matvec_early(was);
   q8::set_norm_matvec_lanes(lanes_was);
   EXPECT_EQ(cases, 100);
+}
+
+// norm_matvec's launch shapes (set_norm_matvec_rows, set_norm_matvec_per_sm) give the bits of the simplest
+// one (a row a lane group, uncapped): the default (0 rows: 3 for 4096 rows or more; 2 an SM), rows a lane
+// group 2 to 5 (3 to 5 run only with the early norm in runs, the default), blocks per SM capped or not;
+// the formats, shapes and alignments as above (5120 x 2048 is the 30B-A3B geometry's q|k|v: 320 blocks
+// at 2 rows, 214 at 3, 128 at 5, so caps 1, 2 and 3 each apply).
+TEST_F(CudaQ8Matvec, NormMatvecLaunchShapesGiveTheSameBits) {
+  struct Shape { int64_t rows, cols; size_t w_offset; };
+  const Shape shapes[] = {{5120, 2048, 0}, {4097, 2048, 2}, {768, 4096, 0}, {37, 2048, 2}, {300, 1024, 0}};
+  struct Launch { int rows, per_sm; };
+  const Launch launches[] = {{0, 2}, {0, 0}, {2, 0}, {2, 3}, {3, 2}, {4, 2}, {5, 1}, {5, 0}};  // {0, 2}: the default
+  const int rows_was = q8::norm_matvec_rows(), cap_was = q8::norm_matvec_per_sm();
+  std::mt19937 rng(41);
+  int64_t cases = 0;
+  for (GgmlType t : kTypes)
+    for (const Shape& sh : shapes) {
+      if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
+      const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows * 3 + sh.cols + int(t)));
+      const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
+      auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
+      const auto nw = test::random_acts(cols, rng);
+      const auto x = make_acts(1, cols, rng);
+      auto d_nw = upload_vec(nw), d_x = upload_vec(x);
+      std::vector<float> y0(static_cast<size_t>(rows));
+      for (auto& e : y0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
+      for (bool acc : {false, true}) {
+        auto run = [&](const Launch& l) {
+          q8::set_norm_matvec_rows(l.rows);
+          q8::set_norm_matvec_per_sm(l.per_sm);
+          auto f_xn = output(cols * 4, 0x11), f_q = output(cols, 0x22), f_ds = output(cols / 32 * 8, 0x33);
+          auto f_y = acc ? upload_vec(y0) : output(rows * 4, 0x44);
+          q8::norm_matvec(t, d_w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, 1,
+                          f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
+          cuda::note_launch(dev->compute(), {d_w.span(), d_x.span(), d_nw.span(), f_y.span()},
+                            {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
+          return std::make_pair(download<float>(f_xn, cols), download<float>(f_y, rows));
+        };
+        const auto want = run({1, 0});  // one row a lane group, uncapped
+        for (const Launch& l : launches) {
+          const auto got = run(l);
+          const std::string what = std::string(type_name(t)) + " " + std::to_string(rows) + "x" +
+                                   std::to_string(cols) + (acc ? " accumulate" : "") +
+                                   (sh.w_offset ? " weights at +2" : "") + ", " + std::to_string(l.rows) +
+                                   " rows a group, " + std::to_string(l.per_sm) + " blocks an SM";
+          EXPECT_EQ(got.first, want.first) << what << ": xn";
+          int64_t bad = 0;
+          for (int64_t r = 0; r < rows; ++r) bad += !test::same_bits(got.second[size_t(r)], want.second[size_t(r)]);
+          EXPECT_EQ(bad, 0) << what << ": y differs from the default launch's in " << bad << " outputs";
+          ++cases;
+        }
+      }
+    }
+  q8::set_norm_matvec_rows(rows_was);
+  q8::set_norm_matvec_per_sm(cap_was);
+  EXPECT_THROW(q8::set_norm_matvec_rows(6), Error);
+  EXPECT_THROW(q8::set_norm_matvec_per_sm(9), Error);
+  EXPECT_EQ(cases, 5 * 5 * 2 * 8);
 }
 
 TEST_F(CudaQ8Matvec, NormMatvecUnsupportedShapesAreErrors) {
