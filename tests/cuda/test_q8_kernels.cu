@@ -159,6 +159,28 @@ struct MatvecCase {
 
 class CudaQ8Matvec : public test::GpuKernelTest {
  protected:
+  // One norm_matvec case on the device: W (t, rows x cols, at byte offset w_offset, from seed), a norm
+  // weight nw and one token x (from rng); the host copies of nw and x.
+  struct NormCase {
+    GgmlType t;
+    int64_t rows, cols, rb;
+    Buf w, nw, x;
+    std::vector<float> nw_host, x_host;
+  };
+  NormCase norm_case(GgmlType t, int64_t rows, int64_t cols, size_t w_offset, uint32_t seed, std::mt19937& rng);
+
+  // norm_matvec on c (eps 1e-6, one token): returns xn and y (y starts as y0 where acc).
+  std::pair<std::vector<float>, std::vector<float>> run_norm_matvec(const NormCase& c, bool acc,
+                                                                    const std::vector<float>& y0) {
+    auto f_xn = output(c.cols * 4, 0x11), f_q = output(c.cols, 0x22), f_ds = output(c.cols / 32 * 8, 0x33);
+    auto f_y = acc ? upload_vec(y0) : output(c.rows * 4, 0x44);
+    q8::norm_matvec(c.t, c.w.ptr(), c.rows, c.cols, c.rb, c.x.ptr<float>(), c.nw.ptr<float>(), 1e-6f, 1,
+                    f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
+    cuda::note_launch(dev->compute(), {c.w.span(), c.x.span(), c.nw.span(), f_y.span()},
+                      {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
+    return {download<float>(f_xn, size_t(c.cols)), download<float>(f_y, size_t(c.rows))};
+  }
+
   // Checks matvec for each n, accumulate off and on. w_offset: bytes before the weights (2: 2-byte
   // aligned rows, the K-quants' non-vector loads).
   void check(const MatvecCase& mc, std::initializer_list<int64_t> ns, size_t w_offset = 0) {
@@ -222,6 +244,16 @@ class CudaQ8Matvec : public test::GpuKernelTest {
 MatvecCase make_case(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
   std::mt19937 rng(seed);
   return {t, rows, cols, test::random_weights(t, rows, cols, rng)};
+}
+
+CudaQ8Matvec::NormCase CudaQ8Matvec::norm_case(GgmlType t, int64_t rows, int64_t cols, size_t w_offset,
+                                               uint32_t seed, std::mt19937& rng) {
+  const auto mc = make_case(t, rows, cols, seed);
+  NormCase c{t, rows, cols, int64_t(row_bytes(t, cols)), upload(mc.w.data(), mc.w.size(), w_offset), {}, {}, {}, {}};
+  c.nw_host = test::random_acts(cols, rng);
+  c.x_host = make_acts(1, cols, rng);
+  c.nw = upload_vec(c.nw_host), c.x = upload_vec(c.x_host);
+  return c;
 }
 
 TEST_F(CudaQ8Matvec, AllFormatsRealShapes) {
@@ -347,12 +379,10 @@ TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
     for (const Shape& sh : shapes) {
       if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
       q8::set_norm_matvec_lanes(lanes);
-      const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows + sh.cols + int(t)));
-      const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
-      auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
-      const auto nw = test::random_acts(cols, rng);
-      const auto x = make_acts(1, cols, rng);
-      auto d_nw = upload_vec(nw), d_x = upload_vec(x);
+      const NormCase c = norm_case(t, sh.rows, sh.cols, sh.w_offset, uint32_t(sh.rows + sh.cols + int(t)), rng);
+      const int64_t rows = c.rows, cols = c.cols, rb = c.rb;
+      const auto &nw = c.nw_host, &x = c.x_host;
+      const Buf &d_w = c.w, &d_nw = c.nw, &d_x = c.x;
       std::vector<float> v(static_cast<size_t>(cols));
       for (int64_t c = 0; c < cols; ++c) v[size_t(c)] = x[size_t(c)] * nw[size_t(c)];
       const float scale = q8ref::rmsnorm_scale(x.data(), cols, 1e-6f);
@@ -371,17 +401,11 @@ TEST_F(CudaQ8Matvec, NormMatvecEarlyIsTheScaledProductOfUnscaledCodes) {
       std::vector<float> y0(static_cast<size_t>(rows));
       for (auto& e : y0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
       for (bool acc : {false, true}) {
-        auto f_xn = output(cols * 4, 0x11), f_q = output(cols, 0x22), f_ds = output(cols / 32 * 8, 0x33);
-        auto f_y = acc ? upload_vec(y0) : output(rows * 4, 0x44);
-        q8::norm_matvec(t, d_w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, 1,
-                        f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
-        cuda::note_launch(dev->compute(), {d_w.span(), d_x.span(), d_nw.span(), f_y.span()},
-                          {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
+        const auto [fxn, fy] = run_norm_matvec(c, acc, y0);
         const std::string what = std::string(type_name(t)) + " " + std::to_string(rows) + "x" +
                                  std::to_string(cols) + (acc ? " accumulate" : "") +
                                  (sh.w_offset ? " weights at +2" : "") + (lanes ? " runs" : " one a lane");
-        EXPECT_EQ(download<float>(f_xn, cols), download<float>(r_xn, cols)) << what << ": xn";
-        const auto fy = download<float>(f_y, rows);
+        EXPECT_EQ(fxn, download<float>(r_xn, cols)) << what << ": xn";
         int64_t bad = 0;
         for (int64_t r = 0; r < rows; ++r) {
           const float p = dots[size_t(r)] * scale;
@@ -413,25 +437,15 @@ TEST_F(CudaQ8Matvec, NormMatvecLaunchShapesGiveTheSameBits) {
   for (GgmlType t : kTypes)
     for (const Shape& sh : shapes) {
       if (sh.cols % int64_t(type_traits(t).block_size) != 0) continue;
-      const auto mc = make_case(t, sh.rows, sh.cols, uint32_t(sh.rows * 3 + sh.cols + int(t)));
-      const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t, cols));
-      auto d_w = upload(mc.w.data(), mc.w.size(), sh.w_offset);
-      const auto nw = test::random_acts(cols, rng);
-      const auto x = make_acts(1, cols, rng);
-      auto d_nw = upload_vec(nw), d_x = upload_vec(x);
+      const NormCase c = norm_case(t, sh.rows, sh.cols, sh.w_offset, uint32_t(sh.rows * 3 + sh.cols + int(t)), rng);
+      const int64_t rows = c.rows, cols = c.cols;
       std::vector<float> y0(static_cast<size_t>(rows));
       for (auto& e : y0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
       for (bool acc : {false, true}) {
         auto run = [&](const Launch& l) {
           q8::set_norm_matvec_rows(l.rows);
           q8::set_norm_matvec_per_sm(l.per_sm);
-          auto f_xn = output(cols * 4, 0x11), f_q = output(cols, 0x22), f_ds = output(cols / 32 * 8, 0x33);
-          auto f_y = acc ? upload_vec(y0) : output(rows * 4, 0x44);
-          q8::norm_matvec(t, d_w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, 1,
-                          f_xn.ptr<float>(), f_q.ptr<int8_t>(), f_ds.ptr<float2>(), f_y.ptr<float>(), acc, stream());
-          cuda::note_launch(dev->compute(), {d_w.span(), d_x.span(), d_nw.span(), f_y.span()},
-                            {f_xn.span(), f_q.span(), f_ds.span(), f_y.span()});
-          return std::make_pair(download<float>(f_xn, cols), download<float>(f_y, rows));
+          return run_norm_matvec(c, acc, y0);
         };
         const auto want = run({1, 0});  // one row a lane group, uncapped
         for (const Launch& l : launches) {
