@@ -1,5 +1,9 @@
 // EnvSwitch and EnvInt (common/env_switch.h): the environment decides once on first read; set() wins over it.
+// env_digit: how a small count setting is read.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <utility>
 
 #include "common/env_switch.h"
 
@@ -34,6 +38,21 @@ TEST(EnvInt, FirstReadDecidesOnceAndSetWins) {
   v.set(0);
   EXPECT_EQ(v.get([&] { ++calls; return 5; }), 0);
   EXPECT_EQ(calls, 1);
+}
+
+TEST(EnvDigit, OneDigitInRangeElseTheFallback) {
+  const char* name = "STRATA_TEST_ENV_DIGIT";
+  ::unsetenv(name);
+  EXPECT_EQ(env_digit(name, 0, 8, 2), 2);  // unset
+  const std::pair<const char*, int> cases[] = {{"0", 0}, {"5", 5}, {"8", 8}, {"9", 2}, {"", 2}, {"12", 2},
+                                               {"-1", 2}, {"x", 2}, {"3 ", 2}};
+  for (const auto& [text, want] : cases) {
+    ::setenv(name, text, 1);
+    EXPECT_EQ(env_digit(name, 0, 8, 2), want) << "'" << text << "'";
+  }
+  ::setenv(name, "0", 1);
+  EXPECT_EQ(env_digit(name, 1, 5, 4), 4);  // below lo
+  ::unsetenv(name);
 }
 
 }  // namespace

@@ -45,4 +45,11 @@ inline bool env_on_unless_zero(const char* name) {
   return e == nullptr || std::strcmp(e, "0") != 0;
 }
 
+// The environment's `name` as one digit from lo to hi (0 <= lo <= hi <= 9), else `fallback` (unset, or
+// anything else): how a small count setting reads it.
+inline int env_digit(const char* name, int lo, int hi, int fallback) {
+  const char* e = std::getenv(name);
+  return e == nullptr || e[0] < '0' + lo || e[0] > '0' + hi || e[1] != 0 ? fallback : e[0] - '0';
+}
+
 }  // namespace strata

@@ -184,8 +184,8 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 void set_moe_down_slots(bool on);
 bool moe_down_slots();
 
-// gate_up's blocks per SM at most (moe_gate_up and moe_gate_up_routed, where the grid has more blocks than
-// SMs and at most that many times as many): 0 no cap. Launch shape only, the same bits. Process-wide; the
+// gate_up's blocks per SM at most (moe_gate_up and moe_gate_up_routed, where the grid fits on the GPU at
+// once under it: smem_cap.cuh's spreading_cap): 0 no cap. Launch shape only, the same bits. Process-wide; the
 // first call reads the environment (STRATA_CUDA_GATE_UP_PER_SM=0..8, default 2) unless set_gate_up_per_sm
 // ran before.
 void set_gate_up_per_sm(int cap);

@@ -277,10 +277,7 @@ void set_gate_up_per_sm(int cap) {
 // wait, 2 to an SM 10.0, 3 to an SM 10.7, and every launch's latest block was on an SM of 3. Shared memory
 // the kernel does not otherwise need caps how many fit (smem_for_cap).
 int gate_up_per_sm() {
-  return g_gate_up_per_sm.get([] {
-    const char* e = std::getenv("STRATA_CUDA_GATE_UP_PER_SM");
-    return e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 2 : e[0] - '0';
-  });
+  return g_gate_up_per_sm.get([] { return env_digit("STRATA_CUDA_GATE_UP_PER_SM", 0, 8, 2); });
 }
 
 namespace {

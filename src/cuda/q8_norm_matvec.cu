@@ -335,12 +335,6 @@ bool norm_matvec_supported(int64_t cols, int64_t n) {
 namespace {
 EnvSwitch g_norm_early, g_norm_lanes;
 EnvInt g_norm_rows, g_norm_per_sm;
-
-// A digit from lo to hi, else `fallback`.
-int env_digit(const char* name, int lo, int hi, int fallback) {
-  const char* e = std::getenv(name);
-  return e == nullptr || e[0] < '0' + lo || e[0] > '0' + hi || e[1] != 0 ? fallback : e[0] - '0';
-}
 }  // namespace
 
 void set_norm_matvec_rows(int rows) {
