@@ -266,8 +266,10 @@ int prefetch_mode() {
   return mode;
 }
 
+// mode: 0 the two-step norm; 1 the early norm, strided; 2 the early norm, in runs (x and nw 16-byte aligned;
+// the only mode with R > 2).
 template <typename F, int A, int R, int PER>
-void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geometry& g, const float* x,
+void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geometry& g, int mode, const float* x,
             const float* nw, float eps, float* xn, int8_t* xq, float2* xds, float* y, bool accumulate,
             cudaStream_t stream) {
   // Prestaging (modes 3, 4): 16-byte aligned rows whose warp regions fit kMaxStageBytes; else mode 2.
@@ -286,12 +288,9 @@ void launch(const uint8_t* w, int64_t rows, int64_t row_bytes, const q8mv::Geome
     pdl::launch(kernel, unsigned(g.blocks), kThreads, smem, stream, w, rows, row_bytes, g.lpr_log2, stride, x, nw, eps,
                 xn, xq, xds, y, accumulate, pf);
   };
-  // 0: the two-step norm; 1: the early norm, strided; 2: the early norm, in runs (x and nw 16-byte aligned).
-  const bool runs = norm_matvec_lanes() && aligned16(x, nw);
-  const int mode = !norm_matvec_early() ? 0 : runs ? 2 : 1;
   auto pick = [&](auto a, int64_t stride) {
     constexpr int AA = decltype(a)::value;
-    if constexpr (R > 2) {  // (only the default mode has them: norm_matvec_rows())
+    if constexpr (R > 2) {  // (mode 2 only: launch_per)
       run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
     } else {
       if (mode == 2) run(norm_matvec_kernel<F, AA, R, PER, 2>, stride);
@@ -309,21 +308,25 @@ template <typename F, int A, int PER>
 void launch_per(const uint8_t* w, int64_t rows, int64_t row_bytes, const float* x, const float* nw, float eps,
                 float* xn, int8_t* xq, float2* xds, float* y, bool accumulate, cudaStream_t stream) {
   q8mv::Geometry g = q8mv::geometry<F, A>(rows, int64_t(PER) * kThreads, row_bytes, 1);
+  const int mode = !norm_matvec_early() ? 0 : norm_matvec_lanes() && aligned16(x, nw) ? 2 : 1;  // (launch's)
+  auto go = [&](auto r) {
+    launch<F, A, decltype(r)::value, PER>(w, rows, row_bytes, g, mode, x, nw, eps, xn, xq, xds, y, accumulate,
+                                          stream);
+  };
   if constexpr (PER >= 8) {
     // 3 to 5 rows a lane group: the early norm in runs only (the default; else the geometry's choice).
     // 0: 3 where the geometry picks 2 (whole-warp rows, at least 4096 of them). Why: norm_matvec_per_sm().
-    const bool runs = norm_matvec_early() && norm_matvec_lanes() && aligned16(x, nw);
     const int want = norm_matvec_rows(), r = want == 0 && g.r == 2 ? 3 : want;
-    if (r >= 1 && r <= kMaxRows && (r <= 2 || runs)) g = q8mv::with_rows<A>(g, r, rows, row_bytes);
+    if (r >= 1 && r <= kMaxRows && (r <= 2 || mode == 2)) g = q8mv::with_rows<A>(g, r, rows, row_bytes);
     switch (g.r) {
-      case 3: return launch<F, A, 3, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
-      case 4: return launch<F, A, 4, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
-      case 5: return launch<F, A, 5, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+      case 3: return go(std::integral_constant<int, 3>{});
+      case 4: return go(std::integral_constant<int, 4>{});
+      case 5: return go(std::integral_constant<int, 5>{});
       default: break;
     }
   }
-  if (g.r == 2) launch<F, A, 2, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
-  else launch<F, A, 1, PER>(w, rows, row_bytes, g, x, nw, eps, xn, xq, xds, y, accumulate, stream);
+  if (g.r == 2) go(std::integral_constant<int, 2>{});
+  else go(std::integral_constant<int, 1>{});
 }
 
 }  // namespace
