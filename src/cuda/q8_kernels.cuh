@@ -183,6 +183,14 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 // call reads the environment (STRATA_CUDA_Q8_DOWN=slots: on) unless set_moe_down_slots ran before.
 void set_moe_down_slots(bool on);
 bool moe_down_slots();
+// moe_down's launch shape (the same bits; process-wide, the first call reads the environment unless the
+// setter ran before): warps a block, 4 (the default) or 8 (STRATA_CUDA_DOWN_WARPS=8); its blocks an SM at
+// most, by shared-memory padding where the grid fits on the GPU at once under it (smem_cap.cuh), 0 no cap
+// (STRATA_CUDA_DOWN_PER_SM=0..8, default 0).
+void set_moe_down_warps(int warps);
+int moe_down_warps();
+void set_moe_down_per_sm(int cap);
+int moe_down_per_sm();
 
 // gate_up's blocks per SM at most (moe_gate_up and moe_gate_up_routed, where the grid fits on the GPU at
 // once under it: smem_cap.cuh's spreading_cap): 0 no cap. Launch shape only, the same bits. Process-wide; the

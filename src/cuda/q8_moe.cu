@@ -160,17 +160,18 @@ constexpr int kDownUnroll = 4; // Slots: terms per lane unrolled with all loads 
 // Slots (the default; k <= kDownMaxK): the warp first looks up the k slots of token t in parallel (lane j:
 // ids[t*k+j], then table[e]) into shared memory, and the lanes run down_lane_partial_slots (same sum).
 // !Slots: the first kernel, every term looks its slot up itself (down_lane_partial).
-template <typename F, int A, bool Slots>
-__global__ void __launch_bounds__(32 * kDownWarps)
+// W: warps (rows) a block (kDownWarps, or 8 with moe_down_warps()).
+template <typename F, int A, bool Slots, int W>
+__global__ void __launch_bounds__(32 * W)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
                 int64_t n, int k, const float* resid, float* x, int64_t stride, bool prefetch, int n_table) {
-  __shared__ int jslot_all[kDownWarps][Slots ? kDownMaxK : 1];
+  __shared__ int jslot_all[W][Slots ? kDownMaxK : 1];
   __shared__ int32_t tab[moe::kViewTableMax];
-  const int32_t* tb = stage_table(table, n_table, tab, 32 * kDownWarps);  // (uploads only: before the wait)
+  const int32_t* tb = stage_table(table, n_table, tab, 32 * W);  // (uploads only: before the wait)
   const int lane = threadIdx.x & 31;
-  const int64_t r = int64_t(blockIdx.x) * kDownWarps + (threadIdx.x >> 5);
+  const int64_t r = int64_t(blockIdx.x) * W + (threadIdx.x >> 5);
   if (prefetch && r < n_embd && int64_t(blockIdx.y) < n) {
     // Row r of the first token's k experts into L2 while gate_up runs (see moe_down's `after_gate_up`):
     // lane j looks up expert j's slot (L2 reads: ids and the table are not in this SM's L1 from an earlier
@@ -353,6 +354,37 @@ EnvSwitch g_down_slots;
 
 void set_moe_down_slots(bool on) { g_down_slots.set(on); }
 
+namespace {
+EnvInt g_down_warps, g_down_per_sm;
+}  // namespace
+
+void set_moe_down_warps(int warps) {
+  STRATA_REQUIRE(warps == 4 || warps == 8, "moe_down warps a block: {} (4 or 8)", warps);
+  g_down_warps.set(warps);
+}
+
+int moe_down_warps() {
+  return g_down_warps.get([] {
+    const char* e = std::getenv("STRATA_CUDA_DOWN_WARPS");
+    return e != nullptr && std::string(e) == "8" ? 8 : kDownWarps;
+  });
+}
+
+void set_moe_down_per_sm(int cap) {
+  STRATA_REQUIRE(cap >= 0 && cap <= 8, "moe_down blocks per SM: {} (0 to 8)", cap);
+  g_down_per_sm.set(cap);
+}
+
+// Why a cap may pay: session 23's trace put 90% of moe_down's 512 blocks (4 warps) 4 to an SM, and every
+// launch's latest block on such an SM (4.61 us a block against 4.29 at 3). 512 blocks do not fit 3 to an
+// SM; 256 blocks of 8 warps fit 2. Not measured yet.
+int moe_down_per_sm() {
+  return g_down_per_sm.get([] {
+    const char* e = std::getenv("STRATA_CUDA_DOWN_PER_SM");
+    return e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 0 : e[0] - '0';
+  });
+}
+
 bool moe_down_slots() {
   return g_down_slots.get([] {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
@@ -370,27 +402,35 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
-  const dim3 grid(unsigned((v.n_embd + kDownWarps - 1) / kDownWarps), grid_y(n));
-  const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * kDownWarps;
   const bool pre = k <= kDownMaxK && moe_down_slots();
-  q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
-    using F = decltype(f);
-    constexpr int A = decltype(a)::value;
-    auto launch = [&](auto kern, size_t smem, int64_t st) {
-      pdl::launch(kern, grid, 32 * kDownWarps, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff,
-                  table, hq, hds, ids, wts, n, k, resid != nullptr ? resid : x, x, st,
-                  after_gate_up && down_prefetch(), v.n_expert);
-    };
-    if constexpr (A == 2) {
-      if (stage_bytes + kStaticSmem <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
-        if (pre) launch(down_kernel<F, q8d::kStaged, true>, size_t(stage_bytes), stride);
-        else launch(down_kernel<F, q8d::kStaged, false>, size_t(stage_bytes), stride);
-        return;
+  auto go = [&](auto warps) {
+    constexpr int W = decltype(warps)::value;
+    const dim3 grid(unsigned((v.n_embd + W - 1) / W), grid_y(n));
+    const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * W;
+    const int cap = spreading_cap(int64_t(grid.x) * grid.y, moe_down_per_sm());
+    q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
+      using F = decltype(f);
+      constexpr int A = decltype(a)::value;
+      auto launch = [&](auto kern, int64_t bytes, int64_t st) {
+        const auto* kp = reinterpret_cast<const void*>(kern);
+        const size_t smem = smem_for_cap(kp, size_t(bytes), cap, 32 * W);
+        pdl::launch(kern, grid, 32 * W, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table,
+                    hq, hds, ids, wts, n, k, resid != nullptr ? resid : x, x, st, after_gate_up && down_prefetch(),
+                    v.n_expert);
+      };
+      if constexpr (A == 2) {
+        if (stage_bytes + kStaticSmem <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
+          if (pre) launch(down_kernel<F, q8d::kStaged, true, W>, stage_bytes, stride);
+          else launch(down_kernel<F, q8d::kStaged, false, W>, stage_bytes, stride);
+          return;
+        }
       }
-    }
-    if (pre) launch(down_kernel<F, A, true>, 0, 0);
-    else launch(down_kernel<F, A, false>, 0, 0);
-  });
+      if (pre) launch(down_kernel<F, A, true, W>, 0, 0);
+      else launch(down_kernel<F, A, false, W>, 0, 0);
+    });
+  };
+  if (moe_down_warps() == 8) go(std::integral_constant<int, 8>{});
+  else go(std::integral_constant<int, kDownWarps>{});
 }
 
 }  // namespace strata::cuda::q8

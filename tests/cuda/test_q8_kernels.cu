@@ -710,6 +710,21 @@ class CudaQ8Moe : public test::GpuKernelTest {
       EXPECT_EQ(std::memcmp(download<float>(d_x3, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
           << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
           << " differs from the other kernel";
+      // The other launch shapes (8 warps a block; blocks an SM capped) give the same bits.
+      const int warps_was = q8::moe_down_warps(), cap_was = q8::moe_down_per_sm();
+      for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 4}, std::pair{4, 1}}) {
+        q8::set_moe_down_warps(warps);
+        q8::set_moe_down_per_sm(cap);
+        auto d_x5 = upload_vec(x0);
+        q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                     d_wts.ptr<float>(), n, k, d_x5.ptr<float>(), stream());
+        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                           d_wts.span()}, {d_x5.span()});
+        EXPECT_EQ(std::memcmp(download<float>(d_x5, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
+            << what << ": moe_down with " << warps << " warps a block, " << cap << " blocks an SM differs";
+      }
+      q8::set_moe_down_warps(warps_was);
+      q8::set_moe_down_per_sm(cap_was);
     }
   }
 };
