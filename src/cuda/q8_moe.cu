@@ -364,10 +364,7 @@ void set_moe_down_warps(int warps) {
 }
 
 int moe_down_warps() {
-  return g_down_warps.get([] {
-    const char* e = std::getenv("STRATA_CUDA_DOWN_WARPS");
-    return e != nullptr && std::string(e) == "8" ? 8 : kDownWarps;
-  });
+  return g_down_warps.get([] { return env_digit("STRATA_CUDA_DOWN_WARPS", 8, 8, kDownWarps); });
 }
 
 void set_moe_down_per_sm(int cap) {
@@ -379,10 +376,7 @@ void set_moe_down_per_sm(int cap) {
 // launch's latest block on such an SM (4.61 us a block against 4.29 at 3). 512 blocks do not fit 3 to an
 // SM; 256 blocks of 8 warps fit 2. Not measured yet.
 int moe_down_per_sm() {
-  return g_down_per_sm.get([] {
-    const char* e = std::getenv("STRATA_CUDA_DOWN_PER_SM");
-    return e == nullptr || e[0] < '0' || e[0] > '8' || e[1] != 0 ? 0 : e[0] - '0';
-  });
+  return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 0); });
 }
 
 bool moe_down_slots() {
