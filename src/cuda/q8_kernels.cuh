@@ -184,9 +184,9 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 void set_moe_down_slots(bool on);
 bool moe_down_slots();
 // moe_down's launch shape (the same bits; process-wide, the first call reads the environment unless the
-// setter ran before): warps a block, 4 (the default) or 8 (STRATA_CUDA_DOWN_WARPS=8); its blocks an SM at
+// setter ran before): warps a block, 8 (the default) or 4 (STRATA_CUDA_DOWN_WARPS=4); its blocks an SM at
 // most, by shared-memory padding where the grid fits on the GPU at once under it (smem_cap.cuh), 0 no cap
-// (STRATA_CUDA_DOWN_PER_SM=0..8, default 0).
+// (STRATA_CUDA_DOWN_PER_SM=0..8, default 2).
 void set_moe_down_warps(int warps);
 int moe_down_warps();
 void set_moe_down_per_sm(int cap);

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
-// Warp = output row r of n_embd (x: blocks of kDownWarps rows, y: tokens, grid-stride). The lanes share
+// Warp = output row r of n_embd (x: blocks of W rows, y: tokens, grid-stride). The lanes share
 // out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
 // tasks, so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
 // wts[p] * (its task's dot) in its fixed order, then a butterfly, then x[t][r] = resid[t][r] + the sum
@@ -160,7 +160,7 @@ constexpr int kDownUnroll = 4; // Slots: terms per lane unrolled with all loads 
 // Slots (the default; k <= kDownMaxK): the warp first looks up the k slots of token t in parallel (lane j:
 // ids[t*k+j], then table[e]) into shared memory, and the lanes run down_lane_partial_slots (same sum).
 // !Slots: the first kernel, every term looks its slot up itself (down_lane_partial).
-// W: warps (rows) a block (kDownWarps, or 8 with moe_down_warps()).
+// W: warps (rows) a block (moe_down_warps(): 8, or kDownWarps).
 template <typename F, int A, bool Slots, int W>
 __global__ void __launch_bounds__(32 * W)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
@@ -363,8 +363,9 @@ void set_moe_down_warps(int warps) {
   g_down_warps.set(warps);
 }
 
+// 8 by default (STRATA_CUDA_DOWN_WARPS=4: the shape before session 24); why: with the cap below, see there.
 int moe_down_warps() {
-  return g_down_warps.get([] { return env_digit("STRATA_CUDA_DOWN_WARPS", 8, 8, kDownWarps); });
+  return g_down_warps.get([] { return env_digit("STRATA_CUDA_DOWN_WARPS", 4, 4, 8); });
 }
 
 void set_moe_down_per_sm(int cap) {
@@ -372,11 +373,12 @@ void set_moe_down_per_sm(int cap) {
   g_down_per_sm.set(cap);
 }
 
-// Why a cap may pay: session 23's trace put 90% of moe_down's 512 blocks (4 warps) 4 to an SM, and every
-// launch's latest block on such an SM (4.61 us a block against 4.29 at 3). 512 blocks do not fit 3 to an
-// SM; 256 blocks of 8 warps fit 2. Not measured yet.
+// Why 8 warps, at most 2 blocks an SM (the defaults): session 23's trace put 90% of moe_down's 512 blocks of
+// 4 warps 4 to an SM, and every launch's latest block on such an SM (4.61 us a block against 4.29 at 3); 512
+// blocks do not fit 3 to an SM, 256 blocks of 8 warps fit 2. Session 24 (30B-A3B geometry, alternating):
+// 594.2 / 595.7 and 601.2 / 601.0 tok/s against 577.5 / 584.2 and 598.1 / 598.4 for 4 warps uncapped.
 int moe_down_per_sm() {
-  return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 0); });
+  return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 2); });
 }
 
 bool moe_down_slots() {
