@@ -641,12 +641,20 @@ class CudaQ8Moe : public test::GpuKernelTest {
       for (auto& e : x0) e = float(int(rng() % 2001) - 1000) * 1e-3f;
       std::vector<float> x_ref = x0;
       q8ref::moe_down(hv, table.data(), hq.data(), hds.data(), ids.data(), wts.data(), n, k, x_ref.data());
-      auto d_x = upload_vec(x0);
-      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
-                   d_wts.ptr<float>(), n, k, d_x.ptr<float>(), stream());
-      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
-                                         d_wts.span()}, {d_x.span()});
-      const auto xo = download<float>(d_x, n * n_embd);
+      // moe_down into d_x (after_gate_up: as the models call it right after moe_gate_up), x read back; and on
+      // a fresh copy of x0.
+      auto down_into = [&](const Buf& d_x, bool after_gate_up) {
+        q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
+                     d_wts.ptr<float>(), n, k, d_x.ptr<float>(), stream(), after_gate_up);
+        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
+                                           d_wts.span()}, {d_x.span()});
+        return download<float>(d_x, n * n_embd);
+      };
+      auto down_on_x0 = [&] { return down_into(upload_vec(x0), false); };
+      const auto xo = down_on_x0();
+      auto same_bits_as_xo = [&](const std::vector<float>& x) {
+        return x.size() == xo.size() && std::memcmp(x.data(), xo.data(), xo.size() * 4) == 0;
+      };
       std::vector<float> wd(n_ff);
       double worst_x = 0;
       int64_t bad_x = 0, changed_t1 = 0;
@@ -676,13 +684,7 @@ class CudaQ8Moe : public test::GpuKernelTest {
       std::printf("q8 moe down %s: worst error / tolerance %.3g\n", what.c_str(), worst_x);
 
       // Deterministic: the same call again gives the same bits.
-      auto d_x2 = upload_vec(x0);
-      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
-                   d_wts.ptr<float>(), n, k, d_x2.ptr<float>(), stream());
-      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
-                                         d_wts.span()}, {d_x2.span()});
-      EXPECT_EQ(std::memcmp(download<float>(d_x2, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
-          << what << ": moe_down not deterministic";
+      EXPECT_TRUE(same_bits_as_xo(down_on_x0())) << what << ": moe_down not deterministic";
       // Enqueued right after moe_gate_up with after_gate_up (the models' call: the down rows are prefetched
       // into L2 before the PDL wait, from ids and the table read early): the same bits.
       {
@@ -691,37 +693,23 @@ class CudaQ8Moe : public test::GpuKernelTest {
                         k, d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), stream());
         cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids.span()},
                           {d_hq.span(), d_hds.span()});
-        q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
-                     d_wts.ptr<float>(), n, k, d_x4.ptr<float>(), stream(), /*after_gate_up=*/true);
-        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
-                                           d_wts.span()}, {d_x4.span()});
-        EXPECT_EQ(std::memcmp(download<float>(d_x4, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
+        EXPECT_TRUE(same_bits_as_xo(down_into(d_x4, /*after_gate_up=*/true)))
             << what << ": moe_down after gate_up (rows prefetched) differs";
       }
       // The other moe_down kernel (slots looked up per term / once per warp) gives the same bits.
       const bool slots_on = q8::moe_down_slots();
       q8::set_moe_down_slots(!slots_on);
-      auto d_x3 = upload_vec(x0);
-      q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
-                   d_wts.ptr<float>(), n, k, d_x3.ptr<float>(), stream());
+      const auto x_other = down_on_x0();
       q8::set_moe_down_slots(slots_on);
-      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
-                                         d_wts.span()}, {d_x3.span()});
-      EXPECT_EQ(std::memcmp(download<float>(d_x3, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
-          << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
-          << " differs from the other kernel";
-      // The other launch shapes (8 warps a block; blocks an SM capped) give the same bits.
+      EXPECT_TRUE(same_bits_as_xo(x_other)) << what << ": moe_down with slots looked up "
+                                            << (slots_on ? "per term" : "once per warp") << " differs from the other kernel";
+      // The other launch shapes (4 or 8 warps a block; blocks an SM capped or not) give the same bits.
       const int warps_was = q8::moe_down_warps(), cap_was = q8::moe_down_per_sm();
-      for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 4}, std::pair{4, 1}}) {
+      for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 0}, std::pair{4, 4}}) {
         q8::set_moe_down_warps(warps);
         q8::set_moe_down_per_sm(cap);
-        auto d_x5 = upload_vec(x0);
-        q8::moe_down(v, d_table.ptr<int32_t>(), d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), d_ids.ptr<int32_t>(),
-                     d_wts.ptr<float>(), n, k, d_x5.ptr<float>(), stream());
-        cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_hq.span(), d_hds.span(), d_ids.span(),
-                                           d_wts.span()}, {d_x5.span()});
-        EXPECT_EQ(std::memcmp(download<float>(d_x5, n * n_embd).data(), xo.data(), xo.size() * 4), 0)
-            << what << ": moe_down with " << warps << " warps a block, " << cap << " blocks an SM differs";
+        EXPECT_TRUE(same_bits_as_xo(down_on_x0())) << what << ": moe_down with " << warps << " warps a block, " << cap
+                                                   << " blocks an SM differs";
       }
       q8::set_moe_down_warps(warps_was);
       q8::set_moe_down_per_sm(cap_was);
