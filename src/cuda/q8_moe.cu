@@ -375,8 +375,9 @@ void set_moe_down_per_sm(int cap) {
 
 // Why 8 warps, at most 2 blocks an SM (the defaults): session 23's trace put 90% of moe_down's 512 blocks of
 // 4 warps 4 to an SM, and every launch's latest block on such an SM (4.61 us a block against 4.29 at 3); 512
-// blocks do not fit 3 to an SM, 256 blocks of 8 warps fit 2. Session 24 (30B-A3B geometry, alternating):
-// 594.2 / 595.7 and 601.2 / 601.0 tok/s against 577.5 / 584.2 and 598.1 / 598.4 for 4 warps uncapped.
+// blocks do not fit 3 to an SM, 256 blocks of 8 warps fit 2. Session 24 (30B-A3B geometry, 7 alternating
+// pairs over three calls, 6 won): medians 595.7 against 589.2 tok/s for 4 warps uncapped; moe_down's step
+// 6.00 -> 5.85 us traced.
 int moe_down_per_sm() {
   return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 2); });
 }
