@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/bench-arms with a stand-in for `strata` whose decode rate depends on the arm's switches: the runs
 # alternate arm by arm, every run's rate and each arm's median land in the table, a run without a tg line
-# is "failed" (left out of the median), and bad arguments are errors before anything runs.
+# is "failed" (left out of the median), BIN= gives an arm its own binary, and bad arguments are errors
+# before anything runs.
 set -euo pipefail
 arms=${STRATA_SOURCE_DIR:?}/scripts/bench-arms
 tmp=$(mktemp -d)
@@ -31,9 +32,16 @@ grep -q "error: boom" "$tmp/err"
 # An even count's median is the mean of the middle two.
 rm "$tmp/calls"
 ROUNDS=2 "$arms" "$tmp/strata" "-m x.gguf" only=- | grep -qx "| only | (defaults) | 501.50, 502.50 | 502.00 |"
+# BIN= runs an arm with another binary (not passed on as a switch).
+rm -f "$tmp/calls"
+mkdir "$tmp/other" && sed 's/500 +/900 +/' "$tmp/strata" > "$tmp/other/strata" && chmod +x "$tmp/other/strata"
+out=$(ROUNDS=1 "$arms" "$tmp/strata" "-m x.gguf" main=- branch="BIN=$tmp/other/strata STAMP=b")
+grep -qx "round 1  main  501.50" <<<"$out"
+grep -qx "round 1  branch  901.50" <<<"$out"   # (its own calls file: its first call)
+[ "$(cat "$tmp/other/calls")" = "bench -m b" ] || { cat "$tmp/other/calls"; exit 1; }
 # Bad arguments: exit 2, nothing run.
 rm -f "$tmp/calls"
-for bad in "noequals" "a=NOTKV" "bad/name=-"; do
+for bad in "noequals" "a=NOTKV" "bad/name=-" "a=BIN=$tmp/nothere"; do
   if "$arms" "$tmp/strata" "-m x" "$bad" 2>/dev/null; then echo "accepted arm '$bad'"; exit 1; fi
 done
 if ROUNDS=0 "$arms" "$tmp/strata" "-m x" a=- 2>/dev/null; then echo "accepted ROUNDS=0"; exit 1; fi
