@@ -191,6 +191,10 @@ void set_moe_down_warps(int warps);
 int moe_down_warps();
 void set_moe_down_per_sm(int cap);
 int moe_down_per_sm();
+// The warps a block moe_down launches with for v's down tensor and k experts a token: moe_down_warps(),
+// except 4 where 8 would push a format staged through shared memory (2-byte aligned rows) out of it while
+// 4 keep it there (the shape measured for those sizes). Host only.
+int moe_down_launch_warps(const moe::ExpertLayerView& v, int k);
 
 // gate_up's blocks per SM at most (moe_gate_up and moe_gate_up_routed, where the grid fits on the GPU at
 // once under it: smem_cap.cuh's spreading_cap): 0 no cap. Launch shape only, the same bits. Process-wide; the

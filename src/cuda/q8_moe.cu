@@ -382,6 +382,26 @@ int moe_down_per_sm() {
   return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 2); });
 }
 
+namespace {
+// The k rows of a block's w warps fit the shared memory the staged kernels take (formats with 2-byte aligned
+// rows: A == 2 in q8d::dispatch). stride: q8d::stage_stride of a row.
+bool down_stage_fits(int64_t stride, int k, int w) { return stride * k * w + kStaticSmem <= 48 * 1024; }
+}  // namespace
+
+int moe_down_launch_warps(const moe::ExpertLayerView& v, int k) {
+  const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff))), stride = q8d::stage_stride(drb);
+  bool staged_format = false;
+  q8d::dispatch(v.down_type, rows16(v, v.down_off, drb),
+                [&](auto, auto a) { staged_format = decltype(a)::value == 2; });
+  const int warps = moe_down_warps();
+  // 8 warps only where the 4-warp block's path stays the same: where a staged format's rows fit at 4 warps
+  // but not at 8 (larger k or n_ff than the 30B-A3B geometry's), 4 warps as before session 24 (8 warps
+  // unstaged against 4 staged was not measured).
+  if (warps == 8 && staged_format && !down_stage_fits(stride, k, 8) && down_stage_fits(stride, k, kDownWarps))
+    return kDownWarps;
+  return warps;
+}
+
 bool moe_down_slots() {
   return g_down_slots.get([] {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
@@ -400,10 +420,12 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
   const bool pre = k <= kDownMaxK && moe_down_slots();
-  auto go = [&](auto warps) {
-    constexpr int W = decltype(warps)::value;
+  const int64_t stride = q8d::stage_stride(drb);
+  const int warps = moe_down_launch_warps(v, k);
+  auto go = [&](auto warps_c) {
+    constexpr int W = decltype(warps_c)::value;
     const dim3 grid(unsigned((v.n_embd + W - 1) / W), grid_y(n));
-    const int64_t stride = q8d::stage_stride(drb), stage_bytes = stride * k * W;
+    const int64_t stage_bytes = stride * k * W;
     const int cap = spreading_cap(int64_t(grid.x) * grid.y, moe_down_per_sm());
     q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
       using F = decltype(f);
@@ -416,7 +438,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
                     v.n_expert);
       };
       if constexpr (A == 2) {
-        if (stage_bytes + kStaticSmem <= 48 * 1024) {  // the k rows of a block's warps fit in shared memory
+        if (down_stage_fits(stride, k, W)) {
           if (pre) launch(down_kernel<F, q8d::kStaged, true, W>, stage_bytes, stride);
           else launch(down_kernel<F, q8d::kStaged, false, W>, stage_bytes, stride);
           return;
@@ -426,7 +448,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
       else launch(down_kernel<F, A, false, W>, 0, 0);
     });
   };
-  if (moe_down_warps() == 8) go(std::integral_constant<int, 8>{});
+  if (warps == 8) go(std::integral_constant<int, 8>{});
   else go(std::integral_constant<int, kDownWarps>{});
 }
 

@@ -701,8 +701,9 @@ class CudaQ8Moe : public test::GpuKernelTest {
       q8::set_moe_down_slots(!slots_on);
       const auto x_other = down_on_x0();
       q8::set_moe_down_slots(slots_on);
-      EXPECT_TRUE(same_bits_as_xo(x_other)) << what << ": moe_down with slots looked up "
-                                            << (slots_on ? "per term" : "once per warp") << " differs from the other kernel";
+      EXPECT_TRUE(same_bits_as_xo(x_other))
+          << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
+          << " differs from the other kernel";
       // The other launch shapes (4 or 8 warps a block; blocks an SM capped or not) give the same bits.
       const int warps_was = q8::moe_down_warps(), cap_was = q8::moe_down_per_sm();
       for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 0}, std::pair{4, 4}}) {
@@ -746,6 +747,37 @@ TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   EXPECT_THROW(q8::moe_down(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
                             d_buf.ptr<float>(), 1, 1, d_buf.ptr<float>(), stream()),
                Error);
+}
+
+// moe_down's warps a block (host only: runs without a GPU too): 8 by default, 4 where 8 would push a format
+// staged through shared memory out of its 48 KiB while 4 keep it there. stage_stride(row) * k * warps + 5 KiB:
+// Q6_K at n_ff 768 (630-byte rows, stride 672) fits at 8; at 1536 (1260, 1296) only at 4; at 4096 at neither;
+// Q8_0 at 768 (816, 864) only at 4; Q4_K with 16-byte aligned rows is not staged.
+TEST(CudaQ8MoeShape, DownWarpsKeepTheStagedPath) {
+  alignas(16) static uint8_t slots[16];
+  cuda::moe::ExpertLayerView v;
+  v.slots = slots;
+  v.n_embd = 2048, v.n_expert = 128;
+  v.gate_type = v.up_type = GgmlType::Q4_K;
+  v.gate_off = 0, v.up_off = 1 << 20, v.down_off = 2 << 20, v.slot_bytes = 4 << 20;
+  const int warps_was = q8::moe_down_warps();
+  q8::set_moe_down_warps(8);
+  auto warps = [&](GgmlType down, int64_t n_ff, int k) {
+    v.down_type = down, v.n_ff = n_ff;
+    return q8::moe_down_launch_warps(v, k);
+  };
+  EXPECT_EQ(warps(GgmlType::Q6_K, 768, 8), 8);
+  EXPECT_EQ(warps(GgmlType::Q6_K, 1536, 8), 4);
+  EXPECT_EQ(warps(GgmlType::Q6_K, 4096, 8), 8);
+  EXPECT_EQ(warps(GgmlType::Q6_K, 768, 16), 4);
+  EXPECT_EQ(warps(GgmlType::Q8_0, 768, 8), 4);
+  EXPECT_EQ(warps(GgmlType::Q4_0, 768, 8), 8);
+  EXPECT_EQ(warps(GgmlType::Q4_K, 1536, 8), 8);
+  q8::set_moe_down_warps(4);
+  EXPECT_EQ(warps(GgmlType::Q6_K, 768, 8), 4);
+  EXPECT_EQ(warps(GgmlType::Q4_K, 1536, 8), 4);
+  q8::set_moe_down_warps(warps_was);
+  EXPECT_THROW(q8::set_moe_down_warps(6), Error);
 }
 
 }  // namespace
