@@ -2,10 +2,12 @@
 // A process-wide setting: set() (tests, benchmarks) wins; otherwise the first get() takes the value from the
 // environment (from_env) and keeps it. Safe to call from several threads: the first value stored sticks.
 // The fast path is one relaxed load (some settings are read at every kernel launch). EnvInt holds a
-// non-negative int (e.g. a count), EnvSwitch an on/off switch.
+// non-negative int (e.g. a count), EnvSwitch an on/off switch, DigitSetting (below) a count of one digit.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include "common/error.h"
 
 namespace strata {
 
@@ -51,5 +53,27 @@ inline int env_digit(const char* name, int lo, int hi, int fallback) {
   const char* e = std::getenv(name);
   return e == nullptr || e[0] < '0' + lo || e[0] > '0' + hi || e[1] != 0 ? fallback : e[0] - '0';
 }
+
+// A small count setting (a launch shape's blocks an SM, rows a lane group, ...): set() (tests, benchmarks)
+// takes lo..hi only (strata::Error "what: v (lo to hi)" otherwise) and wins; otherwise the first get() reads
+// the environment's `name` with env_digit (else `fallback`) and keeps it.
+class DigitSetting {
+ public:
+  DigitSetting(const char* name, const char* what, int lo, int hi, int fallback)
+      : name_(name), what_(what), lo_(lo), hi_(hi), fallback_(fallback) {}
+  int get() {
+    return value_.get([this] { return env_digit(name_, lo_, hi_, fallback_); });
+  }
+  void set(int v) {
+    STRATA_REQUIRE(v >= lo_ && v <= hi_, "{}: {} ({} to {})", what_, v, lo_, hi_);
+    value_.set(v);
+  }
+
+ private:
+  const char* name_;
+  const char* what_;
+  int lo_, hi_, fallback_;
+  EnvInt value_;
+};
 
 }  // namespace strata

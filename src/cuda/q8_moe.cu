@@ -261,25 +261,20 @@ constexpr int64_t kStaticSmem = int64_t(sizeof(int32_t)) * moe::kViewTableMax + 
 
 unsigned grid_y(int64_t n) { return unsigned(std::min<int64_t>(std::max<int64_t>(n, 1), 65535)); }
 
-EnvInt g_gate_up_per_sm;
+DigitSetting g_gate_up_per_sm("STRATA_CUDA_GATE_UP_PER_SM", "gate_up blocks per SM", 0, 8, 2);
 
 }  // namespace
 
 bool moe_supported(const moe::ExpertLayerView& v) { return q8ref::moe_supported(host_view(v)); }
 
-void set_gate_up_per_sm(int cap) {
-  STRATA_REQUIRE(cap >= 0 && cap <= 8, "gate_up blocks per SM: {} (0 to 8)", cap);
-  g_gate_up_per_sm.set(cap);
-}
+void set_gate_up_per_sm(int cap) { g_gate_up_per_sm.set(cap); }
 
 // Why a cap (2 by default): gate_up's blocks are launched while wo_router's still run, and each SM that
 // wo_router frees takes as many of them as fit (3 of the 30B-A3B geometry's 200). Session 22 traced 87% of
 // them on SMs holding 3 and about half of the 132 SMs in use: blocks alone on an SM ended 9.2 us after their
 // wait, 2 to an SM 10.0, 3 to an SM 10.7, and every launch's latest block was on an SM of 3. Shared memory
 // the kernel does not otherwise need caps how many fit (smem_for_cap).
-int gate_up_per_sm() {
-  return g_gate_up_per_sm.get([] { return env_digit("STRATA_CUDA_GATE_UP_PER_SM", 0, 8, 2); });
-}
+int gate_up_per_sm() { return g_gate_up_per_sm.get(); }
 
 namespace {
 
@@ -355,7 +350,8 @@ EnvSwitch g_down_slots;
 void set_moe_down_slots(bool on) { g_down_slots.set(on); }
 
 namespace {
-EnvInt g_down_warps, g_down_per_sm;
+EnvInt g_down_warps;
+DigitSetting g_down_per_sm("STRATA_CUDA_DOWN_PER_SM", "moe_down blocks per SM", 0, 8, 2);
 }  // namespace
 
 void set_moe_down_warps(int warps) {
@@ -368,19 +364,14 @@ int moe_down_warps() {
   return g_down_warps.get([] { return env_digit("STRATA_CUDA_DOWN_WARPS", 4, 4, 8); });
 }
 
-void set_moe_down_per_sm(int cap) {
-  STRATA_REQUIRE(cap >= 0 && cap <= 8, "moe_down blocks per SM: {} (0 to 8)", cap);
-  g_down_per_sm.set(cap);
-}
+void set_moe_down_per_sm(int cap) { g_down_per_sm.set(cap); }
 
 // Why 8 warps, at most 2 blocks an SM (the defaults): session 23's trace put 90% of moe_down's 512 blocks of
 // 4 warps 4 to an SM, and every launch's latest block on such an SM (4.61 us a block against 4.29 at 3); 512
 // blocks do not fit 3 to an SM, 256 blocks of 8 warps fit 2. Session 24 (30B-A3B geometry, 7 alternating
 // pairs over three calls, 6 won): medians 595.7 against 589.2 tok/s for 4 warps uncapped; moe_down's step
 // 6.00 -> 5.85 us traced.
-int moe_down_per_sm() {
-  return g_down_per_sm.get([] { return env_digit("STRATA_CUDA_DOWN_PER_SM", 0, 8, 2); });
-}
+int moe_down_per_sm() { return g_down_per_sm.get(); }
 
 namespace {
 // The k rows of a block's w warps fit the shared memory the staged kernels take (formats with 2-byte aligned

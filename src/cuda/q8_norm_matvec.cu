@@ -337,22 +337,15 @@ bool norm_matvec_supported(int64_t cols, int64_t n) {
 
 namespace {
 EnvSwitch g_norm_early, g_norm_lanes;
-EnvInt g_norm_rows, g_norm_per_sm;
+DigitSetting g_norm_rows("STRATA_CUDA_QKV_ROWS", "norm_matvec rows a lane group", 0, kMaxRows, 0);
+DigitSetting g_norm_per_sm("STRATA_CUDA_QKV_PER_SM", "norm_matvec blocks per SM", 0, 8, 2);
 }  // namespace
 
-void set_norm_matvec_rows(int rows) {
-  STRATA_REQUIRE(rows >= 0 && rows <= kMaxRows, "norm_matvec rows a lane group: {} (0 to {})", rows, kMaxRows);
-  g_norm_rows.set(rows);
-}
+void set_norm_matvec_rows(int rows) { g_norm_rows.set(rows); }
 
-int norm_matvec_rows() {
-  return g_norm_rows.get([] { return env_digit("STRATA_CUDA_QKV_ROWS", 0, kMaxRows, 0); });
-}
+int norm_matvec_rows() { return g_norm_rows.get(); }
 
-void set_norm_matvec_per_sm(int cap) {
-  STRATA_REQUIRE(cap >= 0 && cap <= 8, "norm_matvec blocks per SM: {} (0 to 8)", cap);
-  g_norm_per_sm.set(cap);
-}
+void set_norm_matvec_per_sm(int cap) { g_norm_per_sm.set(cap); }
 
 // Why 3 rows and 2 blocks an SM by default: the 30B-A3B geometry's q|k|v (5120 x 2048) is 320 blocks at 2
 // rows, launched while moe_down still runs, and session 22's block records put the launch's latest block
@@ -361,9 +354,7 @@ void set_norm_matvec_per_sm(int cap) {
 // capped at 2 595.5 / 595.2 tok/s against 582.2 / 580.0 / 580.3 for 2 rows uncapped; 5 rows capped at 1
 // (128 blocks) 584.9 / 594.2, uncapped 550.6 / 550.0; 4 rows capped at 2 588.7 / 583.9; 2 rows capped
 // at 3 571.5.
-int norm_matvec_per_sm() {
-  return g_norm_per_sm.get([] { return env_digit("STRATA_CUDA_QKV_PER_SM", 0, 8, 2); });
-}
+int norm_matvec_per_sm() { return g_norm_per_sm.get(); }
 
 void set_norm_matvec_early(bool on) { g_norm_early.set(on); }
 
