@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
 #include "cuda/cuda_check.cuh"
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(32 * W, 1)
   // not, the copies below read the cache after the wait either way).
   for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
   __syncthreads();
-  if (tq == 1) {
+  if (n_t == 1) {
     const ops::KvRef r0 = rs[0];
     const int lo = split * chunk, hi_x = split == n_split - 1 ? r0.pos + 1 : min(r0.pos + 1, lo + chunk);
     const uint16_t* kb = r0.k + int64_t(layer) * r0.n_ctx * row_len + int64_t(hk) * D;
@@ -382,91 +383,101 @@ __global__ void __launch_bounds__(32 * W, 1)
       }
       __syncthreads();
       if (kv0 == lo) pdl_mark();  // (traced builds: the first tile in shared memory)
-      const int nt = min(KT, hi_x - kv0);
-      const uint16_t* kt = ks + buf * KT * KS;
-      const uint16_t* vt = vs + buf * KT * D;
+      // A warp none of whose rows attends a position of this tile (no head in the run: rows past the
+      // group or the tile's tokens, or tokens whose position lies before it) skips to the barrier. Why:
+      // the one-token shape at fewer heads a block (decode_heads()) leaves warps without a head, and their
+      // scores took issue slots from the busy warps. The same sums: such a tile changes no row (its
+      // scores are all -inf: the max stays, the factor is exactly 1, nothing is added).
+      bool live = false;
+#pragma unroll
+      for (int rr = 0; rr < RPW; ++rr) live = live || posr[rr] >= kv0;
+      if (live) {  // warp-uniform
+        const int nt = min(KT, hi_x - kv0);
+        const uint16_t* kt = ks + buf * KT * KS;
+        const uint16_t* vt = vs + buf * KT * D;
 
-      // Scores of positions kv0 + lane and kv0 + lane + 32 (rows past nt hold stale data: masked below).
-      float sc[RPW][2];
+        // Scores of positions kv0 + lane and kv0 + lane + 32 (rows past nt hold stale data: masked below).
+        float sc[RPW][2];
 #pragma unroll
-      for (int rr = 0; rr < RPW; ++rr) sc[rr][0] = sc[rr][1] = 0.0f;
+        for (int rr = 0; rr < RPW; ++rr) sc[rr][0] = sc[rr][1] = 0.0f;
 #pragma unroll 4
-      for (int c = 0; c < C8; ++c) {
-        float ka[8], kb2[8];
-        load_f16<8>(kt + lane * KS + c * 8, ka);
-        load_f16<8>(kt + (lane + 32) * KS + c * 8, kb2);
+        for (int c = 0; c < C8; ++c) {
+          float ka[8], kb2[8];
+          load_f16<8>(kt + lane * KS + c * 8, ka);
+          load_f16<8>(kt + (lane + 32) * KS + c * 8, kb2);
 #pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) {
-          const float* qr = qs + (warp * RPW + rr) * D + c * 8;
-          const float4 q0 = *reinterpret_cast<const float4*>(qr), q1 = *reinterpret_cast<const float4*>(qr + 4);
-          const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+          for (int rr = 0; rr < RPW; ++rr) {
+            const float* qr = qs + (warp * RPW + rr) * D + c * 8;
+            const float4 q0 = *reinterpret_cast<const float4*>(qr), q1 = *reinterpret_cast<const float4*>(qr + 4);
+            const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            sc[rr][0] = fmaf(qv[j], ka[j], sc[rr][0]);
-            sc[rr][1] = fmaf(qv[j], kb2[j], sc[rr][1]);
+            for (int j = 0; j < 8; ++j) {
+              sc[rr][0] = fmaf(qv[j], ka[j], sc[rr][0]);
+              sc[rr][1] = fmaf(qv[j], kb2[j], sc[rr][1]);
+            }
           }
         }
-      }
-      // Online softmax per row.
-#pragma unroll
-      for (int rr = 0; rr < RPW; ++rr) {
-        const int a0 = kv0 + lane, a1 = kv0 + lane + 32;
-        const float s0 = lane < nt && a0 <= posr[rr] ? sc[rr][0] : -INFINITY;
-        const float s1 = lane + 32 < nt && a1 <= posr[rr] ? sc[rr][1] : -INFINITY;
-        const float mn = fmaxf(m[rr], warp_max(fmaxf(s0, s1)));
-        float c = 1.0f, e0 = 0.0f, e1 = 0.0f;
-        if (mn != -INFINITY) {  // warp-uniform; -inf: no position of the row seen yet
-          c = expf(m[rr] - mn);  // 0 while m was -inf
-          e0 = expf(s0 - mn);
-          e1 = expf(s1 - mn);
-        }
-        m[rr] = mn;
-        l[rr] = l[rr] * c + e0 + e1;
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[rr][j] *= c;
-        float* pw = ps + (warp * RPW + rr) * KT;
-        pw[lane] = e0;
-        pw[lane + 32] = e1;
-      }
-      __syncwarp();
-      if (kv0 == lo) pdl_mark();  // (traced builds: the first tile's scores and softmax)
-      // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
-      // by 0 (an inf in V must not turn rows that do not attend it into NaN).
-      // Positions go 4 at a time: one 16-byte broadcast read of a row's 4 weights instead of 4 reads.
-      const float* pw0 = ps + warp * RPW * KT;  // [RPW][KT]
-      int p = 0;
-      for (; p + 4 <= nt; p += 4) {
-        float vv[4][DPL];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) load_f16<DPL>(vt + (p + i) * D + lane * DPL, vv[i]);
-        const int a = kv0 + p;
+        // Online softmax per row.
 #pragma unroll
         for (int rr = 0; rr < RPW; ++rr) {
-          if (a > posr[rr]) continue;  // none of the 4 attended by this row
-          const float4 w4 = *reinterpret_cast<const float4*>(pw0 + rr * KT + p);
-          const float w[4] = {w4.x, w4.y, w4.z, w4.w};
-          const bool all = a + 3 <= posr[rr];
+          const int a0 = kv0 + lane, a1 = kv0 + lane + 32;
+          const float s0 = lane < nt && a0 <= posr[rr] ? sc[rr][0] : -INFINITY;
+          const float s1 = lane + 32 < nt && a1 <= posr[rr] ? sc[rr][1] : -INFINITY;
+          const float mn = fmaxf(m[rr], warp_max(fmaxf(s0, s1)));
+          float c = 1.0f, e0 = 0.0f, e1 = 0.0f;
+          if (mn != -INFINITY) {  // warp-uniform; -inf: no position of the row seen yet
+            c = expf(m[rr] - mn);  // 0 while m was -inf
+            e0 = expf(s0 - mn);
+            e1 = expf(s1 - mn);
+          }
+          m[rr] = mn;
+          l[rr] = l[rr] * c + e0 + e1;
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (!all && a + i > posr[rr]) break;
+          for (int j = 0; j < DPL; ++j) acc[rr][j] *= c;
+          float* pw = ps + (warp * RPW + rr) * KT;
+          pw[lane] = e0;
+          pw[lane + 32] = e1;
+        }
+        __syncwarp();
+        if (kv0 == lo) pdl_mark();  // (traced builds: the first tile's scores and softmax)
+        // P.V: lane owns dims [lane*DPL, lane*DPL + DPL). A masked position is skipped, not multiplied
+        // by 0 (an inf in V must not turn rows that do not attend it into NaN).
+        // Positions go 4 at a time: one 16-byte broadcast read of a row's 4 weights instead of 4 reads.
+        const float* pw0 = ps + warp * RPW * KT;  // [RPW][KT]
+        int p = 0;
+        for (; p + 4 <= nt; p += 4) {
+          float vv[4][DPL];
 #pragma unroll
-            for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w[i], vv[i][j], acc[rr][j]);
+          for (int i = 0; i < 4; ++i) load_f16<DPL>(vt + (p + i) * D + lane * DPL, vv[i]);
+          const int a = kv0 + p;
+#pragma unroll
+          for (int rr = 0; rr < RPW; ++rr) {
+            if (a > posr[rr]) continue;  // none of the 4 attended by this row
+            const float4 w4 = *reinterpret_cast<const float4*>(pw0 + rr * KT + p);
+            const float w[4] = {w4.x, w4.y, w4.z, w4.w};
+            const bool all = a + 3 <= posr[rr];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (!all && a + i > posr[rr]) break;
+#pragma unroll
+              for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w[i], vv[i][j], acc[rr][j]);
+            }
           }
         }
-      }
-      for (; p < nt; ++p) {
-        float vv[DPL];
-        load_f16<DPL>(vt + p * D + lane * DPL, vv);
-        const int a = kv0 + p;
+        for (; p < nt; ++p) {
+          float vv[DPL];
+          load_f16<DPL>(vt + p * D + lane * DPL, vv);
+          const int a = kv0 + p;
 #pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) {
-          if (a > posr[rr]) continue;
-          const float w = pw0[rr * KT + p];
+          for (int rr = 0; rr < RPW; ++rr) {
+            if (a > posr[rr]) continue;
+            const float w = pw0[rr * KT + p];
 #pragma unroll
-          for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
+            for (int j = 0; j < DPL; ++j) acc[rr][j] = fmaf(w, vv[j], acc[rr][j]);
+          }
         }
-      }
-      if (kv0 == lo && acc[0][0] != -2.f) pdl_mark();  // (traced builds: the first tile's P.V)
+        if (kv0 == lo && acc[0][0] != -2.f) pdl_mark();  // (traced builds: the first tile's P.V)
+      }  // live
       __syncthreads();  // the buffer and p are rewritten next
     }
     seg = end;
@@ -790,6 +801,10 @@ bool decode_wide() {
   return on;
 }
 
+// The one-token decode shape's query heads a block (STRATA_CUDA_ATTN_DECODE_HEADS, attn_tile.cuh).
+DigitSetting g_decode_heads("STRATA_CUDA_ATTN_DECODE_HEADS", "one-token attention heads a block", 1, kDecodeRows,
+                            kDefaultDecodeHeads);
+
 std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and ran 2.5-3x faster than the CUDA-core kernel on the H200 (bench/results/2026-11-29-gpu-kernels-h200.md)
 
 // hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel. prep: the kernel
@@ -821,6 +836,9 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
 
 }  // namespace
 
+void set_decode_heads(int heads) { g_decode_heads.set(heads); }
+int decode_heads() { return g_decode_heads.get(); }
+
 void set_prefill_mma(bool on) { g_prefill_mma.store(on); }
 bool prefill_mma() { return g_prefill_mma.load(); }
 
@@ -837,7 +855,9 @@ bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
   const int group = n_head / n_head_kv;
   // Decode shape: 8 warps x 1 row (or 4 x 2: decode_wide()) = one token's heads of a group of 8 (tq tokens
   // when the group is smaller).
-  const int hg_d = std::min(group, kDecodeRows), tq_d = std::max(1, kDecodeRows / hg_d);
+  // One token: at most decode_heads() of them a block (the group's heads in more blocks).
+  const int hg_d = std::min({group, kDecodeRows, n_tok == 1 ? decode_heads() : kDecodeRows});
+  const int tq_d = std::max(1, kDecodeRows / hg_d);
   // Prefill shape: 8 warps x 8 rows (8 tokens x 8 heads); 8 x 4 at head size 256 (8 values per lane per
   // row). Its token tile is a multiple of the decode shape's so that every decode tile lies in one.
   const int rp = head_dim == 256 ? 32 : 64;

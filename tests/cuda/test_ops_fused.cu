@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "cpu/half.h"
 #include "cpu/ops.h"
+#include "cuda/attn_tile.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/ops_fused.cuh"
 #include "cuda/ops_fused_ref.h"
@@ -419,7 +420,9 @@ TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
 // (max_kv 64: the quantize launch), two splits with the token alone in the second (65), 64 splits, and 66
 // splits of 5 tiles each (the token's row in a later tile of its split, so in the second buffer); a group
 // of 16 (two head chunks: both blocks need the row, one stores it), a group of 4 (two tokens' rows per
-// decode tile, one used), head sizes 64 and 256 with a partial rope.
+// decode tile, one used), head sizes 64 and 256 with a partial rope. Each at 8, 4 and 3 heads a block
+// (attn_tile::set_decode_heads: a group in 1, 2 or 3 blocks, warps without a head), both paths against
+// the two launches at 8.
 TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
   constexpr int L = 2, layer = 1;
   struct PCase {
@@ -458,29 +461,44 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
       const ops::AttnPrepIn in{dq, width, dq + qw, width, dq + qw + kw, width, dqn.ptr<float>(), dkn.ptr<float>(),
                                dcs.ptr<float>()};
       const size_t n_out = size_t(qw);
-      AttnRun seq = attn_run(kc, vc, c.n_ctx, pos, H, D);
-      Buf dqo = output(n_out * 4);
-      ops::attn_prep(in.q, in.q_ld, in.k, in.k_ld, in.v, in.v_ld, in.q_norm, in.k_norm, in.cs,
-                     seq.refs.ptr<ops::KvRef>(), 1, layer, shape, dqo.ptr<float>(), stream());
-      ops::attention_q8(dqo.ptr<float>(), seq.refs.ptr<ops::KvRef>(), 1, layer, H, Hkv, D, D, scale, cpu::AttnMath::F32,
-                        c.n_ctx, seq.scratch.ptr<float>(), seq.out.ptr<float>(), seq.xq.ptr<int8_t>(),
-                        seq.xds.ptr<float2>(), stream(), /*fused=*/true);
+      // The two launches at 8 heads a block (the reference), then both ways at 8, 4 and 3.
+      auto run_seq = [&] {
+        AttnRun seq = attn_run(kc, vc, c.n_ctx, pos, H, D);
+        Buf dqo = output(n_out * 4);
+        ops::attn_prep(in.q, in.q_ld, in.k, in.k_ld, in.v, in.v_ld, in.q_norm, in.k_norm, in.cs,
+                       seq.refs.ptr<ops::KvRef>(), 1, layer, shape, dqo.ptr<float>(), stream());
+        ops::attention_q8(dqo.ptr<float>(), seq.refs.ptr<ops::KvRef>(), 1, layer, H, Hkv, D, D, scale,
+                          cpu::AttnMath::F32, c.n_ctx, seq.scratch.ptr<float>(), seq.out.ptr<float>(),
+                          seq.xq.ptr<int8_t>(), seq.xds.ptr<float2>(), stream(), /*fused=*/true);
+        return seq;
+      };
+      const int was_heads = attn_tile::decode_heads();
+      attn_tile::set_decode_heads(attn_tile::kDecodeRows);
+      const AttnRun seq = run_seq();
       const bool was_early = ops::prep_early_weights();
-      for (const bool early : {true, false}) {  // the norm weights loaded before the PDL wait, or after it
-        SCOPED_TRACE(early ? "norm weights before the wait" : "norm weights after the wait");
-        ops::set_prep_early_weights(early);
-        AttnRun fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
-        ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
-                               fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
-                               fused.xds.ptr<float2>(), stream());
-        const std::vector<uint16_t> gk = expect_same_run(fused, seq, n_out, cache);
-        // The token's row was written (it differs from the random row before).
-        const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
-        EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
+      for (const int heads : {attn_tile::kDecodeRows, 4, 3}) {  // one-token heads a block
+        SCOPED_TRACE("heads a block " + std::to_string(heads));
+        attn_tile::set_decode_heads(heads);
+        if (heads != attn_tile::kDecodeRows) expect_same_run(run_seq(), seq, n_out, cache);
+        for (const bool early : {true, false}) {  // the norm weights loaded before the PDL wait, or after it
+          SCOPED_TRACE(early ? "norm weights before the wait" : "norm weights after the wait");
+          ops::set_prep_early_weights(early);
+          AttnRun fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
+          ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
+                                 fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
+                                 fused.xds.ptr<float2>(), stream());
+          const std::vector<uint16_t> gk = expect_same_run(fused, seq, n_out, cache);
+          // The token's row was written (it differs from the random row before).
+          const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
+          EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
+        }
       }
+      attn_tile::set_decode_heads(was_heads);
       ops::set_prep_early_weights(was_early);
     }
   }
+  EXPECT_THROW(attn_tile::set_decode_heads(0), strata::Error);
+  EXPECT_THROW(attn_tile::set_decode_heads(attn_tile::kDecodeRows + 1), strata::Error);
   // What it does not take: several tokens, head sizes without a tiled kernel, an odd rope.
   EXPECT_FALSE(ops::prep_attention_supported(2, ops::AttnPrepShape{32, 4, 128, 128, 128, kEps}));
   EXPECT_FALSE(ops::prep_attention_supported(1, ops::AttnPrepShape{32, 4, 80, 80, 80, kEps}));
