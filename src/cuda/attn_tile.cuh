@@ -30,12 +30,12 @@ bool prefill_mma();
 // The one-token decode shape's query heads a block, 1 to kDecodeRows (STRATA_CUDA_ATTN_DECODE_HEADS, read
 // once; default kDefaultDecodeHeads). Fewer heads put a KV head's group in more blocks (each copies the
 // group's K/V tiles and, with prep, prepares the token's K/V row; the block of the group's first heads
-// stores it): the same values, fewer busy warps an SM (the block keeps its 8 warps; those without a head
-// skip the tiles). Why 4: a one-token block is a chain of prep, scores, softmax and P.V per warp, and at
-// 8 busy warps two share each of the SM's four schedulers. H200, 48-layer 30B-A3B geometry fully
-// resident (bench/results/2026-12-04-gpu-session25-h200.md, alternating in one call): 608.8 tok/s median
-// at 4 (8 blocks of one KV head's 4 heads), 608.3 at 2, 602.4 at 8. set_decode_heads (tests, benchmarks)
-// wins; strata::Error outside 1..kDecodeRows. Process-wide.
+// stores it): the same values, fewer busy warps an SM (the block keeps its warps, 8, or 4 with
+// STRATA_CUDA_ATTN_DECODE_WARPS=4; those without a head skip the tiles). Why 4: a one-token block is a
+// chain of prep, scores, softmax and P.V per warp, and at 8 busy warps two share each of the SM's four
+// schedulers. H200, 48-layer 30B-A3B geometry fully resident (bench/results/2026-12-04-gpu-session25-h200.md,
+// alternating in one call): 608.8 tok/s median at 4 (8 blocks of one KV head's 4 heads), 608.3 at 2, 602.4
+// at 8. set_decode_heads (tests, benchmarks) wins; strata::Error outside 1..kDecodeRows. Process-wide.
 constexpr int kDefaultDecodeHeads = 4;
 void set_decode_heads(int heads);
 int decode_heads();
