@@ -166,6 +166,10 @@ struct FoldedRoute {
   // first (-1: none). A hint: right after its wait, each product block of pair j asks L2 for its own gate
   // and up rows of slot pred_slots[j] while it routes; what it reads and computes is the router's choice.
   const int32_t* pred_slots = nullptr;
+  // Set by moe_gate_up_routed from gate_up_warp_topk() (the caller's value is not read): the top k by each
+  // warp's sort of its 32 keys and ranks among those candidates (n_expert <= 256, k <= 32), else by every
+  // key's rank among all. The same choice.
+  bool warp_topk = false;
 };
 
 // moe_gate_up for one token whose routing every block does itself: s = 1 / sqrt(sum(ss) / n_embd + eps)
@@ -202,6 +206,12 @@ int moe_down_launch_warps(const moe::ExpertLayerView& v, int k);
 // ran before.
 void set_gate_up_per_sm(int cap);
 int gate_up_per_sm();
+// How moe_gate_up_routed's blocks find the top k (the same ids, weights and bits either way): each warp's
+// 32 keys sorted in registers, then ranks among the warps' candidates (1, the default), or every key's rank
+// among all keys (0). Process-wide; the first call reads STRATA_CUDA_GATE_UP_TOPK unless
+// set_gate_up_warp_topk ran before.
+void set_gate_up_warp_topk(int on);
+int gate_up_warp_topk();
 
 // True when the three expert tensors' types are supported and n_ff, n_embd are multiples of 32 and of
 // their types' block sizes (else the caller keeps moe::moe_gate_up / moe::moe_down).

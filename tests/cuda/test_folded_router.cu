@@ -11,6 +11,7 @@
 //    (a hint: none, a wrong one, the right ones reordered) the same bits;
 //  * moe_down with a separate residual: the same bits as in place on a copy of it;
 //  * deterministic (the whole chain twice gives the same bits); 60 experts, k 4 (keys padded to 64);
+//  * both ways to the top k (gate_up_warp_topk) and the blocks-per-SM caps: the same bits;
 //  * unsupported shapes are errors.
 #include <gtest/gtest.h>
 
@@ -282,6 +283,30 @@ class CudaFoldedRouter : public test::GpuKernelTest {
     }
     q8::set_gate_up_per_sm(cap_was);
     EXPECT_THROW(q8::set_gate_up_per_sm(9), Error);
+    // Both ways to the top k (each warp's keys sorted, then ranks among the candidates; every key ranked
+    // among all) give the same ids, weights and bits.
+    const int topk_was = q8::gate_up_warp_topk();
+    for (const int on : {0, 1}) {
+      q8::set_gate_up_warp_topk(on);
+      auto d_hq_v = output(size_t(k * n_ff), 0x55);
+      auto d_hds_v = output(size_t(k * n_ff / 32) * sizeof(float2), 0x55);
+      auto d_ids_v = output(size_t(k) * 4, 0x55);
+      auto d_wts_v = output(size_t(k) * 4, 0x55);
+      q8::FoldedRoute fv = fr;
+      fv.ids = d_ids_v.ptr<int32_t>(), fv.wts = d_wts_v.ptr<float>();
+      q8::moe_gate_up_routed(v, d_table.ptr<int32_t>(), fv, k, d_hq_v.ptr<int8_t>(), d_hds_v.ptr<float2>(), stream());
+      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_mid.span(), d_g.span(), d_ss.span(),
+                                         d_raw.span()}, {d_hq_v.span(), d_hds_v.span(), d_ids_v.span(), d_wts_v.span()});
+      EXPECT_EQ(download<int32_t>(d_ids_v, k), ids) << what << ": ids, warp top-k " << on;
+      EXPECT_EQ(std::memcmp(download<float>(d_wts_v, k).data(), wts.data(), size_t(k) * 4), 0)
+          << what << ": weights, warp top-k " << on;
+      EXPECT_EQ(std::memcmp(download<int8_t>(d_hq_v, k * n_ff).data(), hq.data(), size_t(k * n_ff)), 0)
+          << what << ": h codes, warp top-k " << on;
+      EXPECT_EQ(std::memcmp(download<float2>(d_hds_v, k * n_ff / 32).data(), hds.data(),
+                            size_t(k * n_ff / 32) * sizeof(float2)), 0) << what << ": h scales, warp top-k " << on;
+    }
+    q8::set_gate_up_warp_topk(topk_was);
+    EXPECT_THROW(q8::set_gate_up_warp_topk(2), Error);
     EXPECT_THROW(q8::set_gate_up_per_sm(-1), Error);
   }
 };
