@@ -70,6 +70,28 @@ TEST(QuantMix, Q4_K_MMatchesLlamaQuantizeOnFixtures) {
   }
 }
 
+// llama.cpp's Q4_0 file type: output.weight Q6_K; attn_v and attn_k Q8_0 in 8-expert models only.
+TEST(QuantMix, Q4_0Rule) {
+  std::vector<TensorPlanInput> in = {{"token_embd.weight", 2, 2048, GgmlType::F16},
+                                     {"blk.0.attn_k.weight", 2, 2048, GgmlType::F16},
+                                     {"blk.0.attn_v.weight", 2, 2048, GgmlType::F16},
+                                     {"blk.0.ffn_down_exps.weight", 3, 768, GgmlType::F16},
+                                     {"blk.0.ffn_gate_inp.weight", 2, 2048, GgmlType::F32},
+                                     {"output.weight", 2, 2048, GgmlType::F16}};
+  const auto p128 = plan_quantization(in, QuantScheme::Q4_0, 1, 128);
+  const std::vector<GgmlType> want128 = {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0,
+                                         GgmlType::Q4_0, GgmlType::F32,  GgmlType::Q6_K};
+  EXPECT_EQ(p128, want128);
+  const auto p8 = plan_quantization(in, QuantScheme::Q4_0, 1, 8);
+  EXPECT_EQ(p8[1], GgmlType::Q8_0);
+  EXPECT_EQ(p8[2], GgmlType::Q8_0);
+  EXPECT_EQ(p8[3], GgmlType::Q4_0);
+  in.pop_back();  // tied: token_embd is the output
+  EXPECT_EQ(plan_quantization(in, QuantScheme::Q4_0, 1, 128)[0], GgmlType::Q6_K);
+  EXPECT_EQ(quant_scheme_file_type(QuantScheme::Q4_0), 2u);
+  EXPECT_EQ(quant_scheme_from_name("q4_0"), QuantScheme::Q4_0);
+}
+
 TEST(QuantMix, UseMoreBitsRuleOnADeepDenseModel) {
   // 32 layers, no experts: attn_v and ffn_down in Q6_K for layers 0-3, 28-31 and (i-4) % 3 == 2.
   std::vector<TensorPlanInput> in;
@@ -100,7 +122,7 @@ TEST(QuantCli, QuantizeKeepsMetadataAndIsAccurate) {
   TempDir dir;
   const std::string src_path = kModels + "tiny-qwen3moe-A-Q8_0.gguf";
   const auto src = gguf::File::open(src_path);
-  const std::pair<const char*, uint32_t> schemes[] = {{"Q8_0", 7}, {"Q6_K", 18}, {"Q4_K", 14}, {"Q4_K_M", 15}};
+  const std::pair<const char*, uint32_t> schemes[] = {{"Q8_0", 7}, {"Q6_K", 18}, {"Q4_K", 14}, {"Q4_K_M", 15}, {"Q4_0", 2}};
   for (auto [scheme, ftype] : schemes) {
     const std::string out = dir / (std::string(scheme) + ".gguf");
     const auto r = run_cli("quantize " + src_path + " " + out + " " + scheme);
@@ -132,7 +154,7 @@ TEST(QuantCli, QuantizeKeepsMetadataAndIsAccurate) {
       for (size_t k = 0; k < va.size(); ++k) e += (double(va[k]) - vb[k]) * (va[k] - vb[k]), s += double(va[k]) * va[k];
       const double rel = s > 0 ? std::sqrt(e / s) : std::sqrt(e);
       // The Q8_0 source is re-quantized: Q8_0 -> Q8_0 is a copy; the others within the round-trip bounds.
-      const double bound = b.type == GgmlType::Q4_K ? 0.08 : b.type == GgmlType::Q5_K ? 0.04
+      const double bound = b.type == GgmlType::Q4_0 ? 0.10 : b.type == GgmlType::Q4_K ? 0.08 : b.type == GgmlType::Q5_K ? 0.04
                          : b.type == GgmlType::Q6_K ? 0.02 : b.type == GgmlType::Q8_0 ? 0.006 : 0.0;
       EXPECT_LE(rel, bound) << scheme << " " << b.name << " " << type_name(b.type);
     }

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "gguf/gguf.h"
 #include "quant/dequant.h"
+#include "quant/quantize.h"
 #include "sdq_reader.h"
 
 using namespace strata;
@@ -106,4 +107,26 @@ TEST(QuantDequant, UnsupportedTypeIsAnError) {
   EXPECT_THROW(dequantize_row(GgmlType::Q4_K, buf, out, 100), Error);
   EXPECT_FALSE(can_dequantize(GgmlType::I32));
   EXPECT_TRUE(can_dequantize(GgmlType::IQ1_M));
+}
+
+// Our Q4_0 quantizer on ggml's own Q4_0 values gives ggml's bytes back: ggml maps each block's value of
+// largest magnitude to code 0 (d = m / -8), so its dequantized block has m = -8 d exactly and every value
+// on the code grid; re-encoding must find the same d and codes (a check of the scale rule and nibble order
+// against the ground truth, not against our own dequantizer alone).
+TEST(QuantDequant, ZooQ4_0ReencodesToGgmlBytes) {
+  const auto f = gguf::File::open(kFixtures + "/formats/zoo.gguf");
+  int found = 0;
+  for (const auto& t : f.tensors()) {
+    if (t.type != GgmlType::Q4_0) continue;
+    ++found;
+    const auto values = dequantize_tensor(t);
+    std::vector<uint8_t> bytes(t.nbytes);
+    const uint64_t rb = row_bytes(t.type, t.ne[0]);
+    for (uint64_t r = 0; r < t.n_rows(); ++r)
+      quantize_row(t.type, values.data() + r * t.ne[0], bytes.data() + r * rb, static_cast<int64_t>(t.ne[0]));
+    size_t differ = 0;
+    for (size_t i = 0; i < bytes.size(); ++i) differ += bytes[i] != t.data[i];
+    EXPECT_EQ(differ, 0u) << t.name << ": " << differ << " of " << bytes.size() << " bytes differ";
+  }
+  EXPECT_EQ(found, 1) << "zoo.gguf holds one Q4_0 tensor (fixtures README)";
 }

@@ -41,6 +41,7 @@ std::optional<QuantScheme> quant_scheme_from_name(std::string_view name) {
   if (up == "Q6_K") return QuantScheme::Q6_K;
   if (up == "Q4_K") return QuantScheme::Q4_K;
   if (up == "Q4_K_M") return QuantScheme::Q4_K_M;
+  if (up == "Q4_0") return QuantScheme::Q4_0;
   return std::nullopt;
 }
 
@@ -50,12 +51,14 @@ std::string_view quant_scheme_name(QuantScheme s) {
     case QuantScheme::Q6_K: return "Q6_K";
     case QuantScheme::Q4_K: return "Q4_K";
     case QuantScheme::Q4_K_M: return "Q4_K_M";
+    case QuantScheme::Q4_0: return "Q4_0";
   }
   return "?";
 }
 
 uint32_t quant_scheme_file_type(QuantScheme s) {
   switch (s) {
+    case QuantScheme::Q4_0: return 2;
     case QuantScheme::Q8_0: return 7;
     case QuantScheme::Q4_K: return 14;
     case QuantScheme::Q4_K_M: return 15;
@@ -94,6 +97,13 @@ std::vector<GgmlType> plan_quantization(const std::vector<TensorPlanInput>& tens
       case QuantScheme::Q8_0: want = GgmlType::Q8_0; break;
       case QuantScheme::Q6_K: want = GgmlType::Q6_K; break;
       case QuantScheme::Q4_K: want = GgmlType::Q4_K; break;
+      case QuantScheme::Q4_0: {
+        const std::string& n = t.name;
+        want = GgmlType::Q4_0;
+        if (n == "output.weight" || (!has_output && n == "token_embd.weight")) want = GgmlType::Q6_K;
+        else if (n_expert == 8 && (is_v_like(n) || has(n, "attn_k.weight"))) want = GgmlType::Q8_0;
+        break;
+      }
       case QuantScheme::Q4_K_M: {
         const std::string& n = t.name;
         want = GgmlType::Q4_K;

@@ -107,6 +107,24 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t n) {
   }
 }
 
+// Q4_0: blocks of 32, x ~ d * (q - 8) with q in [0, 15]; d = -m / 8 where m is the value of largest
+// magnitude (so m itself maps to code 0 exactly, and the other side keeps 7 steps, ggml's choice).
+// Value j of a block is in qs[j] low nibble, value j + 16 in qs[j] high nibble.
+void quantize_q4_0(const float* x, BlockQ4_0* y, int64_t n) {
+  for (int64_t b = 0; b < n / QK; ++b, x += QK) {
+    float m = 0;
+    for (int j = 0; j < QK; ++j)
+      if (std::fabs(x[j]) > std::fabs(m)) m = x[j];
+    const float d = m / -8.f, id = d != 0 ? 1.f / d : 0.f;
+    y[b].d = fp32_to_fp16(d);
+    for (int j = 0; j < QK / 2; ++j) {
+      const int lo = std::clamp(nearest(x[j] * id) + 8, 0, 15);
+      const int hi = std::clamp(nearest(x[j + QK / 2] * id) + 8, 0, 15);
+      y[b].qs[j] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
 // Q4_K (nbits 4) and Q5_K (nbits 5): 8 sub-blocks of 32 with 6-bit scale and min.
 template <int NBITS>
 void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* scales_out, uint8_t* L) {
@@ -223,8 +241,8 @@ void to_bf16(const float* x, uint16_t* y, int64_t n) {
 
 bool can_quantize(GgmlType type) {
   switch (type) {
-    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_K:
-    case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_K:
       return true;
     default:
       return false;
@@ -243,6 +261,7 @@ void quantize_row(GgmlType type, const float* x, void* dst, int64_t n) {
     case GgmlType::F32: std::memcpy(dst, x, n * 4); return;
     case GgmlType::F16: to_f16(x, static_cast<uint16_t*>(dst), n); return;
     case GgmlType::BF16: to_bf16(x, static_cast<uint16_t*>(dst), n); return;
+    case GgmlType::Q4_0: quantize_q4_0(x, static_cast<BlockQ4_0*>(dst), n); return;
     case GgmlType::Q8_0: quantize_q8_0(x, static_cast<BlockQ8_0*>(dst), n); return;
     case GgmlType::Q4_K: quantize_q4_k(x, static_cast<BlockQ4_K*>(dst), n); return;
     case GgmlType::Q5_K: quantize_q5_k(x, static_cast<BlockQ5_K*>(dst), n); return;
