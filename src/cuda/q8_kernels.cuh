@@ -195,6 +195,12 @@ void set_moe_down_warps(int warps);
 int moe_down_warps();
 void set_moe_down_per_sm(int cap);
 int moe_down_per_sm();
+// How moe_down's warps stage 2-byte aligned rows (Q4_0, Q8_0, Q6_K) in shared memory (the same bytes, so the
+// same bits): all k experts' rows by asynchronous copies in flight at once (1, the default), or one row's
+// copy after another (0). Process-wide; the first call reads STRATA_CUDA_DOWN_ASYNC_STAGE unless
+// set_moe_down_async_stage ran before.
+void set_moe_down_async_stage(int on);
+int moe_down_async_stage();
 // The warps a block moe_down launches with for v's down tensor and k experts a token: moe_down_warps(),
 // except 4 where 8 would push a format staged through shared memory (2-byte aligned rows) out of it while
 // 4 keep it there (the shape measured for those sizes). Host only.

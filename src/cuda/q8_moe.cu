@@ -2,6 +2,8 @@
 // (contract: q8_kernels.cuh; per-format dots: q8_formats.cuh; CPU reference: host/q8_reference.cpp
 // moe_gate_up / moe_down). No atomics: every output element is written by one warp (gate_up: one block
 // per 32 rows of a pair), sums in a fixed order, so results are deterministic.
+#include <cuda_pipeline.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -143,6 +145,23 @@ __global__ void __launch_bounds__(kThreads)
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
+// warp_copy (q8_formats.cuh) with its 16-byte body as asynchronous copies (cp.async; dst = src mod 16, so
+// both ends of each are 16-byte aligned); the 2-byte head and tail are plain copies. The caller commits and
+// waits (__pipeline_commit, __pipeline_wait_prior(0), then __syncwarp) before any lane reads dst. Why: the
+// warp can start the copies of all k rows before it waits for any. One warp_copy after another waited for
+// each row's loads in turn: k = 8 dependent memory round trips (session 27's trace: Q4_0 down 10.46 us a
+// layer against Q4_K's 6.11, whose rows are read in place).
+__device__ __forceinline__ void warp_copy_async(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  const int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(src) & 15)) & 15;
+  const int64_t h = head < bytes ? head : bytes;
+  for (int64_t i = 2 * lane; i < h; i += 64)
+    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+  const int64_t n16 = (bytes - h) / 16;
+  for (int64_t i = lane; i < n16; i += 32) __pipeline_memcpy_async(dst + h + 16 * i, src + h + 16 * i, 16);
+  for (int64_t i = h + 16 * n16 + 2 * lane; i < bytes; i += 64)
+    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+}
+
 // Warp = output row r of n_embd (x: blocks of W rows, y: tokens, grid-stride). The lanes share
 // out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
 // tasks, so one expert at a time would leave lanes idle and chain k memory round trips); each lane adds
@@ -151,7 +170,8 @@ __global__ void __launch_bounds__(kThreads)
 // block on the decode chain; the same float addition).
 // Non-resident pairs (slot -1) add nothing. A == kStaged (Q4_0 / Q8_0 / Q6_K, 2-byte aligned blocks):
 // the warp first copies the k experts' rows r into its shared-memory region (stride bytes per expert),
-// coalesced, as matvec_kernel does.
+// coalesced, as matvec_kernel does; with async_stage (moe_down_async_stage(), the default) all k rows' copies
+// are in flight at once (warp_copy_async), else one row after another (warp_copy; the same bytes).
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
 constexpr int kDownWarps = 4;
 constexpr int kDownMaxK = 32;  // Slots: at most this many experts per token (the slot list is one per lane)
@@ -166,7 +186,8 @@ __global__ void __launch_bounds__(32 * W)
     down_kernel(const uint8_t* __restrict__ slots, int64_t slot_bytes, int64_t down_off, int64_t drb, int64_t n_embd,
                 int64_t n_ff, const int32_t* __restrict__ table, const int8_t* __restrict__ hq,
                 const float2* __restrict__ hds, const int32_t* __restrict__ ids, const float* __restrict__ wts,
-                int64_t n, int k, const float* resid, float* x, int64_t stride, bool prefetch, int n_table) {
+                int64_t n, int k, const float* resid, float* x, int64_t stride, bool prefetch, int n_table,
+                bool async_stage) {
   __shared__ int jslot_all[W][Slots ? kDownMaxK : 1];
   __shared__ int32_t tab[moe::kViewTableMax];
   const int32_t* tb = stage_table(table, n_table, tab, 32 * W);  // (uploads only: before the wait)
@@ -208,7 +229,12 @@ __global__ void __launch_bounds__(32 * W)
         else slot = slot_of(tb, ids, t * k + j);  // warp-uniform
         if (slot < 0) continue;
         const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
-        q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+        if (async_stage) warp_copy_async(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+        else q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+      }
+      if (async_stage) {
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
       }
       __syncwarp();
     }
@@ -361,6 +387,7 @@ void set_moe_down_slots(bool on) { g_down_slots.set(on); }
 namespace {
 EnvInt g_down_warps;
 DigitSetting g_down_per_sm("STRATA_CUDA_DOWN_PER_SM", "moe_down blocks per SM", 0, 8, 2);
+DigitSetting g_down_async_stage("STRATA_CUDA_DOWN_ASYNC_STAGE", "moe_down's staging by asynchronous copies", 0, 1, 1);
 }  // namespace
 
 void set_moe_down_warps(int warps) {
@@ -381,6 +408,11 @@ void set_moe_down_per_sm(int cap) { g_down_per_sm.set(cap); }
 // pairs over three calls, 6 won): medians 595.7 against 589.2 tok/s for 4 warps uncapped; moe_down's step
 // 6.00 -> 5.85 us traced.
 int moe_down_per_sm() { return g_down_per_sm.get(); }
+
+void set_moe_down_async_stage(int on) { g_down_async_stage.set(on); }
+
+// Why on: see warp_copy_async (the staged formats' down: Q4_0, Q8_0, Q6_K, and 2-byte aligned K-quant rows).
+int moe_down_async_stage() { return g_down_async_stage.get(); }
 
 namespace {
 // The k rows of a block's w warps fit the shared memory the staged kernels take (formats with 2-byte aligned
@@ -435,7 +467,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
         const size_t smem = smem_for_cap(kp, size_t(bytes), cap, 32 * W);
         pdl::launch(kern, grid, 32 * W, smem, stream, v.slots, v.slot_bytes, v.down_off, drb, v.n_embd, v.n_ff, table,
                     hq, hds, ids, wts, n, k, resid != nullptr ? resid : x, x, st, after_gate_up && down_prefetch(),
-                    v.n_expert);
+                    v.n_expert, moe_down_async_stage() != 0);
       };
       if constexpr (A == 2) {
         if (down_stage_fits(stride, k, W)) {

@@ -714,6 +714,14 @@ class CudaQ8Moe : public test::GpuKernelTest {
       }
       q8::set_moe_down_warps(warps_was);
       q8::set_moe_down_per_sm(cap_was);
+      // Staged rows copied one after another instead of all at once: the same bytes, the same bits.
+      const int async_was = q8::moe_down_async_stage();
+      q8::set_moe_down_async_stage(1 - async_was);
+      const auto x_stage = down_on_x0();
+      q8::set_moe_down_async_stage(async_was);
+      EXPECT_TRUE(same_bits_as_xo(x_stage)) << what << ": moe_down with staging " << (async_was ? "sync" : "async")
+                                            << " differs";
+      EXPECT_THROW(q8::set_moe_down_async_stage(2), Error);
     }
   }
 };
@@ -725,6 +733,8 @@ TEST_F(CudaQ8Moe, AllQ4K) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K,
 TEST_F(CudaQ8Moe, MixedFormatsTwoByteAligned) { run({GgmlType::Q5_K, GgmlType::Q8_0, GgmlType::Q4_0, 2}); }
 // Q4_0 experts (llama.cpp's benchmark format): staged gate/up of one format; Q8_0 down.
 TEST_F(CudaQ8Moe, Q40GateUpQ80Down) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0, 0}); }
+// All Q4_0 (strata mkmodel --format Q4_0's experts): every row staged, down's k rows among them.
+TEST_F(CudaQ8Moe, AllQ40) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, 0}); }
 // A 16-byte-load gate with a 2-byte aligned up: two task loops, nothing staged; Q5_K down.
 TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
 
