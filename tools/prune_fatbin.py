@@ -103,6 +103,8 @@ def main():
     kept = {}
     zeroed = 0
     while p < end:
+        if not any(data[p:end]):  # zero padding up to the section's end
+            break
         if p + 16 > end:
             raise SystemExit("prune_fatbin: truncated container header")
         magic, _ver, hsize, fsize = struct.unpack_from("<IHHQ", data, p)
@@ -132,7 +134,7 @@ def main():
         if a.ptx_version is not None:
             rewrite_ptx(data, p + hsize, cend, a.ptx_version.encode())
         p = cend
-    if p != end:
+    if p > end:
         raise SystemExit("prune_fatbin: the walk did not end at the section's end")
     if not kept:
         print("prune_fatbin: nothing would be kept", file=sys.stderr)
