@@ -102,18 +102,30 @@ STRATA_FD_UNROLL
 
 // One warp (lane of 32; on the host a loop over lanes) copies `bytes` (even) from src to dst, both 2-byte
 // aligned with dst = src (mod 16): 16-bit copies up to the first 16-byte boundary and after the last one,
-// 16-byte copies between (why: the copy of a row is coalesced, whatever the row's alignment). The caller
-// syncs the warp before reading dst.
-__host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+// 16-byte copies between, the i-th of them by copy16(dst + h, src + h, i), both 16-byte aligned (why: the
+// copy of a row is coalesced, whatever the row's alignment). warp_copy copies them in place; q8_moe.cu's
+// down kernel issues them as asynchronous copies. The caller syncs the warp before reading dst.
+template <typename Copy16>
+__host__ __device__ __forceinline__ void warp_copy_with(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane,
+                                                        Copy16 copy16) {
   const int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(src) & 15)) & 15;
   const int64_t h = head < bytes ? head : bytes;
   for (int64_t i = 2 * lane; i < h; i += 64)
     *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
   const int64_t n16 = (bytes - h) / 16;
-  for (int64_t i = lane; i < n16; i += 32)
-    reinterpret_cast<uint4*>(dst + h)[i] = reinterpret_cast<const uint4*>(src + h)[i];
+  for (int64_t i = lane; i < n16; i += 32) copy16(dst + h, src + h, i);
   for (int64_t i = h + 16 * n16 + 2 * lane; i < bytes; i += 64)
     *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+}
+
+struct Copy16InPlace {
+  __host__ __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
+    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  }
+};
+
+__host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
+  warp_copy_with(dst, src, bytes, lane, Copy16InPlace{});
 }
 
 // Bytes of one staged region for `bytes` bytes of rows: the front pad, up to 15 bytes of offset (dst =

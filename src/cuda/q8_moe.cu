@@ -145,22 +145,17 @@ __global__ void __launch_bounds__(kThreads)
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
-// warp_copy (q8_formats.cuh) with its 16-byte body as asynchronous copies (cp.async; dst = src mod 16, so
-// both ends of each are 16-byte aligned); the 2-byte head and tail are plain copies. The caller commits and
-// waits (__pipeline_commit, __pipeline_wait_prior(0), then __syncwarp) before any lane reads dst. Why: the
-// warp can start the copies of all k rows before it waits for any. One warp_copy after another waited for
-// each row's loads in turn: k = 8 dependent memory round trips (session 27's trace: Q4_0 down 10.46 us a
-// layer against Q4_K's 6.11, whose rows are read in place).
-__device__ __forceinline__ void warp_copy_async(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
-  const int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(src) & 15)) & 15;
-  const int64_t h = head < bytes ? head : bytes;
-  for (int64_t i = 2 * lane; i < h; i += 64)
-    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
-  const int64_t n16 = (bytes - h) / 16;
-  for (int64_t i = lane; i < n16; i += 32) __pipeline_memcpy_async(dst + h + 16 * i, src + h + 16 * i, 16);
-  for (int64_t i = h + 16 * n16 + 2 * lane; i < bytes; i += 64)
-    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
-}
+// q8d::warp_copy_with's 16-byte copies as asynchronous copies (cp.async; dst = src mod 16, so both ends of
+// each are 16-byte aligned); the 2-byte head and tail stay plain copies. The caller commits and waits
+// (__pipeline_commit, __pipeline_wait_prior(0), then __syncwarp) before any lane reads dst. Why: the warp can
+// start the copies of all k rows before it waits for any. One warp_copy after another waited for each row's
+// loads in turn: k = 8 dependent memory round trips (session 27's trace: Q4_0 down 10.46 us a layer against
+// Q4_K's 6.11, whose rows are read in place).
+struct Copy16Async {
+  __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
+    __pipeline_memcpy_async(dst + 16 * i, src + 16 * i, 16);
+  }
+};
 
 // Warp = output row r of n_embd (x: blocks of W rows, y: tokens, grid-stride). The lanes share
 // out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
@@ -171,7 +166,7 @@ __device__ __forceinline__ void warp_copy_async(uint8_t* dst, const uint8_t* src
 // Non-resident pairs (slot -1) add nothing. A == kStaged (Q4_0 / Q8_0 / Q6_K, 2-byte aligned blocks):
 // the warp first copies the k experts' rows r into its shared-memory region (stride bytes per expert),
 // coalesced, as matvec_kernel does; with async_stage (moe_down_async_stage(), the default) all k rows' copies
-// are in flight at once (warp_copy_async), else one row after another (warp_copy; the same bytes).
+// are in flight at once (Copy16Async), else one row after another (warp_copy; the same bytes).
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
 constexpr int kDownWarps = 4;
 constexpr int kDownMaxK = 32;  // Slots: at most this many experts per token (the slot list is one per lane)
@@ -229,7 +224,7 @@ __global__ void __launch_bounds__(32 * W)
         else slot = slot_of(tb, ids, t * k + j);  // warp-uniform
         if (slot < 0) continue;
         const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
-        if (async_stage) warp_copy_async(q8d::stage_dst(region + j * stride, src), src, drb, lane);
+        if (async_stage) q8d::warp_copy_with(q8d::stage_dst(region + j * stride, src), src, drb, lane, Copy16Async{});
         else q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
       }
       if (async_stage) {
@@ -411,7 +406,7 @@ int moe_down_per_sm() { return g_down_per_sm.get(); }
 
 void set_moe_down_async_stage(int on) { g_down_async_stage.set(on); }
 
-// Why on: see warp_copy_async (the staged formats' down: Q4_0, Q8_0, Q6_K, and 2-byte aligned K-quant rows).
+// Why on: see Copy16Async (the staged formats' down: Q4_0, Q8_0, Q6_K, and 2-byte aligned K-quant rows).
 int moe_down_async_stage() { return g_down_async_stage.get(); }
 
 namespace {

@@ -15,6 +15,11 @@ bool has(const std::string& s, std::string_view part) { return s.find(part) != s
 
 bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+// The output projection: output.weight, or token_embd.weight where the model has none (tied).
+bool is_output(const std::string& n, bool has_output) {
+  return n == "output.weight" || (!has_output && n == "token_embd.weight");
+}
+
 bool is_v_like(const std::string& n) {
   return has(n, "attn_v.weight") || has(n, "attn_qkv.weight") || has(n, "attn_kv_b.weight");
 }
@@ -100,14 +105,14 @@ std::vector<GgmlType> plan_quantization(const std::vector<TensorPlanInput>& tens
       case QuantScheme::Q4_0: {
         const std::string& n = t.name;
         want = GgmlType::Q4_0;
-        if (n == "output.weight" || (!has_output && n == "token_embd.weight")) want = GgmlType::Q6_K;
+        if (is_output(n, has_output)) want = GgmlType::Q6_K;
         else if (n_expert == 8 && (is_v_like(n) || has(n, "attn_k.weight"))) want = GgmlType::Q8_0;
         break;
       }
       case QuantScheme::Q4_K_M: {
         const std::string& n = t.name;
         want = GgmlType::Q4_K;
-        if (n == "output.weight" || (!has_output && n == "token_embd.weight")) {
+        if (is_output(n, has_output)) {
           want = GgmlType::Q6_K;
         } else if (is_v_like(n)) {
           if (use_more_bits(i_v, n_v)) want = GgmlType::Q6_K;
