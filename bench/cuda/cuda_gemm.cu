@@ -3,8 +3,10 @@
 //   dense: quant::matmul without a context (warp-per-row, 8-token tiles) vs with a GemmContext (bf16
 //          dequantize + cuBLAS) for the 2048x4096 (attn output) and 4096x2048 (attn q) matrices at
 //          n = 16, 32, 64, 512 (where the kGemmMinTokens threshold should sit);
-//   moe:   one layer's routed experts (128 experts all resident, top-8, n_embd 2048, n_ff 768, Q4_K
-//          gate/up/down) at n = 512: moe_gate_up + moe_down vs moe_experts_grouped.
+//   moe:   one layer's routed experts (128 experts all resident, top-8, n_embd 2048, n_ff 768, Q4_K and
+//          Q4_0 gate/up/down) at n = 512 and 2048: moe_gate_up + moe_down (512 only) and moe_experts_grouped
+//          with each product kernel (0 WMMA, 1 mma.sync, 2 mma.sync with the weights staged by cp.async, in
+//          a ring of 2 or 3 stages).
 // Prints ms per call, TFLOP/s (2 * multiply-adds / time), the speed-up, and the max difference between
 // the two paths relative to the largest |output| (a sanity check; the tests own correctness).
 // Weights: hash bytes with every block's f16 scales = 2^-9 (finite values). Times: CUDA events on the
@@ -139,59 +141,81 @@ int main(int argc, char** argv) {
     }
   }
 
-  // ---- one MoE layer at n = 512 ----
-  {
-    const int64_t n_embd = 2048, n_ff = 768, n = max_n;
+  // ---- one MoE layer: the per-pair kernels (n = 512 only) and the grouped kernels ----
+  std::printf("\n| moe layer (128 experts, top-8, 2048/768) | n | per-pair ms | wmma ms | mma ms | staged 2 ms | "
+              "staged 3 ms | staged 3 TFLOP/s | staged 3 / wmma | max diff staged-wmma / max |out| "
+              "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const GgmlType wt : {GgmlType::Q4_K, GgmlType::Q4_0}) {
+    const int64_t n_embd = 2048, n_ff = 768;
     const int n_expert = 128, k = 8;
     moe::ExpertLayerView v;
-    v.gate_type = v.up_type = v.down_type = q4k;
-    const int64_t tb = int64_t(row_bytes(q4k, n_embd)) * n_ff;  // = row_bytes(q4k, n_ff) * n_embd
+    v.gate_type = v.up_type = v.down_type = wt;
+    const int64_t tb = int64_t(row_bytes(wt, n_embd)) * n_ff;  // = row_bytes(wt, n_ff) * n_embd
+    const int block_bytes = wt == GgmlType::Q4_K ? 144 : 18;
     v.gate_off = 0, v.up_off = tb, v.down_off = 2 * tb;
-    v.slot_bytes = 3 * tb;  // a multiple of 144 and of 16
+    v.slot_bytes = 3 * tb;  // a multiple of the block size and of 16
     v.n_embd = n_embd, v.n_ff = n_ff;
     DeviceBuffer slots = dev.alloc(size_t(v.slot_bytes) * n_expert, "expert slots");
-    init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 144, 144, 0, 2, 11);
+    init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / block_bytes, block_bytes, 0,
+                                      wt == GgmlType::Q4_K ? 2 : 0, 11);
     CUDA_CHECK_LAUNCH();
     v.slots = slots.as<uint8_t>();
-    std::vector<int32_t> table(n_expert), ids(size_t(n) * k);
-    for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;
-    uint32_t rs = 12345;
-    for (int64_t t = 0; t < n; ++t)
-      for (int j = 0; j < k; ++j) {
-        int e;
-        bool dup;
-        do {
-          rs = rs * 1664525u + 1013904223u;
-          e = int(rs >> 8) % n_expert;
-          dup = false;
-          for (int i = 0; i < j; ++i) dup |= ids[t * k + i] == e;
-        } while (dup);
-        ids[t * k + j] = e;
-      }
-    std::vector<float> wts(size_t(n) * k, 1.f / k);
-    DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
-                 d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(n) * k * n_ff * 4, "h"),
-                 d_old = dev.alloc(size_t(n) * n_embd * 4, "out old"), d_new = dev.alloc(size_t(n) * n_embd * 4, "out new");
-    const size_t sb = moe::moe_grouped_scratch_bytes(v, n_expert, n, k);
-    DeviceBuffer scratch = dev.alloc(sb, "moe grouped scratch");
-    xfer.upload(d_table.span(), table.data(), table.size() * 4, cs, {&cs});
-    xfer.upload(d_ids.span(), ids.data(), ids.size() * 4, cs, {&cs});
-    xfer.upload(d_wts.span(), wts.data(), wts.size() * 4, cs, {&cs});
-    const int old_iters = std::max(1, iters / 5);
-    const double old_ms = time_ms(old_iters, [&] {
-      moe::moe_gate_up(v, d_table.as<int32_t>(), x.as<float>(), d_ids.as<int32_t>(), n, k, d_h.as<float>(), s);
-      moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>(), d_wts.as<float>(), n, k,
-                    d_old.as<float>(), s);
-    });
-    const double new_ms = time_ms(iters, [&] {
-      moe::moe_experts_grouped(v, d_table.as<int32_t>(), n_expert, x.as<float>(), d_ids.as<int32_t>(),
-                               d_wts.as<float>(), n, k, d_new.as<float>(), scratch.data(), sb, s);
-    });
-    const double flop = 2.0 * n * k * 3.0 * n_embd * n_ff;
-    std::printf("| moe layer q4_K | 128 experts, top-8, 2048/768 | %lld | %.3f | %.1f | %.3f | %.1f | %.2fx | %.2g |\n",
-                (long long)n, old_ms, flop / (old_ms * 1e9), new_ms, flop / (new_ms * 1e9), old_ms / new_ms,
-                rel_diff(xfer, cs, d_new, d_old, size_t(n * n_embd)));
-    std::printf("\nmoe grouped scratch for n %lld: %.1f MiB\n", (long long)n, sb / 1048576.0);
+    for (const int64_t n : {int64_t(512), int64_t(2048)}) {
+      std::vector<int32_t> table(n_expert), ids(size_t(n) * k);
+      for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;
+      uint32_t rs = 12345;
+      for (int64_t t = 0; t < n; ++t)
+        for (int j = 0; j < k; ++j) {
+          int e;
+          bool dup;
+          do {
+            rs = rs * 1664525u + 1013904223u;
+            e = int(rs >> 8) % n_expert;
+            dup = false;
+            for (int i = 0; i < j; ++i) dup |= ids[t * k + i] == e;
+          } while (dup);
+          ids[t * k + j] = e;
+        }
+      std::vector<float> wts(size_t(n) * k, 1.f / k);
+      DeviceBuffer xm = dev.alloc(size_t(n) * n_embd * 4, "x");
+      init_acts<<<256, 256, 0, s>>>(xm.as<float>(), n * n_embd);
+      CUDA_CHECK_LAUNCH();
+      DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
+                   d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(n) * k * n_ff * 4, "h"),
+                   d_old = dev.alloc(size_t(n) * n_embd * 4, "out old"),
+                   d_wmma = dev.alloc(size_t(n) * n_embd * 4, "out wmma"),
+                   d_new = dev.alloc(size_t(n) * n_embd * 4, "out mma");
+      const size_t sb = moe::moe_grouped_scratch_bytes(v, n_expert, n, k);
+      DeviceBuffer scratch = dev.alloc(sb, "moe grouped scratch");
+      xfer.upload(d_table.span(), table.data(), table.size() * 4, cs, {&cs});
+      xfer.upload(d_ids.span(), ids.data(), ids.size() * 4, cs, {&cs});
+      xfer.upload(d_wts.span(), wts.data(), wts.size() * 4, cs, {&cs});
+      double old_ms = 0;
+      if (n == 512)
+        old_ms = time_ms(std::max(1, iters / 5), [&] {
+          moe::moe_gate_up(v, d_table.as<int32_t>(), xm.as<float>(), d_ids.as<int32_t>(), n, k, d_h.as<float>(), s);
+          moe::moe_down(v, d_table.as<int32_t>(), d_h.as<float>(), d_ids.as<int32_t>(), d_wts.as<float>(), n, k,
+                        d_old.as<float>(), s);
+        });
+      auto grouped_ms = [&](int which, DeviceBuffer& out, int stages = 3) {
+        moe::set_moe_grouped_kernel(which);
+        moe::set_moe_grouped_stages(stages);
+        return time_ms(iters, [&] {
+          moe::moe_experts_grouped(v, d_table.as<int32_t>(), n_expert, xm.as<float>(), d_ids.as<int32_t>(),
+                                   d_wts.as<float>(), n, k, out.as<float>(), scratch.data(), sb, s);
+        });
+      };
+      const double wmma_ms = grouped_ms(0, d_wmma);
+      const double mma_ms = grouped_ms(1, d_new);
+      const double staged2_ms = grouped_ms(2, d_new, 2);
+      const double staged_ms = grouped_ms(2, d_new);
+      const double flop = 2.0 * n * k * 3.0 * n_embd * n_ff;
+      char old_col[32] = "-";
+      if (n == 512) std::snprintf(old_col, sizeof old_col, "%.3f", old_ms);
+      std::printf("| %s | %lld | %s | %.3f | %.3f | %.3f | %.3f | %.1f | %.2fx | %.2g |\n",
+                  std::string(type_name(wt)).c_str(), (long long)n, old_col, wmma_ms, mma_ms, staged2_ms, staged_ms, flop / (staged_ms * 1e9), wmma_ms / staged_ms,
+                  rel_diff(xfer, cs, d_new, d_wmma, size_t(n * n_embd)));
+    }
   }
   dev.synchronize();
   std::printf("(total %.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count());

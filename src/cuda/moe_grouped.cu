@@ -2,13 +2,18 @@
 // moe_experts_grouped). Every step runs on the device from the residency table and the routing, so the
 // host enqueues a fixed list of launches and never waits:
 //   count_kernel   counts[e]     = resident pairs routed to e                    (block per expert)
-//   scan_kernel    offsets[e]    = first sorted position of e's pairs; tile_start[e] = its first 32-pair tile
+//   scan_kernel    offsets[e]    = first sorted position of e's pairs; tile_start[e] = its first tile
 //   place_kernel   perm[pos] = p, inv[p] = pos, stable (pairs of an expert in increasing p)
-//   grouped_kernel one block per (tile, 64 output rows): A = 32 gathered input rows, B = 64 weight rows
-//                  dequantized in registers, both as bf16 in shared memory, WMMA 16x16x16, f32 accumulate
+//   the products, by one of three kernels (moe_grouped_kernel()):
+//     2 (the default) and 1: mma::grouped_mma_staged_kernel / grouped_mma_kernel (moe_grouped_mma.cuh):
+//       tiles of 64 pairs, x in bf16 once (to_bf16_kernel), A (and for 2 the raw weights) by cp.async,
+//       weights dequantized straight into mma.sync fragments, h in bf16;
+//     0 grouped_kernel below: one block per (32-pair tile, 64 output rows): A = 32 gathered f32 input rows,
+//       B = 64 weight rows dequantized in registers, both as bf16 in shared memory, WMMA 16x16x16;
+//     both f32 accumulate; the mma kernel needs n_embd and n_ff multiples of 128 (else the WMMA kernel runs)
 //   combine_kernel out[t] = sum_j in order wts * y[inv[t*k+j]]
-// The grid of grouped_kernel has the most tiles any routing can need (ceil(P/32) + min(n_expert, P) for P
-// pairs); blocks past the routing's real tile count return at once.
+// The grid of a product has the most tiles any routing can need (ceil(P/T) + min(n_expert, P) for P
+// pairs and tiles of T); blocks past the routing's real tile count return at once.
 #include <mma.h>
 
 #include <cuda_bf16.h>
@@ -16,10 +21,13 @@
 #include <algorithm>
 #include <string>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
+#include "cuda/moe_grouped_mma.cuh"
 #include "cuda/moe_kernels.cuh"
+#include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::moe {
 namespace {
@@ -55,16 +63,16 @@ __global__ void count_kernel(const int32_t* __restrict__ table, const int32_t* _
   if (threadIdx.x == 0) counts[e] = c;
 }
 
-// Exclusive prefix sums of counts (offsets) and of tiles per expert (tile_start), both [n_expert + 1].
-// One thread: n_expert is at most a few hundred.
-__global__ void scan_kernel(const int32_t* __restrict__ counts, int n_expert, int32_t* __restrict__ offsets,
+// Exclusive prefix sums of counts (offsets) and of tiles of `mt` pairs per expert (tile_start), both
+// [n_expert + 1]. One thread: n_expert is at most a few hundred.
+__global__ void scan_kernel(const int32_t* __restrict__ counts, int n_expert, int mt, int32_t* __restrict__ offsets,
                             int32_t* __restrict__ tile_start) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   int32_t o = 0, t = 0;
   for (int e = 0; e < n_expert; ++e) {
     offsets[e] = o, tile_start[e] = t;
     o += counts[e];
-    t += (counts[e] + kMt - 1) / kMt;
+    t += (counts[e] + mt - 1) / mt;
   }
   offsets[n_expert] = o, tile_start[n_expert] = t;
 }
@@ -229,7 +237,7 @@ __global__ void combine_kernel(const int32_t* __restrict__ table, int n_expert, 
 
 // Scratch regions, each 256-byte aligned, for P = n * k pairs.
 struct Layout {
-  size_t counts, offsets, tile_start, perm, inv, h, y, total;
+  size_t counts, offsets, tile_start, perm, inv, h, y, xb, hb, total;
 };
 Layout layout(const ExpertLayerView& v, int n_expert, int64_t n, int k) {
   const size_t P = size_t(n) * size_t(k);
@@ -243,6 +251,8 @@ Layout layout(const ExpertLayerView& v, int n_expert, int64_t n, int k) {
   L.inv = at, at += up(P * 4);
   L.h = at, at += up(P * size_t(v.n_ff) * 4);
   L.y = at, at += up(P * size_t(v.n_embd) * 4);
+  L.xb = at, at += up(size_t(n) * size_t(v.n_embd) * 2);
+  L.hb = at, at += up(P * size_t(v.n_ff) * 2);
   L.total = at;
   return L;
 }
@@ -258,7 +268,23 @@ bool rows_aligned(GgmlType t, const ExpertLayerView& v, int64_t off, int64_t col
   return ok;
 }
 
+// x (f32, count % 4 == 0, 16-byte aligned) -> xb (bf16).
+void to_bf16_grid_launch(const float* x, __nv_bfloat16* xb, int64_t count, cudaStream_t stream) {
+  const int64_t n4 = count / 4;
+  const unsigned blocks = unsigned(std::min<int64_t>((n4 + 255) / 256, 4096));
+  mma::to_bf16_kernel<<<std::max(1u, blocks), 256, 0, stream>>>(x, xb, count);
+  CUDA_CHECK_LAUNCH();
+}
+
+DigitSetting g_grouped_kernel("STRATA_CUDA_MOE_GROUPED", "grouped expert kernel", 0, 2, 2);
+DigitSetting g_grouped_stages("STRATA_CUDA_MOE_GROUPED_STAGES", "staged grouped kernel's ring", 2, 3, 3);
+
 }  // namespace
+
+void set_moe_grouped_kernel(int which) { g_grouped_kernel.set(which); }
+int moe_grouped_kernel() { return g_grouped_kernel.get(); }
+void set_moe_grouped_stages(int stages) { g_grouped_stages.set(stages); }
+int moe_grouped_stages() { return g_grouped_stages.get(); }
 
 bool moe_grouped_supported(const ExpertLayerView& v) {
   check_expert_view(v, "moe_grouped_supported", 0, 1);
@@ -301,34 +327,99 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
     return;
   }
   const int64_t pairs = n * k;
+  const int which = moe_grouped_kernel();
+  const bool use_mma = which >= 1 && v.n_embd % mma::kKc == 0 && v.n_ff % mma::kKc == 0 &&
+                       reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int mt = use_mma ? mma::kMt : kMt;
   count_kernel<<<n_expert, 256, 0, stream>>>(table, ids, pairs, counts);
   CUDA_CHECK_LAUNCH();
-  scan_kernel<<<1, 32, 0, stream>>>(counts, n_expert, offsets, tile_start);
+  scan_kernel<<<1, 32, 0, stream>>>(counts, n_expert, mt, offsets, tile_start);
   CUDA_CHECK_LAUNCH();
   place_kernel<<<n_expert, 256, 0, stream>>>(table, ids, pairs, offsets, perm, inv);
   CUDA_CHECK_LAUNCH();
 
-  const unsigned max_tiles = unsigned((pairs + kMt - 1) / kMt + std::min<int64_t>(n_expert, pairs));
-  auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const float* in, bool invec,
-                  float* dst, Mode mode) {
-    const int64_t rb = int64_t(row_bytes(type, K));
-    const dim3 grid(max_tiles, unsigned((rows + kNt - 1) / kNt));
-    dq::dispatch(type, [&](auto f) {
-      using F = decltype(f);
-      grouped_kernel<F><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, off0, off1, rb, K, rows, table,
-                                                       n_expert, counts, offsets, tile_start, perm, k, in, invec, dst,
-                                                       int(mode));
-      CUDA_CHECK_LAUNCH();
-    });
-  };
-  const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && v.n_embd % 4 == 0;
-  if (v.gate_type == v.up_type) {
-    gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, x, xvec, h, kGateUp);
+  const unsigned max_tiles = unsigned((pairs + mt - 1) / mt + std::min<int64_t>(n_expert, pairs));
+  if (use_mma) {
+    auto* xb = reinterpret_cast<__nv_bfloat16*>(s + L.xb);  // [n][n_embd]
+    auto* hb = reinterpret_cast<__nv_bfloat16*>(s + L.hb);  // [P][n_ff]
+    to_bf16_grid_launch(x, xb, n * v.n_embd, stream);
+    const bool staged_shape = which == 2 && v.n_embd % mma::kSc == 0 && v.n_ff % mma::kSc == 0 &&
+                              reinterpret_cast<uintptr_t>(v.slots) % 16 == 0 && v.slot_bytes % 16 == 0;
+    auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const __nv_bfloat16* in,
+                    bool gather, float* of, __nv_bfloat16* ob, mma::Mode mode) {
+      const int64_t rb = int64_t(row_bytes(type, K));
+      const bool dual = mode == mma::kGateUp;
+      dq::dispatch(type, [&](auto f) {
+        using F = decltype(f);
+        auto launch = [&](auto dual_tag) {
+          constexpr bool D = decltype(dual_tag)::value;
+          bool staged = false;
+          if constexpr (F::kVals >= 32) {  // quantized formats only (a float stage would not fit)
+            // Raw rows whose stage bytes all start 16-byte aligned need no lead room in shared memory.
+            constexpr int cb = mma::stage_row_bytes<F>();
+            const auto at = reinterpret_cast<uintptr_t>(v.slots);
+            const bool a16 = rb % 16 == 0 && cb % 16 == 0 && (at + uintptr_t(off0)) % 16 == 0 &&
+                             (!D || (at + uintptr_t(off1)) % 16 == 0);
+            const int wp = a16 ? cb : mma::stage_pitch_max<F>();
+            auto try_launch = [&](auto stages_tag) {
+              constexpr int St = decltype(stages_tag)::value;
+              const void* kern =
+                  reinterpret_cast<const void*>(&mma::grouped_mma_staged_kernel<F, F::kAlign, D, St>);
+              const size_t smem = mma::staged_smem_bytes(St, wp);
+              if (int64_t(smem) > dynamic_limit(kern)) return false;
+              allow_dynamic_bytes(kern, int64_t(smem));
+              const dim3 grid(max_tiles, unsigned(rows / (D ? mma::kSRowsDual : mma::kSRowsSingle)));
+              mma::grouped_mma_staged_kernel<F, F::kAlign, D, St><<<grid, mma::kSThreads, smem, stream>>>(
+                  v.slots, v.slot_bytes, off0, off1, rb, K, rows, table, n_expert, counts, offsets, tile_start, perm,
+                  k, in, gather, of, ob, int(mode), wp);
+              return true;
+            };
+            if (staged_shape) {
+              if (moe_grouped_stages() == 3) staged = try_launch(std::integral_constant<int, 3>{});
+              if (!staged) staged = try_launch(std::integral_constant<int, 2>{});
+            }
+          }
+          if (!staged) {
+            const dim3 grid(max_tiles, unsigned(rows / (D ? mma::kRowsDual : mma::kRowsSingle)));
+            mma::grouped_mma_kernel<F, F::kAlign, D><<<grid, mma::kThreads, 0, stream>>>(
+                v.slots, v.slot_bytes, off0, off1, rb, K, rows, table, n_expert, counts, offsets, tile_start, perm,
+                k, in, gather, of, ob, int(mode));
+          }
+          CUDA_CHECK_LAUNCH();
+        };
+        if (dual) launch(std::true_type{});
+        else launch(std::false_type{});
+      });
+    };
+    if (v.gate_type == v.up_type) {
+      gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, xb, true, nullptr, hb, mma::kGateUp);
+    } else {  // gate f32 into h, then up reads it and writes bf16(silu(gate) * up)
+      gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, xb, true, h, nullptr, mma::kGateOnly);
+      gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, xb, true, h, hb, mma::kUpApply);
+    }
+    gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, hb, false, y, nullptr, mma::kDown);
   } else {
-    gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, x, xvec, h, kGateOnly);
-    gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, x, xvec, h, kUpApply);
+    auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const float* in, bool invec,
+                    float* dst, Mode mode) {
+      const int64_t rb = int64_t(row_bytes(type, K));
+      const dim3 grid(max_tiles, unsigned((rows + kNt - 1) / kNt));
+      dq::dispatch(type, [&](auto f) {
+        using F = decltype(f);
+        grouped_kernel<F><<<grid, kThreads, 0, stream>>>(v.slots, v.slot_bytes, off0, off1, rb, K, rows, table,
+                                                         n_expert, counts, offsets, tile_start, perm, k, in, invec,
+                                                         dst, int(mode));
+        CUDA_CHECK_LAUNCH();
+      });
+    };
+    const bool xvec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && v.n_embd % 4 == 0;
+    if (v.gate_type == v.up_type) {
+      gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, x, xvec, h, kGateUp);
+    } else {
+      gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, x, xvec, h, kGateOnly);
+      gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, x, xvec, h, kUpApply);
+    }
+    gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, h, v.n_ff % 4 == 0, y, kDown);
   }
-  gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, h, v.n_ff % 4 == 0, y, kDown);
   const dim3 cgrid(unsigned((v.n_embd + 255) / 256), unsigned(std::min<int64_t>(n, 65535)));
   combine_kernel<<<cgrid, 256, 0, stream>>>(table, n_expert, ids, wts, inv, y, n, k, v.n_embd, out);
   CUDA_CHECK_LAUNCH();

@@ -79,6 +79,19 @@ constexpr int64_t kMoeGroupedMinTokens = 32;
 // moe_gate_up + moe_down. Throws like check_expert_view for a bad view.
 bool moe_grouped_supported(const ExpertLayerView& v);
 
+// Which product kernel moe_experts_grouped runs (moe_grouped_mma.cuh says how they differ): 2 (the
+// default) mma.sync with the raw weights staged in shared memory by cp.async, for quantized formats where
+// n_embd and n_ff are multiples of 256 and the slots 16-byte aligned (else as 1); 1 mma.sync with weights
+// read where they are dequantized, where n_embd and n_ff are multiples of 128 and x is 16-byte aligned
+// (else as 0); 0 the WMMA kernel. 2 and 1 give the same bits. STRATA_CUDA_MOE_GROUPED=0|1|2 (read once),
+// set_moe_grouped_kernel wins (tests, benchmarks; strata::Error outside 0..2).
+void set_moe_grouped_kernel(int which);
+int moe_grouped_kernel();
+// Kernel 2's ring: 3 stages (the default) where they fit in shared memory (e.g. Q4_K, Q4_0 rows), else 2;
+// 2 always 2. The same bits either way. STRATA_CUDA_MOE_GROUPED_STAGES=2|3, set_moe_grouped_stages wins.
+void set_moe_grouped_stages(int stages);
+int moe_grouped_stages();
+
 // Device scratch bytes moe_experts_grouped needs for up to max_n tokens (allocate once at load).
 size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t max_n, int k);
 

@@ -1,12 +1,14 @@
-// moe_experts_grouped (cuda/moe_kernels.cuh, the prefill path) vs a CPU reference from matmul Exact and
-// vs the per-pair kernels moe_gate_up + moe_down on the same data: 16 experts, 10 resident in scattered
-// slots, k 8, n 1 / 40 / 300 (up to 150 pairs per expert: several 32-pair tiles), token 1 routed only to
-// non-resident experts (two of them twice), so its output must be exact zeros.
+// moe_experts_grouped (cuda/moe_kernels.cuh, the prefill path), its product kernels (2, 1: mma.sync; 0: WMMA),
+// vs a CPU reference from matmul Exact, vs the per-pair kernels moe_gate_up + moe_down on the same data and
+// vs each other: 16 experts, 10 resident in scattered slots, k 8, n 1 / 40 / 300 (up to 150 pairs per
+// expert: several 32- and 64-pair tiles), token 1 routed only to non-resident experts (two of them twice),
+// so its output must be exact zeros. Gate and up of different types take the gate pass then the up pass.
 // Error: max |gpu - ref| over a token's outputs / max |ref| of that token. The grouped path rounds x, the
 // weights and h to bf16 (unit roundoff 2^-9 = 2e-3) before each product; a dot of random-signed terms
 // then errs by a few u of its magnitude, through gate/up and down: tolerance 3e-2 (the per-pair kernels
-// are f32 and stay below 1e-4 in test_moe_kernels). Also: bit-identical on a second run, scratch-size
-// errors, and the fallback for unaligned slots equals moe_gate_up + moe_down bit for bit.
+// are f32 and stay below 1e-4 in test_moe_kernels). Also: the two mma kernels (2: weights staged in shared
+// memory, in rings of 3 and of 2 stages; 1: read in place) give the same bits, scratch-size errors, and the fallback for unaligned slots equals moe_gate_up + moe_down bit
+// for bit (both kernel settings).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,16 +88,25 @@ class CudaMoeGrouped : public test::GpuKernelTest {
       auto d_ids = upload_vec(ids);
       auto d_wts = upload_vec(wts);
       auto d_x = upload_vec(x);
-      auto d_out = output(n * n_embd * 4, 0xFF);
-      auto d_out2 = output(n * n_embd * 4, 0x00);
       auto d_old = output(n * n_embd * 4, 0xFF);
       auto d_h = output(n * k * n_ff * 4, 0xFF);
-      for (auto* o : {&d_out, &d_out2}) {
+      // kernel 2 (mma, weights staged), 1 (mma, the same bits) and 0 (WMMA)
+      auto grouped = [&](int which, int stages = 3) {
+        cm::set_moe_grouped_kernel(which);
+        cm::set_moe_grouped_stages(stages);
+        auto d_out = output(n * n_embd * 4, 0xFF);
         cm::moe_experts_grouped(v, d_table.ptr<int32_t>(), n_expert, d_x.ptr<float>(), d_ids.ptr<int32_t>(),
-                                d_wts.ptr<float>(), n, k, o->ptr<float>(), scratch.ptr(), scratch_bytes, stream());
+                                d_wts.ptr<float>(), n, k, d_out.ptr<float>(), scratch.ptr(), scratch_bytes, stream());
         cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_x.span(), d_ids.span(), d_wts.span()},
-                          {o->span(), scratch.span()});
-      }
+                          {d_out.span(), scratch.span()});
+        return download<float>(d_out, n * n_embd);
+      };
+      const auto out = grouped(2);
+      const auto out2 = grouped(1);
+      const auto out3 = grouped(2, 2);
+      const auto wmma = grouped(0);
+      cm::set_moe_grouped_kernel(2);
+      cm::set_moe_grouped_stages(3);
       cm::moe_gate_up(v, d_table.ptr<int32_t>(), d_x.ptr<float>(), d_ids.ptr<int32_t>(), n, k, d_h.ptr<float>(),
                       stream());
       cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_x.span(), d_ids.span()}, {d_h.span()});
@@ -103,8 +114,6 @@ class CudaMoeGrouped : public test::GpuKernelTest {
                    d_old.ptr<float>(), stream());
       cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_h.span(), d_ids.span(), d_wts.span()},
                         {d_old.span()});
-      const auto out = download<float>(d_out, n * n_embd);
-      const auto out2 = download<float>(d_out2, n * n_embd);
       const auto old = download<float>(d_old, n * n_embd);
 
       const std::string what = std::string(type_name(mc.gate)) + "/" + std::string(type_name(mc.up)) + "/" +
@@ -119,26 +128,33 @@ class CudaMoeGrouped : public test::GpuKernelTest {
         }
         return std::pair{err, scale};
       };
-      double worst_ref = 0, worst_old = 0;
-      int64_t worst_t = 0;
-      for (int64_t t = 0; t < n; ++t) {
-        const auto [er, sr] = token_err(out, out_ref, t);
-        const auto [eo, so] = token_err(out, old, t);
-        if (t == 1) {
-          EXPECT_EQ(er, 0.0) << what << ": token 1 has no resident expert, max |out| " << er;
-          continue;
+      // worst over tokens of max |a - b| / max |b| (token 1: a must be exact zeros)
+      auto worst = [&](const std::vector<float>& a, const std::vector<float>& b, const char* vs) {
+        double w = 0;
+        for (int64_t t = 0; t < n; ++t) {
+          const auto [e, sc] = token_err(a, b, t);
+          if (t == 1) {
+            EXPECT_EQ(token_err(a, out_ref, t).first, 0.0) << what << " " << vs << ": token 1 has no resident expert";
+            continue;
+          }
+          w = std::max(w, e / std::max(sc, 1e-30));
         }
-        const double rr = er / std::max(sr, 1e-30), ro = eo / std::max(so, 1e-30);
-        if (rr > worst_ref) worst_ref = rr, worst_t = t;
-        worst_old = std::max(worst_old, ro);
-      }
-      EXPECT_LT(worst_ref, tol) << what << ": vs CPU, max err / max |out| of token " << worst_t;
+        return w;
+      };
+      const double worst_ref = worst(out, out_ref, "mma"), worst_old = worst(out, old, "mma vs per-pair");
+      const double wmma_ref = worst(wmma, out_ref, "wmma"), mma_wmma = worst(out, wmma, "mma vs wmma");
+      EXPECT_LT(worst_ref, tol) << what << ": mma kernel vs CPU";
+      EXPECT_LT(wmma_ref, tol) << what << ": wmma kernel vs CPU";
       EXPECT_LT(worst_old, tol) << what << ": vs moe_gate_up + moe_down";
-      EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0) << what << ": not deterministic";
+      EXPECT_LT(mma_wmma, tol) << what << ": mma vs wmma kernel";
+      EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0) << what << ": kernels 2 and 1 differ";
+      EXPECT_EQ(std::memcmp(out.data(), out3.data(), out.size() * 4), 0) << what << ": rings of 3 and 2 differ";
       if (mc.extra_offset % 2 == 1)  // unaligned slots: the fallback is the per-pair kernels themselves
-        EXPECT_EQ(std::memcmp(out.data(), old.data(), out.size() * 4), 0) << what << ": fallback != per-pair kernels";
-      std::printf("moe grouped %s: err vs CPU %.3g, vs per-pair kernels %.3g (tol %.1g)\n", what.c_str(), worst_ref,
-                  worst_old, tol);
+        for (const auto* o : {&out, &wmma})
+          EXPECT_EQ(std::memcmp(o->data(), old.data(), out.size() * 4), 0) << what << ": fallback != per-pair kernels";
+      std::printf("moe grouped %s: mma err vs CPU %.3g, vs per-pair kernels %.3g, vs wmma %.3g; wmma vs CPU %.3g "
+                  "(tol %.1g)\n",
+                  what.c_str(), worst_ref, worst_old, mma_wmma, wmma_ref, tol);
     }
   }
 };
@@ -150,6 +166,12 @@ TEST_F(CudaMoeGrouped, Q4KAll) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::
 TEST_F(CudaMoeGrouped, DifferentGateAndUpTypes) {  // gate pass then up pass
   run({GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, 0}, {7, 64}, 3e-2);
 }
+
+TEST_F(CudaMoeGrouped, Q40All) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, 0}, {64, 200}, 3e-2); }
+
+TEST_F(CudaMoeGrouped, Q5KGateUpIQ4XSDown) { run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 0}, {96}, 3e-2); }
+
+TEST_F(CudaMoeGrouped, Q80All) { run({GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 0}, {48}, 3e-2); }
 
 TEST_F(CudaMoeGrouped, FloatExperts) { run({GgmlType::F32, GgmlType::F16, GgmlType::BF16, 0}, {50}, 3e-2); }
 
