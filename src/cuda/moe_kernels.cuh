@@ -70,7 +70,8 @@ void check_expert_view(const ExpertLayerView& v, const char* what, int64_t n, in
 // ---- prefill: experts as grouped GEMMs (moe_grouped.cu) ----
 // Why: moe_gate_up/moe_down read an expert's weights once per (token, expert) pair; at prefill an expert
 // is routed to by ~n*k/n_expert tokens, so the grouped path sorts the pairs by expert on the GPU and
-// multiplies each expert once per tile of 32 of its pairs on the tensor cores (bf16 inputs, f32 accumulate).
+// multiplies each expert once per tile of 64 (WMMA kernel: 32) of its pairs on the tensor cores (bf16
+// inputs, f32 accumulate).
 // Worth it from about this many tokens (to be measured: bench/cuda/cuda_gemm.cu).
 constexpr int64_t kMoeGroupedMinTokens = 32;
 
@@ -98,9 +99,10 @@ size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t
 // out = what moe_gate_up followed by moe_down give (same contract: only resident experts, j order per
 // token, zeros for a token without a resident expert; out [n][n_embd] is overwritten), computed as:
 //   1. counting sort of the resident (t, j) pairs by expert (device only, no host sync; stable: pairs of an
-//      expert in increasing t*k+j), and a list of 32-pair tiles per expert;
-//   2. per (expert, tile, 64 output rows): gathered x rows and dequantized gate/up rows in bf16, WMMA
-//      products, h = silu(gate) * up in f32;  3. the same for down, one f32 row per pair;
+//      expert in increasing t*k+j), and a list of 64-pair tiles per expert (32 for the WMMA kernel);
+//   2. per (expert, tile, band of output rows): gathered x rows and dequantized gate/up rows in bf16,
+//      tensor-core products, h = silu(gate) * up (bf16; WMMA kernel f32);  3. the same for down, one f32
+//      row per pair;
 //   4. out[t] = sum over j in order of wts[t*k+j] * that pair's row (deterministic, no atomics).
 // Inputs are rounded to bf16 before each product (error ~1e-2 of sum|w x| at worst, ~1e-3 typical), so
 // results differ from moe_gate_up/moe_down by that rounding. Slots whose tensors are not aligned to their
