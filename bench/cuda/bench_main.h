@@ -1,10 +1,12 @@
 #pragma once
 // The start of every benchmark in bench/cuda (header only: each .cu there is one executable): integer
-// flags "--name N" and the check for a CUDA device.
+// flags "--name N", the check for a CUDA device, and a random routing.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cstdint>
 #include <initializer_list>
+#include <vector>
 
 #include "cuda/cuda_check.cuh"
 
@@ -41,6 +43,26 @@ inline int start(const char* program, int argc, char** argv, std::initializer_li
     return 1;
   }
   return 0;
+}
+
+// ids [rows][k]: k distinct experts of n_expert a row, from a linear congruential generator seeded with
+// `seed` (the same routing every run).
+inline std::vector<int32_t> random_routing(int64_t rows, int k, int n_expert, uint32_t seed) {
+  std::vector<int32_t> ids(size_t(rows) * size_t(k));
+  uint32_t rs = seed;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int j = 0; j < k; ++j) {
+      int e;
+      bool dup;
+      do {
+        rs = rs * 1664525u + 1013904223u;
+        e = int(rs >> 8) % n_expert;
+        dup = false;
+        for (int i = 0; i < j; ++i) dup |= ids[size_t(t * k + i)] == e;
+      } while (dup);
+      ids[size_t(t * k + j)] = e;
+    }
+  return ids;
 }
 
 }  // namespace strata::bench

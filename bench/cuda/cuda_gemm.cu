@@ -161,21 +161,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK_LAUNCH();
     v.slots = slots.as<uint8_t>();
     for (const int64_t n : {int64_t(512), int64_t(2048)}) {
-      std::vector<int32_t> table(n_expert), ids(size_t(n) * k);
+      std::vector<int32_t> table(n_expert);
       for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;
-      uint32_t rs = 12345;
-      for (int64_t t = 0; t < n; ++t)
-        for (int j = 0; j < k; ++j) {
-          int e;
-          bool dup;
-          do {
-            rs = rs * 1664525u + 1013904223u;
-            e = int(rs >> 8) % n_expert;
-            dup = false;
-            for (int i = 0; i < j; ++i) dup |= ids[t * k + i] == e;
-          } while (dup);
-          ids[t * k + j] = e;
-        }
+      const std::vector<int32_t> ids = bench::random_routing(n, k, n_expert, 12345);
       std::vector<float> wts(size_t(n) * k, 1.f / k);
       DeviceBuffer xm = dev.alloc(size_t(n) * n_embd * 4, "x");
       init_acts<<<256, 256, 0, s>>>(xm.as<float>(), n * n_embd);

@@ -204,21 +204,9 @@ int main(int argc, char** argv) {
     init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 16, 16, -1, -1, 11);
     CUDA_CHECK_LAUNCH();
     v.slots = slots.as<uint8_t>();
-    std::vector<int32_t> table(n_expert), ids(size_t(n_sets) * k);
+    std::vector<int32_t> table(n_expert);
     for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;  // scattered slots
-    uint32_t rs = 12345;
-    for (int q = 0; q < n_sets; ++q)
-      for (int j = 0; j < k; ++j) {
-        int e;
-        bool dup;
-        do {
-          rs = rs * 1664525u + 1013904223u;
-          e = int(rs >> 8) % n_expert;
-          dup = false;
-          for (int i = 0; i < j; ++i) dup |= ids[q * k + i] == e;
-        } while (dup);
-        ids[q * k + j] = e;
-      }
+    const std::vector<int32_t> ids = bench::random_routing(n_sets, k, n_expert, 12345);
     std::vector<float> wts(size_t(n_sets) * k, 1.f / k);
     DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
                  d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(k) * n_ff * 4, "h"),
@@ -322,21 +310,9 @@ int main(int argc, char** argv) {
     init_weights<<<4096, 256, 0, s>>>(slots.as<uint8_t>(), v.slot_bytes * n_expert / 16, 16, -1, -1, 11);
     CUDA_CHECK_LAUNCH();
     v.slots = slots.as<uint8_t>();
-    std::vector<int32_t> table(n_expert), ids(size_t(n_sets) * k);
+    std::vector<int32_t> table(n_expert);
     for (int e = 0; e < n_expert; ++e) table[e] = (e * 37) % n_expert;
-    uint32_t rs = 777;
-    for (int q = 0; q < n_sets; ++q)
-      for (int j = 0; j < k; ++j) {
-        int e;
-        bool dup;
-        do {
-          rs = rs * 1664525u + 1013904223u;
-          e = int(rs >> 8) % n_expert;
-          dup = false;
-          for (int i = 0; i < j; ++i) dup |= ids[q * k + i] == e;
-        } while (dup);
-        ids[q * k + j] = e;
-      }
+    const std::vector<int32_t> ids = bench::random_routing(n_sets, k, n_expert, 777);
     std::vector<float> wts(size_t(n_sets) * k, 1.f / k);
     DeviceBuffer d_table = dev.alloc(table.size() * 4, "table"), d_ids = dev.alloc(ids.size() * 4, "ids"),
                  d_wts = dev.alloc(wts.size() * 4, "wts"), d_h = dev.alloc(size_t(k) * n_ff * 4, "h"),

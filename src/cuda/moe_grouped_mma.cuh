@@ -56,11 +56,15 @@ __device__ __forceinline__ void mma16816(float c[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The tile `tile` of the routing: its expert e, the sorted position of its first pair and its pair count
-// (<= kMt). False for a tile past the routing's last (the block returns).
-__device__ __forceinline__ bool find_tile(int tile, const int32_t* __restrict__ counts,
-                                          const int32_t* __restrict__ offsets, const int32_t* __restrict__ tile_start,
-                                          int n_expert, int& e, int& pos0, int& cnt) {
+// A block's start in both kernels: the tile blockIdx.x of the routing, its expert e, the sorted position
+// of its first pair and its pair count (<= kMt), and src_row[i] = the row of `in` for pair i of the tile
+// (gather: x's row perm[pos0 + i] / k; else h's row pos0 + i), -1 past cnt. False for a tile past the
+// routing's last (the block returns). src_row is read after the caller's next barrier.
+__device__ __forceinline__ bool begin_tile(const int32_t* __restrict__ counts, const int32_t* __restrict__ offsets,
+                                           const int32_t* __restrict__ tile_start, int n_expert,
+                                           const int32_t* __restrict__ perm, int k, bool gather, int64_t* src_row,
+                                           int& e, int& pos0, int& cnt) {
+  const int tile = blockIdx.x;
   if (tile >= tile_start[n_expert]) return false;
   int lo = 0, hi = n_expert - 1;  // e = the largest with tile_start[e] <= tile (it owns the tile)
   while (lo < hi) {
@@ -72,6 +76,10 @@ __device__ __forceinline__ bool find_tile(int tile, const int32_t* __restrict__ 
   const int t_in = tile - tile_start[e];
   pos0 = offsets[e] + t_in * kMt;
   cnt = min(kMt, counts[e] - t_in * kMt);
+  if (threadIdx.x < kMt) {
+    const int i = threadIdx.x;
+    src_row[i] = i < cnt ? (gather ? int64_t(perm[pos0 + i] / k) : int64_t(pos0 + i)) : -1;
+  }
   return true;
 }
 
@@ -158,11 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ __align__(16) __nv_bfloat16 As[2][kMt][kApitch];  // [stage][pair][column of the stage]
   __shared__ int64_t src_row[kMt];                             // row of `in` for each pair of the tile, or -1
   int e, pos0, cnt;
-  if (!find_tile(blockIdx.x, counts, offsets, tile_start, n_expert, e, pos0, cnt)) return;
-  if (threadIdx.x < kMt) {
-    const int i = threadIdx.x;
-    src_row[i] = i < cnt ? (gather ? int64_t(perm[pos0 + i] / k) : int64_t(pos0 + i)) : -1;
-  }
+  if (!begin_tile(counts, offsets, tile_start, n_expert, perm, k, gather, src_row, e, pos0, cnt)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // The warp's two n8 tiles s = 0, 1: this thread dequantizes weight row wrow[s] (fragment column g).
   const uint8_t* base = slots + int64_t(table[e]) * slot_bytes;
@@ -266,11 +270,7 @@ __global__ void __launch_bounds__(kSThreads, 1)
   uint8_t* Ws = smem + Stages * kMt * kSApitch * 2;             // [Stages][kSWrows][wp]
   __shared__ int64_t src_row[kMt];
   int e, pos0, cnt;
-  if (!find_tile(blockIdx.x, counts, offsets, tile_start, n_expert, e, pos0, cnt)) return;
-  if (threadIdx.x < kMt) {
-    const int i = threadIdx.x;
-    src_row[i] = i < cnt ? (gather ? int64_t(perm[pos0 + i] / k) : int64_t(pos0 + i)) : -1;
-  }
+  if (!begin_tile(counts, offsets, tile_start, n_expert, perm, k, gather, src_row, e, pos0, cnt)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const uint8_t* base = slots + int64_t(table[e]) * slot_bytes;
   const int64_t band = int64_t(blockIdx.y) * (Dual ? kSRowsDual : kSRowsSingle);
