@@ -39,10 +39,6 @@ constexpr int kLd = kKc + 8;   // bf16 row pitch in shared memory (80 bytes: row
 constexpr int kLdc = kNt + 4;  // f32 pitch of the accumulator staging
 constexpr int kThreads = 128;  // 4 warps: warp w owns output rows [16w, 16w+16) of the block's 64
 
-enum Mode : int { kGateUp = 0, kGateOnly = 1, kUpApply = 2, kDown = 3 };
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
 __device__ __forceinline__ bool resident(const int32_t* table, int n_expert, int32_t e) {
   return e >= 0 && e < n_expert && table[e] >= 0;
 }
@@ -346,9 +342,9 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
     const bool staged_shape = which == 2 && v.n_embd % mma::kSc == 0 && v.n_ff % mma::kSc == 0 &&
                               reinterpret_cast<uintptr_t>(v.slots) % 16 == 0 && v.slot_bytes % 16 == 0;
     auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const __nv_bfloat16* in,
-                    bool gather, float* of, __nv_bfloat16* ob, mma::Mode mode) {
+                    bool gather, float* of, __nv_bfloat16* ob, Mode mode) {
       const int64_t rb = int64_t(row_bytes(type, K));
-      const bool dual = mode == mma::kGateUp;
+      const bool dual = mode == kGateUp;
       dq::dispatch(type, [&](auto f) {
         using F = decltype(f);
         auto launch = [&](auto dual_tag) {
@@ -392,12 +388,12 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
       });
     };
     if (v.gate_type == v.up_type) {
-      gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, xb, true, nullptr, hb, mma::kGateUp);
+      gemm(v.gate_type, v.gate_off, v.up_off, v.n_embd, v.n_ff, xb, true, nullptr, hb, kGateUp);
     } else {  // gate f32 into h, then up reads it and writes bf16(silu(gate) * up)
-      gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, xb, true, h, nullptr, mma::kGateOnly);
-      gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, xb, true, h, hb, mma::kUpApply);
+      gemm(v.gate_type, v.gate_off, 0, v.n_embd, v.n_ff, xb, true, h, nullptr, kGateOnly);
+      gemm(v.up_type, v.up_off, 0, v.n_embd, v.n_ff, xb, true, h, hb, kUpApply);
     }
-    gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, hb, false, y, nullptr, mma::kDown);
+    gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, hb, false, y, nullptr, kDown);
   } else {
     auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const float* in, bool invec,
                     float* dst, Mode mode) {

@@ -28,6 +28,15 @@
 
 #include "cuda/dequant_device.cuh"
 
+namespace strata::cuda::moe {
+
+// What a product kernel writes (every kernel of moe_grouped.cu; the WMMA kernel's h is f32).
+enum Mode : int { kGateUp = 0, kGateOnly = 1, kUpApply = 2, kDown = 3 };
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+}  // namespace strata::cuda::moe
+
 namespace strata::cuda::moe::mma {
 
 constexpr int kMt = 64;                  // pairs per tile (4 groups of 16 rows)
@@ -38,10 +47,6 @@ constexpr int kApitch = kKc + 32;        // bf16 per shared row: 320 bytes = 64 
                                          // of a quarter warp (rows g, g+1, four quads) hit 32 distinct banks
 constexpr int kRowsDual = 8 * kWarps;    // gate/up rows a block (each warp: 8 gate + the same 8 up rows)
 constexpr int kRowsSingle = 16 * kWarps; // rows a block of one tensor (each warp: two n8 tiles)
-
-enum Mode : int { kGateUp = 0, kGateOnly = 1, kUpApply = 2, kDown = 3 };
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
@@ -81,6 +86,19 @@ __device__ __forceinline__ bool begin_tile(const int32_t* __restrict__ counts, c
     src_row[i] = i < cnt ? (gather ? int64_t(perm[pos0 + i] / k) : int64_t(pos0 + i)) : -1;
   }
   return true;
+}
+
+// cp.async of the tile's A columns [col0, col0 + Cols) into dst [kMt][Pitch] (bf16), 16 bytes a copy, by
+// Threads threads: pair i's row src_row[i] of in [.][K]; rows of src_row -1 (past the tile's count) are left
+// as they are.
+template <int Cols, int Pitch, int Threads>
+__device__ __forceinline__ void copy_a_async(__nv_bfloat16* dst, const __nv_bfloat16* __restrict__ in,
+                                             const int64_t* src_row, int64_t K, int64_t col0) {
+  for (int u = threadIdx.x; u < kMt * (Cols / 8); u += Threads) {
+    const int i = u / (Cols / 8), c8 = (u % (Cols / 8)) * 8;
+    const int64_t sr = src_row[i];
+    if (sr >= 0) __pipeline_memcpy_async(dst + i * Pitch + c8, in + sr * K + col0 + c8, 16);
+  }
 }
 
 // b[0..3] for one n8 tile and one 32-column step: this thread's 8 physical columns (8t .. 8t+7 of the
@@ -186,11 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();  // src_row
 
   auto stage = [&](int c, int buf) {  // kMt rows x kKc columns = 1024 16-byte copies, 4 a thread
-    for (int u = threadIdx.x; u < kMt * (kKc / 8); u += kThreads) {
-      const int i = u / (kKc / 8), c8 = (u % (kKc / 8)) * 8;
-      const int64_t sr = src_row[i];
-      if (sr >= 0) __pipeline_memcpy_async(&As[buf][i][c8], in + sr * K + int64_t(c) * kKc + c8, 16);
-    }
+    copy_a_async<kKc, kApitch, kThreads>(&As[buf][0][0], in, src_row, K, int64_t(c) * kKc);
     __pipeline_commit();
   };
 
@@ -230,7 +244,7 @@ constexpr int kSc = 256;                    // columns a stage (a whole 256-valu
 constexpr int kSApitch = kSc + 32;          // bf16: 576 bytes = 64 (mod 128), as kApitch
 constexpr int kSRowsDual = 8 * kSWarps;     // 128 rows of gate and the same of up a block
 constexpr int kSRowsSingle = 16 * kSWarps;  // 256 rows of one tensor a block
-constexpr int kSWrows = 256;                // raw weight rows a stage (Dual: gate's, then up's)
+constexpr int kSWrows = kSRowsSingle;       // raw weight rows a stage (Dual: gate's 128, then up's)
 
 // Raw bytes a stage's columns take of one row of F, and the largest shared-memory pitch they can need: the
 // 16-byte units covering those bytes wherever they start (a block of F is F::kAlign-aligned, so at most
@@ -293,12 +307,8 @@ __global__ void __launch_bounds__(kSThreads, 1)
   __syncthreads();  // src_row
 
   auto stage = [&](int c, int buf) {
-    __nv_bfloat16* Ab = As + buf * kMt * kSApitch;
-    for (int u = threadIdx.x; u < kMt * (kSc / 8); u += kSThreads) {  // A: 2048 units, 4 a thread
-      const int i = u / (kSc / 8), c8 = (u % (kSc / 8)) * 8;
-      const int64_t sr = src_row[i];
-      if (sr >= 0) __pipeline_memcpy_async(Ab + i * kSApitch + c8, in + sr * K + int64_t(c) * kSc + c8, 16);
-    }
+    // A: 2048 copies, 4 a thread
+    copy_a_async<kSc, kSApitch, kSThreads>(As + buf * kMt * kSApitch, in, src_row, K, int64_t(c) * kSc);
     uint8_t* Wb = Ws + buf * kSWrows * wp;
     for (int u = threadIdx.x; u < kSWrows * nu; u += kSThreads) {  // W: the units covering each row's bytes
       const int q = u / nu, j = u % nu;
