@@ -6,8 +6,9 @@
 // Error: max |gpu - ref| over a token's outputs / max |ref| of that token. The grouped path rounds x, the
 // weights and h to bf16 (unit roundoff 2^-9 = 2e-3) before each product; a dot of random-signed terms
 // then errs by a few u of its magnitude, through gate/up and down: tolerance 3e-2 (the per-pair kernels
-// are f32 and stay below 1e-4 in test_moe_kernels). Also: the two mma kernels (2: weights staged in shared
-// memory, in rings of 3 and of 2 stages; 1: read in place) give the same bits, scratch-size errors, and the fallback for unaligned slots equals moe_gate_up + moe_down bit
+// are f32 and stay below 1e-4 in test_moe_kernels). Also: bit-identical on a second run; the two mma
+// kernels (2: weights staged in shared memory, in rings of 3 and of 2 stages; 1: read in place) give the
+// same bits; scratch-size errors; and the fallback for unaligned slots equals moe_gate_up + moe_down bit
 // for bit (both kernel settings).
 #include <gtest/gtest.h>
 
@@ -102,6 +103,7 @@ class CudaMoeGrouped : public test::GpuKernelTest {
         return download<float>(d_out, n * n_embd);
       };
       const auto out = grouped(2);
+      const auto again = grouped(2);
       const auto out2 = grouped(1);
       const auto out3 = grouped(2, 2);
       const auto wmma = grouped(0);
@@ -147,6 +149,7 @@ class CudaMoeGrouped : public test::GpuKernelTest {
       EXPECT_LT(wmma_ref, tol) << what << ": wmma kernel vs CPU";
       EXPECT_LT(worst_old, tol) << what << ": vs moe_gate_up + moe_down";
       EXPECT_LT(mma_wmma, tol) << what << ": mma vs wmma kernel";
+      EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 4), 0) << what << ": not deterministic";
       EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0) << what << ": kernels 2 and 1 differ";
       EXPECT_EQ(std::memcmp(out.data(), out3.data(), out.size() * 4), 0) << what << ": rings of 3 and 2 differ";
       if (mc.extra_offset % 2 == 1)  // unaligned slots: the fallback is the per-pair kernels themselves
