@@ -113,6 +113,14 @@ int main(int argc, char** argv) {
     row(name, cpu::AttnMath::F32, 512, 4096, std::max(3, reps / 20));
     row(name, cpu::AttnMath::F32, 512, 512, std::max(3, reps / 20));
   }
+  // The split rules (ops::set_attn_split_rule) on the tensor-core prefill: 0 splits a 512-token prefill
+  // in two and merges, 1 does not.
+  for (int rule : {0, 1}) {
+    ops::set_attn_split_rule(rule);
+    const char* name = rule == 0 ? "prefill (tensor cores, split rule 0)" : "prefill (tensor cores, split rule 1)";
+    row(name, cpu::AttnMath::F32, 512, 512, std::max(3, reps / 20));
+    row(name, cpu::AttnMath::F32, 320, 320, std::max(3, reps / 20));
+  }
   attn_tile::set_prefill_mma(false);
   cs.synchronize();
   return 0;

@@ -251,6 +251,28 @@ __global__ void __launch_bounds__(32 * W, 1)
   // K/V rows of its split (a prefetch is only a hint: the row attn_prep is writing may come in stale or
   // not, the copies below read the cache after the wait either way).
   for (int i = threadIdx.x; i < n_t; i += NT) rs[i] = refs[t0 + i];
+  if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
+    // (before the wait and the prefetch: refs are the pass's inputs. Why here: a prefill's decode-shape
+    // launch has one block per token, head group and split, and all of them return; with the prefetch first
+    // they took 33 us of a 512-token layer's attention (ncu, session 29) for nothing)
+    __shared__ int s_one_cache;
+    if (warp == 0) {
+      const int64_t c0 = t0 / cls * cls, nc = n_tok - c0 < cls ? n_tok - c0 : cls;
+      const ops::KvRef a = refs[c0];
+      bool same = true;
+      for (int64_t i = lane; i < nc; i += 32) {
+        const ops::KvRef b = refs[c0 + i];
+        same = same && b.k == a.k && b.v == a.v && b.n_ctx == a.n_ctx;
+      }
+      same = __all_sync(0xffffffffu, same);
+      if (lane == 0) s_one_cache = same;
+    }
+    __syncthreads();
+    if ((select == Select::OneCache) != (s_one_cache != 0)) {  // block-uniform: the other launch's tile
+      pdl_wait();  // (pdl.cuh: before any return)
+      return;
+    }
+  }
   __syncthreads();
   if (n_t == 1) {
     const ops::KvRef r0 = rs[0];
@@ -266,22 +288,6 @@ __global__ void __launch_bounds__(32 * W, 1)
   }
   pdl_wait();  // (PDL: q and the KV cache come from earlier kernels)
   pdl_launch_dependents();
-  if (select != Select::All) {  // warp 0 checks the class tile: do its tokens share one cache?
-    __shared__ int s_one_cache;
-    if (warp == 0) {
-      const int64_t c0 = t0 / cls * cls, nc = n_tok - c0 < cls ? n_tok - c0 : cls;
-      const ops::KvRef a = refs[c0];
-      bool same = true;
-      for (int64_t i = lane; i < nc; i += 32) {
-        const ops::KvRef b = refs[c0 + i];
-        same = same && b.k == a.k && b.v == a.v && b.n_ctx == a.n_ctx;
-      }
-      same = __all_sync(0xffffffffu, same);
-      if (lane == 0) s_one_cache = same;
-    }
-    __syncthreads();
-    if ((select == Select::OneCache) != (s_one_cache != 0)) return;  // block-uniform: the other launch's tile
-  }
 
   float acc[RPW][DPL], m[RPW], l[RPW];  // per row: output sum, running max, this lane's part of the sum
 #pragma unroll
@@ -544,9 +550,10 @@ struct MmaLayout {
 };
 
 // Same grid, parameters and outputs as attn_tile_kernel's prefill shape (hg * tq <= 64; select OneCache:
-// tiles of one cache only, so one run per block). D: 64 or 128. Per K/V tile: S = Q.K^T on the tensor
-// cores (each warp a 16-row x 32-position slab, hi and lo halves of Q), the online softmax per row by the
-// row's warp (8 rows per warp, as the CUDA-core kernel), then O += P.V (each warp a 16-row x D/2 slab).
+// tiles of one cache only, so one run per block), the token tiles taken from the last one. D: 64 or 128.
+// Per K/V tile: S = Q.K^T on the tensor cores (each warp a 16-row x 32-position slab, hi and lo halves of
+// Q), the online softmax per row by the row's warp (8 rows per warp, as the CUDA-core kernel), then
+// O += P.V (each warp a 16-row x D/2 slab).
 template <int D>
 __global__ void __launch_bounds__(256, 1)
     attn_mma_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
@@ -572,7 +579,11 @@ __global__ void __launch_bounds__(256, 1)
   const int64_t bx = blockIdx.x;
   const int hc = static_cast<int>(bx % n_hchunk);
   const int hk = static_cast<int>((bx / n_hchunk) % n_head_kv);
-  const int64_t t0 = bx / (int64_t(n_hchunk) * n_head_kv) * tq;
+  // The last token tile first: a prefill's tokens come in increasing positions, so the blocks that walk
+  // the most K/V tiles start first and the short ones fill the SMs at the end (why: one block an SM, and
+  // without a position split a 512-token prefill is 256 blocks of 1 to 64 tiles' work).
+  const int64_t n_tiles = (n_tok + tq - 1) / tq;
+  const int64_t t0 = (n_tiles - 1 - bx / (int64_t(n_hchunk) * n_head_kv)) * tq;
   const int split = blockIdx.y;
   const int n_t = static_cast<int>(n_tok - t0 < tq ? n_tok - t0 : tq);
   const int h_first = hk * group + hc * hg;

@@ -272,13 +272,25 @@ constexpr int kTargetBlocks = 264; // blocks a call aims at: two per SM of an H2
 // already give (n_tok * n_head query rows, attn_tile::rows_per_block of them per block), and never a
 // split shorter than one K/V tile. Why: a short context split over 128 blocks of a few positions spends
 // its time in launch, partial writes and the combine; a long prefill needs no split at all.
-// Depends only on (n_tok, n_head, max_kv) so attention_scratch_floats() sizes exactly what attention() uses.
-int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
+// Rule 1 (the default, attn_split_rule()): a call whose rows already give at least one block per SM
+// (kTargetBlocks / 2) is not split: such a call is a prefill, whose causal tiles the tensor-core kernel
+// takes longest first, and a split there only adds the partial writes and the combine (ncu, session 29,
+// 512 tokens of the 30B-A3B geometry: 2 splits and the combine's 21.7 us a layer). Rule 0: the old rule.
+// Depends only on (n_tok, n_head, max_kv) and the rule; attention_scratch_floats() sizes for rule 0, which
+// never gives fewer splits.
+int attn_splits_by(int64_t n_tok, int n_head, int64_t max_kv, int rule) {
   const int64_t rows = std::max<int64_t>(1, n_tok) * n_head;
   const int64_t base = (rows + attn_tile::rows_per_block(n_tok) - 1) / attn_tile::rows_per_block(n_tok);
+  if (rule == 1 && base >= kTargetBlocks / 2) return 1;
   const int64_t by_work = (kTargetBlocks + base - 1) / base;
   const int64_t by_len = (std::max<int64_t>(max_kv, 1) + attn_tile::kTileKv - 1) / attn_tile::kTileKv;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_len, by_work, int64_t(kMaxSplits)})));
+}
+
+DigitSetting g_split_rule("STRATA_CUDA_ATTN_SPLIT_RULE", "attention split rule", 0, 1, 1);
+
+int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
+  return attn_splits_by(n_tok, n_head, max_kv, g_split_rule.get());
 }
 
 // Flash-decoding, phase 1. One block per (token, KV head, group tile of GT query heads, split): the
@@ -1155,8 +1167,11 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
   CUDA_CHECK_LAUNCH();
 }
 
+void set_attn_split_rule(int rule) { g_split_rule.set(rule); }
+int attn_split_rule() { return g_split_rule.get(); }
+
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv) {
-  const int n_split = attn_splits(n_tok, n_head, max_kv);
+  const int n_split = attn_splits_by(n_tok, n_head, max_kv, 0);  // (rule 0: the most splits)
   return static_cast<size_t>(n_tok) * static_cast<size_t>(n_head) * static_cast<size_t>(n_split) *
          static_cast<size_t>(head_dim_v + 2);
 }

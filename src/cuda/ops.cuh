@@ -56,6 +56,12 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 // max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
 // refs must not be written by a kernel of the stream (the tiled kernel reads them before its PDL wait).
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
+// How positions are split (ops.cu attn_splits_by): 1 (the default) no split once the query rows alone give
+// a block per SM (a prefill), 0 the older rule (split up to two blocks per SM). STRATA_CUDA_ATTN_SPLIT_RULE,
+// read once; set_attn_split_rule (benchmarks, tests) wins. Process-wide; the same values up to the order of
+// the softmax's partial sums.
+void set_attn_split_rule(int rule);
+int attn_split_rule();
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
                float* scratch, float* out, cudaStream_t stream);

@@ -422,6 +422,30 @@ TEST_F(GpuAttention, PrefillTiles) {
   attn_tile::set_prefill_mma(false);
 }
 
+// The split rules (ops::set_attn_split_rule): 300 tokens x 32 heads give 150 prefill blocks, which rule 0
+// splits in two (and merges) and rule 1 does not; the tensor-core kernel takes its tiles from the last.
+// Both kernels, both rules, one sequence and two (a tile of mixed caches, a second cache's tiles).
+TEST_F(GpuAttention, PrefillSplitRules) {
+  const Geometry g{2, 32, 4, 128, 128};
+  const int rule0 = ops::attn_split_rule();
+  for (int rule : {0, 1}) {
+    ops::set_attn_split_rule(rule);
+    for (bool mma : {false, true}) {
+      SCOPED_TRACE(std::string("split rule ") + std::to_string(rule) + (mma ? ", tensor cores" : ", CUDA cores"));
+      attn_tile::set_prefill_mma(mma);
+      AttnCase a{"prefill 300 tokens from 0", g, {300}, {}};
+      for (int p = 0; p < 300; ++p) a.tokens.push_back({0, p});
+      run(a);
+      AttnCase b{"prefill 200 + 101 tokens of two sequences", g, {260, 400}, {}};
+      for (int p = 0; p < 200; ++p) b.tokens.push_back({1, 150 + p});
+      for (int p = 0; p < 101; ++p) b.tokens.push_back({0, 159 + p});
+      run(b);
+    }
+  }
+  ops::set_attn_split_rule(rule0);
+  attn_tile::set_prefill_mma(false);
+}
+
 TEST_F(GpuAttention, PrefillTilesOtherHeadSizes) {
   // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
   for (bool mma : {false, true}) {
