@@ -28,8 +28,21 @@ __device__ __forceinline__ __nv_bfloat16 to16<__nv_bfloat16>(float v) { return _
 template <>
 __device__ __forceinline__ __half to16<__half>(float v) { return __float2half_rn(v); }
 
+// 8 floats rounded to T, as one 16-byte word (why: one vector store a unit instead of eight 2-byte ones;
+// ncu, session 29: the 2-byte stores made a 512-token layer's three weight conversions 70 us).
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float v[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const T lo = to16<T>(v[2 * k]), hi = to16<T>(v[2 * k + 1]);
+    w[k] = uint32_t(reinterpret_cast<const uint16_t&>(lo)) | (uint32_t(reinterpret_cast<const uint16_t&>(hi)) << 16);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 // dst[0..n_values) = W dequantized and rounded to T; one thread per unit of 8 values (grid-stride), plus
-// the float types' tail. w: n_values / F::kVals blocks.
+// the float types' tail. w: n_values / F::kVals blocks; dst: 16-byte aligned.
 template <typename F, int A, typename T>
 __global__ void dequant16_kernel(const uint8_t* __restrict__ w, int64_t n_values, T* __restrict__ dst) {
   constexpr int kUnits = F::kVals / 8;
@@ -38,8 +51,7 @@ __global__ void dequant16_kernel(const uint8_t* __restrict__ w, int64_t n_values
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
     float v[8];
     F::template deq8<A>(w + (u / kUnits) * F::kBytes, int(u % kUnits), v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) dst[u * 8 + k] = to16<T>(v[k]);
+    reinterpret_cast<uint4*>(dst)[u] = pack8<T>(v);
   }
   if constexpr (F::kFloat) {
     const int64_t c = units * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -47,11 +59,18 @@ __global__ void dequant16_kernel(const uint8_t* __restrict__ w, int64_t n_values
   }
 }
 
-// dst[i] = x[i] rounded to T. x, dst: [count].
-template <typename T>
+// dst[i] = x[i] rounded to T. x, dst: [count]. Vec (x and dst 16-byte aligned): 8 values a thread as one
+// vector load pair and store, then the tail; else one value a thread.
+template <typename T, bool Vec>
 __global__ void convert16_kernel(const float* __restrict__ x, int64_t count, T* __restrict__ dst) {
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) dst[i] = to16<T>(x[i]);
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x, units = Vec ? count / 8 : 0;
+  for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * u], b = reinterpret_cast<const float4*>(x)[2 * u + 1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    reinterpret_cast<uint4*>(dst)[u] = pack8<T>(v);
+  }
+  for (int64_t c = units * 8 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; c < count; c += stride)
+    dst[c] = to16<T>(x[c]);
 }
 
 unsigned blocks_for(int64_t threads) { return unsigned(std::clamp<int64_t>((threads + 255) / 256, 1, 1 << 16)); }
@@ -70,20 +89,24 @@ void dequant16(GgmlType type, const uint8_t* w, int64_t n_values, T* dst, cudaSt
   });
 }
 
+// dst: 16-byte aligned (the context's scratch).
 template <typename T>
 void convert16(const float* x, int64_t count, T* dst, cudaStream_t stream) {
-  convert16_kernel<T><<<blocks_for(count), 256, 0, stream>>>(x, count, dst);
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    convert16_kernel<T, true><<<blocks_for(std::max<int64_t>(count / 8, 8)), 256, 0, stream>>>(x, count, dst);
+  else
+    convert16_kernel<T, false><<<blocks_for(count), 256, 0, stream>>>(x, count, dst);
   CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>
 void matmul_gemm_t(const GemmContext& ctx, GgmlType type, const uint8_t* w, int64_t rows, int64_t cols,
-                   const float* x, int64_t n, float* y, cudaStream_t stream) {
+                   const float* x, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const cudaDataType_t dt = std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
   const int64_t rb = int64_t(row_bytes(type, cols));
   T* x16 = static_cast<T*>(ctx.x16());
   T* w16 = static_cast<T*>(ctx.w16());
-  const float alpha = 1.f, beta = 0.f;
+  const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;  // (accumulate: y = 1 * product + 1 * y)
   CUBLAS_CHECK(cublasSetStream(ctx.handle(), stream));
   for (int64_t n0 = 0; n0 < n; n0 += ctx.max_n()) {
     const int64_t nc = std::min(ctx.max_n(), n - n0);
@@ -132,7 +155,7 @@ std::unique_ptr<GemmContext> make_gemm_context(Device& dev, int64_t max_rows, in
 }
 
 void matmul_gemm(const GemmContext& ctx, GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x,
-                 int64_t n, float* y, StreamHandle stream) {
+                 int64_t n, float* y, StreamHandle stream, bool accumulate) {
   const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
   STRATA_REQUIRE(tt != nullptr && quant::has_kernel(type), "cuda matmul_gemm: no GPU kernel for type {}",
                  tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(type)));
@@ -143,15 +166,15 @@ void matmul_gemm(const GemmContext& ctx, GgmlType type, const void* w, int64_t r
                  ctx.max_cols());
   STRATA_REQUIRE(rows < (int64_t(1) << 31), "cuda matmul_gemm: {} rows is too many", rows);
   if (rows == 0 || n == 0) return;
-  if (cols == 0) {  // an empty sum: y = 0 (cuBLAS rejects k = 0 with ld 0)
-    quant::matmul(type, w, rows, cols, x, n, y, stream);
+  if (cols == 0) {  // an empty sum: y = 0, or y unchanged (cuBLAS rejects k = 0 with ld 0)
+    if (!accumulate) quant::matmul(type, w, rows, cols, x, n, y, stream);
     return;
   }
   const auto* wb = static_cast<const uint8_t*>(w);
   if (ctx.precision() == GemmPrecision::F16)
-    matmul_gemm_t<__half>(ctx, type, wb, rows, cols, x, n, y, stream);
+    matmul_gemm_t<__half>(ctx, type, wb, rows, cols, x, n, y, accumulate, stream);
   else
-    matmul_gemm_t<__nv_bfloat16>(ctx, type, wb, rows, cols, x, n, y, stream);
+    matmul_gemm_t<__nv_bfloat16>(ctx, type, wb, rows, cols, x, n, y, accumulate, stream);
 }
 
 }  // namespace strata::cuda

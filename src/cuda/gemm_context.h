@@ -72,8 +72,9 @@ std::unique_ptr<GemmContext> make_gemm_context(Device& dev, int64_t max_rows, in
 // y[i][r] = sum_c W[r][c] * x[i][c] through the 16-bit + cuBLAS path, for any n >= 0 (quant::matmul calls
 // it for n >= kGemmMinTokens). Same shapes and type rules as quant::matmul; cols <= ctx.max_cols().
 // Enqueued on `stream`; the context's scratch is reused by the next call, so calls sharing a context must
-// be ordered on one stream.
+// be ordered on one stream. accumulate: y[i][r] += the sum (cuBLAS's beta = 1, f32: the
+// float addition of y and the product, as an add after it; the product's own sum order is cuBLAS's).
 void matmul_gemm(const GemmContext& ctx, GgmlType type, const void* w, int64_t rows, int64_t cols,
-                 const float* x, int64_t n, float* y, StreamHandle stream);
+                 const float* x, int64_t n, float* y, StreamHandle stream, bool accumulate = false);
 
 }  // namespace strata::cuda

@@ -250,9 +250,8 @@ bool takes_gemm(const GemmContext* gemm, int64_t n) { return gemm != nullptr && 
 
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
             cudaStream_t stream, const GemmContext* gemm, bool accumulate) {
-  STRATA_REQUIRE(!accumulate || !takes_gemm(gemm, n), "cuda matmul: the cuBLAS path ({} tokens) cannot add into y", n);
   if (takes_gemm(gemm, n)) {  // prefill: tensor cores (why: gemm_context.h)
-    matmul_gemm(*gemm, type, w, rows, cols, x, n, y, stream);
+    matmul_gemm(*gemm, type, w, rows, cols, x, n, y, stream, accumulate);
     return;
   }
   const TypeTraits& tt = checked_traits(type, "matmul");

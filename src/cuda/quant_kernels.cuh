@@ -38,9 +38,9 @@ GgmlType storage_type(GgmlType t);
 // gemm: when given and n >= kGemmMinTokens (gemm_context.h), the product goes through the 16-bit +
 // cuBLAS path instead (cuda::matmul_gemm: inputs rounded to bf16/f16, so not the arithmetic above);
 // nullptr = always the kernels above.
-// accumulate: y[i][r] += the sum instead (the same float addition as y + the product written apart), only
-// where the kernels above run (takes_gemm false). Why: a decode layer's wo product adds into the residual
-// stream without a separate add kernel on the chain of dependent launches.
+// accumulate: y[i][r] += the sum instead (the same float addition as y + the product written apart; on
+// the cuBLAS path, its beta = 1). Why: a layer's wo product adds into the residual stream without a
+// separate add kernel (on decode's chain of dependent launches; in prefill a 4 MB read and write less).
 void matmul(GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x, int64_t n, float* y,
             cudaStream_t stream, const GemmContext* gemm = nullptr, bool accumulate = false);
 // Whether matmul with this gemm context takes the cuBLAS path for n tokens.

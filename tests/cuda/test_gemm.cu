@@ -145,6 +145,41 @@ TEST_F(CudaGemmMisc, SmallNKeepsExactKernels) {
   EXPECT_LT(worst, 1e-5 * scale) << "n " << n << " max err " << worst << " max |y| " << scale;
 }
 
+// accumulate (cuBLAS's beta = 1): y0 + the product, as the product written apart and added on the host
+// (the same f32 addition; cuBLAS may pick another algorithm for beta = 1, so up to a few ulps of the sum).
+// F32 weights with an odd column count: the 16-bit conversions' tails and the unaligned x chunks (a small
+// context: token chunks of 33, so the second chunk of x starts 4 bytes past a 16-byte boundary).
+TEST_F(CudaGemmMisc, AccumulateAddsIntoY) {
+  std::mt19937 rng(17);
+  for (auto [t, cols] : {std::pair{GgmlType::Q4_K, int64_t(2048)}, std::pair{GgmlType::F32, int64_t(1001)}}) {
+    SCOPED_TRACE(std::string(type_name(t)));
+    auto ctx = cuda::make_gemm_context(*dev, 512, cols, 33);
+    const int64_t rows = 512, n = 70;
+    const auto wq = test::random_weights(t, rows, cols, rng);
+    const auto x = test::random_acts(n * cols, rng);
+    const auto y0 = test::random_acts(n * rows, rng);
+    auto dw = upload_vec(wq);
+    auto dx = upload_vec(x);
+    auto dp = output(n * rows * 4);
+    auto dy = upload_vec(y0);
+    cuda::matmul_gemm(*ctx, t, dw.ptr(), rows, cols, dx.ptr<float>(), n, dp.ptr<float>(), stream());
+    cq::matmul(t, dw.ptr(), rows, cols, dx.ptr<float>(), n, dy.ptr<float>(), stream(), ctx.get(), /*accumulate=*/true);
+    cuda::note_launch(dev->compute(), {dw.span(), dx.span(), dy.span()}, {dp.span(), dy.span()});
+    const auto prod = download<float>(dp, n * rows), y = download<float>(dy, n * rows);
+    int64_t bad = 0, same = 0;
+    for (int64_t i = 0; i < n * rows; ++i) {
+      const size_t k = size_t(i);
+      const float want = y0[k] + prod[k];
+      same += y[k] == want;
+      const double tol = 1e-5 * (std::fabs(double(y0[k])) + std::fabs(double(prod[k])) + 1e-6);
+      bad += !(std::fabs(double(y[k]) - want) <= tol);
+    }
+    EXPECT_EQ(bad, 0) << "of " << n * rows;
+    std::printf("gemm accumulate %s: %lld of %lld the same bits as y0 + product\n", std::string(type_name(t)).c_str(),
+                (long long)same, (long long)(n * rows));
+  }
+}
+
 TEST_F(CudaGemmMisc, BadShapesAreErrors) {
   EXPECT_THROW(cuda::make_gemm_context(*dev, 0, 2048, 64), Error);
   EXPECT_THROW(cuda::make_gemm_context(*dev, 16, 2048, -1), Error);
