@@ -27,6 +27,7 @@
 #include "cuda/dequant_device.cuh"
 #include "cuda/moe_grouped_mma.cuh"
 #include "cuda/moe_kernels.cuh"
+#include "cuda/ops.cuh"
 #include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::moe {
@@ -214,20 +215,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// out[t][c] = sum over j < k (resident, increasing j) of wts[t*k+j] * y[inv[t*k+j]][c].
-// Grid: x = column blocks of 256, y = tokens (grid-stride).
-__global__ void combine_kernel(const int32_t* __restrict__ table, int n_expert, const int32_t* __restrict__ ids,
-                               const float* __restrict__ wts, const int32_t* __restrict__ inv,
-                               const float* __restrict__ y, int64_t n, int k, int64_t n_embd, float* __restrict__ out) {
+// out[t][c] = sum over j < k (resident, increasing j) of wts[t*k+j] * y[inv[t*k+j]][c]; Acc: out[t][c] +=
+// that sum (the same float addition as the sum written apart, then an add).
+// Grid: x = column blocks of kCombineThreads, y = tokens (grid-stride). The block first looks up the
+// token's pairs (whether resident, their y row and weight) into shared memory, kCombineChunk at a time, so
+// that each thread's loads of y are independent (why: one lookup chain ids -> table -> inv per pair, then
+// the load of y, made every pair a dependent round trip; ncu, session 29: 22.7 us a 512-token layer).
+constexpr int kCombineThreads = 256, kCombineChunk = 32;
+template <bool Acc>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const int32_t* __restrict__ table, int n_expert, const int32_t* __restrict__ ids,
+                   const float* __restrict__ wts, const int32_t* __restrict__ inv, const float* __restrict__ y,
+                   int64_t n, int k, int64_t n_embd, float* __restrict__ out) {
+  __shared__ int64_t s_row[kCombineChunk];  // y's row offset of pair j, -1: not resident
+  __shared__ float s_w[kCombineChunk];
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= n_embd) return;
   for (int64_t t = blockIdx.y; t < n; t += gridDim.y) {
     float acc = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const int64_t p = t * k + j;
-      if (resident(table, n_expert, ids[p])) acc += wts[p] * y[int64_t(inv[p]) * n_embd + c];
+    for (int j0 = 0; j0 < k; j0 += kCombineChunk) {
+      const int nj = min(kCombineChunk, k - j0);
+      __syncthreads();  // the previous chunk's reads of s_row / s_w are done
+      if (int(threadIdx.x) < nj) {
+        const int64_t p = t * k + j0 + threadIdx.x;
+        const bool r = resident(table, n_expert, ids[p]);
+        s_row[threadIdx.x] = r ? int64_t(inv[p]) * n_embd : -1;
+        s_w[threadIdx.x] = wts[p];
+      }
+      __syncthreads();
+      if (c < n_embd) {
+#pragma unroll 8
+        for (int j = 0; j < nj; ++j)
+          if (s_row[j] >= 0) acc += s_w[j] * y[s_row[j] + c];
+      }
     }
-    out[t * n_embd + c] = acc;
+    if (c < n_embd) out[t * n_embd + c] = Acc ? out[t * n_embd + c] + acc : acc;
   }
 }
 
@@ -297,7 +318,7 @@ size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t
 
 void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_expert, const float* x,
                          const int32_t* ids, const float* wts, int64_t n, int k, float* out, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream) {
+                         size_t scratch_bytes, cudaStream_t stream, bool accumulate) {
   check_expert_view(v, "moe_experts_grouped", n, k);
   STRATA_REQUIRE(v.direct == nullptr || v.direct_share == 0, "cuda moe_experts_grouped: direct reads run on moe_gate_up / moe_down only");
   STRATA_REQUIRE(n_expert > 0 && n_expert <= (1 << 20), "cuda moe_experts_grouped: bad n_expert {}", n_expert);
@@ -319,7 +340,8 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
 
   if (!moe_grouped_supported(v)) {  // odd shapes or unaligned slots: the per-pair kernels (h indexed by pair)
     moe_gate_up(v, table, x, ids, n, k, h, stream);
-    moe_down(v, table, h, ids, wts, n, k, out, stream);
+    moe_down(v, table, h, ids, wts, n, k, accumulate ? y : out, stream);
+    if (accumulate) ops::add_inplace(out, y, n * v.n_embd, stream);  // (y holds [P][n_embd] >= [n][n_embd])
     return;
   }
   const int64_t pairs = n * k;
@@ -416,8 +438,10 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
     }
     gemm(v.down_type, v.down_off, 0, v.n_ff, v.n_embd, h, v.n_ff % 4 == 0, y, kDown);
   }
-  const dim3 cgrid(unsigned((v.n_embd + 255) / 256), unsigned(std::min<int64_t>(n, 65535)));
-  combine_kernel<<<cgrid, 256, 0, stream>>>(table, n_expert, ids, wts, inv, y, n, k, v.n_embd, out);
+  const dim3 cgrid(unsigned((v.n_embd + kCombineThreads - 1) / kCombineThreads),
+                   unsigned(std::min<int64_t>(n, 65535)));
+  auto* combine = accumulate ? combine_kernel<true> : combine_kernel<false>;
+  combine<<<cgrid, kCombineThreads, 0, stream>>>(table, n_expert, ids, wts, inv, y, n, k, v.n_embd, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -103,7 +103,8 @@ size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t
 //   2. per (expert, tile, band of output rows): gathered x rows and dequantized gate/up rows in bf16,
 //      tensor-core products, h = silu(gate) * up (bf16; WMMA kernel f32);  3. the same for down, one f32
 //      row per pair;
-//   4. out[t] = sum over j in order of wts[t*k+j] * that pair's row (deterministic, no atomics).
+//   4. out[t] = sum over j in order of wts[t*k+j] * that pair's row (deterministic, no atomics); with
+//      accumulate, out[t] += that sum (the same float addition as the sum written apart and then added).
 // Inputs are rounded to bf16 before each product (error ~1e-2 of sum|w x| at worst, ~1e-3 typical), so
 // results differ from moe_gate_up/moe_down by that rounding. Slots whose tensors are not aligned to their
 // format's block alignment, or n_embd / n_ff not multiples of 32, take moe_gate_up + moe_down instead
@@ -112,6 +113,6 @@ size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t
 // Throws strata::Error for a bad view or when n exceeds what the scratch was sized for.
 void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_expert, const float* x,
                          const int32_t* ids, const float* wts, int64_t n, int k, float* out, void* scratch,
-                         size_t scratch_bytes, cudaStream_t stream);
+                         size_t scratch_bytes, cudaStream_t stream, bool accumulate = false);
 
 }  // namespace strata::cuda::moe

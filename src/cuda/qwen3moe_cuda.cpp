@@ -109,11 +109,11 @@ struct WsSizes {
         ss(hp.n_embd) {}
   // Bytes of a Q8 activation of `values` int8 values: the values and one float2 per 32.
   static int64_t q8_bytes(int64_t values) { return values + (values + 31) / 32 * 8; }
-  // x, xn, tmp, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
+  // x, xn, moe_out, partial; q k v qkv rope att router; ids per layer + wts; h; logits; scratch;
   // tokens, pos, out_rows (int32) and refs; the Q8 activations xq and hq and the folded router's mid and ss
   // (fast mode only; counted always).
   int64_t device_bytes(int n_layer) const {
-    return 4 * (5 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
+    return 4 * (4 * E + q + k + v + qkv + rope + att + router + ids * (n_layer + 1) + h + logits + scratch + 3 * n) +
            n * int64_t(sizeof(ops::KvRef)) + q8_bytes(xq) + q8_bytes(hq) + 4 * (mid + ss);
   }
 };
@@ -129,7 +129,6 @@ class CudaWorkspace final : public Workspace, public PoolIo {
     const WsSizes z(hp, max_tok, n_ctx);
     x = dev.alloc(size_t(z.E) * 4, "ws.x");
     xn = dev.alloc(size_t(z.E) * 4, "ws.xn");
-    tmp = dev.alloc(size_t(z.E) * 4, "ws.tmp");
     q = dev.alloc(size_t(z.q) * 4, "ws.q");
     k = dev.alloc(size_t(z.k) * 4, "ws.k");
     v = dev.alloc(size_t(z.v) * 4, "ws.v");
@@ -167,7 +166,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
   }
   int32_t max_tokens() const override { return n_tok_max; }
   size_t memory_bytes() const override {
-    size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + tmp.bytes() + q.bytes() + k.bytes() + v.bytes() +
+    size_t b = PoolIo::memory_bytes() + x.bytes() + xn.bytes() + q.bytes() + k.bytes() + v.bytes() +
                qkv.bytes() + rope_cs.bytes() + att.bytes() + router.bytes() + h.bytes() + moe_out.bytes() +
                step_in.bytes() + route_counter.bytes() + attn_scratch.bytes() + moe_scratch.bytes() + xq.bytes() +
                xds.bytes() + hq.bytes() + hds.bytes() + mid.bytes() + ss.bytes() + pred_counter.bytes() +
@@ -177,7 +176,7 @@ class CudaWorkspace final : public Workspace, public PoolIo {
 
   int32_t n_tok_max, n_ctx_max;
   // device, f32 unless said (and PoolIo's: ids, wts, partial, logits and their host copies)
-  DeviceBuffer x, xn, tmp;     // [n_tok][n_embd] residual stream, normed input, sub-block output
+  DeviceBuffer x, xn;          // [n_tok][n_embd] residual stream, normed input
   DeviceBuffer q;              // [n_tok][n_head][head_dim]
   DeviceBuffer k, v;           // [n_tok][n_head_kv][head_dim], [n_tok][n_head_kv][head_dim_v]
   DeviceBuffer qkv;            // [n_tok][n_head*head_dim + n_head_kv*(head_dim + head_dim_v)] (Layer::wqkv),
@@ -379,16 +378,10 @@ class CudaQwen3Moe final : public CudaMoeModel {
                     p.ws.gemm.get());
     });
   }
-  // y [n][w.rows] += W . x: one product that adds into y where the kernels allow it (quant::matmul's
-  // accumulate: the same float addition as the product into ws.tmp plus an add), else those two.
+  // y [n][w.rows] += W . x: one product that adds into y (quant::matmul's accumulate: the same float
+  // addition as the product written apart plus an add; on the cuBLAS path its beta = 1).
   void mm_add(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, const DeviceBuffer& y,
               Site site = Site::here()) const {
-    if (quant::takes_gemm(p.ws.gemm.get(), n)) {
-      mm(p, w, x, n, p.ws.tmp, site);
-      note_launch(dev_->compute(), {p.ws.tmp.span(), y.span()}, {y.span()}, site);
-      op(p, [&] { ops::add_inplace(y.as<float>(), p.ws.tmp.as<const float>(), n * w.rows, stream()); });
-      return;
-    }
     note_launch(dev_->compute(), {w.buf.span(), x.span(), y.span()}, {y.span()}, site);
     op(p, [&] {
       quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, y.as<float>(), stream(),
@@ -938,18 +931,18 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
     });
     return;
   }
-  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   // Prefill: tokens grouped by expert, each expert's weights read once per tile on the tensor cores
-  // (measured 7-9x faster than per-pair products at 512 tokens on the H200).
+  // (measured 7-9x faster than per-pair products at 512 tokens on the H200); the weighted sum added into x.
   if (experts_grouped(p, il)) {
-    note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.moe_scratch.span(), ws.moe_out.span()});
+    note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span(), ws.x.span()}, {ws.moe_scratch.span(), ws.x.span()});
     op(p, [&] {
       moe::moe_experts_grouped(view, table, hp_.n_expert, ws.xn.as<const float>(), p.ids(il),
-                               ws.wts.as<const float>(), p.n, k_used, ws.moe_out.as<float>(), ws.moe_scratch.data(),
-                               ws.moe_scratch.bytes(), stream());
+                               ws.wts.as<const float>(), p.n, k_used, ws.x.as<float>(), ws.moe_scratch.data(),
+                               ws.moe_scratch.bytes(), stream(), /*accumulate=*/true);
     });
     return;
   }
+  note_launch(cs, {ws.xn.span(), ws.ids.span(), ws.wts.span()}, {ws.h.span(), ws.moe_out.span()});
   op(p, [&] { moe::moe_gate_up(view, table, ws.xn.as<const float>(), p.ids(il), p.n, k_used, ws.h.as<float>(), stream()); });
   op(p, [&] {
     moe::moe_down(view, table, ws.h.as<const float>(), p.ids(il), ws.wts.as<const float>(), p.n, k_used,
@@ -958,7 +951,7 @@ void CudaQwen3Moe::gpu_experts(const Pass& p, int il, bool staged_row) const {
 }
 
 void CudaQwen3Moe::add_moe_out(const Pass& p, int il) const {
-  if (experts_q8(p, il)) return;  // q8::moe_down added into x
+  if (experts_q8(p, il) || experts_grouped(p, il)) return;  // q8::moe_down or the grouped combine added into x
   op(p, [&] { ops::add_inplace(p.ws.x.as<float>(), p.ws.moe_out.as<const float>(), p.n * hp_.n_embd, stream()); });
 }
 

@@ -474,16 +474,10 @@ class CudaQwen3Next final : public CudaMoeModel {
           Site site = Site::here()) const {
     mm(p, ref(w), x, n, y, y.as<float>(), site);
   }
-  // ws.x [n][E] += W . x: one product that adds into ws.x where the kernels allow it (quant::matmul's
-  // accumulate: the same float addition as the product into ws.tmp plus an add), else those two.
+  // ws.x [n][E] += W . x: one product that adds into ws.x (quant::matmul's accumulate: the same float
+  // addition as the product into ws.tmp plus an add; on the cuBLAS path its beta = 1).
   void mm_add_x(const Pass& p, const DevWeight& w, const DeviceBuffer& x, int64_t n, Site site = Site::here()) const {
     NextWorkspace& ws = p.ws;
-    if (quant::takes_gemm(ws.gemm.get(), n)) {
-      mm(p, w, x, n, ws.tmp, site);
-      note_launch(dev_->compute(), {ws.tmp.span()}, {ws.x.span()}, site);
-      op(p, [&] { ops::add_inplace(ws.x.as<float>(), ws.tmp.as<const float>(), n * hp_.n_embd, stream()); });
-      return;
-    }
     note_launch(dev_->compute(), {w.buf.span(), x.span(), ws.x.span()}, {ws.x.span()}, site);
     op(p, [&] {
       quant::matmul(w.type, w.buf.data(), w.rows, w.cols, x.as<const float>(), n, ws.x.as<float>(), stream(),

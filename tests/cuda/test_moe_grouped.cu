@@ -8,8 +8,8 @@
 // then errs by a few u of its magnitude, through gate/up and down: tolerance 3e-2 (the per-pair kernels
 // are f32 and stay below 1e-4 in test_moe_kernels). Also: bit-identical on a second run; the two mma
 // kernels (2: weights staged in shared memory, in rings of 3 and of 2 stages; 1: read in place) give the
-// same bits; scratch-size errors; and the fallback for unaligned slots equals moe_gate_up + moe_down bit
-// for bit (both kernel settings).
+// same bits; accumulate adds the same bits into out; scratch-size errors; and the fallback for unaligned
+// slots equals moe_gate_up + moe_down bit for bit (both kernel settings).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -104,6 +104,21 @@ class CudaMoeGrouped : public test::GpuKernelTest {
       };
       const auto out = grouped(2);
       const auto again = grouped(2);
+      // accumulate: y0 + the sum, the same f32 addition as the sum written apart and then added
+      const auto y0 = test::random_acts(n * n_embd, rng);
+      auto d_acc = upload_vec(y0);
+      cm::moe_experts_grouped(v, d_table.ptr<int32_t>(), n_expert, d_x.ptr<float>(), d_ids.ptr<int32_t>(),
+                              d_wts.ptr<float>(), n, k, d_acc.ptr<float>(), scratch.ptr(), scratch_bytes, stream(),
+                              /*accumulate=*/true);
+      cuda::note_launch(dev->compute(),
+                        {d_slots.span(), d_table.span(), d_x.span(), d_ids.span(), d_wts.span(), d_acc.span()},
+                        {d_acc.span(), scratch.span()});
+      const auto acc = download<float>(d_acc, n * n_embd);
+      int64_t acc_bad = 0;
+      for (int64_t i = 0; i < n * n_embd; ++i) {
+        const float want = y0[size_t(i)] + out[size_t(i)];
+        acc_bad += std::memcmp(&acc[size_t(i)], &want, 4) != 0;
+      }
       const auto out2 = grouped(1);
       const auto out3 = grouped(2, 2);
       const auto wmma = grouped(0);
@@ -150,6 +165,7 @@ class CudaMoeGrouped : public test::GpuKernelTest {
       EXPECT_LT(worst_old, tol) << what << ": vs moe_gate_up + moe_down";
       EXPECT_LT(mma_wmma, tol) << what << ": mma vs wmma kernel";
       EXPECT_EQ(std::memcmp(out.data(), again.data(), out.size() * 4), 0) << what << ": not deterministic";
+      EXPECT_EQ(acc_bad, 0) << what << ": accumulate is not y0 + the sum";
       EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * 4), 0) << what << ": kernels 2 and 1 differ";
       EXPECT_EQ(std::memcmp(out.data(), out3.data(), out.size() * 4), 0) << what << ": rings of 3 and 2 differ";
       if (mc.extra_offset % 2 == 1)  // unaligned slots: the fallback is the per-pair kernels themselves
