@@ -859,7 +859,7 @@ bool supported(int head_dim, int head_dim_v) {
 
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
-            cudaStream_t stream, const Prep* prep) {
+            cudaStream_t stream, const Prep* prep, bool one_cache) {
   STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
   STRATA_REQUIRE(prep == nullptr || n_tok == 1, "attention tile kernel: {} tokens to prepare (one only)", n_tok);
@@ -874,6 +874,7 @@ bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
   const int rp = head_dim == 256 ? 32 : 64;
   const int hg_p = std::min(group, rp), tq_p = std::max(tq_d, rp / hg_p / tq_d * tq_d);
   const bool prefill = rows_per_block(n_tok) == kPrefillRows;
+  const bool decode_shape = !(prefill && one_cache);  // (one cache: no mixed tile for the decode shape)
   // Why two launches for a prefill-sized call: tiles whose tokens share one cache (a prefill's) take the
   // prefill shape; the tokens of mixed tiles (a batch of decodes from many sequences) would each cost a
   // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
@@ -891,6 +892,7 @@ bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
         launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
       else if (prefill)
         launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (!decode_shape) break;
       if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;
@@ -900,11 +902,13 @@ bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
                         stream);
       else if (prefill)
         launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (!decode_shape) break;
       if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;
     default:
       if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (!decode_shape) break;
       if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
       break;

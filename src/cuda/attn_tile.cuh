@@ -59,6 +59,8 @@ inline int rows_per_block(int64_t n_tok) { return n_tok >= kPrefillMinTok ? kPre
 // K/V row from the cache; the block(s) holding position refs[0].pos store that row in the cache.
 // prep->pf on (expert_predict.h): prep->pf.blocks more blocks in the grid's first row predict the layer's
 // experts from x and prefetch them into L2; the attention's values do not change.
+// one_cache: every token's refs name one cache (ops::attention); a prefill-sized call then launches the
+// prefill shape only.
 struct Prep {
   ops::AttnPrepIn in;
   int n_rot;  // rotated dims per head (even, <= head_dim)
@@ -68,6 +70,6 @@ struct Prep {
 };
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
-            cudaStream_t stream, const Prep* prep = nullptr);
+            cudaStream_t stream, const Prep* prep = nullptr, bool one_cache = false);
 
 }  // namespace strata::cuda::attn_tile

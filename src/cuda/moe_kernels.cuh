@@ -107,7 +107,8 @@ size_t moe_grouped_scratch_bytes(const ExpertLayerView& v, int n_expert, int64_t
 //      accumulate, out[t] += that sum (the same float addition as the sum written apart and then added).
 // Inputs are rounded to bf16 before each product (error ~1e-2 of sum|w x| at worst, ~1e-3 typical), so
 // results differ from moe_gate_up/moe_down by that rounding. Slots whose tensors are not aligned to their
-// format's block alignment, or n_embd / n_ff not multiples of 32, take moe_gate_up + moe_down instead
+// format's block alignment, n_embd / n_ff not multiples of 32, or more than 4096 experts (the sort's
+// shared-memory histogram) take moe_gate_up + moe_down instead
 // (same scratch). table: [n_expert] device int32 (ids outside [0, n_expert) count as not resident).
 //   x: [n][n_embd] f32   ids, wts: [n][k]   out: [n][n_embd] f32   scratch: device, >= scratch_bytes
 // Throws strata::Error for a bad view or when n exceeds what the scratch was sized for.

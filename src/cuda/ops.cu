@@ -503,13 +503,13 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
 // Returns whether xq/xds were written (only when xq != null: by the combine kernel or the one split).
 bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int head_dim, int head_dim_v, float scale, int64_t max_kv, float* scratch, float* out, int8_t* xq,
-                  float2* xds, cudaStream_t stream, const attn_tile::Prep* prep = nullptr) {
+                  float2* xds, cudaStream_t stream, const attn_tile::Prep* prep = nullptr, bool one_cache = false) {
   const int n_split = attn_splits(n_tok, n_head, max_kv);
   const int64_t per = (max_kv + n_split - 1) / n_split;
   const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
   const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
   const bool q8_done = attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk,
-                                        scratch, out, xq, xds, stream, prep);  // (writes xq with one split only)
+                                        scratch, out, xq, xds, stream, prep, one_cache);  // (xq: one split only)
   if (used == 1) return q8_done;
   launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
   return xq != nullptr;
@@ -519,7 +519,7 @@ bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
 template <int DPL>
 bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                       int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
-                      float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
+                      float* scratch, float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool one_cache) {
   if (math == cpu::AttnMath::GgmlF16) {
     const int64_t warps = n_tok * n_head;
     const unsigned blocks = static_cast<unsigned>((warps + kGgmlWarps - 1) / kGgmlWarps);
@@ -530,7 +530,7 @@ bool launch_attention(const float* q, const KvRef* refs, int64_t n_tok, int laye
   }
   if (attn_tile::supported(head_dim, head_dim_v))
     return launch_tiled(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, max_kv, scratch, out,
-                        xq, xds, stream);
+                        xq, xds, stream, nullptr, one_cache);
   const int n_split = attn_splits(n_tok, n_head, max_kv);
   constexpr int GT = DPL <= 4 ? 8 : 4;  // query heads per block: registers bound it at 8 values per lane
   const int chunk = static_cast<int>((max_kv + n_split - 1) / n_split);
@@ -1179,7 +1179,7 @@ size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64
 namespace {
 bool attention_impl(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                     int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
-                    float* out, int8_t* xq, float2* xds, cudaStream_t stream) {
+                    float* out, int8_t* xq, float2* xds, cudaStream_t stream, bool one_cache = false) {
   STRATA_REQUIRE(head_dim >= 1 && head_dim_v >= 1 && head_dim <= kMaxHeadDimGpu && head_dim_v <= kMaxHeadDimGpu,
                  "attention (cuda): head size {}/{} must be in [1, {}]", head_dim, head_dim_v, kMaxHeadDimGpu);
   STRATA_REQUIRE(n_head_kv >= 1 && n_head >= n_head_kv && n_head % n_head_kv == 0,
@@ -1189,25 +1189,25 @@ bool attention_impl(const float* q, const KvRef* refs, int64_t n_tok, int layer,
   switch (lanes_per_dim(head_dim, head_dim_v)) {
     case 1:
       return launch_attention<1>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, xq, xds, stream);
+                                 max_kv, scratch, out, xq, xds, stream, one_cache);
     case 2:
       return launch_attention<2>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, xq, xds, stream);
+                                 max_kv, scratch, out, xq, xds, stream, one_cache);
     case 4:
       return launch_attention<4>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, xq, xds, stream);
+                                 max_kv, scratch, out, xq, xds, stream, one_cache);
     default:
       return launch_attention<8>(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math,
-                                 max_kv, scratch, out, xq, xds, stream);
+                                 max_kv, scratch, out, xq, xds, stream, one_cache);
   }
 }
 }  // namespace
 
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv, float* scratch,
-               float* out, cudaStream_t stream) {
+               float* out, cudaStream_t stream, bool one_cache) {
   attention_impl(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, head_dim_v, scale, math, max_kv, scratch, out,
-                 nullptr, nullptr, stream);
+                 nullptr, nullptr, stream, one_cache);
 }
 
 bool attention_q8_fused() {

@@ -55,6 +55,9 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 //   sizes: the older per-warp flash-decoding kernel.
 // max_kv: the largest n_ctx of any sequence (sizes the split); scratch: attention_scratch_floats() f32.
 // refs must not be written by a kernel of the stream (the tiled kernel reads them before its PDL wait).
+// one_cache: the caller knows every token's refs name one cache (a one-sequence prefill), so no tile is
+// mixed and a prefill-sized call launches the prefill shape only (why: the decode shape's launch is one
+// block per token and head group, which all return: 12.8 us of a 512-token layer, session 29).
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv);
 // How positions are split (ops.cu attn_splits_by): 1 (the default) no split once the query rows alone give
 // a block per SM (a prefill), 0 the older rule (split up to two blocks per SM). STRATA_CUDA_ATTN_SPLIT_RULE,
@@ -64,7 +67,7 @@ void set_attn_split_rule(int rule);
 int attn_split_rule();
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
-               float* scratch, float* out, cudaStream_t stream);
+               float* scratch, float* out, cudaStream_t stream, bool one_cache = false);
 
 // MoE router like cpu::moe_route: probs = softmax(logits[t]); the k largest (ties: lower id first);
 // with norm, weights divided by their sum (clamped at 6.103515625e-5). logits: [n_tok][n_expert];

@@ -286,6 +286,9 @@ class CudaQwen3Moe final : public CudaMoeModel {
     bool launch;
     bool pool = false;  // the pass runs the CPU pool (some layer's experts are not all resident)
     int direct = 0;     // direct reads of non-resident experts (moe/direct_rule.h share; 0: none)
+    // Every token of one sequence, in a pass too large for a graph (ops::attention's one_cache; why not
+    // in graphs: their key does not hold it, and a graph replays for any batch of its size).
+    bool one_cache = false;
     Pass notes_only() const {  // the same pass with launch off: ops only take their stream-order notes
       Pass q = *this;
       q.launch = false;
@@ -804,7 +807,7 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
     note_launch(cs, {ws.step_in.span(), ws.q.span()}, {ws.att.span(), ws.attn_scratch.span()});
     op(p, [&] {
       ops::attention(q, refs, n, il, int(H), int(Hkv), int(D), int(Dv), scale, p.attn, p.kv_span,
-                     ws.attn_scratch.as<float>(), ws.att.as<float>(), s);
+                     ws.attn_scratch.as<float>(), ws.att.as<float>(), s, p.one_cache);
     });
     mm_add(p, l.wo, ws.att, n, ws.x);  // x += wo . att
   }
@@ -1208,7 +1211,10 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
                                 decode_stream_.kind != strata::moe::DecodeStreamMode::Off;
   // Direct reads in decode-sized CPU-pool passes without decode streaming (moe/direct_rule.h).
   const int direct = !all_resident && n < moe::kMoeGroupedMinTokens && !decode_stream_on ? direct_share_ : 0;
-  const Pass p{ws, n, n_out, pass_attention_span(n_kv, ws.n_ctx_max), opt.attn, true, !all_resident, direct};
+  const bool one_seq = std::all_of(batch.tokens.begin(), batch.tokens.end(),
+                                   [&](const BatchToken& bt) { return bt.seq == batch.tokens[0].seq; });
+  const Pass p{ws, n, n_out, pass_attention_span(n_kv, ws.n_ctx_max), opt.attn, true, !all_resident, direct,
+               one_seq && n > kMaxGraphTokens};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
   } else if (all_resident) {

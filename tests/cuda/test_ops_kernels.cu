@@ -249,6 +249,7 @@ struct AttnCase {
   std::vector<std::pair<int, int>> tokens;    // (sequence, pos)
   int64_t gpu_max_kv = 0;                     // 0: the largest n_ctx; else what the GPU call is told
   bool misaligned = false;  // caches start 2 bytes past a 16-byte boundary (the tile kernel's scalar loads)
+  bool one_cache = false;   // the F32 call is told every token is of one cache (ops::attention's one_cache)
 };
 
 class GpuAttention : public GpuOps {
@@ -307,9 +308,10 @@ class GpuAttention : public GpuOps {
     auto drefs = upload(refs, "refs");
     auto dscratch = alloc<float>(ops::attention_scratch_floats(n_tok, g.n_head, g.head_dim_v, gpu_max_kv), "scratch");
     auto dout = alloc<float>(n_out, "out");
+    xfer->fill(dout.span(), 0xFF, dev->compute(), {&dev->compute()});  // NaN: a row no launch writes fails
     ops::attention(dq.as<float>(), drefs.as<ops::KvRef>(), n_tok, layer, g.n_head, g.n_head_kv, g.head_dim,
                    g.head_dim_v, scale, cpu::AttnMath::F32, gpu_max_kv, dscratch.as<float>(), dout.as<float>(),
-                   stream());
+                   stream(), c.one_cache);
     auto got_f32 = download<float>(dout, n_out);
     ops::attention(dq.as<float>(), drefs.as<ops::KvRef>(), n_tok, layer, g.n_head, g.n_head_kv, g.head_dim,
                    g.head_dim_v, scale, cpu::AttnMath::GgmlF16, gpu_max_kv, dscratch.as<float>(),
@@ -424,7 +426,8 @@ TEST_F(GpuAttention, PrefillTiles) {
 
 // The split rules (ops::set_attn_split_rule): 300 tokens x 32 heads give 150 prefill blocks, which rule 0
 // splits in two (and merges) and rule 1 does not; the tensor-core kernel takes its tiles from the last.
-// Both kernels, both rules, one sequence and two (a tile of mixed caches, a second cache's tiles).
+// Both kernels, both rules, one sequence (also told so: one_cache) and two (a tile of mixed caches, a
+// second cache's tiles).
 TEST_F(GpuAttention, PrefillSplitRules) {
   const Geometry g{2, 32, 4, 128, 128};
   const int rule0 = ops::attn_split_rule();
@@ -435,6 +438,9 @@ TEST_F(GpuAttention, PrefillSplitRules) {
       attn_tile::set_prefill_mma(mma);
       AttnCase a{"prefill 300 tokens from 0", g, {300}, {}};
       for (int p = 0; p < 300; ++p) a.tokens.push_back({0, p});
+      run(a);
+      a.name = "prefill 300 tokens from 0, one cache (the prefill shape's launch only)";
+      a.one_cache = true;
       run(a);
       AttnCase b{"prefill 200 + 101 tokens of two sequences", g, {260, 400}, {}};
       for (int p = 0; p < 200; ++p) b.tokens.push_back({1, 150 + p});
