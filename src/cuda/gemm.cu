@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/error.h"
+#include "cuda/convert16.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/gemm_context.h"
@@ -89,16 +90,6 @@ void dequant16(GgmlType type, const uint8_t* w, int64_t n_values, T* dst, cudaSt
   });
 }
 
-// dst: 16-byte aligned (the context's scratch).
-template <typename T>
-void convert16(const float* x, int64_t count, T* dst, cudaStream_t stream) {
-  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-    convert16_kernel<T, true><<<blocks_for(std::max<int64_t>(count / 8, 8)), 256, 0, stream>>>(x, count, dst);
-  else
-    convert16_kernel<T, false><<<blocks_for(count), 256, 0, stream>>>(x, count, dst);
-  CUDA_CHECK_LAUNCH();
-}
-
 template <typename T>
 void matmul_gemm_t(const GemmContext& ctx, GgmlType type, const uint8_t* w, int64_t rows, int64_t cols,
                    const float* x, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
@@ -124,6 +115,17 @@ void matmul_gemm_t(const GemmContext& ctx, GgmlType type, const uint8_t* w, int6
 }
 
 }  // namespace
+
+template <typename T>
+void convert16(const float* x, int64_t count, T* dst, cudaStream_t stream) {
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
+    convert16_kernel<T, true><<<blocks_for(std::max<int64_t>(count / 8, 8)), 256, 0, stream>>>(x, count, dst);
+  else
+    convert16_kernel<T, false><<<blocks_for(count), 256, 0, stream>>>(x, count, dst);
+  CUDA_CHECK_LAUNCH();
+}
+template void convert16<__half>(const float*, int64_t, __half*, cudaStream_t);
+template void convert16<__nv_bfloat16>(const float*, int64_t, __nv_bfloat16*, cudaStream_t);
 
 GemmContext::~GemmContext() {
   if (handle_) {

@@ -6,7 +6,7 @@
 //                  perm[pos] = p, inv[p] = pos, stable (pairs of an expert in increasing p)
 //   the products, by one of three kernels (moe_grouped_kernel()):
 //     2 (the default) and 1: mma::grouped_mma_staged_kernel / grouped_mma_kernel (moe_grouped_mma.cuh):
-//       tiles of 64 pairs, x in bf16 once (to_bf16_kernel), A (and for 2 the raw weights) by cp.async,
+//       tiles of 64 pairs, x in bf16 once (convert16), A (and for 2 the raw weights) by cp.async,
 //       weights dequantized straight into mma.sync fragments, h in bf16;
 //     0 grouped_kernel below: one block per (32-pair tile, 64 output rows): A = 32 gathered f32 input rows,
 //       B = 64 weight rows dequantized in registers, both as bf16 in shared memory, WMMA 16x16x16;
@@ -25,6 +25,7 @@
 
 #include "common/env_switch.h"
 #include "common/error.h"
+#include "cuda/convert16.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/dequant_device.cuh"
 #include "cuda/moe_grouped_mma.cuh"
@@ -305,14 +306,6 @@ bool rows_aligned(GgmlType t, const ExpertLayerView& v, int64_t off, int64_t col
   return ok;
 }
 
-// x (f32, count % 4 == 0, 16-byte aligned) -> xb (bf16).
-void to_bf16_grid_launch(const float* x, __nv_bfloat16* xb, int64_t count, cudaStream_t stream) {
-  const int64_t n4 = count / 4;
-  const unsigned blocks = unsigned(std::min<int64_t>((n4 + 255) / 256, 4096));
-  mma::to_bf16_kernel<<<std::max(1u, blocks), 256, 0, stream>>>(x, xb, count);
-  CUDA_CHECK_LAUNCH();
-}
-
 DigitSetting g_grouped_kernel("STRATA_CUDA_MOE_GROUPED", "grouped expert kernel", 0, 2, 2);
 DigitSetting g_grouped_stages("STRATA_CUDA_MOE_GROUPED_STAGES", "staged grouped kernel's ring", 2, 3, 3);
 
@@ -378,7 +371,7 @@ void moe_experts_grouped(const ExpertLayerView& v, const int32_t* table, int n_e
   if (use_mma) {
     auto* xb = reinterpret_cast<__nv_bfloat16*>(s + L.xb);  // [n][n_embd]
     auto* hb = reinterpret_cast<__nv_bfloat16*>(s + L.hb);  // [P][n_ff]
-    to_bf16_grid_launch(x, xb, n * v.n_embd, stream);
+    convert16(x, n * v.n_embd, xb, stream);
     const bool staged_shape = which == 2 && v.n_embd % mma::kSc == 0 && v.n_ff % mma::kSc == 0 &&
                               reinterpret_cast<uintptr_t>(v.slots) % 16 == 0 && v.slot_bytes % 16 == 0;
     auto gemm = [&](GgmlType type, int64_t off0, int64_t off1, int64_t K, int64_t rows, const __nv_bfloat16* in,

@@ -356,15 +356,4 @@ __global__ void __launch_bounds__(kSThreads, 1)
   store_tile<Dual>(acc, groups, cnt, pos0, rows, r_tile, g, t, mode, outf, outb);
 }
 
-// xb[i] = bf16(x[i]) for i < count (count % 4 == 0, x 16-byte aligned). Grid-stride.
-__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ xb, int64_t count) {
-  const int64_t n4 = count / 4;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(x)[i];
-    uint2 o;
-    o.x = pack_bf16(v.x, v.y), o.y = pack_bf16(v.z, v.w);
-    reinterpret_cast<uint2*>(xb)[i] = o;
-  }
-}
-
 }  // namespace strata::cuda::moe::mma
