@@ -8,6 +8,7 @@
 #include "common/error.h"
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
+#include "quant/q4_0_x8.h"
 
 namespace strata {
 namespace {
@@ -379,6 +380,7 @@ DequantFn dequant_fn(GgmlType t) {
     case GgmlType::IQ3_S: return deq_iq3_s;
     case GgmlType::IQ1_S: return deq_iq1_s;
     case GgmlType::IQ1_M: return deq_iq1_m;
+    case GgmlType::Q4_0_X8: return dequantize_q4_0_x8;
     default: return nullptr;
   }
 }
@@ -388,7 +390,7 @@ DequantFn dequant_fn(GgmlType t) {
 bool can_dequantize(GgmlType type) { return dequant_fn(type) != nullptr; }
 
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
-  const TypeTraits* known = type_traits(static_cast<uint32_t>(type));
+  const TypeTraits* known = find_type_traits(type);
   DequantFn fn = dequant_fn(type);
   if (!fn)
     fail("unsupported type {} for dequantization",

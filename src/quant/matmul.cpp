@@ -44,7 +44,7 @@ float dot_f32_rows(const float* a, const float* b, int64_t n) {
 }
 
 void check_job(const MatmulJob& j) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(j.type));
+  const TypeTraits* tt = find_type_traits(j.type);
   STRATA_REQUIRE(tt != nullptr, "matmul: unknown type id {}", static_cast<uint32_t>(j.type));
   STRATA_REQUIRE(j.rows >= 0 && j.cols >= 0 && j.n_tok >= 0, "matmul: negative shape {}x{} n_tok {}", j.rows, j.cols,
                  j.n_tok);

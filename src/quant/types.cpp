@@ -26,6 +26,11 @@ constexpr TypeTraits kTypes[] = {
     {GgmlType::TQ2_0, "tq2_0", 256, 66, true},    {GgmlType::MXFP4, "mxfp4", 32, 17, true},
 };
 
+// strata's own storage types (types.h): not in the id index, not found by name.
+constexpr TypeTraits kInternalTypes[] = {
+    {GgmlType::Q4_0_X8, "q4_0x8", 256, 144, true},
+};
+
 constexpr uint32_t kMaxId = 40;
 constexpr std::array<const TypeTraits*, kMaxId> make_index() {
   std::array<const TypeTraits*, kMaxId> idx{};
@@ -38,8 +43,15 @@ constexpr auto kIndex = make_index();
 
 const TypeTraits* type_traits(uint32_t id) { return id < kMaxId ? kIndex[id] : nullptr; }
 
+const TypeTraits* find_type_traits(GgmlType t) {
+  if (const TypeTraits* tt = type_traits(static_cast<uint32_t>(t))) return tt;
+  for (const auto& it : kInternalTypes)
+    if (it.type == t) return &it;
+  return nullptr;
+}
+
 const TypeTraits& type_traits(GgmlType t) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(t));
+  const TypeTraits* tt = find_type_traits(t);
   if (!tt) std::abort();  // unreachable: GgmlType values only come from validated ids
   return *tt;
 }

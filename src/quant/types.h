@@ -15,6 +15,12 @@ enum class GgmlType : uint32_t {
   IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22, IQ4_XS = 23,
   I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
   TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
+  // strata's own storage types (never in a GGUF file: the reader and the writer know only ggml's ids).
+  // Q4_0_X8: 8 Q4_0 blocks as one 256-value group, the 8 f16 scales first, then the 8 blocks' 16 code
+  // bytes (each block's codes in Q4_0's own nibble order): 144 bytes, every block's codes 16-byte
+  // aligned. The same values and bytes per row as Q4_0; the GPU keeps Q4_0 experts in it (why:
+  // docs/gpu.md, "Q4_0 experts").
+  Q4_0_X8 = 4096,
 };
 
 struct TypeTraits {
@@ -25,8 +31,11 @@ struct TypeTraits {
   bool quantized;
 };
 
-// nullptr when `id` is not a ggml type id we know (ids 4, 5, 31-33, 36-38 were removed from ggml).
+// nullptr when `id` is not a ggml type id we know (ids 4, 5, 31-33, 36-38 were removed from ggml). Only
+// ggml's ids: a file that names one of strata's own storage types (Q4_0_X8) is refused.
 const TypeTraits* type_traits(uint32_t id);
+// Any type, ggml's or strata's own storage types; nullptr when unknown.
+const TypeTraits* find_type_traits(GgmlType t);
 const TypeTraits& type_traits(GgmlType t);  // t must be known (it is, if it came through the reader)
 std::optional<GgmlType> type_from_name(std::string_view name);  // case-insensitive: "Q4_K", "q4_k"
 inline std::string_view type_name(GgmlType t) { return type_traits(t).name; }
