@@ -170,6 +170,22 @@ struct Fmt<GgmlType::Q4_0> {  // d f16 | qs[16]
     for (int k = 0; k < 8; ++k) v[k] = fmul(float(int((byte_of(q, k) >> sh) & 0xF) - 8), d);
   }
 };
+// Q4_0 regrouped (quant/q4_0_x8.h): d[8] f16 | qs[8][16]. Unit i8 is unit i8 % 4 of Q4_0 block i8 / 4, with
+// Q4_0's arithmetic, so the values and (the units in the same order) every sum are Q4_0's.
+template <>
+struct Fmt<GgmlType::Q4_0_X8> {
+  static constexpr int kVals = 256, kBytes = 144, kAlign = 16;
+  static constexpr bool kFloat = false;
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int blk = i8 >> 2, u = i8 & 3;
+    const float d = h2f(ld16<cmin(A, 2)>(b + 2 * blk));
+    uint32_t q[2];
+    ld64<cmin(A, 8)>(b + 16 + 16 * blk + 8 * (u & 1), q);
+    const int sh = 4 * (u >> 1);
+    for (int k = 0; k < 8; ++k) v[k] = fmul(float(int((byte_of(q, k) >> sh) & 0xF) - 8), d);
+  }
+};
 template <>
 struct Fmt<GgmlType::Q4_1> {  // d, m f16 | qs[16]
   static constexpr int kVals = 32, kBytes = 20, kAlign = 4;
@@ -530,6 +546,7 @@ bool dispatch(GgmlType t, F&& f) {
     case GgmlType::F16: f(Fmt<GgmlType::F16>{}); return true;
     case GgmlType::BF16: f(Fmt<GgmlType::BF16>{}); return true;
     case GgmlType::Q4_0: f(Fmt<GgmlType::Q4_0>{}); return true;
+    case GgmlType::Q4_0_X8: f(Fmt<GgmlType::Q4_0_X8>{}); return true;
     case GgmlType::Q4_1: f(Fmt<GgmlType::Q4_1>{}); return true;
     case GgmlType::Q5_0: f(Fmt<GgmlType::Q5_0>{}); return true;
     case GgmlType::Q5_1: f(Fmt<GgmlType::Q5_1>{}); return true;

@@ -1,6 +1,6 @@
 #pragma once
 // Fast dot products for decode (private to src/cuda: quant_kernels.cu, moe_kernels.cu) for the formats
-// that carry MoE decode: Q4_K, Q5_K, Q6_K, Q4_0, Q8_0. Every other format keeps the generic unit-of-8
+// that carry MoE decode: Q4_K, Q5_K, Q6_K, Q4_0 (and its regrouped Q4_0_X8), Q8_0. Every other format keeps the generic unit-of-8
 // path of dequant_device.cuh. __host__ __device__ so a CPU test checks the layouts without a GPU
 // (tests/cuda/test_fast_dot_host.cu).
 //
@@ -199,6 +199,24 @@ STRATA_FD_UNROLL
   __host__ __device__ static float deq(const Chunk& c, int, float q) { return dq::fmul(q, c.d); }
 };
 
+// Q4_0 regrouped (quant/q4_0_x8.h): chunk ch = Q4_0 block ch of the group, its codes one aligned 16-byte
+// load. FQ40's arithmetic on the same values in the same chunk order: the same sums bit for bit.
+struct FQ40X8 {
+  static constexpr int kVals = 256, kBytes = 144, kAlign = 16, kChunks = 8, kParts = 1;
+  static constexpr bool kNeedSum = false;
+  using Chunk = FQ40::Chunk;
+  __host__ __device__ static void load(const uint8_t* b, int ch, Chunk& c) {
+    c.d = dq::h2f(dq::ld16<2>(b + 2 * ch));
+    ld128(b + 16 + 16 * ch, c.q);
+  }
+  __host__ __device__ static int col(int ch, int g) { return 32 * ch + 8 * g; }
+  __host__ __device__ static void q8(const Chunk& c, int g, float v[8]) { FQ40::q8(c, g, v); }
+  __host__ __device__ static float finish(const Chunk& c, int p, float s, float sx, float acc) {
+    return FQ40::finish(c, p, s, sx, acc);
+  }
+  __host__ __device__ static float deq(const Chunk& c, int p, float q) { return FQ40::deq(c, p, q); }
+};
+
 struct FQ80 {  // d f16 | qs[32] int8; one chunk = the block
   static constexpr int kVals = 32, kBytes = 34, kAlign = 2, kChunks = 1, kParts = 1;
   static constexpr bool kNeedSum = false;
@@ -225,6 +243,7 @@ bool dispatch(GgmlType t, Fn&& f) {
     case GgmlType::Q5_K: f(FQ5K{}); return true;
     case GgmlType::Q6_K: f(FQ6K{}); return true;
     case GgmlType::Q4_0: f(FQ40{}); return true;
+    case GgmlType::Q4_0_X8: f(FQ40X8{}); return true;
     case GgmlType::Q8_0: f(FQ80{}); return true;
     default: return false;
   }

@@ -172,6 +172,30 @@ STRATA_FD_UNROLL
   }
 };
 
+// Q4_0 regrouped (quant/q4_0_x8.h): d[8] f16 | qs[8][16]. Task tt = Q4_0 block tt of the group, its codes
+// one 16-byte load (A = 16), with DQ40's integer sums and float expression: the same values bit for bit.
+struct DQ40X8 {
+  static constexpr int kVals = 256, kBytes = 144, kTasks = 8;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    uint32_t q[4];
+    ldw<A, 4>(blk + 16 + 16 * tt, q);
+    const float d = dq::h2f(dq::ld16<2>(blk + 2 * tt));
+STRATA_FD_UNROLL
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      int x[8];
+      ldx32(xq + t * xs + 32 * tt, x);
+      int s = 0;
+STRATA_FD_UNROLL
+      for (int i = 0; i < 4; ++i) s = dp4a(int(q[i] & kLo4), x[i], dp4a(int((q[i] >> 4) & kLo4), x[4 + i], s));
+      const float2 ds = xds[t * dss + tt];
+      acc[t] += d * (ds.x * float(s) - 8.f * ds.y);
+    }
+  }
+};
+
 struct DQ80 {  // d f16 | qs[32] int8
   static constexpr int kVals = 32, kBytes = 34, kTasks = 1;
   template <int A, int NT>
@@ -458,14 +482,18 @@ STRATA_FD_UNROLL
 template <int A>
 using IntC = std::integral_constant<int, A>;
 
-// Calls f(Format{}, IntC<A>{}) for a supported type: Q4_K / Q5_K with A = 16 when every row start is
-// 16-byte aligned (aligned16; their blocks are 144 / 176 bytes, so blocks are too: 16-byte loads), else
+// Calls f(Format{}, IntC<A>{}) for a supported type: Q4_K / Q5_K / Q4_0_X8 with A = 16 when every row start
+// is 16-byte aligned (aligned16; their blocks are 144 / 176 bytes, so blocks are too: 16-byte loads), else
 // A = 2; the others always A = 2 (their 18 / 34 / 210-byte blocks leave only 2-byte alignment).
 // False for any other type.
 template <typename Fn>
 bool dispatch(GgmlType t, bool aligned16, Fn&& f) {
   switch (t) {
     case GgmlType::Q4_0: f(DQ40{}, IntC<2>{}); return true;
+    case GgmlType::Q4_0_X8:
+      if (aligned16) f(DQ40X8{}, IntC<16>{});
+      else f(DQ40X8{}, IntC<2>{});
+      return true;
     case GgmlType::Q8_0: f(DQ80{}, IntC<2>{}); return true;
     case GgmlType::Q6_K: f(DQ6K{}, IntC<2>{}); return true;
     case GgmlType::Q4_K:

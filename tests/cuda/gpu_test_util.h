@@ -16,6 +16,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/transfer.h"
+#include "quant/q4_0_x8.h"
 #include "quant/quantize.h"
 #include "quant/types.h"
 
@@ -88,6 +89,11 @@ inline ThreadPool& test_pool() {
 inline std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
   const int64_t rb = static_cast<int64_t>(row_bytes(t, cols));
   std::vector<uint8_t> w(rb * rows);
+  if (t == GgmlType::Q4_0_X8) {  // strata's storage type: random Q4_0 rows, regrouped
+    const auto q = random_weights(GgmlType::Q4_0, rows, cols, rng);
+    for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(q.data() + r * rb, w.data() + r * rb, cols);
+    return w;
+  }
   if (can_quantize(t)) {
     std::normal_distribution<float> nd(0.f, 0.05f);
     std::vector<float> f(rows * cols);

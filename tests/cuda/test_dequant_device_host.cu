@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda/dequant_device.cuh"
 #include "gguf/gguf.h"
 #include "quant/dequant.h"
 #include "quant/iq_tables.h"
+#include "quant/q4_0_x8.h"
 
 namespace {
 
@@ -65,6 +67,32 @@ TEST(CudaDequantDecodersOnHost, ZooBitExact) {
   }
   EXPECT_EQ(checked, 22);  // every format of the zoo
   std::printf("%d zoo tensors decoded bit-exactly by the device decoders (host run)\n", checked);
+}
+
+// Q4_0_X8 (strata's regrouped Q4_0, quant/q4_0_x8.h) is in no file: the zoo's Q4_0 tensor regrouped must
+// decode, through both load paths, to ggml's Q4_0 values.
+TEST(CudaDequantDecodersOnHost, ZooQ4_0RegroupedBitExact) {
+  const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
+  const gguf::TensorInfo* t = f.find_tensor("zoo.q4_0");
+  ASSERT_NE(t, nullptr);
+  const int64_t cols = static_cast<int64_t>(t->ne[0]), rows = static_cast<int64_t>(t->n_rows());
+  const int64_t rb = static_cast<int64_t>(row_bytes(GgmlType::Q4_0, cols));
+  using F = dq::Fmt<GgmlType::Q4_0_X8>;
+  std::vector<uint64_t> aligned((rb + 7) / 8 + 2);
+  auto* row = reinterpret_cast<uint8_t*>(aligned.data());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u);
+  std::vector<float> ref(cols);
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(GgmlType::Q4_0, t->data + r * rb, ref.data(), cols);
+    repack_q4_0_x8(t->data + r * rb, row, cols);
+    bad += count_mismatches<F, 1>(row, cols, ref.data(), "zoo.q4_0 as q4_0x8");
+    bad += count_mismatches<F, F::kAlign>(row, cols, ref.data(), "zoo.q4_0 as q4_0x8");
+  }
+  EXPECT_EQ(bad, 0);
+  bool has = false;
+  dq::dispatch(GgmlType::Q4_0_X8, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
+  EXPECT_TRUE(has) << "the one dispatch knows q4_0x8";
 }
 
 // The device grid tables (generated copies) hold exactly quant/iq_tables.cpp's values.

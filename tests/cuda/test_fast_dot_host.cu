@@ -109,4 +109,25 @@ TEST(CudaFastDotOnHost, RandomLayoutAndDotMatchCpuExact) {
     }
 }
 
+// Q4_0_X8 (Q4_0 regrouped, the GPU's storage for Q4_0 experts): its chunks decode to Q4_0's values, and the
+// chunk sums in the kernels' chunk order have the same bits as Q4_0's (chunk c is Q4_0 block c in both).
+TEST(CudaFastDotOnHost, Q4_0X8SameBitsAsQ4_0) {
+  std::mt19937 rng(78);
+  for (int64_t cols : {768, 2048}) {
+    const int64_t rows = 16;
+    const int64_t rb = static_cast<int64_t>(row_bytes(GgmlType::Q4_0, cols));
+    const auto w0 = test::random_weights(GgmlType::Q4_0, rows, cols, rng);
+    std::vector<uint8_t> w8(w0.size());
+    for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
+    const std::string what = "q4_0x8 " + std::to_string(cols);
+    EXPECT_EQ(layout_mismatches(GgmlType::Q4_0_X8, w8.data(), rows, cols, what), 0) << what;
+    const auto x = test::random_acts(cols, rng);
+    int64_t differ = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      differ += !test::same_bits(fd::row_dot_serial<fd::FQ40X8>(w8.data() + r * rb, cols, x.data()),
+                                 fd::row_dot_serial<fd::FQ40>(w0.data() + r * rb, cols, x.data()));
+    EXPECT_EQ(differ, 0) << what;
+  }
+}
+
 }  // namespace

@@ -1,4 +1,4 @@
-// The int8-activation kernels' per-lane code (src/cuda/q8_formats.cuh: the 5 formats' task dots and
+// The int8-activation kernels' per-lane code (src/cuda/q8_formats.cuh: the 6 formats' task dots and
 // row_lane_partial) run on the host, without a GPU:
 //  * one lane doing every task of a row in order (lpr = 1) gives q8ref::row_dot's value bit for bit, for
 //    random weights at 2048 and 768 columns and for the zoo tensors (llama.cpp's data), tokens tiled by
@@ -8,7 +8,9 @@
 //    per lane group) bit for bit with row_dot, one lane;
 //  * down_lane_partial (moe_down's lanes over the k experts' tasks), 32 lanes and the butterfly, against
 //    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids;
-//  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats).
+//  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats);
+//  * Q4_0_X8 (Q4_0 regrouped, the GPU's storage for Q4_0 experts): every lane's partial, at every lanes-per-row
+//    split and in moe_down's lane loop, has the same bits as Q4_0's on the same blocks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,7 +32,8 @@ using namespace strata;
 namespace q8d = strata::cuda::q8d;
 namespace q8ref = strata::cuda::q8ref;
 
-const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                           GgmlType::Q6_K};
 
 // What a warp's warp_copy leaves in a 16-byte aligned staging region (all 32 lanes run on the host).
 struct Stage {
@@ -280,6 +283,38 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     EXPECT_EQ(slots_diff, 0) << type_name(t) << ": down_lane_partial_slots differs from down_lane_partial";
     std::printf("q8 host moe down %s: worst error / tolerance %.3g\n", std::string(type_name(t)).c_str(), worst);
   }
+}
+
+TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
+  std::mt19937 rng(25);
+  const int64_t cols = 2048, rows = 6, n = 3;
+  const int64_t rb = int64_t(row_bytes(GgmlType::Q4_0, cols));
+  const auto w0 = test::random_weights(GgmlType::Q4_0, rows, cols, rng);
+  std::vector<uint8_t> w8(w0.size());
+  for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
+  std::vector<float> x(n * cols);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& v : x) v = nd(rng);
+  std::vector<int8_t> xq(n * cols);
+  std::vector<q8ref::Q8Ds> xds(n * cols / 32);
+  q8ref::quantize(x.data(), n, cols, xq.data(), xds.data());
+  const auto* ds2 = reinterpret_cast<const float2*>(xds.data());
+  int64_t compared = 0, differ = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int lpr : {1, 2, 4, 8, 16, 32})
+      for (int sub = 0; sub < lpr; ++sub) {
+        float a[4] = {}, b16[4] = {}, b2[4] = {};
+        q8d::row_lane_partial<q8d::DQ40, 2, 4>(w0.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), a);
+        q8d::row_lane_partial<q8d::DQ40X8, 16, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b16);
+        q8d::row_lane_partial<q8d::DQ40X8, 2, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b2);
+        for (int t = 0; t < n; ++t, ++compared)
+          differ += !test::same_bits(a[t], b16[t]) || !test::same_bits(a[t], b2[t]);
+      }
+  EXPECT_EQ(differ, 0) << "of " << compared << " lane partials";
+  for (int64_t r = 0; r < rows; ++r)
+    EXPECT_TRUE(test::same_bits(q8ref::row_dot(GgmlType::Q4_0_X8, w8.data() + r * rb, cols, xq.data(), xds.data()),
+                                q8ref::row_dot(GgmlType::Q4_0, w0.data() + r * rb, cols, xq.data(), xds.data())))
+        << "row " << r;
 }
 
 }  // namespace

@@ -38,6 +38,16 @@ float task_q4_0(const uint8_t* b, const int8_t* xq, const Q8Ds* xds) {
   return fp16_to_fp32(rd16(b)) * (xds[0].d * float(sumi) - 8.f * xds[0].s);
 }
 
+// Q4_0_X8 task tt < 8 (quant/q4_0_x8.h): Q4_0 block tt of the group, d at 2tt, codes at 16 + 16tt, its
+// activations the group's 32-value block tt. task_q4_0's arithmetic.
+float task_q4_0_x8(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
+  const uint8_t* qs = b + 16 + 16 * tt;
+  const int8_t* x = xq + 32 * tt;
+  int sumi = 0;
+  for (int l = 0; l < 16; ++l) sumi += (qs[l] & 15) * x[l] + (qs[l] >> 4) * x[l + 16];
+  return fp16_to_fp32(rd16(b + 2 * tt)) * (xds[tt].d * float(sumi) - 8.f * xds[tt].s);
+}
+
 // Q8_0 block (34 bytes: d f16 | qs[32] int8).
 float task_q8_0(const uint8_t* b, const int8_t* xq, const Q8Ds* xds) {
   int sumi = 0;
@@ -96,6 +106,7 @@ struct Format {
 Format format_of(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0: return {32, 18, 1};
+    case GgmlType::Q4_0_X8: return {256, 144, 8};
     case GgmlType::Q8_0: return {32, 34, 1};
     case GgmlType::Q4_K: return {256, 144, 4};
     case GgmlType::Q5_K: return {256, 176, 4};
@@ -107,6 +118,7 @@ Format format_of(GgmlType t) {
 float task(GgmlType t, const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
   switch (t) {
     case GgmlType::Q4_0: return task_q4_0(b, xq, xds);
+    case GgmlType::Q4_0_X8: return task_q4_0_x8(b, tt, xq, xds);
     case GgmlType::Q8_0: return task_q8_0(b, xq, xds);
     case GgmlType::Q4_K: return task_k45<false>(b, tt, xq, xds);
     case GgmlType::Q5_K: return task_k45<true>(b, tt, xq, xds);
@@ -125,6 +137,7 @@ int slot_of(const int32_t* table, const int32_t* ids, int64_t p) {
 bool supported(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_0:
+    case GgmlType::Q4_0_X8:
     case GgmlType::Q8_0:
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:

@@ -29,7 +29,7 @@ struct ExpertView {
   int64_t n_embd = 0, n_ff = 0;
 };
 
-// True for exactly Q4_0, Q8_0, Q4_K, Q5_K, Q6_K (the one dispatch list; q8::supported uses it).
+// True for exactly Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K (the one dispatch list; q8::supported uses it).
 bool supported(GgmlType t);
 
 // Values per block of `t` (32 or 256) for a supported type.
