@@ -8,13 +8,16 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "common/checked_math.h"
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/quant_kernels.cuh"
 #include "moe/direct_rule.h"
 #include "quant/blocks.h"
 #include "quant/dequant.h"
+#include "quant/q4_0_x8.h"
 
 namespace strata::cuda {
 
@@ -40,8 +43,18 @@ GgmlType checked_type(GgmlType t, int layer, const char* what) {
   return t;
 }
 
-// The type a file type is kept in inside a slot.
-GgmlType slot_type(GgmlType t, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(t); }
+// STRATA_CUDA_Q4_0_X8: 1 keeps Q4_0 experts (rows of whole 256-value groups) regrouped as Q4_0_X8
+// (quant/q4_0_x8.h), 0 as the file's Q4_0. The same values, bytes and sums (the kernels do Q4_0's
+// arithmetic in Q4_0's order); why: the decode kernels read Q4_0_X8's codes with aligned 16-byte loads in
+// place, where Q4_0's 18-byte blocks make them stage each row in shared memory first.
+DigitSetting g_q4_0_x8("STRATA_CUDA_Q4_0_X8", "Q4_0 experts as q4_0x8", 0, 1, 0);
+
+// The type a file type is kept in inside a slot, for a matrix of `cols` columns.
+GgmlType slot_type(GgmlType t, bool exact, int64_t cols) {
+  if (exact) return GgmlType::F32;
+  if (t == GgmlType::Q4_0 && cols % kQ4_0X8Values == 0 && g_q4_0_x8.get() == 1) return GgmlType::Q4_0_X8;
+  return quant::storage_type(t);
+}
 
 // Bytes of one expert matrix [rows][cols] of type t; validates cols against the block size.
 int64_t matrix_bytes(GgmlType t, int64_t rows, int64_t cols, int layer, const char* what) {
@@ -62,14 +75,12 @@ Layout layout_of(int64_t n_embd, int64_t n_ff, const LayerExperts& le, int layer
   matrix_bytes(fg, n_ff, n_embd, layer, "ffn_gate_exps");
   matrix_bytes(fu, n_ff, n_embd, layer, "ffn_up_exps");
   matrix_bytes(fd, n_embd, n_ff, layer, "ffn_down_exps");
-  for (GgmlType t : {fg, fu, fd}) {
-    const GgmlType st = slot_type(t, exact);
+  L.gate = slot_type(fg, exact, n_embd);
+  L.up = slot_type(fu, exact, n_embd);
+  L.down = slot_type(fd, exact, n_ff);
+  for (auto [t, st] : {std::pair{fg, L.gate}, std::pair{fu, L.up}, std::pair{fd, L.down}})
     STRATA_REQUIRE(st == t || can_dequantize(t), "expert cache: layer {}: {} experts cannot be converted to {}",
                    layer, type_name(t), type_name(st));
-  }
-  L.gate = slot_type(fg, exact);
-  L.up = slot_type(fu, exact);
-  L.down = slot_type(fd, exact);
   L.gate_bytes = matrix_bytes(L.gate, n_ff, n_embd, layer, "ffn_gate_exps (slot)");
   L.up_bytes = matrix_bytes(L.up, n_ff, n_embd, layer, "ffn_up_exps (slot)");
   L.down_bytes = matrix_bytes(L.down, n_embd, n_ff, layer, "ffn_down_exps (slot)");
@@ -89,6 +100,8 @@ void convert_expert(const ExpertTensor& t, int64_t e, int64_t rows, int64_t cols
     std::memcpy(dst, src, size_t(rows * src_row));
   } else if (to == GgmlType::F32) {
     dequantize_row(t.type, src, reinterpret_cast<float*>(dst), rows * cols);
+  } else if (to == GgmlType::Q4_0_X8 && t.type == GgmlType::Q4_0) {
+    repack_q4_0_x8(src, dst, rows * cols);  // (rows are whole groups: slot_type checked cols)
   } else if (to == GgmlType::F16) {
     // Why F16: the type has no GPU kernel; F16 keeps every value of the common formats' grids.
     tmp.resize(size_t(cols));
@@ -123,6 +136,9 @@ constexpr double kHysteresis = 0.25;  // a newcomer must be 25% hotter than the 
 constexpr double kMinGain = 1.0;      // ... and used at least once more (no churn on noise)
 
 }  // namespace
+
+void set_q4_0_experts_x8(bool on) { g_q4_0_x8.set(on ? 1 : 0); }
+bool q4_0_experts_x8() { return g_q4_0_x8.get() == 1; }
 
 int64_t ExpertCache::slot_bytes_for(int64_t n_embd, int64_t n_ff, const std::vector<LayerExperts>& layers,
                                     bool exact) {

@@ -45,6 +45,12 @@ struct LayerExperts {
   ExpertTensor down;      // [n_expert][n_embd][n_ff]
 };
 
+// Whether caches built from now on keep Q4_0 experts (rows of whole 256-value groups) as Q4_0_X8
+// (quant/q4_0_x8.h; the same values and sums, aligned loads for the decode kernels). Default: the
+// environment's STRATA_CUDA_Q4_0_X8 (0 or 1), else off. set (tests, benchmarks) wins.
+void set_q4_0_experts_x8(bool on);
+bool q4_0_experts_x8();
+
 struct ExpertCacheConfig {
   int n_slots = 0;        // slots on the GPU (capped at n_layer * n_expert)
   bool exact = false;     // slots hold f32 (dequantized on the CPU): the exact mode

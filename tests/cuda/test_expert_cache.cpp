@@ -16,6 +16,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -28,6 +29,7 @@
 #include "moe/residency.h"
 #include "quant/blocks.h"
 #include "quant/dequant.h"
+#include "quant/q4_0_x8.h"
 #include "quant/quantize.h"
 #include "quant/types.h"
 #include "expert_cache_test_kernels.cuh"
@@ -264,6 +266,50 @@ TEST_F(ExpertCacheGpu, HostCopyConversions) {
     EXPECT_LE(v.down_off + int64_t(strata::row_bytes(v.down_type, m.n_ff)) * m.n_embd, c->slot_bytes());
     EXPECT_EQ(check_device_matches_host(*c), 0);
   }
+}
+
+// Q4_0 experts: with set_q4_0_experts_x8 on, the slots hold them regrouped as Q4_0_X8 (quant/q4_0_x8.h:
+// the same bytes per row, the same values); off, the file's bytes. Exact mode: f32 either way.
+TEST_F(ExpertCacheGpu, Q4_0ExpertsRegroupedWhenOn) {
+  Synthetic m({{GgmlType::Q4_0, GgmlType::Q4_0}}, 6);
+  const bool was = q4_0_experts_x8();
+  for (bool on : {false, true})
+    for (bool exact : {false, true}) {
+      SCOPED_TRACE(std::string(on ? "q4_0x8 on" : "q4_0x8 off") + (exact ? ", exact" : ", fast"));
+      set_q4_0_experts_x8(on);
+      ExpertCacheConfig cfg;
+      cfg.n_slots = 3;
+      cfg.exact = exact;
+      auto c = make(m, cfg);
+      const auto v = c->layer_view(0);
+      const GgmlType want_t = exact ? GgmlType::F32 : on ? GgmlType::Q4_0_X8 : GgmlType::Q4_0;
+      EXPECT_EQ(v.gate_type, want_t);
+      EXPECT_EQ(v.up_type, want_t);
+      EXPECT_EQ(v.down_type, want_t);
+      const int e = 6;
+      const size_t mat = strata::row_bytes(GgmlType::Q4_0, m.n_embd) * size_t(m.n_ff);  // n_embd == n_ff here
+      const uint8_t* slot = c->host_expert(0, e);
+      std::vector<float> want(size_t(m.n_ff * m.n_embd)), got(want.size());
+      for (auto [file, off] : {std::pair{m.layers[0].gate.data, v.gate_off}, std::pair{m.layers[0].up.data, v.up_off},
+                               std::pair{m.layers[0].down.data, v.down_off}}) {
+        const uint8_t* src = static_cast<const uint8_t*>(file) + e * mat;
+        strata::dequantize_row(GgmlType::Q4_0, src, want.data(), int64_t(want.size()));
+        if (exact) {
+          EXPECT_EQ(std::memcmp(slot + off, want.data(), want.size() * 4), 0);
+        } else if (on) {
+          std::vector<uint8_t> packed(mat);
+          strata::repack_q4_0_x8(src, packed.data(), int64_t(want.size()));
+          EXPECT_EQ(std::memcmp(slot + off, packed.data(), mat), 0) << "regrouped bytes";
+          strata::dequantize_row(GgmlType::Q4_0_X8, slot + off, got.data(), int64_t(got.size()));
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "the same values";
+        } else {
+          EXPECT_EQ(std::memcmp(slot + off, src, mat), 0) << "the file's bytes";
+        }
+      }
+      EXPECT_EQ(v.gate_off % 256, 0);
+      EXPECT_EQ(check_device_matches_host(*c), 0);
+    }
+  set_q4_0_experts_x8(was);
 }
 
 TEST_F(ExpertCacheGpu, ProfilePlacesTheHottest) {

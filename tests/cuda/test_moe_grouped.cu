@@ -187,6 +187,7 @@ TEST_F(CudaMoeGrouped, DifferentGateAndUpTypes) {  // gate pass then up pass
 }
 
 TEST_F(CudaMoeGrouped, Q40All) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, 0}, {64, 200}, 3e-2); }
+TEST_F(CudaMoeGrouped, Q40X8All) { run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 0}, {64, 200}, 3e-2); }
 
 TEST_F(CudaMoeGrouped, Q5KGateUpIQ4XSDown) { run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 0}, {96}, 3e-2); }
 

@@ -203,6 +203,14 @@ TEST_F(CudaMoe, FastPathFormatsAndTwoByteAlignment) {
   run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_0, 2}, {1});
 }
 
+// Q4_0 experts kept as Q4_0_X8 (the fast path's FQ40X8: 16-byte code loads), with direct reads; then at +2
+// bytes (the fast path needs 16: the generic kernels).
+TEST_F(CudaMoe, Q40X8Experts) {
+  run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 0}, {1, 4});
+  run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 0, 128}, {2});
+  run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 2}, {3});
+}
+
 // Direct reads (moe/direct_rule.h): a share of each token's misses read from pinned host memory over
 // PCIe, on the fast path (Q4_K / Q6_K, Q8_0) and the generic one (odd offsets: byte loads), with token 1's
 // all-miss routing (duplicates included).

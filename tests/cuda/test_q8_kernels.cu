@@ -735,6 +735,10 @@ TEST_F(CudaQ8Moe, MixedFormatsTwoByteAligned) { run({GgmlType::Q5_K, GgmlType::Q
 TEST_F(CudaQ8Moe, Q40GateUpQ80Down) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0, 0}); }
 // All Q4_0 (strata mkmodel --format Q4_0's experts): every row staged, down's k rows among them.
 TEST_F(CudaQ8Moe, AllQ40) { run({GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, 0}); }
+// Q4_0 experts as the cache keeps them with STRATA_CUDA_Q4_0_X8 (quant/q4_0_x8.h): 16-byte loads in place;
+// then at +2 bytes (2-byte loads: every row staged, as Q4_0's).
+TEST_F(CudaQ8Moe, AllQ40X8) { run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 0}); }
+TEST_F(CudaQ8Moe, AllQ40X8TwoByteAligned) { run({GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, GgmlType::Q4_0_X8, 2}); }
 // A 16-byte-load gate with a 2-byte aligned up: two task loops, nothing staged; Q5_K down.
 TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
 
