@@ -18,6 +18,7 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
+#include "quant/q32_gemm.h"
 #include "quant/q4k_gemm.h"
 #include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
@@ -63,7 +64,7 @@ struct Prepared {
   std::shared_ptr<const q::RepQ4K8[]> rep;
   int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
   bool permute = false;       // this job (the owner of its activations) fills that permuted copy
-  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q6_K prefill: the 16-row integer kernel (q4k_gemm.h) on whole 16-row groups
+  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q6_K/Q4_0/Q8_0 prefill: a 16-row integer kernel (q4k_gemm.h, q32_gemm.h) on whole 16-row groups
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
@@ -266,6 +267,11 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
         else if (j.type == GgmlType::Q4_K && j.n_tok >= 4)
           p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
       }
+      // The same for Q4_0 / Q8_0 (q32_gemm.h; Q8_32 activations).
+      if ((j.type == GgmlType::Q4_0 || j.type == GgmlType::Q8_0) && p.passes == 1 && p.k.level == CpuLevel::Avx512 &&
+          p.k.act == q::ActType::Q8_32 && j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows &&
+          q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
+        p.gemm16 = j.type == GgmlType::Q4_0 ? q::q40_gemm16_avx512 : q::q80_gemm16_avx512;
       if (p.rep) {
         Prepared& own = same >= 0 ? prep[same] : p;
         if (own.xperm_offset < 0) {
