@@ -1,4 +1,4 @@
-// The 16-row Q4_K (and Q6_K) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
+// The 16-row Q4_K (and Q5_K, Q6_K) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
 // bits (same integer sums, same float steps); the reference's integer part is exact (checked against
 // int64 sums at the extreme values) and its float result stays within a rounding bound of the
 // dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K and Q6_K tensors; matmul
@@ -28,6 +28,13 @@ struct GemmGuard {  // restores the switch whatever a test does
   bool was = q::q4k_gemm_enabled();
   ~GemmGuard() { q::q4k_gemm_set_enabled(was); }
 };
+
+q::Gemm16Fn ref_of(GgmlType t) {
+  return t == GgmlType::Q4_K ? q::q4k_gemm16_ref : t == GgmlType::Q5_K ? q::q5k_gemm16_ref : q::q6k_gemm16_ref;
+}
+q::Gemm16Fn kernel_of(GgmlType t) {
+  return t == GgmlType::Q4_K ? q::q4k_gemm16_avx512 : t == GgmlType::Q5_K ? q::q5k_gemm16_avx512 : q::q6k_gemm16_avx512;
+}
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
   const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, cols), n_tok = x.size() / cols;
@@ -66,10 +73,9 @@ void check_rows16(GgmlType type, const uint8_t* w, int64_t row_bytes, int64_t co
                   int64_t n_tok) {
   const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, cols);
   std::vector<float> ref(16 * n_tok, -1.f), ker(16 * n_tok, -2.f);
-  const bool q6 = type == GgmlType::Q6_K;
-  (q6 ? q::q6k_gemm16_ref : q::q4k_gemm16_ref)(cols, w, row_bytes, xq.data(), xb, n_tok, ref.data(), 16);
+  ref_of(type)(cols, w, row_bytes, xq.data(), xb, n_tok, ref.data(), 16);
   if (q::q4k_gemm_cpu_ok()) {
-    (q6 ? q::q6k_gemm16_avx512 : q::q4k_gemm16_avx512)(cols, w, row_bytes, xq.data(), xb, n_tok, ker.data(), 16);
+    kernel_of(type)(cols, w, row_bytes, xq.data(), xb, n_tok, ker.data(), 16);
     size_t differ = 0;
     for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&ref[i], &ker[i], 4) != 0;
     EXPECT_EQ(differ, 0u) << "first: ref " << ref[0] << " kernel " << ker[0];
@@ -94,7 +100,7 @@ void check_rows16(GgmlType type, const uint8_t* w, int64_t row_bytes, int64_t co
 
 TEST(Q4kGemm, KernelBitIdenticalToReferenceAndCloseToF64) {
   std::mt19937 rng(21);
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
     for (const int64_t cols : {256, 768, 2048})
       for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
         SCOPED_TRACE(testing::Message() << type_name(type) << " cols " << cols << " n_tok " << n_tok);
@@ -146,7 +152,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
   std::mt19937 rng(22);
   int checked = 0;
   for (const auto& t : f.tensors()) {
-    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q6_K) || t.n_rows() < 16) continue;
+    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q5_K && t.type != GgmlType::Q6_K) || t.n_rows() < 16) continue;
     SCOPED_TRACE(t.name);
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = row_bytes(t.type, cols);
     const int64_t n_tok = 11;
@@ -154,7 +160,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 2) << "zoo.gguf has no Q4_K or no Q6_K tensor of >= 16 rows";
+  EXPECT_GE(checked, 3) << "zoo.gguf lacks a Q4_K, Q5_K or Q6_K tensor of >= 16 rows";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {
@@ -163,7 +169,7 @@ TEST(Q4kGemm, MatmulDispatch) {
   ThreadPool pool(2);
   std::mt19937 rng(23);
   struct Shape { int64_t rows, cols, n_tok; };
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K})
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
   for (const Shape s : {Shape{768, 2048, 37}, Shape{2048, 768, 64}, Shape{40, 512, 21}, Shape{40, 512, 9}, Shape{40, 512, 8},
                         Shape{8, 256, 17}}) {
     SCOPED_TRACE(testing::Message() << type_name(type) << " " << s.rows << "x" << s.cols << " n_tok " << s.n_tok);
@@ -184,7 +190,7 @@ TEST(Q4kGemm, MatmulDispatch) {
     size_t differ_ref = 0, differ_off = 0, same_off = 0;
     std::vector<float> ref(16 * s.n_tok);
     for (int64_t g = 0; g + 16 <= s.rows; g += 16) {
-      (type == GgmlType::Q4_K ? q::q4k_gemm16_ref : q::q6k_gemm16_ref)(s.cols, w.data() + g * rb, rb, xq.data(), xb, s.n_tok, ref.data(), 16);
+      ref_of(type)(s.cols, w.data() + g * rb, rb, xq.data(), xb, s.n_tok, ref.data(), 16);
       for (int64_t t = 0; t < s.n_tok; ++t)
         for (int r = 0; r < 16; ++r) {
           differ_ref += std::memcmp(&ref[t * 16 + r], &on[t * s.rows + g + r], 4) != 0;

@@ -92,6 +92,24 @@ TEST(QuantMix, Q4_0Rule) {
   EXPECT_EQ(quant_scheme_from_name("q4_0"), QuantScheme::Q4_0);
 }
 
+// Q5_K: pure, like Q4_K and Q6_K (every quantizable tensor; a row that is not whole 256-value blocks falls
+// back to Q8_0); file type 16 (MOSTLY_Q5_K_S, the closest label).
+TEST(QuantMix, Q5_KIsPure) {
+  const std::vector<TensorPlanInput> in = {{"token_embd.weight", 2, 2048, GgmlType::F16},
+                                           {"blk.0.attn_v.weight", 2, 2048, GgmlType::F16},
+                                           {"blk.0.ffn_down_exps.weight", 3, 768, GgmlType::F16},
+                                           {"blk.0.ffn_gate_inp.weight", 2, 2048, GgmlType::F32},
+                                           {"blk.0.attn_q_norm.weight", 1, 128, GgmlType::F32},
+                                           {"blk.0.odd.weight", 2, 96, GgmlType::F16},
+                                           {"output.weight", 2, 2048, GgmlType::F16}};
+  const std::vector<GgmlType> want = {GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::F32,
+                                      GgmlType::F32,  GgmlType::Q8_0, GgmlType::Q5_K};
+  EXPECT_EQ(plan_quantization(in, QuantScheme::Q5_K, 1, 8), want);
+  EXPECT_EQ(quant_scheme_file_type(QuantScheme::Q5_K), 16u);
+  EXPECT_EQ(quant_scheme_from_name("q5_k"), QuantScheme::Q5_K);
+  EXPECT_EQ(quant_scheme_name(QuantScheme::Q5_K), "Q5_K");
+}
+
 TEST(QuantMix, UseMoreBitsRuleOnADeepDenseModel) {
   // 32 layers, no experts: attn_v and ffn_down in Q6_K for layers 0-3, 28-31 and (i-4) % 3 == 2.
   std::vector<TensorPlanInput> in;

@@ -1,4 +1,4 @@
-// `strata quantize IN.gguf OUT.gguf TYPE`: re-encodes a model's weights (TYPE: Q8_0, Q6_K, Q4_K, Q4_K_M, Q4_0;
+// `strata quantize IN.gguf OUT.gguf TYPE`: re-encodes a model's weights (TYPE: Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0;
 // which tensor gets which type: src/quant/quant_mix.h). All metadata is kept; general.file_type and
 // general.quantization_version are set as llama.cpp does; tensors that are not quantized (norms, the
 // router, 1-D tensors) are copied byte for byte; tensor data keeps the file's alignment.
@@ -38,7 +38,7 @@ uint32_t get_count(const gguf::File& f, const std::string& key) {
 
 int run_quantize(const std::string& in, const std::string& out, const std::string& type, int threads) {
   const auto scheme = quant_scheme_from_name(type);
-  STRATA_REQUIRE(scheme.has_value(), "unknown quantization type '{}' (expected Q8_0, Q6_K, Q4_K, Q4_K_M or Q4_0)", type);
+  STRATA_REQUIRE(scheme.has_value(), "unknown quantization type '{}' (expected Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M or Q4_0)", type);
   const auto f = gguf::File::open(in);
   const gguf::Value* arch_v = f.find("general.architecture");
   STRATA_REQUIRE(arch_v && arch_v->type == gguf::ValueType::STRING, "{}: no general.architecture string", in);
@@ -98,14 +98,14 @@ int run_quantize(const std::string& in, const std::string& out, const std::strin
 }
 
 const CommandRegistrar reg{
-    "quantize", "Quantize a GGUF model (Q8_0, Q6_K, Q4_K, Q4_K_M, Q4_0)", [](CLI::App& sub) {
+    "quantize", "Quantize a GGUF model (Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0)", [](CLI::App& sub) {
       auto in = std::make_shared<std::string>();
       auto out = std::make_shared<std::string>();
       auto type = std::make_shared<std::string>();
       auto threads = std::make_shared<int>(0);
       sub.add_option("input", *in, "input GGUF (any readable weight types)")->required();
       sub.add_option("output", *out, "output GGUF")->required();
-      sub.add_option("type", *type, "Q8_0, Q6_K, Q4_K, Q4_K_M (llama.cpp's mix) or Q4_0 (llama.cpp's)")->required();
+      sub.add_option("type", *type, "Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M (llama.cpp's mix) or Q4_0 (llama.cpp's)")->required();
       sub.add_option("-t,--threads", *threads, "threads (0 = all cores)");
       return [=] { return run_quantize(*in, *out, *type, *threads); };
     }};

@@ -21,7 +21,7 @@ struct SyntheticSpec {
   uint32_t n_vocab = 512;  // ignored with vocab_from (the copied vocabulary sets it)
   uint32_t n_ctx_train = 4096;
   float rope_base = 1e6f, rms_eps = 1e-6f;
-  // Weight format: a scheme of quant_mix.h (Q8_0, Q6_K, Q4_K, Q4_K_M) or a float type (F32/F16/BF16).
+  // Weight format: a scheme of quant_mix.h (Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0) or a float type (F32/F16/BF16).
   std::string format = "Q8_0";
   bool tied = false;  // no output.weight: the output reuses token_embd
   uint64_t seed = 1;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "common/error.h"
 #include "cpu/cpu_features.h"
@@ -38,11 +39,16 @@ void q4k_gemm_set_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memor
 
 bool q4k_gemm_cpu_ok() { return cpu_level() == CpuLevel::Avx512 && cpu_features().avx512vnni; }
 
-void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+namespace {
+
+// Q4_K (kQ5 false) or Q5_K: the same formula, Q5_K's codes with bit 4 from qh.
+template <bool kQ5>
+void k45_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
                     float* out, int64_t os) {
+  using Block = std::conditional_t<kQ5, BlockQ5_K, BlockQ4_K>;
   const int64_t nb = cols / QK_K;
   for (int r = 0; r < kQ4kGemmRows; ++r) {
-    const auto* a = reinterpret_cast<const BlockQ4_K*>(w + r * row_bytes);
+    const auto* a = reinterpret_cast<const Block*>(w + r * row_bytes);
     for (int64_t t = 0; t < n_tok; ++t) {
       const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
       float acc = 0;
@@ -61,7 +67,8 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
           int32_t dot = 0;
           for (int i = 0; i < 32; ++i) {
             const uint8_t byte = a[b].qs[32 * (sb / 2) + i];
-            const int qv = sb % 2 ? byte >> 4 : byte & 0xF;
+            int qv = sb % 2 ? byte >> 4 : byte & 0xF;
+            if constexpr (kQ5) qv |= ((a[b].qh[i] >> sb) & 1) << 4;
             dot += qv * x[b].qs[32 * sb + i];
           }
           S += sc * dot;
@@ -74,6 +81,18 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
       out[t * os + r] = acc;
     }
   }
+}
+
+}  // namespace
+
+void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  k45_gemm16_ref<false>(cols, w, row_bytes, xq, xs, n_tok, out, os);
+}
+
+void q5k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  k45_gemm16_ref<true>(cols, w, row_bytes, xq, xs, n_tok, out, os);
 }
 
 void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,

@@ -18,7 +18,7 @@
 // transposed ("repacked") on the fly into a per-thread buffer (~5 KB per 256 columns), once per call for
 // all tokens: no copy of the model is kept.
 //
-// On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K (and Q6_K, below) jobs with
+// On by default where the CPU has AVX-512 VNNI (cpu_level() == Avx512), for Q4_K (and Q5_K, Q6_K, below) jobs with
 // >= kQ4kGemmMinTok (9) tokens in MatmulMode::Fast; STRATA_Q4K_GEMM=0 turns it off (read once; tests and
 // benchmarks switch it with q4k_gemm_set_enabled).
 #include <cstdint>
@@ -40,6 +40,13 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
                     float* out, int64_t os);
 // The same numbers (bit-identical to the reference), AVX-512 VNNI; only call when q4k_gemm_cpu_ok().
 void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os);
+
+// Q5_K: Q4_K's formula with the 5-bit codes u = nibble | (bit s of qh[i]) << 4 (0..31); the same kernel
+// after the transpose adds the high bits.
+void q5k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os);
+void q5k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
 
 // Q6_K, the same scheme (q4k_gemm_enabled() switches both). Per (row, token, super-block), with the

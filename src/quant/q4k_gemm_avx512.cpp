@@ -9,6 +9,7 @@
 
 #include <cstddef>  // offsetof
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "quant/blocks.h"
@@ -19,7 +20,7 @@ namespace {
 
 // One super-block of 16 rows, transposed: lane r (int32) of every vector is row r.
 struct alignas(64) Blk16 {
-  uint8_t q[8][8][64];  // [sub-block s][k]: lane r = quants 4k .. 4k+3 of sub-block s of row r (u8, 0..15)
+  uint8_t q[8][8][64];  // [sub-block s][k]: lane r = quants 4k .. 4k+3 of sub-block s of row r (u8, 0..15; Q5_K 0..31)
   int32_t sc[8][16];    // [s][r] 6-bit scale
   int32_t mp[4][16];    // [pair p][r]: i16 pair (min 2p, min 2p+1)
   float d[16], dmin[16];
@@ -54,26 +55,41 @@ inline void transpose16x16(const __m512i in[16], __m512i out[16]) {
   }
 }
 
-// rows [0, 16) of W (row_bytes apart), super-blocks [0, nb) -> out[nb]
+// rows [0, 16) of W (row_bytes apart), super-blocks [0, nb) -> out[nb]. kQ5: Q5_K (the Q4_K layout with
+// qh[32] between the scales and qs: bit s of qh[i] is bit 4 of value i of sub-block s), codes 0..31.
+template <bool kQ5>
 void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
+  using Block = std::conditional_t<kQ5, BlockQ5_K, BlockQ4_K>;
   const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                           _mm512_set1_epi32(static_cast<int>(row_bytes)));
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     Blk16& o = out[b];
-    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ4_K));
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(Block));
     // quants: dword c = 8j + k of each row's qs (chunk j, low nibbles = sub-block 2j, high = 2j + 1)
     for (int h = 0; h < 2; ++h) {
       __m512i in[16], tr[16];
 #pragma GCC unroll 16
       for (int r = 0; r < 16; ++r)
-        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(BlockQ4_K, qs) + 64 * h);
+        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(Block, qs) + 64 * h);
       transpose16x16(in, tr);
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c) {
         const int j = 2 * h + c / 8, k = c % 8;
         _mm512_store_si512(o.q[2 * j][k], _mm512_and_si512(tr[c], m4));
         _mm512_store_si512(o.q[2 * j + 1][k], _mm512_and_si512(_mm512_srli_epi32(tr[c], 4), m4));
+      }
+    }
+    if constexpr (kQ5) {  // bit 4 of values 4k..4k+3 of sub-block s: bit s of qh bytes 4k..4k+3
+      const __m512i one = _mm512_set1_epi8(1);
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        const __m512i qh = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ5_K, qh) + 4 * k, 1);
+#pragma GCC unroll 8
+        for (int sb = 0; sb < 8; ++sb) {
+          const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(qh, sb), one), 4);
+          _mm512_store_si512(o.q[sb][k], _mm512_or_si512(_mm512_load_si512(o.q[sb][k]), hi));
+        }
       }
     }
     // d, dmin (dword 0), the 12 scale bytes s[0..11] (dwords 1..3) of the 16 rows, lane r = row r
@@ -264,7 +280,27 @@ void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
   const int64_t nb = cols / QK_K;
   thread_local std::vector<Blk16> buf;  // [nb]; grows once, reused
   if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
-  transpose16(w, row_bytes, nb, buf.data());
+  transpose16<false>(w, row_bytes, nb, buf.data());
+  const Blk16* wb = buf.data();
+  int64_t t = 0;
+  for (; t + 8 <= n_tok; t += 8) tile<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  if (t + 4 <= n_tok) {
+    tile<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 4;
+  }
+  if (t + 2 <= n_tok) {
+    tile<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
+    t += 2;
+  }
+  if (t < n_tok) tile<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+}
+
+void q5k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  thread_local std::vector<Blk16> buf;  // [nb]; grows once, reused
+  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
+  transpose16<true>(w, row_bytes, nb, buf.data());
   const Blk16* wb = buf.data();
   int64_t t = 0;
   for (; t + 8 <= n_tok; t += 8) tile<8>(nb, wb, xq + t * xs, xs, out + t * os, os);

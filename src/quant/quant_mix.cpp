@@ -44,6 +44,7 @@ std::optional<QuantScheme> quant_scheme_from_name(std::string_view name) {
   for (char c : name) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (up == "Q8_0") return QuantScheme::Q8_0;
   if (up == "Q6_K") return QuantScheme::Q6_K;
+  if (up == "Q5_K") return QuantScheme::Q5_K;
   if (up == "Q4_K") return QuantScheme::Q4_K;
   if (up == "Q4_K_M") return QuantScheme::Q4_K_M;
   if (up == "Q4_0") return QuantScheme::Q4_0;
@@ -54,6 +55,7 @@ std::string_view quant_scheme_name(QuantScheme s) {
   switch (s) {
     case QuantScheme::Q8_0: return "Q8_0";
     case QuantScheme::Q6_K: return "Q6_K";
+    case QuantScheme::Q5_K: return "Q5_K";
     case QuantScheme::Q4_K: return "Q4_K";
     case QuantScheme::Q4_K_M: return "Q4_K_M";
     case QuantScheme::Q4_0: return "Q4_0";
@@ -67,6 +69,7 @@ uint32_t quant_scheme_file_type(QuantScheme s) {
     case QuantScheme::Q8_0: return 7;
     case QuantScheme::Q4_K: return 14;
     case QuantScheme::Q4_K_M: return 15;
+    case QuantScheme::Q5_K: return 16;
     case QuantScheme::Q6_K: return 18;
   }
   return 0;
@@ -101,6 +104,7 @@ std::vector<GgmlType> plan_quantization(const std::vector<TensorPlanInput>& tens
     switch (scheme) {
       case QuantScheme::Q8_0: want = GgmlType::Q8_0; break;
       case QuantScheme::Q6_K: want = GgmlType::Q6_K; break;
+      case QuantScheme::Q5_K: want = GgmlType::Q5_K; break;
       case QuantScheme::Q4_K: want = GgmlType::Q4_K; break;
       case QuantScheme::Q4_0: {
         const std::string& n = t.name;

@@ -2,7 +2,7 @@
 // Which type each tensor of a model gets when the model is quantized (`strata quantize`).
 //
 // Schemes:
-//   Q8_0, Q6_K, Q4_K  every quantizable tensor in that type ("pure").
+//   Q8_0, Q6_K, Q5_K, Q4_K  every quantizable tensor in that type ("pure").
 //   Q4_0              llama.cpp's Q4_0 file type: Q4_0, but output.weight (or a tied token_embd.weight)
 //                     Q6_K, and attn_v / attn_qkv / attn_kv_b / attn_k Q8_0 in models with exactly 8 experts
 //                     (llama_tensor_get_type applies those two for every file type but the pure ones).
@@ -30,11 +30,12 @@
 
 namespace strata {
 
-enum class QuantScheme { Q8_0, Q6_K, Q4_K, Q4_K_M, Q4_0 };
+enum class QuantScheme { Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0 };
 
 std::optional<QuantScheme> quant_scheme_from_name(std::string_view name);  // case-insensitive
 std::string_view quant_scheme_name(QuantScheme s);
-// general.file_type (llama_ftype): Q4_0 2, Q8_0 7, Q4_K 14 (MOSTLY_Q4_K_S, the closest label), Q4_K_M 15, Q6_K 18.
+// general.file_type (llama_ftype): Q4_0 2, Q8_0 7, Q4_K 14 (MOSTLY_Q4_K_S, the closest label), Q4_K_M 15,
+// Q5_K 16 (MOSTLY_Q5_K_S, the closest label), Q6_K 18.
 uint32_t quant_scheme_file_type(QuantScheme s);
 
 struct TensorPlanInput {
