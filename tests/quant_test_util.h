@@ -9,6 +9,7 @@
 
 #include "quant/blocks.h"
 #include "quant/types.h"
+#include "quant/vec_dot.h"
 
 namespace strata::test {
 
@@ -72,6 +73,24 @@ inline std::vector<float> random_acts(int64_t n, std::mt19937& rng, float sigma 
   std::vector<float> x(n);
   for (auto& v : x) v = nd(rng);
   return x;
+}
+
+// n_tok rows of random_acts, every third one 4x larger: [n_tok][cols].
+inline std::vector<float> random_tokens(int64_t n_tok, int64_t cols, std::mt19937& rng) {
+  std::vector<float> x;
+  for (int64_t t = 0; t < n_tok; ++t) {
+    const auto row = random_acts(cols, rng, t % 3 == 0 ? 4.f : 1.f);
+    x.insert(x.end(), row.begin(), row.end());
+  }
+  return x;
+}
+
+// x: [n_tok][cols] -> n_tok activation rows of `act` (q::act_row_bytes(act, cols) bytes each).
+inline std::vector<uint8_t> quantize_act_rows(q::ActType act, const std::vector<float>& x, int64_t cols) {
+  const int64_t xb = q::act_row_bytes(act, cols), n_tok = static_cast<int64_t>(x.size()) / cols;
+  std::vector<uint8_t> xq(static_cast<size_t>(xb * n_tok));
+  for (int64_t t = 0; t < n_tok; ++t) q::quantize_act_row(act, x.data() + t * cols, xq.data() + t * xb, cols);
+  return xq;
 }
 
 }  // namespace strata::test

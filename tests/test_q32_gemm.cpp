@@ -30,25 +30,12 @@ struct GemmGuard {  // restores the switch whatever a test does
   ~GemmGuard() { q::q4k_gemm_set_enabled(was); }
 };
 
-using Gemm = void (*)(int64_t, const uint8_t*, int64_t, const uint8_t*, int64_t, int64_t, float*, int64_t);
+using Gemm = q::Gemm16Fn;
 Gemm ref_of(GgmlType t) { return t == GgmlType::Q4_0 ? q::q40_gemm16_ref : q::q80_gemm16_ref; }
 Gemm kernel_of(GgmlType t) { return t == GgmlType::Q4_0 ? q::q40_gemm16_avx512 : q::q80_gemm16_avx512; }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
-  const int64_t xb = q::act_row_bytes(q::ActType::Q8_32, cols), n_tok = int64_t(x.size()) / cols;
-  std::vector<uint8_t> xq(size_t(xb * n_tok));
-  for (int64_t t = 0; t < n_tok; ++t)
-    q::quantize_act_row(q::ActType::Q8_32, x.data() + t * cols, xq.data() + t * xb, cols);
-  return xq;
-}
-
-std::vector<float> random_tokens(int64_t n_tok, int64_t cols, std::mt19937& rng) {
-  std::vector<float> x;
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const auto row = random_acts(cols, rng, t % 3 == 0 ? 4.f : 1.f);
-    x.insert(x.end(), row.begin(), row.end());
-  }
-  return x;
+  return quantize_act_rows(q::ActType::Q8_32, x, cols);
 }
 
 // Kernel == reference (bits), and reference ~ the f64 dot of the dequantized weights and activations, for 16

@@ -37,19 +37,7 @@ q::Gemm16Fn kernel_of(GgmlType t) {
 }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
-  const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, cols), n_tok = x.size() / cols;
-  std::vector<uint8_t> xq(xb * n_tok);
-  for (int64_t t = 0; t < n_tok; ++t) q::quantize_act_row(q::ActType::Q8_K, x.data() + t * cols, xq.data() + t * xb, cols);
-  return xq;
-}
-
-std::vector<float> random_tokens(int64_t n_tok, int64_t cols, std::mt19937& rng) {
-  std::vector<float> x;
-  for (int64_t t = 0; t < n_tok; ++t) {
-    const auto row = random_acts(cols, rng, t % 3 == 0 ? 4.f : 1.f);
-    x.insert(x.end(), row.begin(), row.end());
-  }
-  return x;
+  return quantize_act_rows(q::ActType::Q8_K, x, cols);
 }
 
 // f64 dot of the dequantized weights and the dequantized Q8_K activations (the real-number value the

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "quant/blocks.h"
+#include "quant/gemm16_tiles.h"
 #include "quant/q32_gemm.h"
 #include "quant/vec_dot.h"
 
@@ -94,18 +95,9 @@ void gemm16(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq
   thread_local std::vector<Blk32> buf;  // [nb]; grows once, reused
   if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
   transpose16<kQ8>(w, row_bytes, nb, buf.data());
-  const Blk32* wb = buf.data();
-  int64_t t = 0;
-  for (; t + 8 <= n_tok; t += 8) tile<8, kOff>(nb, wb, xq + t * xs, xs, out + t * os, os);
-  if (t + 4 <= n_tok) {
-    tile<4, kOff>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 4;
-  }
-  if (t + 2 <= n_tok) {
-    tile<2, kOff>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 2;
-  }
-  if (t < n_tok) tile<1, kOff>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  over_token_tiles(n_tok, [&](auto nt, int64_t t) {
+    tile<decltype(nt)::value, kOff>(nb, buf.data(), xq + t * xs, xs, out + t * os, os);
+  });
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "quant/blocks.h"
+#include "quant/gemm16_tiles.h"
 #include "quant/q4k_gemm.h"
 
 namespace strata::q {
@@ -273,66 +274,35 @@ void tile_q6(int64_t nb, const Blk6* wb, const uint8_t* xq, int64_t xs, float* o
   for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * os, acc[t]);
 }
 
+
+// One 16-row group: transpose its blocks once, then every token tile over them.
+template <typename Blk, typename Transpose, typename Tile>
+void gemm16(int64_t nb, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok, float* out,
+            int64_t os, Transpose transpose, Tile tile) {
+  thread_local std::vector<Blk> buf;  // [nb]; grows once, reused
+  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
+  transpose(w, row_bytes, nb, buf.data());
+  over_token_tiles(n_tok, [&](auto nt, int64_t t) { tile(nt, nb, buf.data(), xq + t * xs, xs, out + t * os, os); });
+}
+
 }  // namespace
 
 void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os) {
-  const int64_t nb = cols / QK_K;
-  thread_local std::vector<Blk16> buf;  // [nb]; grows once, reused
-  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
-  transpose16<false>(w, row_bytes, nb, buf.data());
-  const Blk16* wb = buf.data();
-  int64_t t = 0;
-  for (; t + 8 <= n_tok; t += 8) tile<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
-  if (t + 4 <= n_tok) {
-    tile<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 4;
-  }
-  if (t + 2 <= n_tok) {
-    tile<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 2;
-  }
-  if (t < n_tok) tile<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  gemm16<Blk16>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16<false>,
+                [](auto nt, auto... a) { tile<decltype(nt)::value>(a...); });
 }
 
 void q5k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os) {
-  const int64_t nb = cols / QK_K;
-  thread_local std::vector<Blk16> buf;  // [nb]; grows once, reused
-  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
-  transpose16<true>(w, row_bytes, nb, buf.data());
-  const Blk16* wb = buf.data();
-  int64_t t = 0;
-  for (; t + 8 <= n_tok; t += 8) tile<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
-  if (t + 4 <= n_tok) {
-    tile<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 4;
-  }
-  if (t + 2 <= n_tok) {
-    tile<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 2;
-  }
-  if (t < n_tok) tile<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  gemm16<Blk16>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16<true>,
+                [](auto nt, auto... a) { tile<decltype(nt)::value>(a...); });
 }
 
 void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os) {
-  const int64_t nb = cols / QK_K;
-  thread_local std::vector<Blk6> buf;  // [nb]; grows once, reused
-  if (static_cast<int64_t>(buf.size()) < nb) buf.resize(nb);
-  transpose16_q6(w, row_bytes, nb, buf.data());
-  const Blk6* wb = buf.data();
-  int64_t t = 0;
-  for (; t + 8 <= n_tok; t += 8) tile_q6<8>(nb, wb, xq + t * xs, xs, out + t * os, os);
-  if (t + 4 <= n_tok) {
-    tile_q6<4>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 4;
-  }
-  if (t + 2 <= n_tok) {
-    tile_q6<2>(nb, wb, xq + t * xs, xs, out + t * os, os);
-    t += 2;
-  }
-  if (t < n_tok) tile_q6<1>(nb, wb, xq + t * xs, xs, out + t * os, os);
+  gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_q6,
+               [](auto nt, auto... a) { tile_q6<decltype(nt)::value>(a...); });
 }
 
 }  // namespace strata::q
