@@ -1,4 +1,4 @@
-// The 16-row Q4_K (and Q5_K, Q6_K) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
+// The 16-row Q4_K (and Q5_K, Q6_K, IQ4_XS) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
 // bits (same integer sums, same float steps); the reference's integer part is exact (checked against
 // int64 sums at the extreme values) and its float result stays within a rounding bound of the
 // dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K and Q6_K tensors; matmul
@@ -30,10 +30,16 @@ struct GemmGuard {  // restores the switch whatever a test does
 };
 
 q::Gemm16Fn ref_of(GgmlType t) {
-  return t == GgmlType::Q4_K ? q::q4k_gemm16_ref : t == GgmlType::Q5_K ? q::q5k_gemm16_ref : q::q6k_gemm16_ref;
+  return t == GgmlType::Q4_K   ? q::q4k_gemm16_ref
+         : t == GgmlType::Q5_K ? q::q5k_gemm16_ref
+         : t == GgmlType::Q6_K ? q::q6k_gemm16_ref
+                               : q::iq4xs_gemm16_ref;
 }
 q::Gemm16Fn kernel_of(GgmlType t) {
-  return t == GgmlType::Q4_K ? q::q4k_gemm16_avx512 : t == GgmlType::Q5_K ? q::q5k_gemm16_avx512 : q::q6k_gemm16_avx512;
+  return t == GgmlType::Q4_K   ? q::q4k_gemm16_avx512
+         : t == GgmlType::Q5_K ? q::q5k_gemm16_avx512
+         : t == GgmlType::Q6_K ? q::q6k_gemm16_avx512
+                               : q::iq4xs_gemm16_avx512;
 }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
@@ -88,7 +94,7 @@ void check_rows16(GgmlType type, const uint8_t* w, int64_t row_bytes, int64_t co
 
 TEST(Q4kGemm, KernelBitIdenticalToReferenceAndCloseToF64) {
   std::mt19937 rng(21);
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
     for (const int64_t cols : {256, 768, 2048})
       for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
         SCOPED_TRACE(testing::Message() << type_name(type) << " cols " << cols << " n_tok " << n_tok);
@@ -140,7 +146,9 @@ TEST(Q4kGemm, FixtureZooQ4K) {
   std::mt19937 rng(22);
   int checked = 0;
   for (const auto& t : f.tensors()) {
-    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q5_K && t.type != GgmlType::Q6_K) || t.n_rows() < 16) continue;
+    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q5_K && t.type != GgmlType::Q6_K && t.type != GgmlType::IQ4_XS) ||
+        t.n_rows() < 16)
+      continue;
     SCOPED_TRACE(t.name);
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = row_bytes(t.type, cols);
     const int64_t n_tok = 11;
@@ -148,7 +156,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 3) << "zoo.gguf lacks a Q4_K, Q5_K or Q6_K tensor of >= 16 rows";
+  EXPECT_GE(checked, 4) << "zoo.gguf lacks a Q4_K, Q5_K, Q6_K or IQ4_XS tensor of >= 16 rows";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {
@@ -157,7 +165,7 @@ TEST(Q4kGemm, MatmulDispatch) {
   ThreadPool pool(2);
   std::mt19937 rng(23);
   struct Shape { int64_t rows, cols, n_tok; };
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
   for (const Shape s : {Shape{768, 2048, 37}, Shape{2048, 768, 64}, Shape{40, 512, 21}, Shape{40, 512, 9}, Shape{40, 512, 8},
                         Shape{8, 256, 17}}) {
     SCOPED_TRACE(testing::Message() << type_name(type) << " " << s.rows << "x" << s.cols << " n_tok " << s.n_tok);

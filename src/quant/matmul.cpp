@@ -64,7 +64,7 @@ struct Prepared {
   std::shared_ptr<const q::RepQ4K8[]> rep;
   int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
   bool permute = false;       // this job (the owner of its activations) fills that permuted copy
-  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q5_K/Q6_K/Q4_0/Q8_0 prefill: a 16-row integer kernel (q4k_gemm.h, q32_gemm.h) on whole 16-row groups
+  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q5_K/Q6_K/IQ4_XS/Q4_0/Q8_0 prefill: a 16-row integer kernel (q4k_gemm.h, q32_gemm.h) on whole 16-row groups
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
@@ -258,15 +258,17 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
       }
       // Prefill (>= 4 tokens) of Q4_K in fast mode at the AVX-512 level: the 8-row repacked kernel
       // when the engine has turned the repack cache on and the matrix fits its budget.
-      // Prefill of Q4_K/Q5_K/Q6_K in fast mode at the AVX-512 level: the 16-row integer kernels (q4k_gemm.h; on
+      // Prefill of Q4_K/Q5_K/Q6_K/IQ4_XS in fast mode at the AVX-512 level: the 16-row integer kernels (q4k_gemm.h; on
       // unless STRATA_Q4K_GEMM=0), else for Q4_K the 8-row repacked kernel when the engine has turned the
       // repack cache on and the matrix fits its budget.
-      if ((j.type == GgmlType::Q4_K || j.type == GgmlType::Q5_K || j.type == GgmlType::Q6_K) && p.passes == 1 &&
-          p.k.level == CpuLevel::Avx512) {
+      if ((j.type == GgmlType::Q4_K || j.type == GgmlType::Q5_K || j.type == GgmlType::Q6_K ||
+           j.type == GgmlType::IQ4_XS) &&
+          p.passes == 1 && p.k.level == CpuLevel::Avx512) {
         if (j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
           p.gemm16 = j.type == GgmlType::Q4_K   ? q::q4k_gemm16_avx512
                      : j.type == GgmlType::Q5_K ? q::q5k_gemm16_avx512
-                                                : q::q6k_gemm16_avx512;
+                     : j.type == GgmlType::Q6_K ? q::q6k_gemm16_avx512
+                                                : q::iq4xs_gemm16_avx512;
         else if (j.type == GgmlType::Q4_K && j.n_tok >= 4)
           p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
       }

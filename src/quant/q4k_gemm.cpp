@@ -10,6 +10,7 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/blocks.h"
+#include "quant/iq_tables.h"
 
 namespace strata::q {
 namespace {
@@ -93,6 +94,37 @@ void q4k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 void q5k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
                     float* out, int64_t os) {
   k45_gemm16_ref<true>(cols, w, row_bytes, xq, xs, n_tok, out, os);
+}
+
+void iq4xs_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                      float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    const auto* a = reinterpret_cast<const BlockIQ4_XS*>(w + r * row_bytes);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t S = 0, M = 0;
+        for (int ib = 0; ib < 8; ++ib) {
+          const int sc = (((a[b].scales_l[ib / 2] >> 4 * (ib % 2)) & 0xF) | (((a[b].scales_h >> 2 * ib) & 3) << 4)) - 32;
+          int32_t dot = 0;
+          for (int j = 0; j < 16; ++j) {
+            const uint8_t byte = a[b].qs[16 * ib + j];
+            dot += (iq::kIq4nlValues[byte & 0xF] + 128) * x[b].qs[32 * ib + j];
+            dot += (iq::kIq4nlValues[byte >> 4] + 128) * x[b].qs[32 * ib + 16 + j];
+          }
+          S += sc * dot;
+          M += sc * (x[b].bsums[2 * ib] + x[b].bsums[2 * ib + 1]);
+        }
+        const float d = fp16_to_fp32(a[b].d);
+        const float dd = d * x[b].d, dm = (d * 128.f) * x[b].d;
+        acc = std::fma(dd, static_cast<float>(S), acc);
+        acc = std::fma(-dm, static_cast<float>(M), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
 }
 
 void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,

@@ -49,6 +49,13 @@ void q5k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 void q5k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
 
+// IQ4_XS through the same kernel: codes u = kvalues_iq4nl[index] + 128 (1..241), sc[s] = the 6-bit scale - 32
+// (signed), and in the formula above m[s] = sc[s], dmin = 128 * d (so d*S - dmin*M = d * sum sc * sum (u-128) x).
+void iq4xs_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                      float* out, int64_t os);
+void iq4xs_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                         int64_t n_tok, float* out, int64_t os);
+
 // Q6_K, the same scheme (q4k_gemm_enabled() switches both). Per (row, token, super-block), with the
 // unsigned 6-bit quants u = q + 32 (0..63), the 16 int8 scales sc[16] of 16-value sub-blocks and Q8_K bsums:
 //   S   = sum_{s<16} sc[s] * sum_{i<16} u[16 s + i] * x[16 s + i]      (int32, exact)

@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm16_tiles.h"
+#include "quant/iq_tables.h"
 #include "quant/q4k_gemm.h"
 
 namespace strata::q {
@@ -23,7 +24,7 @@ namespace {
 struct alignas(64) Blk16 {
   uint8_t q[8][8][64];  // [sub-block s][k]: lane r = quants 4k .. 4k+3 of sub-block s of row r (u8, 0..15; Q5_K 0..31)
   int32_t sc[8][16];    // [s][r] 6-bit scale
-  int32_t mp[4][16];    // [pair p][r]: i16 pair (min 2p, min 2p+1)
+  int32_t mp[4][16];    // [pair p][r]: i16 pair (min 2p, min 2p+1)  (IQ4_XS: signed scales as the mins)
   float d[16], dmin[16];
 };
 static_assert(sizeof(Blk16) == 4992);
@@ -115,6 +116,55 @@ void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
     }
 #pragma GCC unroll 4
     for (int p = 0; p < 4; ++p) _mm512_store_si512(o.mp[p], _mm512_or_si512(mn[2 * p], _mm512_slli_epi32(mn[2 * p + 1], 16)));
+  }
+}
+
+// IQ4_XS through Q4_K's tile (q4k_gemm.h): codes u = kvalues_iq4nl[index] + 128 (u8), scales sc = ls - 32,
+// the "mins" m = sc and dmin = 128 d, so that tile's d*S - dmin*M is d * sum sc * sum (u - 128) x.
+// IQ4_XS block: d f16 | scales_h u16 (2 high bits of scale ib at 2ib) | scales_l[4] (low 4 bits: ib / 2,
+// nibble ib % 2) | qs[128] (sub-block ib: qs[16 ib + j] low nibble = value j, high = value j + 16).
+void transpose16_iq4xs(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
+  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // kvalues_iq4nl + 128 in every 128-bit lane: vpshufb looks a nibble up within its lane
+  alignas(16) uint8_t lut_bytes[16];
+  for (int i = 0; i < 16; ++i) lut_bytes[i] = static_cast<uint8_t>(iq::kIq4nlValues[i] + 128);
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(lut_bytes)));
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk16& o = out[b];
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockIQ4_XS));
+    for (int h = 0; h < 2; ++h) {  // qs dword D = 16h + c: sub-block D / 4, values 4 (D % 4) .. (+16 high)
+      __m512i in[16], tr[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r)
+        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(BlockIQ4_XS, qs) + 64 * h);
+      transpose16x16(in, tr);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) {
+        const int ib = (16 * h + c) / 4, k = c % 4;
+        _mm512_store_si512(o.q[ib][k], _mm512_shuffle_epi8(lut, _mm512_and_si512(tr[c], m4)));
+        _mm512_store_si512(o.q[ib][4 + k], _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi32(tr[c], 4), m4)));
+      }
+    }
+    const __m512i dh = _mm512_i32gather_epi32(vidx, base, 1);      // d | scales_h << 16
+    const __m512i sl = _mm512_i32gather_epi32(vidx, base + 4, 1);  // scales_l[0..3]
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dh));
+    _mm512_store_ps(o.d, d);
+    _mm512_store_ps(o.dmin, _mm512_mul_ps(d, _mm512_set1_ps(128.f)));  // exact: a power of two
+    const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3), k32 = _mm512_set1_epi32(32);
+    __m512i sc[8];
+#pragma GCC unroll 8
+    for (int ib = 0; ib < 8; ++ib) {
+      const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(sl, 8 * (ib / 2) + 4 * (ib % 2)), m15);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(dh, 16 + 2 * ib), m3);
+      sc[ib] = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), k32);
+      _mm512_store_si512(o.sc[ib], sc[ib]);
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p)  // i16 pairs (sc 2p, sc 2p+1), each in -32..31
+      _mm512_store_si512(o.mp[p], _mm512_or_si512(_mm512_and_si512(sc[2 * p], _mm512_set1_epi32(0xFFFF)),
+                                                  _mm512_slli_epi32(sc[2 * p + 1], 16)));
   }
 }
 
@@ -296,6 +346,12 @@ void q4k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
 void q5k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os) {
   gemm16<Blk16>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16<true>,
+                [](auto nt, auto... a) { tile<decltype(nt)::value>(a...); });
+}
+
+void iq4xs_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                         int64_t n_tok, float* out, int64_t os) {
+  gemm16<Blk16>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_iq4xs,
                 [](auto nt, auto... a) { tile<decltype(nt)::value>(a...); });
 }
 
