@@ -245,9 +245,8 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
       // Q4_K/Q6_K/Q8_0 prefill (>= kQ4kGemmMinTok tokens) takes the 16-row integer kernel on whole 16-row
       // groups (q4k_gemm.h, q32_gemm.h): its own rounding, equal to its reference; the other rows keep the
       // per-row kernel.
-      const bool gemm16 = (t == GgmlType::Q4_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0) &&
-                          k.level == CpuLevel::Avx512 && n_tok >= q::kQ4kGemmMinTok && q::q4k_gemm_enabled() &&
-                          q::q4k_gemm_cpu_ok();
+      const bool gemm16 = q::gemm16_kernel(t) != nullptr && k.level == CpuLevel::Avx512 &&
+                          n_tok >= q::kQ4kGemmMinTok && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok();
       std::vector<float> y16(rows * n_tok);
       if (gemm16) {
         std::vector<uint8_t> xall(xq.size() * n_tok);

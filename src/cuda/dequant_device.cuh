@@ -163,9 +163,12 @@ struct Fmt<GgmlType::Q4_0> {  // d f16 | qs[16]
   static constexpr bool kFloat = false;
   template <int A>
   __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
-    const float d = h2f(ld16<A>(b));
     uint32_t q[2];
     ld64<cmin(A, 2)>(b + 2 + 8 * (i8 & 1), q);
+    unit(h2f(ld16<A>(b)), q, i8, v);
+  }
+  // Unit i8 of a block from its scale d and the 8 code bytes q of the unit's half (i8 & 1).
+  __host__ __device__ static void unit(float d, const uint32_t q[2], int i8, float v[8]) {
     const int sh = 4 * (i8 >> 1);
     for (int k = 0; k < 8; ++k) v[k] = fmul(float(int((byte_of(q, k) >> sh) & 0xF) - 8), d);
   }
@@ -179,11 +182,9 @@ struct Fmt<GgmlType::Q4_0_X8> {
   template <int A>
   __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
     const int blk = i8 >> 2, u = i8 & 3;
-    const float d = h2f(ld16<cmin(A, 2)>(b + 2 * blk));
     uint32_t q[2];
     ld64<cmin(A, 8)>(b + 16 + 16 * blk + 8 * (u & 1), q);
-    const int sh = 4 * (u >> 1);
-    for (int k = 0; k < 8; ++k) v[k] = fmul(float(int((byte_of(q, k) >> sh) & 0xF) - 8), d);
+    Fmt<GgmlType::Q4_0>::unit(h2f(ld16<cmin(A, 2)>(b + 2 * blk)), q, u, v);
   }
 };
 template <>

@@ -201,20 +201,14 @@ STRATA_FD_UNROLL
 
 // Q4_0 regrouped (quant/q4_0_x8.h): chunk ch = Q4_0 block ch of the group, its codes one aligned 16-byte
 // load. FQ40's arithmetic on the same values in the same chunk order: the same sums bit for bit.
-struct FQ40X8 {
-  static constexpr int kVals = 256, kBytes = 144, kAlign = 16, kChunks = 8, kParts = 1;
-  static constexpr bool kNeedSum = false;
-  using Chunk = FQ40::Chunk;
+// (FQ40's Chunk, q8, finish and deq, inherited.)
+struct FQ40X8 : FQ40 {
+  static constexpr int kVals = 256, kBytes = 144, kAlign = 16, kChunks = 8;
   __host__ __device__ static void load(const uint8_t* b, int ch, Chunk& c) {
     c.d = dq::h2f(dq::ld16<2>(b + 2 * ch));
     ld128(b + 16 + 16 * ch, c.q);
   }
   __host__ __device__ static int col(int ch, int g) { return 32 * ch + 8 * g; }
-  __host__ __device__ static void q8(const Chunk& c, int g, float v[8]) { FQ40::q8(c, g, v); }
-  __host__ __device__ static float finish(const Chunk& c, int p, float s, float sx, float acc) {
-    return FQ40::finish(c, p, s, sx, acc);
-  }
-  __host__ __device__ static float deq(const Chunk& c, int p, float q) { return FQ40::deq(c, p, q); }
 };
 
 struct FQ80 {  // d f16 | qs[32] int8; one chunk = the block

@@ -156,7 +156,12 @@ struct DQ40 {  // d f16 | qs[16]: value l = (qs[l] & 15) - 8, value l + 16 = (qs
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     uint32_t q[4];
     ldw<A, 4>(blk + 2, q);
-    const float d = dq::h2f(dq::ld16<2>(blk));
+    block<NT>(q, dq::h2f(dq::ld16<2>(blk)), xq, xs, xds, dss, nt, acc);
+  }
+  // One block's codes q (16 bytes as 4 words) and scale d against NT tokens' activations of that block.
+  template <int NT>
+  __host__ __device__ __forceinline__ static void block(const uint32_t q[4], float d, const int8_t* xq, int64_t xs,
+                                                        const float2* xds, int64_t dss, int nt, float acc[NT]) {
 STRATA_FD_UNROLL
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
@@ -181,18 +186,7 @@ struct DQ40X8 {
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     uint32_t q[4];
     ldw<A, 4>(blk + 16 + 16 * tt, q);
-    const float d = dq::h2f(dq::ld16<2>(blk + 2 * tt));
-STRATA_FD_UNROLL
-    for (int t = 0; t < NT; ++t) {
-      if (t >= nt) break;
-      int x[8];
-      ldx32(xq + t * xs + 32 * tt, x);
-      int s = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) s = dp4a(int(q[i] & kLo4), x[i], dp4a(int((q[i] >> 4) & kLo4), x[4 + i], s));
-      const float2 ds = xds[t * dss + tt];
-      acc[t] += d * (ds.x * float(s) - 8.f * ds.y);
-    }
+    DQ40::block<NT>(q, dq::h2f(dq::ld16<2>(blk + 2 * tt)), xq + 32 * tt, xs, xds + tt, dss, nt, acc);
   }
 };
 

@@ -18,7 +18,6 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
-#include "quant/q32_gemm.h"
 #include "quant/q4k_gemm.h"
 #include "quant/q4k_repack.h"
 #include "quant/vec_dot.h"
@@ -256,27 +255,15 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
         xq_total += p.xb * j.n_tok * p.passes;
         owners.push_back(i);
       }
-      // Prefill (>= 4 tokens) of Q4_K in fast mode at the AVX-512 level: the 8-row repacked kernel
-      // when the engine has turned the repack cache on and the matrix fits its budget.
-      // Prefill of Q4_K/Q5_K/Q6_K/IQ4_XS in fast mode at the AVX-512 level: the 16-row integer kernels (q4k_gemm.h; on
-      // unless STRATA_Q4K_GEMM=0), else for Q4_K the 8-row repacked kernel when the engine has turned the
-      // repack cache on and the matrix fits its budget.
-      if ((j.type == GgmlType::Q4_K || j.type == GgmlType::Q5_K || j.type == GgmlType::Q6_K ||
-           j.type == GgmlType::IQ4_XS) &&
-          p.passes == 1 && p.k.level == CpuLevel::Avx512) {
-        if (j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
-          p.gemm16 = j.type == GgmlType::Q4_K   ? q::q4k_gemm16_avx512
-                     : j.type == GgmlType::Q5_K ? q::q5k_gemm16_avx512
-                     : j.type == GgmlType::Q6_K ? q::q6k_gemm16_avx512
-                                                : q::iq4xs_gemm16_avx512;
-        else if (j.type == GgmlType::Q4_K && j.n_tok >= 4)
-          p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
-      }
-      // The same for Q4_0 / Q8_0 (q32_gemm.h; Q8_32 activations).
-      if ((j.type == GgmlType::Q4_0 || j.type == GgmlType::Q8_0) && p.passes == 1 && p.k.level == CpuLevel::Avx512 &&
-          p.k.act == q::ActType::Q8_32 && j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows &&
-          q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok())
-        p.gemm16 = j.type == GgmlType::Q4_0 ? q::q40_gemm16_avx512 : q::q80_gemm16_avx512;
+      // Prefill in fast mode at the AVX-512 level: the type's 16-row integer kernel (q4k_gemm.h gemm16_kernel:
+      // Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q8_0; on unless STRATA_Q4K_GEMM=0), else for Q4_K the 8-row repacked
+      // kernel when the engine has turned the repack cache on and the matrix fits its budget.
+      const bool avx512_fast = p.passes == 1 && p.k.level == CpuLevel::Avx512;
+      if (avx512_fast && j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() &&
+          q::q4k_gemm_cpu_ok())
+        p.gemm16 = q::gemm16_kernel(j.type);
+      if (!p.gemm16 && avx512_fast && j.type == GgmlType::Q4_K && j.n_tok >= 4)
+        p.rep = q::q4k_repacked(j.w, j.rows, j.cols);
       if (p.rep) {
         Prepared& own = same >= 0 ? prep[same] : p;
         if (own.xperm_offset < 0) {

@@ -4,6 +4,7 @@
 
 #include "common/error.h"
 #include "quant/blocks.h"
+#include "quant/dequant.h"
 
 namespace strata {
 
@@ -25,17 +26,14 @@ void repack_q4_0_x8(const void* src, void* dst, int64_t n) {
 void dequantize_q4_0_x8(const void* src, float* dst, int64_t n) {
   STRATA_REQUIRE(n >= 0 && n % kQ4_0X8Values == 0, "q4_0x8: {} values is not a multiple of {}", n, kQ4_0X8Values);
   const auto* in = static_cast<const uint8_t*>(src);
-  for (int64_t g = 0; g < n / kQ4_0X8Values; ++g, in += kQ4_0X8Bytes)
-    for (int k = 0; k < 8; ++k, dst += 32) {
-      uint16_t h;
-      std::memcpy(&h, in + 2 * k, 2);
-      const float d = q::fp16_to_fp32(h);
-      const uint8_t* qs = in + 16 + 16 * k;
-      for (int j = 0; j < 16; ++j) {  // Q4_0's expression (quant/dequant.cpp deq_q4_0)
-        dst[j] = ((qs[j] & 0xF) - 8) * d;
-        dst[j + 16] = ((qs[j] >> 4) - 8) * d;
-      }
+  BlockQ4_0 blocks[8];  // a group back in Q4_0's layout, dequantized by Q4_0's own code
+  for (int64_t g = 0; g < n / kQ4_0X8Values; ++g, in += kQ4_0X8Bytes, dst += kQ4_0X8Values) {
+    for (int k = 0; k < 8; ++k) {
+      std::memcpy(&blocks[k].d, in + 2 * k, 2);
+      std::memcpy(blocks[k].qs, in + 16 + 16 * k, 16);
     }
+    dequantize_row(GgmlType::Q4_0, blocks, dst, kQ4_0X8Values);
+  }
 }
 
 }  // namespace strata

@@ -17,7 +17,7 @@ constexpr int64_t kQ4_0X8Bytes = 144;   // bytes per group (8 Q4_0 blocks of 18)
 // not). src and dst must not overlap.
 void repack_q4_0_x8(const void* src, void* dst, int64_t n);
 
-// dst[0..n) = the values of Q4_0_X8 data (bit-exact with Q4_0's dequantization of the blocks it holds).
+// dst[0..n) = the values of Q4_0_X8 data: each group put back in Q4_0's layout and dequantized as Q4_0.
 void dequantize_q4_0_x8(const void* src, float* dst, int64_t n);
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 #include "cpu/cpu_features.h"
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
+#include "quant/q32_gemm.h"
 
 namespace strata::q {
 namespace {
@@ -39,6 +40,18 @@ bool q4k_gemm_enabled() {
 void q4k_gemm_set_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
 
 bool q4k_gemm_cpu_ok() { return cpu_level() == CpuLevel::Avx512 && cpu_features().avx512vnni; }
+
+Gemm16Fn gemm16_kernel(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: return q4k_gemm16_avx512;
+    case GgmlType::Q5_K: return q5k_gemm16_avx512;
+    case GgmlType::Q6_K: return q6k_gemm16_avx512;
+    case GgmlType::IQ4_XS: return iq4xs_gemm16_avx512;
+    case GgmlType::Q4_0: return q40_gemm16_avx512;
+    case GgmlType::Q8_0: return q80_gemm16_avx512;
+    default: return nullptr;
+  }
+}
 
 namespace {
 

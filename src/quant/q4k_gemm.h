@@ -23,6 +23,8 @@
 // benchmarks switch it with q4k_gemm_set_enabled).
 #include <cstdint>
 
+#include "quant/types.h"
+
 namespace strata::q {
 
 // Fewer tokens: the decode kernels. Not lower: the fused MoE decode path (<= kMoeFusedMaxTokens = 8
@@ -68,5 +70,9 @@ void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
 
 using Gemm16Fn = void (*)(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                           int64_t n_tok, float* out, int64_t os);
+
+// The AVX-512 16-row kernel of type t (Q4_K, Q5_K, Q6_K, IQ4_XS here; Q4_0, Q8_0 in q32_gemm.h), its
+// activations in t's activation type (vec_dot.h act_type_for); nullptr for any other type.
+Gemm16Fn gemm16_kernel(GgmlType t);
 
 }  // namespace strata::q

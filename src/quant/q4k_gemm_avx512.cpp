@@ -57,24 +57,34 @@ inline void transpose16x16(const __m512i in[16], __m512i out[16]) {
   }
 }
 
+// Lane r = r * row_bytes: the gathers' byte offsets of a field in each of the 16 rows.
+inline __m512i row_offsets(int64_t row_bytes) {
+  return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                            _mm512_set1_epi32(static_cast<int>(row_bytes)));
+}
+
+// The 64 bytes at p of each of the 16 rows (row_bytes apart), transposed: tr[c] lane r = dword c of row r.
+inline void load16_transposed(const uint8_t* p, int64_t row_bytes, __m512i tr[16]) {
+  __m512i in[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) in[r] = _mm512_loadu_si512(p + r * row_bytes);
+  transpose16x16(in, tr);
+}
+
 // rows [0, 16) of W (row_bytes apart), super-blocks [0, nb) -> out[nb]. kQ5: Q5_K (the Q4_K layout with
 // qh[32] between the scales and qs: bit s of qh[i] is bit 4 of value i of sub-block s), codes 0..31.
 template <bool kQ5>
 void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
   using Block = std::conditional_t<kQ5, BlockQ5_K, BlockQ4_K>;
-  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i vidx = row_offsets(row_bytes);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
     Blk16& o = out[b];
     const uint8_t* base = w + b * static_cast<int64_t>(sizeof(Block));
     // quants: dword c = 8j + k of each row's qs (chunk j, low nibbles = sub-block 2j, high = 2j + 1)
     for (int h = 0; h < 2; ++h) {
-      __m512i in[16], tr[16];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(Block, qs) + 64 * h);
-      transpose16x16(in, tr);
+      __m512i tr[16];
+      load16_transposed(base + offsetof(Block, qs) + 64 * h, row_bytes, tr);
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c) {
         const int j = 2 * h + c / 8, k = c % 8;
@@ -124,8 +134,7 @@ void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
 // IQ4_XS block: d f16 | scales_h u16 (2 high bits of scale ib at 2ib) | scales_l[4] (low 4 bits: ib / 2,
 // nibble ib % 2) | qs[128] (sub-block ib: qs[16 ib + j] low nibble = value j, high = value j + 16).
 void transpose16_iq4xs(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* out) {
-  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i vidx = row_offsets(row_bytes);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   // kvalues_iq4nl + 128 in every 128-bit lane: vpshufb looks a nibble up within its lane
   alignas(16) uint8_t lut_bytes[16];
@@ -135,11 +144,8 @@ void transpose16_iq4xs(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk16* o
     Blk16& o = out[b];
     const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockIQ4_XS));
     for (int h = 0; h < 2; ++h) {  // qs dword D = 16h + c: sub-block D / 4, values 4 (D % 4) .. (+16 high)
-      __m512i in[16], tr[16];
-#pragma GCC unroll 16
-      for (int r = 0; r < 16; ++r)
-        in[r] = _mm512_loadu_si512(base + r * row_bytes + offsetof(BlockIQ4_XS, qs) + 64 * h);
-      transpose16x16(in, tr);
+      __m512i tr[16];
+      load16_transposed(base + offsetof(BlockIQ4_XS, qs) + 64 * h, row_bytes, tr);
 #pragma GCC unroll 16
       for (int c = 0; c < 16; ++c) {
         const int ib = (16 * h + c) / 4, k = c % 4;
@@ -233,8 +239,7 @@ struct alignas(64) Blk6 {
 static_assert(sizeof(Blk6) == 5696);
 
 void transpose16_q6(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
-  const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                          _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  const __m512i vidx = row_offsets(row_bytes);
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m256i m3 = _mm256_set1_epi8(3);
   for (int64_t b = 0; b < nb; ++b) {

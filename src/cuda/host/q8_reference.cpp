@@ -32,20 +32,18 @@ void scale_min(int j, const uint8_t* s, int& sc, int& m) {
 
 // Q4_0 block (18 bytes: d f16 | qs[16]; value l: qs[l] & 15, value l + 16: qs[l] >> 4; minus 8).
 // sum (nib - 8) * d * dx * qx = d * (dx * sum(nib * qx) - 8 * dx * sum(qx)).
-float task_q4_0(const uint8_t* b, const int8_t* xq, const Q8Ds* xds) {
+// (d_bits: the block's f16 scale; qs: its 16 code bytes.)
+float task_q4_0_parts(uint16_t d_bits, const uint8_t* qs, const int8_t* xq, const Q8Ds* xds) {
   int sumi = 0;
-  for (int l = 0; l < 16; ++l) sumi += (b[2 + l] & 15) * xq[l] + (b[2 + l] >> 4) * xq[l + 16];
-  return fp16_to_fp32(rd16(b)) * (xds[0].d * float(sumi) - 8.f * xds[0].s);
+  for (int l = 0; l < 16; ++l) sumi += (qs[l] & 15) * xq[l] + (qs[l] >> 4) * xq[l + 16];
+  return fp16_to_fp32(d_bits) * (xds[0].d * float(sumi) - 8.f * xds[0].s);
 }
+float task_q4_0(const uint8_t* b, const int8_t* xq, const Q8Ds* xds) { return task_q4_0_parts(rd16(b), b + 2, xq, xds); }
 
 // Q4_0_X8 task tt < 8 (quant/q4_0_x8.h): Q4_0 block tt of the group, d at 2tt, codes at 16 + 16tt, its
 // activations the group's 32-value block tt. task_q4_0's arithmetic.
 float task_q4_0_x8(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
-  const uint8_t* qs = b + 16 + 16 * tt;
-  const int8_t* x = xq + 32 * tt;
-  int sumi = 0;
-  for (int l = 0; l < 16; ++l) sumi += (qs[l] & 15) * x[l] + (qs[l] >> 4) * x[l + 16];
-  return fp16_to_fp32(rd16(b + 2 * tt)) * (xds[tt].d * float(sumi) - 8.f * xds[tt].s);
+  return task_q4_0_parts(rd16(b + 2 * tt), b + 16 + 16 * tt, xq + 32 * tt, xds + tt);
 }
 
 // Q8_0 block (34 bytes: d f16 | qs[32] int8).
