@@ -1,8 +1,9 @@
 #pragma once
 // Quantization of f32 rows to ggml formats (for `strata quantize`, tests and tools).
-// Supported targets: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K (the activation format) and the float types
-// F32/F16/BF16. The K-quant scale searches are our own weighted least-squares fits (docs/quant.md);
-// the outputs are ordinary ggml blocks that any GGUF reader (llama.cpp included) loads.
+// Supported targets: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_K (the
+// activation format) and the float types F32/F16/BF16. The scale searches are our own weighted
+// least-squares fits (quant_fit.h, docs/quant.md); the outputs are ordinary ggml blocks that any GGUF
+// reader (llama.cpp included) loads.
 #include <cstdint>
 
 #include "quant/types.h"
