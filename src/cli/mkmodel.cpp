@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "model/synthetic.h"
+#include "quant/quant_mix.h"
 
 namespace strata::cli {
 namespace {
@@ -18,7 +19,9 @@ const CommandRegistrar reg(
       auto threads = std::make_shared<int>(0);
       app.add_option("-o,--output", *out, "output GGUF path")->required();
       app.add_option("--preset", *preset, "start from a geometry: qwen3-30b-a3b, tiny, qwen3-next-80b-a3b or tiny-qwen3next (flags below override)");
-      app.add_option("--format", s->format, "Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0, F32, F16 or BF16")->capture_default_str();
+      app.add_option("--format", s->format, "a quantization scheme (" + quant_scheme_names() + ") or F32, F16, BF16")
+          ->capture_default_str();
+      app.add_flag("--pure", s->pure, "every quantizable tensor in the scheme's base type (no per-tensor mix)");
       app.add_option("--layers", s->n_layer, "block count")->capture_default_str();
       app.add_option("--embd", s->n_embd, "embedding length")->capture_default_str();
       app.add_option("--heads", s->n_head, "query heads")->capture_default_str();

@@ -1,8 +1,9 @@
-// `strata quantize IN.gguf OUT.gguf TYPE`: re-encodes a model's weights (TYPE: Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0;
-// which tensor gets which type: src/quant/quant_mix.h). All metadata is kept; general.file_type and
+// `strata quantize IN.gguf OUT.gguf TYPE [--pure]`: re-encodes a model's weights (TYPE: a scheme of
+// src/quant/quant_mix.h, which also says which tensor gets which type). All metadata is kept; general.file_type and
 // general.quantization_version are set as llama.cpp does; tensors that are not quantized (norms, the
 // router, 1-D tensors) are copied byte for byte; tensor data keeps the file's alignment.
 // The output is held in memory until it is written (through a temporary file renamed into place).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -36,19 +37,27 @@ uint32_t get_count(const gguf::File& f, const std::string& key) {
   }
 }
 
-int run_quantize(const std::string& in, const std::string& out, const std::string& type, int threads) {
+int run_quantize(const std::string& in, const std::string& out, const std::string& type, bool pure, int threads) {
   const auto scheme = quant_scheme_from_name(type);
-  STRATA_REQUIRE(scheme.has_value(), "unknown quantization type '{}' (expected Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M or Q4_0)", type);
+  STRATA_REQUIRE(scheme.has_value(), "unknown quantization type '{}' (expected one of {})", type, quant_scheme_names());
   const auto f = gguf::File::open(in);
   const gguf::Value* arch_v = f.find("general.architecture");
   STRATA_REQUIRE(arch_v && arch_v->type == gguf::ValueType::STRING, "{}: no general.architecture string", in);
   const std::string arch = arch_v->str;
   const int n_layer = static_cast<int>(get_count(f, arch + ".block_count"));
   const int n_expert = static_cast<int>(get_count(f, arch + ".expert_count"));
+  // Query heads per KV head (llama.cpp's n_gqa); 1 where the counts are missing or per-layer arrays.
+  auto scalar_count = [&](const std::string& key) -> uint32_t {
+    const gguf::Value* v = f.find(key);
+    return v && v->type != gguf::ValueType::ARRAY ? get_count(f, key) : 0;
+  };
+  const uint32_t n_head = scalar_count(arch + ".attention.head_count"),
+                 n_head_kv = scalar_count(arch + ".attention.head_count_kv");
+  const int n_gqa = n_head && n_head_kv ? static_cast<int>(n_head / n_head_kv) : 1;
 
   std::vector<TensorPlanInput> plan_in;
   for (const auto& t : f.tensors()) plan_in.push_back({t.name, t.n_dims, t.ne[0], t.type});
-  const std::vector<GgmlType> plan = plan_quantization(plan_in, *scheme, n_layer, n_expert);
+  const std::vector<GgmlType> plan = plan_quantization(plan_in, *scheme, {n_layer, n_expert, std::max(n_gqa, 1)}, pure);
 
   gguf::Writer w;
   for (const auto& kv : f.metadata()) w.set_value(kv.key, kv.value);
@@ -98,16 +107,21 @@ int run_quantize(const std::string& in, const std::string& out, const std::strin
 }
 
 const CommandRegistrar reg{
-    "quantize", "Quantize a GGUF model (Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0)", [](CLI::App& sub) {
+    "quantize", "Quantize a GGUF model (Q4_K_M, Q8_0, Q2_K, Q3_K_M, IQ4_XS, ...: see the type option)", [](CLI::App& sub) {
       auto in = std::make_shared<std::string>();
       auto out = std::make_shared<std::string>();
       auto type = std::make_shared<std::string>();
       auto threads = std::make_shared<int>(0);
       sub.add_option("input", *in, "input GGUF (any readable weight types)")->required();
       sub.add_option("output", *out, "output GGUF")->required();
-      sub.add_option("type", *type, "Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M (llama.cpp's mix) or Q4_0 (llama.cpp's)")->required();
+      auto pure = std::make_shared<bool>(false);
+      sub.add_option("type", *type,
+                     quant_scheme_names() + " (Q8_0, Q6_K, Q5_K, Q4_K: one type everywhere; the others: llama.cpp's "
+                     "file types and per-tensor rules)")
+          ->required();
+      sub.add_flag("--pure", *pure, "every quantizable tensor in the type's base type (llama-quantize --pure)");
       sub.add_option("-t,--threads", *threads, "threads (0 = all cores)");
-      return [=] { return run_quantize(*in, *out, *type, *threads); };
+      return [=] { return run_quantize(*in, *out, *type, *pure, *threads); };
     }};
 
 }  // namespace

@@ -262,11 +262,12 @@ void write_synthetic_model(const SyntheticSpec& s0, const std::string& path, Thr
   const auto ft = type_from_name(s.format);
   const auto scheme = quant_scheme_from_name(s.format);
   STRATA_REQUIRE(scheme || (ft && (*ft == GgmlType::F32 || *ft == GgmlType::F16 || *ft == GgmlType::BF16)),
-                 "mkmodel: format '{}' is not one of Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0, F32, F16, BF16", s.format);
+                 "mkmodel: format '{}' is not one of {}, F32, F16, BF16", s.format, quant_scheme_names());
   std::vector<TensorPlanInput> plan_in;
   for (const auto& t : ts) plan_in.push_back({t.name, uint32_t(t.dims.size()), t.dims[0], GgmlType::F32});
   if (scheme) {
-    const auto types = plan_quantization(plan_in, *scheme, int(s.n_layer), int(s.n_expert));
+    const ModelShape shape{int(s.n_layer), int(s.n_expert), int(s.n_head / std::max<uint32_t>(s.n_head_kv, 1))};
+    const auto types = plan_quantization(plan_in, *scheme, shape, s.pure);
     for (size_t i = 0; i < ts.size(); ++i) ts[i].type = types[i];
   } else {
     for (size_t i = 0; i < ts.size(); ++i)

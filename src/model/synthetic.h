@@ -21,8 +21,9 @@ struct SyntheticSpec {
   uint32_t n_vocab = 512;  // ignored with vocab_from (the copied vocabulary sets it)
   uint32_t n_ctx_train = 4096;
   float rope_base = 1e6f, rms_eps = 1e-6f;
-  // Weight format: a scheme of quant_mix.h (Q8_0, Q6_K, Q5_K, Q4_K, Q4_K_M, Q4_0) or a float type (F32/F16/BF16).
+  // Weight format: a scheme of quant_mix.h (Q8_0, Q4_K_M, Q2_K, IQ4_XS, ...) or a float type (F32/F16/BF16).
   std::string format = "Q8_0";
+  bool pure = false;  // the scheme's base type for every quantizable tensor (quant_mix.h)
   bool tied = false;  // no output.weight: the output reuses token_embd
   uint64_t seed = 1;
   std::string vocab_from;  // GGUF whose tokenizer.* metadata is copied
