@@ -1,11 +1,13 @@
-// The 16-row Q4_K (and Q5_K, Q6_K, IQ4_XS) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
+// The 16-row Q4_K (and Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
 // bits (same integer sums, same float steps); the reference's integer part is exact (checked against
 // int64 sums at the extreme values) and its float result stays within a rounding bound of the
 // dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K and Q6_K tensors; matmul
 // dispatches to it (fast mode, Q4_K, >= 8 tokens, whole 16-row groups) and only there.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstring>
 #include <random>
 #include <string>
@@ -30,17 +32,27 @@ struct GemmGuard {  // restores the switch whatever a test does
 };
 
 q::Gemm16Fn ref_of(GgmlType t) {
-  return t == GgmlType::Q4_K   ? q::q4k_gemm16_ref
-         : t == GgmlType::Q5_K ? q::q5k_gemm16_ref
-         : t == GgmlType::Q6_K ? q::q6k_gemm16_ref
-                               : q::iq4xs_gemm16_ref;
+  switch (t) {
+    case GgmlType::Q2_K: return q::q2k_gemm16_ref;
+    case GgmlType::Q3_K: return q::q3k_gemm16_ref;
+    case GgmlType::Q4_K: return q::q4k_gemm16_ref;
+    case GgmlType::Q5_K: return q::q5k_gemm16_ref;
+    case GgmlType::Q6_K: return q::q6k_gemm16_ref;
+    default: return q::iq4xs_gemm16_ref;
+  }
 }
 q::Gemm16Fn kernel_of(GgmlType t) {
-  return t == GgmlType::Q4_K   ? q::q4k_gemm16_avx512
-         : t == GgmlType::Q5_K ? q::q5k_gemm16_avx512
-         : t == GgmlType::Q6_K ? q::q6k_gemm16_avx512
-                               : q::iq4xs_gemm16_avx512;
+  switch (t) {
+    case GgmlType::Q2_K: return q::q2k_gemm16_avx512;
+    case GgmlType::Q3_K: return q::q3k_gemm16_avx512;
+    case GgmlType::Q4_K: return q::q4k_gemm16_avx512;
+    case GgmlType::Q5_K: return q::q5k_gemm16_avx512;
+    case GgmlType::Q6_K: return q::q6k_gemm16_avx512;
+    default: return q::iq4xs_gemm16_avx512;
+  }
 }
+const GgmlType kTypes[] = {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+bool has_kernel(GgmlType t) { return std::find(std::begin(kTypes), std::end(kTypes), t) != std::end(kTypes); }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
   return quantize_act_rows(q::ActType::Q8_K, x, cols);
@@ -94,7 +106,7 @@ void check_rows16(GgmlType type, const uint8_t* w, int64_t row_bytes, int64_t co
 
 TEST(Q4kGemm, KernelBitIdenticalToReferenceAndCloseToF64) {
   std::mt19937 rng(21);
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
+  for (const GgmlType type : kTypes)
     for (const int64_t cols : {256, 768, 2048})
       for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
         SCOPED_TRACE(testing::Message() << type_name(type) << " cols " << cols << " n_tok " << n_tok);
@@ -146,8 +158,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
   std::mt19937 rng(22);
   int checked = 0;
   for (const auto& t : f.tensors()) {
-    if ((t.type != GgmlType::Q4_K && t.type != GgmlType::Q5_K && t.type != GgmlType::Q6_K && t.type != GgmlType::IQ4_XS) ||
-        t.n_rows() < 16)
+    if (!has_kernel(t.type) || t.n_rows() < 16)
       continue;
     SCOPED_TRACE(t.name);
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = row_bytes(t.type, cols);
@@ -156,7 +167,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 4) << "zoo.gguf lacks a Q4_K, Q5_K, Q6_K or IQ4_XS tensor of >= 16 rows";
+  EXPECT_GE(checked, 6) << "zoo.gguf lacks a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS tensor of >= 16 rows";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {
@@ -165,7 +176,7 @@ TEST(Q4kGemm, MatmulDispatch) {
   ThreadPool pool(2);
   std::mt19937 rng(23);
   struct Shape { int64_t rows, cols, n_tok; };
-  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS})
+  for (const GgmlType type : kTypes)
   for (const Shape s : {Shape{768, 2048, 37}, Shape{2048, 768, 64}, Shape{40, 512, 21}, Shape{40, 512, 9}, Shape{40, 512, 8},
                         Shape{8, 256, 17}}) {
     SCOPED_TRACE(testing::Message() << type_name(type) << " " << s.rows << "x" << s.cols << " n_tok " << s.n_tok);

@@ -43,6 +43,8 @@ bool q4k_gemm_cpu_ok() { return cpu_level() == CpuLevel::Avx512 && cpu_features(
 
 Gemm16Fn gemm16_kernel(GgmlType t) {
   switch (t) {
+    case GgmlType::Q2_K: return q2k_gemm16_avx512;
+    case GgmlType::Q3_K: return q3k_gemm16_avx512;
     case GgmlType::Q4_K: return q4k_gemm16_avx512;
     case GgmlType::Q5_K: return q5k_gemm16_avx512;
     case GgmlType::Q6_K: return q6k_gemm16_avx512;
@@ -163,6 +165,64 @@ void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
         }
         const float dd = fp16_to_fp32(a[b].d) * x[b].d;
         acc = std::fma(dd, static_cast<float>(S - 32 * M), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
+}
+
+// Value v of a Q2_K / Q3_K super-block: bits 2 j of qs[32 h + l] (h = v / 128, j = (v % 128) / 32, l = v % 32);
+// Q3_K's third bit is bit 4 h + j of hmask[l].
+static inline int q23_low_bits(const uint8_t* qs, int v) { return (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3; }
+
+void q3k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    const auto* a = reinterpret_cast<const BlockQ3_K*>(w + r * row_bytes);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        int8_t sc[16];
+        q3k_scales(a[b].scales, sc);
+        int32_t S = 0, M = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i) {
+            const int v = 16 * s + i;
+            const int hbit = (a[b].hmask[v % 32] >> (4 * (v / 128) + (v % 128) / 32)) & 1;
+            dot += (q23_low_bits(a[b].qs, v) | (hbit << 2)) * x[b].qs[v];
+          }
+          S += sc[s] * dot;
+          M += sc[s] * x[b].bsums[s];
+        }
+        acc = std::fma(fp16_to_fp32(a[b].d) * x[b].d, static_cast<float>(S - 4 * M), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
+}
+
+void q2k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  const int64_t nb = cols / QK_K;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    const auto* a = reinterpret_cast<const BlockQ2_K*>(w + r * row_bytes);
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t S = 0, M = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i) dot += q23_low_bits(a[b].qs, 16 * s + i) * x[b].qs[16 * s + i];
+          S += (a[b].scales[s] & 0xF) * dot;
+          M += (a[b].scales[s] >> 4) * x[b].bsums[s];
+        }
+        const float dd = fp16_to_fp32(a[b].d) * x[b].d, dm = fp16_to_fp32(a[b].dmin) * x[b].d;
+        acc = std::fma(dd, static_cast<float>(S), acc);
+        acc = std::fma(-dm, static_cast<float>(M), acc);
       }
       out[t * os + r] = acc;
     }

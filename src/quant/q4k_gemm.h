@@ -68,10 +68,27 @@ void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
 
+// Q3_K through Q6_K's kernel: codes u = q + 4 (0..7), sc[s] = the 6-bit scale - 32, and 4 in place of 32:
+//   acc = fma(d * x.d, float(S - 4 M), acc)
+void q3k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os);
+void q3k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os);
+
+// Q2_K: Q6_K's 16-value sub-blocks with Q4_K's two float steps. Codes q (0..3), 4-bit scales sc[16] and
+// mins m[16]:
+//   S   = sum_{s<16} sc[s] * sum_{i<16} q[16 s + i] * x[16 s + i]        (int32, exact)
+//   M   = sum_{s<16} m[s] * bsums[s]                                      (int32, exact)
+//   acc = fma(-(dmin * x.d), float(M), fma(d * x.d, float(S), acc))
+void q2k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os);
+void q2k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os);
+
 using Gemm16Fn = void (*)(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                           int64_t n_tok, float* out, int64_t os);
 
-// The AVX-512 16-row kernel of type t (Q4_K, Q5_K, Q6_K, IQ4_XS here; Q4_0, Q8_0 in q32_gemm.h), its
+// The AVX-512 16-row kernel of type t (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS here; Q4_0, Q8_0 in q32_gemm.h), its
 // activations in t's activation type (vec_dot.h act_type_for); nullptr for any other type.
 Gemm16Fn gemm16_kernel(GgmlType t);
 

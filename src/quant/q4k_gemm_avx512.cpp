@@ -229,14 +229,105 @@ void tile(int64_t nb, const Blk16* wb, const uint8_t* xq, int64_t xs, float* out
   for (int t = 0; t < NT; ++t) _mm512_storeu_ps(out + t * os, acc[t]);
 }
 
-// Q6_K: one super-block of 16 rows, transposed (lane r = row r).
+// Q6_K, Q3_K, Q2_K (16-value sub-blocks): one super-block of 16 rows, transposed (lane r = row r).
 struct alignas(64) Blk6 {
-  uint8_t q[64][64];   // [c]: lane r = unsigned quants 4c .. 4c+3 of row r (0..63)
-  int32_t sc[16][16];  // [s][r] int8 scale
-  int32_t mp[8][16];   // [m][r]: i16 pair (scale 2m, scale 2m+1)
-  float d[16];
+  uint8_t q[64][64];   // [c]: lane r = unsigned quants 4c .. 4c+3 of row r (Q6_K 0..63, Q3_K 0..7, Q2_K 0..3)
+  int32_t sc[16][16];  // [s][r] scale (Q6_K int8, Q3_K 6-bit - 32, Q2_K 4-bit)
+  int32_t mp[8][16];   // [m][r]: i16 pair (scale 2m, scale 2m+1); Q2_K: (min 2m, min 2m+1)
+  float d[16], dmin[16];  // dmin: Q2_K only
 };
-static_assert(sizeof(Blk6) == 5696);
+static_assert(sizeof(Blk6) == 5760);
+
+// Stores the 16 scales of 16 rows (sc[s] lane r) and their i16 pairs (mp; or the pairs of mn where given).
+inline void store_scales16(const __m512i sc[16], const __m512i* mn, Blk6& o) {
+#pragma GCC unroll 16
+  for (int s = 0; s < 16; ++s) _mm512_store_si512(o.sc[s], sc[s]);
+  const __m512i* pv = mn ? mn : sc;
+#pragma GCC unroll 8
+  for (int m = 0; m < 8; ++m)
+    _mm512_store_si512(o.mp[m], _mm512_or_si512(_mm512_and_si512(pv[2 * m], _mm512_set1_epi32(0xFFFF)),
+                                                _mm512_slli_epi32(pv[2 * m + 1], 16)));
+}
+
+// Q3_K and Q2_K codes: values 64 z .. 64 z + 63 of a row are bits 2 j0 .. 2 j0 + 3 of qs[32 h .. 32 h + 31]
+// (h = z / 2, j0 = 2 (z % 2); Q3_K: bit 4 h + j of hmask[l] is the third bit of value 32 j + l of half h).
+template <bool kQ3>
+void transpose16_q23_codes(const uint8_t* base, int64_t row_bytes, size_t qs_off, Blk6& o) {
+  const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+  for (int z = 0; z < 4; ++z) {
+    const int h = z / 2, j0 = 2 * (z % 2);
+    __m512i in[16], tr[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* a = base + r * row_bytes;
+      const __m256i Q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + qs_off + 32 * h));
+      __m256i u0 = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * j0), m3);
+      __m256i u1 = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * j0 + 2), m3);
+      if constexpr (kQ3) {
+        const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + offsetof(BlockQ3_K, hmask)));
+        u0 = _mm256_or_si256(u0, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4 * h + j0), m1), 2));
+        u1 = _mm256_or_si256(u1, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(H, 4 * h + j0 + 1), m1), 2));
+      }
+      in[r] = _mm512_inserti64x4(_mm512_castsi256_si512(u0), u1, 1);
+    }
+    transpose16x16(in, tr);
+#pragma GCC unroll 16
+    for (int c = 0; c < 16; ++c) _mm512_store_si512(o.q[16 * z + c], tr[c]);
+  }
+}
+
+// Q3_K: codes u = q + 4 (0..7), the 12 packed bytes of 6-bit scales unpacked as ggml does (q3k_scales).
+void transpose16_q3(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
+  const __m512i vidx = row_offsets(row_bytes);
+  const __m512i m2 = _mm512_set1_epi32(0x0f0f0f0f), m1 = _mm512_set1_epi32(0x03030303);
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk6& o = out[b];
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ3_K));
+    transpose16_q23_codes<true>(base, row_bytes, offsetof(BlockQ3_K, qs), o);
+    const uint8_t* sp = base + offsetof(BlockQ3_K, scales);
+    const __m512i a0 = _mm512_i32gather_epi32(vidx, sp, 1), a1 = _mm512_i32gather_epi32(vidx, sp + 4, 1),
+                  a2 = _mm512_i32gather_epi32(vidx, sp + 8, 1);
+    const __m512i A[4] = {
+        _mm512_or_si512(_mm512_and_si512(a0, m2), _mm512_slli_epi32(_mm512_and_si512(a2, m1), 4)),
+        _mm512_or_si512(_mm512_and_si512(a1, m2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a2, 2), m1), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a0, 4), m2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a2, 4), m1), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a1, 4), m2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(a2, 6), m1), 4))};
+    __m512i sc[16];
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s)
+      sc[s] = _mm512_sub_epi32(_mm512_srli_epi32(_mm512_slli_epi32(A[s / 4], 24 - 8 * (s % 4)), 24), _mm512_set1_epi32(32));
+    store_scales16(sc, nullptr, o);
+    // d: bytes 108..109, the high half of the dword at 106
+    const __m512i dd = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ3_K, d) - 2, 1);
+    _mm512_store_ps(o.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+  }
+}
+
+// Q2_K: codes 0..3, scale = low nibble and min = high nibble of scales[s], d and dmin.
+void transpose16_q2(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
+  const __m512i vidx = row_offsets(row_bytes);
+  const __m512i m4 = _mm512_set1_epi32(0xF);
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk6& o = out[b];
+    const uint8_t* base = w + b * static_cast<int64_t>(sizeof(BlockQ2_K));
+    transpose16_q23_codes<false>(base, row_bytes, offsetof(BlockQ2_K, qs), o);
+    __m512i g[4], sc[16], mn[16];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) g[k] = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ2_K, scales) + 4 * k, 1);
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      const __m512i byte = _mm512_srli_epi32(_mm512_slli_epi32(g[s / 4], 24 - 8 * (s % 4)), 24);
+      sc[s] = _mm512_and_si512(byte, m4);
+      mn[s] = _mm512_srli_epi32(byte, 4);
+    }
+    store_scales16(sc, mn, o);
+    const __m512i dd = _mm512_i32gather_epi32(vidx, base + offsetof(BlockQ2_K, d), 1);  // d | dmin << 16
+    _mm512_store_ps(o.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+    _mm512_store_ps(o.dmin, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+  }
+}
 
 void transpose16_q6(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
   const __m512i vidx = row_offsets(row_bytes);
@@ -272,18 +363,15 @@ void transpose16_q6(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) 
     _mm512_store_ps(o.d, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
     __m512i sc[16];
 #pragma GCC unroll 16
-    for (int s = 0; s < 16; ++s) {
-      sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(sg[s / 4], 24 - 8 * (s % 4)), 24);
-      _mm512_store_si512(o.sc[s], sc[s]);
-    }
-#pragma GCC unroll 8
-    for (int m = 0; m < 8; ++m)
-      _mm512_store_si512(o.mp[m], _mm512_or_si512(_mm512_and_si512(sc[2 * m], _mm512_set1_epi32(0xFFFF)),
-                                                  _mm512_slli_epi32(sc[2 * m + 1], 16)));
+    for (int s = 0; s < 16; ++s) sc[s] = _mm512_srai_epi32(_mm512_slli_epi32(sg[s / 4], 24 - 8 * (s % 4)), 24);
+    store_scales16(sc, nullptr, o);
   }
 }
 
-template <int NT>
+// 16 rows x NT tokens over transposed 16-sub-block super-blocks. kOffShift > 0: the codes carry an offset
+// 2^kOffShift (Q6_K 32, Q3_K 4) taken back through M = sum sc bsums in int32 (one float step); 0: Q2_K, whose
+// M sums the mins and has its own float step with dmin.
+template <int NT, int kOffShift>
 void tile_q6(int64_t nb, const Blk6* wb, const uint8_t* xq, int64_t xs, float* out, int64_t os) {
   __m512 acc[NT];
 #pragma GCC unroll 8
@@ -321,8 +409,14 @@ void tile_q6(int64_t nb, const Blk6* wb, const uint8_t* xq, int64_t xs, float* o
         std::memcpy(&pair, x[t]->bsums + 2 * m, 4);  // (bsums[2m], bsums[2m+1])
         M = _mm512_dpwssd_epi32(M, _mm512_load_si512(B.mp[m]), _mm512_set1_epi32(pair));
       }
-      const __m512i T = _mm512_sub_epi32(tot[t], _mm512_slli_epi32(M, 5));
-      acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(x[t]->d)), _mm512_cvtepi32_ps(T), acc[t]);
+      const __m512 xd = _mm512_set1_ps(x[t]->d);
+      if constexpr (kOffShift > 0) {
+        const __m512i T = _mm512_sub_epi32(tot[t], _mm512_slli_epi32(M, kOffShift));
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(T), acc[t]);
+      } else {
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(d, xd), _mm512_cvtepi32_ps(tot[t]), acc[t]);
+        acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(_mm512_load_ps(B.dmin), xd), _mm512_cvtepi32_ps(M), acc[t]);
+      }
     }
   }
 #pragma GCC unroll 8
@@ -363,7 +457,19 @@ void iq4xs_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, cons
 void q6k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os) {
   gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_q6,
-               [](auto nt, auto... a) { tile_q6<decltype(nt)::value>(a...); });
+               [](auto nt, auto... a) { tile_q6<decltype(nt)::value, 5>(a...); });
+}
+
+void q3k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os) {
+  gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_q3,
+               [](auto nt, auto... a) { tile_q6<decltype(nt)::value, 2>(a...); });
+}
+
+void q2k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                       int64_t n_tok, float* out, int64_t os) {
+  gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_q2,
+               [](auto nt, auto... a) { tile_q6<decltype(nt)::value, 0>(a...); });
 }
 
 }  // namespace strata::q
