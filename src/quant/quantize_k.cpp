@@ -81,21 +81,29 @@ float signed_absmax(const float* v, int n) {
 template <int NBITS>
 void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* scales_out, uint8_t* L) {
   constexpr int nmax = (1 << NBITS) - 1;
-  float scale[8], mn[8], w[32];
+  float scale[8], mn[8], w[QK_K];
   for (int j = 0; j < 8; ++j) {
-    const float* s = x + 32 * j;
-    float s2 = 0;
-    for (int l = 0; l < 32; ++l) s2 += s[l] * s[l];
-    const float av = std::sqrt(s2 / 32);
-    for (int l = 0; l < 32; ++l) w[l] = av + std::fabs(s[l]);
-    scale[j] = qfit::fit_scale_min(s, w, 32, nmax, /*min_le_zero=*/true, L + 32 * j, &mn[j]);
+    rms_plus_abs_weights(x + 32 * j, 32, w + 32 * j);
+    scale[j] = qfit::fit_scale_min(x + 32 * j, w + 32 * j, 32, nmax, /*min_le_zero=*/true, L + 32 * j, &mn[j]);
   }
   const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(mn, mn + 8);
   const float is = max_scale > 0 ? 63.f / max_scale : 0.f, im = max_min > 0 ? 63.f / max_min : 0.f;
-  uint8_t ls[8], lm[8];
-  for (int j = 0; j < 8; ++j) {
-    ls[j] = static_cast<uint8_t>(std::clamp(nearest_int(is * scale[j]), 0, 63));
-    lm[j] = static_cast<uint8_t>(std::clamp(nearest_int(im * mn[j]), 0, 63));
+  const uint16_t dh = fp32_to_fp16(max_scale / 63.f), mh = fp32_to_fp16(max_min / 63.f);
+  std::memcpy(d_out, &dh, 2);
+  std::memcpy(dmin_out, &mh, 2);
+  const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(mh);
+  uint8_t ls[8], lm[8], Lt[32];
+  for (int j = 0; j < 8; ++j) {  // the stored pair nearest the fit and its neighbours, re-rounded against each
+    const int ls0 = std::clamp(nearest_int(is * scale[j]), 0, 63), lm0 = std::clamp(nearest_int(im * mn[j]), 0, 63);
+    float best = INFINITY;
+    for (int a = std::max(ls0 - 1, 0); a <= std::min(ls0 + 1, 63); ++a)
+      for (int m = std::max(lm0 - 1, 0); m <= std::min(lm0 + 1, 63); ++m) {
+        const float err = round_scale_min(x + 32 * j, w + 32 * j, 32, d * a, dmin * m, nmax, Lt);
+        if (err < best) {
+          best = err, ls[j] = static_cast<uint8_t>(a), lm[j] = static_cast<uint8_t>(m);
+          std::memcpy(L + 32 * j, Lt, 32);
+        }
+      }
   }
   std::memset(scales_out, 0, 12);
   for (int j = 0; j < 8; ++j) {
@@ -107,15 +115,6 @@ void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* sca
       scales_out[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
       scales_out[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
     }
-  }
-  const uint16_t dh = fp32_to_fp16(max_scale / 63.f), mh = fp32_to_fp16(max_min / 63.f);
-  std::memcpy(d_out, &dh, 2);
-  std::memcpy(dmin_out, &mh, 2);
-  const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(mh);
-  for (int j = 0; j < 8; ++j) {  // re-round against the stored scales
-    const float dj = d * ls[j], mj = dmin * lm[j];
-    for (int l = 0; l < 32; ++l)
-      L[32 * j + l] = dj > 0 ? static_cast<uint8_t>(std::clamp(nearest_int((x[32 * j + l] + mj) / dj), 0, nmax)) : 0;
   }
 }
 
