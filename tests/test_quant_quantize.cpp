@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -175,6 +176,23 @@ TEST(QuantQuantize, Fp16ConversionMatchesHardwareRounding) {
     ++checked;
   }
   EXPECT_GT(checked, 100000);
+}
+
+// Rows whose values reach fp16's limit (the fuzzer found a Q5_1 block whose fitted offset was just beyond
+// -65504: stored as -inf): every stored scale and offset saturates, so the round trip stays finite.
+TEST(QuantQuantize, ValuesNearTheFp16LimitStayFinite) {
+  std::vector<float> x = gaussian(4096, 12, 30000.f);
+  for (size_t i = 0; i < x.size(); i += 7) x[i] = (i % 2 ? 65504.f : -65504.f);
+  for (size_t i = 3; i < x.size(); i += 11) x[i] = 1e-30f;
+  for (float& v : x) v = std::clamp(v, -65504.f, 65504.f);
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL,
+                     GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS}) {
+    const auto y = round_trip(t, x);
+    size_t bad = 0;
+    for (float v : y) bad += !std::isfinite(v);
+    EXPECT_EQ(bad, 0u) << type_name(t);
+    EXPECT_LE(rel_rmse(x, y), t == GgmlType::Q2_K ? 0.5 : 0.25) << type_name(t);
+  }
 }
 
 TEST(QuantQuantize, BadInputsAreErrors) {

@@ -84,6 +84,8 @@ float fit_symmetric(const float* x, const float* w, int n, int nmax, int8_t* L) 
   return best_scale;
 }
 
+uint16_t fp16_sat(float v) { return std::isnan(v) ? 0 : q::fp32_to_fp16(std::clamp(v, -65504.f, 65504.f)); }
+
 int nearest_grid16(const int8_t* grid, float v) {
   if (!(v > grid[0])) return 0;
   if (v >= grid[15]) return 15;

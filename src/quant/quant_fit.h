@@ -21,6 +21,11 @@ float fit_symmetric(const float* x, const float* w, int n, int nmax, int8_t* L);
 // best step. Returns scale (any sign). n <= 32.
 float fit_grid16(const float* x, const float* w, int n, const int8_t* grid, uint8_t* L);
 
+// fp16 bits of v, saturated to the largest finite fp16 (+-65504): a fitted scale or offset just beyond the
+// range (rows with values near fp16's limit) is stored as the largest one instead of an infinity, and a
+// NaN (a fit of values so large that its sums overflowed) as 0.
+uint16_t fp16_sat(float v);
+
 // Index of the grid value nearest v (grid sorted ascending, 16 values).
 int nearest_grid16(const int8_t* grid, float v);
 

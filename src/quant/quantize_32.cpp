@@ -41,8 +41,8 @@ void quantize_offset_block(const float* x, Block& y) {
   uint8_t L[QK];
   rms_plus_abs_weights(x, w);
   const float scale = qfit::fit_scale_min(x, w, QK, nmax, /*min_le_zero=*/false, L, &neg_min);
-  y.d = fp32_to_fp16(scale);
-  y.m = fp32_to_fp16(-neg_min);
+  y.d = qfit::fp16_sat(scale);
+  y.m = qfit::fp16_sat(-neg_min);
   const float d = fp16_to_fp32(y.d), m = fp16_to_fp32(y.m);
   for (int j = 0; j < QK; ++j) L[j] = d > 0 ? static_cast<uint8_t>(std::clamp(nearest_int((x[j] - m) / d), 0, nmax)) : 0;
   pack_nibbles(L, y.qs);
@@ -57,7 +57,7 @@ void quantize_q8_0(const float* x, void* dst, int64_t n) {
     float amax = 0;
     for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(x[j]));
     const float d = amax / 127.f, id = d > 0 ? 1.f / d : 0.f;
-    y[b].d = fp32_to_fp16(d);
+    y[b].d = qfit::fp16_sat(d);
     for (int j = 0; j < QK; ++j) y[b].qs[j] = static_cast<int8_t>(std::clamp(nearest_int(x[j] * id), -127, 127));
   }
 }
@@ -71,7 +71,7 @@ void quantize_q4_0(const float* x, void* dst, int64_t n) {
     for (int j = 0; j < QK; ++j)
       if (std::fabs(x[j]) > std::fabs(m)) m = x[j];
     const float d = m / -8.f, id = d != 0 ? 1.f / d : 0.f;
-    y[b].d = fp32_to_fp16(d);
+    y[b].d = qfit::fp16_sat(d);
     uint8_t L[QK];
     for (int j = 0; j < QK; ++j) L[j] = static_cast<uint8_t>(std::clamp(nearest_int(x[j] * id) + 8, 0, 15));
     pack_nibbles(L, y[b].qs);
@@ -96,7 +96,7 @@ void quantize_q5_0(const float* x, void* dst, int64_t n) {
     int8_t Ls[QK];
     uint8_t L[QK];
     rms_plus_abs_weights(x, w);
-    y[b].d = fp32_to_fp16(qfit::fit_symmetric(x, w, QK, 16, Ls));
+    y[b].d = qfit::fp16_sat(qfit::fit_symmetric(x, w, QK, 16, Ls));
     const float d = fp16_to_fp32(y[b].d);
     for (int j = 0; j < QK; ++j) L[j] = static_cast<uint8_t>(d != 0 ? std::clamp(nearest_int(x[j] / d), -16, 15) + 16 : 16);
     pack_nibbles(L, y[b].qs);
@@ -111,7 +111,7 @@ void quantize_iq4_nl(const float* x, void* dst, int64_t n) {
     float w[QK];
     uint8_t L[QK];
     rms_plus_abs_weights(x, w);
-    y[b].d = fp32_to_fp16(qfit::fit_grid16(x, w, QK, iq::kIq4nlValues, L));
+    y[b].d = qfit::fp16_sat(qfit::fit_grid16(x, w, QK, iq::kIq4nlValues, L));
     const float d = fp16_to_fp32(y[b].d);
     if (d != 0)
       for (int j = 0; j < QK; ++j) L[j] = static_cast<uint8_t>(qfit::nearest_grid16(iq::kIq4nlValues, x[j] / d));

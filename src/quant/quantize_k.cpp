@@ -88,7 +88,7 @@ void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* sca
   }
   const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(mn, mn + 8);
   const float is = max_scale > 0 ? 63.f / max_scale : 0.f, im = max_min > 0 ? 63.f / max_min : 0.f;
-  const uint16_t dh = fp32_to_fp16(max_scale / 63.f), mh = fp32_to_fp16(max_min / 63.f);
+  const uint16_t dh = qfit::fp16_sat(max_scale / 63.f), mh = qfit::fp16_sat(max_min / 63.f);
   std::memcpy(d_out, &dh, 2);
   std::memcpy(dmin_out, &mh, 2);
   const float d = fp16_to_fp32(dh), dmin = fp16_to_fp32(mh);
@@ -160,7 +160,7 @@ void quantize_q6_k(const float* x, void* dst, int64_t n) {
       std::fill(L, L + QK_K, 0);
     } else {
       const float iscale = -128.f / max_scale;
-      const uint16_t dh = fp32_to_fp16(1.f / iscale);
+      const uint16_t dh = qfit::fp16_sat(1.f / iscale);
       y[b].d = dh;
       const float d = fp16_to_fp32(dh);
       for (int g = 0; g < 16; ++g) {
@@ -192,8 +192,8 @@ void quantize_q2_k(const float* x, void* dst, int64_t n) {
       rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
       sc[j] = qfit::fit_scale_min(x + 16 * j, w + 16 * j, 16, 3, /*min_le_zero=*/true, L + 16 * j, &mn[j]);
     }
-    y[b].d = fp32_to_fp16(*std::max_element(sc, sc + 16) / 15.f);
-    y[b].dmin = fp32_to_fp16(*std::max_element(mn, mn + 16) / 15.f);
+    y[b].d = qfit::fp16_sat(*std::max_element(sc, sc + 16) / 15.f);
+    y[b].dmin = qfit::fp16_sat(*std::max_element(mn, mn + 16) / 15.f);
     const float d = fp16_to_fp32(y[b].d), dmin = fp16_to_fp32(y[b].dmin);
     for (int j = 0; j < 16; ++j) {
       const int ls0 = d > 0 ? std::clamp(nearest_int(sc[j] / d), 0, 15) : 0;
@@ -225,7 +225,7 @@ void quantize_q3_k(const float* x, void* dst, int64_t n) {
       sc[j] = qfit::fit_symmetric(x + 16 * j, w + 16 * j, 16, 4, Ls + 16 * j);
     }
     std::memset(&y[b], 0, sizeof(BlockQ3_K));
-    y[b].d = fp32_to_fp16(signed_absmax(sc, 16) / -32.f);
+    y[b].d = qfit::fp16_sat(signed_absmax(sc, 16) / -32.f);
     const float d = fp16_to_fp32(y[b].d);
     int ls_best[16] = {};
     if (d == 0) {
@@ -265,7 +265,7 @@ void quantize_iq4_xs(const float* x, void* dst, int64_t n) {
       sc[ib] = qfit::fit_grid16(x + 32 * ib, w + 32 * ib, 32, iq::kIq4nlValues, L + 32 * ib);
     }
     std::memset(&y[b], 0, sizeof(BlockIQ4_XS));
-    y[b].d = fp32_to_fp16(signed_absmax(sc, 8) / -32.f);
+    y[b].d = qfit::fp16_sat(signed_absmax(sc, 8) / -32.f);
     const float d = fp16_to_fp32(y[b].d);
     for (int ib = 0; ib < 8; ++ib) {
       int l_best = 0;

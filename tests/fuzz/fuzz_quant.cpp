@@ -1,6 +1,8 @@
 // Tensor data is untrusted (it comes straight from a GGUF file): dequantization and every fast kernel
 // (scalar, AVX2, AVX-512, 1- and 4-token) must handle arbitrary block bytes without out-of-bounds reads
-// or undefined behaviour. First input byte picks the type; the rest are the blocks.
+// or undefined behaviour. First input byte picks the type (and a quantization target); the rest are the
+// blocks. The dequantized values (non-finite ones and those beyond fp16's range replaced) then go through
+// a quantizer (`strata quantize` re-encodes such values), whose round trip must stay finite.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -8,6 +10,7 @@
 
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
+#include "quant/quantize.h"
 #include "quant/vec_dot.h"
 
 using namespace strata;
@@ -29,6 +32,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<uint8_t> w(data, data + row_bytes(t, n));  // exact-size copy: ASan sees any overread
   std::vector<float> values(n);
   dequantize_row(t, w.data(), values.data(), n);
+  {
+    static const GgmlType kTargets[] = {GgmlType::Q4_0, GgmlType::Q4_1,  GgmlType::Q5_0, GgmlType::Q5_1,
+                                        GgmlType::Q8_0, GgmlType::IQ4_NL, GgmlType::Q2_K, GgmlType::Q3_K,
+                                        GgmlType::Q4_K, GgmlType::Q5_K,  GgmlType::Q6_K, GgmlType::IQ4_XS,
+                                        GgmlType::F16,  GgmlType::BF16};
+    const GgmlType target = kTargets[(data[-1] / 23u) % (sizeof(kTargets) / sizeof(kTargets[0]))];
+    std::vector<float> in(values);
+    for (float& v : in)
+      if (!std::isfinite(v) || std::fabs(v) > 65504.f) v = std::isfinite(v) ? std::fmod(v, 65504.f) : 0.f;
+    std::vector<uint8_t> q(row_bytes(target, n));
+    quantize_row(target, in.data(), q.data(), n);
+    std::vector<float> back(n);
+    dequantize_row(target, q.data(), back.data(), n);
+    for (float v : back)
+      if (!std::isfinite(v)) __builtin_trap();
+  }
   if (t == GgmlType::Q8_K) return 0;  // activation format only: no weight kernel
   std::vector<float> x(n);
   for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 37) % 19 - 9) * 0.1f;
