@@ -235,6 +235,55 @@ TEST(Ops, GetRowsF32AndKvStore) {
   for (int i = 0; i < 16; ++i) EXPECT_EQ(h[i], float_to_half(tbl[i]));
 }
 
+// F32 attention through the AVX-512 group kernel (attend_f32_group_avx512: the query heads of a KV head
+// together, 16-position blocks, online softmax) against the scalar F32 path at real sizes: head sizes 64,
+// 128, 256 (and 256 keys with 128 values), groups of 1, 2, 8, 16 and 20 (more than a tile: chunks),
+// F32 and F16 caches, 1 to 1000 positions (partial blocks), prefill batches and single tokens (whose
+// groups are split across the threads). Within 2e-6 of the largest |V| value (f32 rounding; sums in
+// another order).
+TEST(Ops, AttentionF32GroupKernelMatchesScalar) {
+  if (cpu_max_level() < CpuLevel::Avx512) GTEST_SKIP() << "no AVX-512 on this CPU";
+  struct Shape { int n_head, n_kv, hd, hdv; };
+  const int n_ctx = 1000;
+  ThreadPool pool(2);
+  std::vector<float> scratch(size_t(pool.size()) * n_ctx);
+  int checked = 0;
+  for (const Shape s : {Shape{32, 4, 128, 128}, Shape{16, 2, 256, 256}, Shape{8, 8, 64, 64}, Shape{4, 2, 64, 64},
+                        Shape{16, 1, 128, 128}, Shape{20, 1, 64, 64}, Shape{8, 2, 256, 128}})
+    for (KvType type : {KvType::F32, KvType::F16}) {
+      auto k = randn(size_t(n_ctx) * s.n_kv * s.hd, 60 + s.hd), v = randn(size_t(n_ctx) * s.n_kv * s.hdv, 61 + s.hdv);
+      std::vector<uint8_t> K(k.size() * kv_type_size(type)), V(v.size() * kv_type_size(type));
+      kv_store(type, k.data(), int64_t(k.size()), K.data());
+      kv_store(type, v.data(), int64_t(v.size()), V.data());
+      for (const std::vector<int32_t>& lens : {std::vector<int32_t>{1, 15, 16, 17, 33, 300, 1000}, std::vector<int32_t>{999}}) {
+        std::vector<AttnKv> kv;
+        for (int32_t n : lens) kv.push_back({K.data(), V.data(), n});
+        auto q = randn(kv.size() * s.n_head * s.hd, 62);
+        for (auto& x : q) x *= 2.0f;  // a sharper softmax: more max changes across blocks
+        const float scale = 1.0f / std::sqrt(float(s.hd));
+        auto run = [&](CpuLevel lvl) {
+          const CpuLevel saved = cpu_level();
+          set_cpu_level(lvl);
+          std::vector<float> out(kv.size() * s.n_head * s.hdv, -7.f);
+          attention(q.data(), kv.data(), int64_t(kv.size()), s.n_head, s.n_kv, s.hd, s.hdv, type, scale, out.data(),
+                    scratch.data(), n_ctx, pool, AttnMath::F32);
+          set_cpu_level(saved);
+          return out;
+        };
+        const auto ref = run(CpuLevel::Scalar), fast = run(CpuLevel::Avx512);
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(ref[i] - fast[i])));
+        float vmax = 0;
+        for (float x : v) vmax = std::max(vmax, std::fabs(x));
+        if (checked % 9 == 0) std::printf("f32 group attention %d/%d heads %d/%d: worst %.3g of max V %.3g\n", s.n_head, s.n_kv, s.hd, s.hdv, worst, vmax);
+        EXPECT_LE(worst, 2e-6 * vmax) << s.n_head << "/" << s.n_kv << " heads, " << s.hd << "/" << s.hdv << " "
+                                      << kv_type_name(type) << ", " << kv.size() << " tokens";
+        ++checked;
+      }
+    }
+  EXPECT_EQ(checked, 28);
+}
+
 // The AVX-512 ggml-f16 attention kernel gives the AVX2 kernel's bits (same arithmetic on 16 lanes):
 // head sizes 64, 128 (both kernels) and 96 (AVX-512 declines: head % 64; both run the AVX2 kernel),
 // F32 and F16 caches, 1 to 300 positions.

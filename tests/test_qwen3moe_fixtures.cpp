@@ -29,7 +29,8 @@ struct Result {
   std::vector<int32_t> gen;
 };
 
-Result evaluate(const std::string& type, MatmulMode mode, int n_batch) {
+Result evaluate(const std::string& type, MatmulMode mode, int n_batch,
+                cpu::AttnMath attn = cpu::AttnMath::GgmlF16) {
   const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
   std::shared_ptr<const Model> model = load_model(kModels + "tiny-qwen3moe-A-" + type + ".gguf");
   EXPECT_EQ(uint32_t(model->n_vocab()), ref.n_vocab);
@@ -38,6 +39,7 @@ Result evaluate(const std::string& type, MatmulMode mode, int n_batch) {
   opt.n_batch = n_batch;
   opt.n_threads = 2;
   opt.mode = mode;
+  opt.attn = attn;
   Engine eng(model, opt);
   auto seq = eng.new_sequence();
   const size_t V = ref.n_vocab;
@@ -94,6 +96,21 @@ TEST_P(Qwen3MoeFixture, FastWithinLlamaCppKl) {
   // order (Q8_0 one FMA chain, Q5_K's scalar min chain, ggml's f16 dot order for Q.K, RoPE with
   // the FMA its compiler makes), so fast mode's logits track llama.cpp's own (KL to them <= 5e-4 before the
   // Q4_K/Q6_K prefill kernels of quant/q4k_gemm.h, which round their own way: 5.1e-4 on Q4_K_M, 1.0e-4 on Q6_K).
+  EXPECT_LE(r.mean_kl, bound);
+}
+
+// Fast mode with f32 attention (`--attn f32`; cpu/attention_f32_avx512.cpp on AVX-512), which leaves out
+// the f16 rounding of llama.cpp's flash attention that the references were made with. It meets the 1.5x
+// bound on 6 of the 8 files and not on Q2_K (8.4e-3 against 7.4e-3) and IQ4_XS (9.5e-3 against 7.5e-3),
+// where the random model's routing flips: that is why the CPU's default stays llama.cpp's arithmetic.
+// Those two are held to 2x here, so a regression still shows.
+TEST_P(Qwen3MoeFixture, FastF32AttentionWithinLlamaCppKl) {
+  const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
+  const Result r = evaluate(GetParam(), MatmulMode::Fast, 512, cpu::AttnMath::F32);
+  const bool over = GetParam() == "Q2_K" || GetParam() == "IQ4_XS";
+  const double bound = (over ? 2.0 : 1.5) * kLlamaKl.at(GetParam());
+  std::printf("[ fast f32-attn %-6s ] mean KL %.3e (bound %.3e), top-1 %d/%u; KL vs llama.cpp's logits %.3e\n",
+              GetParam().c_str(), r.mean_kl, bound, r.top1, ref.n_prompt, r.kl_llama);
   EXPECT_LE(r.mean_kl, bound);
 }
 

@@ -177,6 +177,30 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
   const bool avx2 = cpu_level() >= CpuLevel::Avx2, avx512 = cpu_level() >= CpuLevel::Avx512;
   const int64_t k_row = static_cast<int64_t>(n_head_kv) * head_dim;    // values per cache position
   const int64_t v_row = static_cast<int64_t>(n_head_kv) * head_dim_v;
+  if (math == AttnMath::F32 && avx512 && head_dim % 16 == 0 && head_dim_v % 16 == 0 &&
+      head_dim <= kMaxTileHeadDim && head_dim_v <= kMaxTileHeadDim) {
+    // The query heads of a KV head go together (attend_f32_group_avx512), split into chunks only where
+    // (token, KV head) pairs alone would leave threads idle (decode).
+    const int64_t pairs = n_tok * n_head_kv;
+    int chunks = static_cast<int>(std::min<int64_t>(group, (2 * pool.size() + pairs - 1) / pairs));
+    chunks = std::max(chunks, (group + kMaxTileRows - 1) / kMaxTileRows);
+    const int rows = (group + chunks - 1) / chunks;
+    pool.parallel_for(pairs * chunks, 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t t = i / (n_head_kv * chunks);
+        const int hk = static_cast<int>(i / chunks % n_head_kv), c = static_cast<int>(i % chunks);
+        const int h0 = hk * group + c * rows, nr = std::min(rows, group - c * rows);
+        if (nr <= 0) continue;
+        const int32_t n = kv[t].n_kv;
+        STRATA_REQUIRE(n >= 1 && n <= max_kv, "attention: {} cache positions, scratch holds {}", n, max_kv);
+        const bool ok = attend_f32_group_avx512(q + (t * n_head + h0) * head_dim, nr, kv[t].k, kv[t].v, n, k_row,
+                                                v_row, hk * head_dim, hk * head_dim_v, head_dim, head_dim_v, type,
+                                                scale, out + (t * n_head + h0) * head_dim_v);
+        STRATA_REQUIRE(ok, "attention: the f32 group kernel refused {} rows of {}/{}", nr, head_dim, head_dim_v);
+      }
+    });
+    return;
+  }
   pool.parallel_for(n_tok * n_head, 1, [&](int64_t b, int64_t e, int thread) {
     float* sc = scratch + static_cast<int64_t>(thread) * max_kv;  // [max_kv]
     for (int64_t i = b; i < e; ++i) {
