@@ -1,7 +1,7 @@
-// The 16-row Q4_0 / Q8_0 x Q8_32 prefill kernels (quant/q32_gemm.h): the AVX-512 kernels give the references'
+// The 16-row Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / IQ4_NL x Q8_32 prefill kernels (quant/q32_gemm.h): the AVX-512 kernels give the references'
 // bits; the references' integer part is exact (at the extreme codes) and their float result stays within a
 // rounding bound of the f64 dot of the dequantized weights and activations, on random matrices and on the
-// fixture zoo's Q4_0 and Q8_0 tensors; matmul dispatches to them (fast mode, >= kQ4kGemmMinTok tokens, whole
+// fixture zoo's tensors of these formats; matmul dispatches to them (fast mode, >= kQ4kGemmMinTok tokens, whole
 // 16-row groups) and only there.
 #include <gtest/gtest.h>
 
@@ -31,8 +31,9 @@ struct GemmGuard {  // restores the switch whatever a test does
 };
 
 using Gemm = q::Gemm16Fn;
-Gemm ref_of(GgmlType t) { return t == GgmlType::Q4_0 ? q::q40_gemm16_ref : q::q80_gemm16_ref; }
-Gemm kernel_of(GgmlType t) { return t == GgmlType::Q4_0 ? q::q40_gemm16_avx512 : q::q80_gemm16_avx512; }
+Gemm ref_of(GgmlType t) { return q::gemm16_reference(t); }
+Gemm kernel_of(GgmlType t) { return q::gemm16_kernel(t); }
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL};
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
   return quantize_act_rows(q::ActType::Q8_32, x, cols);
@@ -86,7 +87,7 @@ std::vector<uint8_t> random_matrix(GgmlType type, int64_t rows, int64_t cols, st
 
 TEST(Q32Gemm, KernelBitIdenticalToReferenceAndCloseToF64) {
   std::mt19937 rng(31);
-  for (const GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0})
+  for (const GgmlType type : kTypes)
     for (const int64_t cols : {32, 256, 768, 2048})
       for (const int64_t n_tok : {1, 2, 3, 5, 8, 13, 19}) {
         SCOPED_TRACE(testing::Message() << type_name(type) << " cols " << cols << " n_tok " << n_tok);
@@ -122,14 +123,14 @@ TEST(Q32Gemm, FixtureZoo) {
   std::mt19937 rng(32);
   int checked = 0;
   for (const auto& t : f.tensors()) {
-    if ((t.type != GgmlType::Q4_0 && t.type != GgmlType::Q8_0) || t.n_rows() < 16) continue;
+    if (!q::q32_format(t.type) || t.n_rows() < 16) continue;
     SCOPED_TRACE(t.name);
     const int64_t cols = static_cast<int64_t>(t.ne[0]), rb = int64_t(row_bytes(t.type, uint64_t(cols)));
     const auto xq = quantize_acts(random_tokens(11, cols, rng), cols);
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, 11);
     ++checked;
   }
-  EXPECT_EQ(checked, 2) << "zoo.gguf's Q4_0 and Q8_0 tensors";
+  EXPECT_EQ(checked, 6) << "zoo.gguf's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL tensors";
 }
 
 TEST(Q32Gemm, MatmulDispatch) {
@@ -140,7 +141,7 @@ TEST(Q32Gemm, MatmulDispatch) {
   struct Shape {
     int64_t rows, cols, n_tok;
   };
-  for (const GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0})
+  for (const GgmlType type : kTypes)
     for (const Shape s : {Shape{768, 2048, 37}, Shape{2048, 768, 64}, Shape{40, 512, 21}, Shape{40, 512, 9},
                           Shape{40, 512, 8}, Shape{8, 256, 17}}) {
       SCOPED_TRACE(testing::Message() << type_name(type) << " " << s.rows << "x" << s.cols << " n_tok " << s.n_tok);

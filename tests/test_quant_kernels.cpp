@@ -242,7 +242,7 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
       const q::DotKernel k = q::dot_kernel(t, cpu_level());
       std::vector<uint8_t> xq(q::act_row_bytes(k.act, cols));
       std::vector<float> wf(cols);
-      // Q4_K/Q6_K/Q8_0 prefill (>= kQ4kGemmMinTok tokens) takes the 16-row integer kernel on whole 16-row
+      // Prefill of a type with a 16-row integer kernel (>= kQ4kGemmMinTok tokens) takes it on whole 16-row
       // groups (q4k_gemm.h, q32_gemm.h): its own rounding, equal to its reference; the other rows keep the
       // per-row kernel.
       const bool gemm16 = q::gemm16_kernel(t) != nullptr && k.level == CpuLevel::Avx512 &&
@@ -253,10 +253,7 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
         for (int64_t tk = 0; tk < n_tok; ++tk)
           q::quantize_act_row(k.act, x.data() + tk * cols, xall.data() + tk * xq.size(), cols);
         for (int64_t g = 0; g + 16 <= rows; g += 16)
-          (t == GgmlType::Q4_K   ? q::q4k_gemm16_ref
-           : t == GgmlType::Q6_K ? q::q6k_gemm16_ref
-                                 : q::q80_gemm16_ref)(cols, w.data() + g * rb, rb, xall.data(), xq.size(), n_tok,
-                                                      y16.data() + g, rows);
+          q::gemm16_reference(t)(cols, w.data() + g * rb, rb, xall.data(), xq.size(), n_tok, y16.data() + g, rows);
       }
       for (int64_t tk = 0; tk < n_tok; ++tk) {
         q::quantize_act_row(k.act, x.data() + tk * cols, xq.data(), cols);

@@ -1,58 +1,97 @@
-// Q4_0 / Q8_0 x Q8_32 prefill product: the scalar references (arithmetic in q32_gemm.h).
+// The 32-value formats x Q8_32 prefill product: the scalar reference (arithmetic in q32_gemm.h).
 #include "quant/q32_gemm.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "quant/blocks.h"
+#include "quant/iq_tables.h"
 #include "quant/vec_dot.h"
 
 namespace strata::q {
 namespace {
 
-// Block b of row `row` against token activations x: the integer sum S of q32_gemm.h.
-template <typename Block>
-int32_t block_sum(const Block& a, const BlockQ8A& x);
+struct Codes {
+  uint8_t u[32];
+  float d, m = 0;
+  int off;
+};
 
-template <>
-int32_t block_sum(const BlockQ4_0& a, const BlockQ8A& x) {
-  int32_t s = 0;
-  for (int i = 0; i < 16; ++i) s += (a.qs[i] & 0xF) * x.qs[i] + (a.qs[i] >> 4) * x.qs[i + 16];
-  return s - 8 * x.sum;
-}
-
-template <>
-int32_t block_sum(const BlockQ8_0& a, const BlockQ8A& x) {
-  int32_t s = 0;
-  for (int i = 0; i < 32; ++i) s += a.qs[i] * x.qs[i];
-  return s;
-}
-
-template <typename Block>
-void gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                float* out, int64_t os) {
-  const int64_t nb = cols / QK;
-  for (int r = 0; r < 16; ++r) {
-    const auto* a = reinterpret_cast<const Block*>(w + r * row_bytes);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8A*>(xq + t * xs);
-      float acc = 0;
-      for (int64_t b = 0; b < nb; ++b)
-        acc = std::fma(fp16_to_fp32(a[b].d) * x[b].d, static_cast<float>(block_sum(a[b], x[b])), acc);
-      out[t * os + r] = acc;
-    }
+// Block b of a row: q32_gemm.h's codes u, d, m and offset, read from the block's bytes as ggml lays them out.
+Codes decode(Q32 f, const uint8_t* blk) {
+  Codes c;
+  uint16_t h16;
+  std::memcpy(&h16, blk, 2);
+  c.d = fp16_to_fp32(h16);
+  const bool has_m = f == Q32::Q4_1 || f == Q32::Q5_1;
+  if (has_m) {
+    std::memcpy(&h16, blk + 2, 2);
+    c.m = fp16_to_fp32(h16);
   }
+  if (f == Q32::Q8_0) {
+    for (int i = 0; i < 32; ++i) c.u[i] = static_cast<uint8_t>(static_cast<int8_t>(blk[2 + i]) + 128);
+    c.off = 128;
+    return c;
+  }
+  const bool q5 = f == Q32::Q5_0 || f == Q32::Q5_1;
+  const int qs = f == Q32::Q4_1 ? 4 : f == Q32::Q5_0 ? 6 : f == Q32::Q5_1 ? 8 : 2;
+  uint32_t qh = 0;
+  if (q5) std::memcpy(&qh, blk + (f == Q32::Q5_0 ? 2 : 4), 4);
+  for (int i = 0; i < 16; ++i) {
+    c.u[i] = blk[qs + i] & 0xF;
+    c.u[16 + i] = blk[qs + i] >> 4;
+  }
+  for (int i = 0; i < 32 && q5; ++i) c.u[i] = static_cast<uint8_t>(c.u[i] | (((qh >> i) & 1) << 4));
+  if (f == Q32::IQ4_NL)
+    for (int i = 0; i < 32; ++i) c.u[i] = static_cast<uint8_t>(iq::kIq4nlValues[c.u[i]] + 128);
+  c.off = f == Q32::Q4_0 ? 8 : f == Q32::Q5_0 ? 16 : f == Q32::IQ4_NL ? 128 : 0;
+  return c;
+}
+
+int block_bytes(Q32 f) {
+  switch (f) {
+    case Q32::Q4_0: case Q32::IQ4_NL: return 18;
+    case Q32::Q4_1: return 20;
+    case Q32::Q5_0: return 22;
+    case Q32::Q5_1: return 24;
+    case Q32::Q8_0: return 34;
+  }
+  return 0;
 }
 
 }  // namespace
 
-void q40_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                    float* out, int64_t os) {
-  gemm16_ref<BlockQ4_0>(cols, w, row_bytes, xq, xs, n_tok, out, os);
+std::optional<Q32> q32_format(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_0: return Q32::Q4_0;
+    case GgmlType::Q4_1: return Q32::Q4_1;
+    case GgmlType::Q5_0: return Q32::Q5_0;
+    case GgmlType::Q5_1: return Q32::Q5_1;
+    case GgmlType::Q8_0: return Q32::Q8_0;
+    case GgmlType::IQ4_NL: return Q32::IQ4_NL;
+    default: return std::nullopt;
+  }
 }
 
-void q80_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                    float* out, int64_t os) {
-  gemm16_ref<BlockQ8_0>(cols, w, row_bytes, xq, xs, n_tok, out, os);
+void q32_gemm16_ref(Q32 f, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                    int64_t n_tok, float* out, int64_t os) {
+  const int64_t nb = cols / QK;
+  const bool has_m = f == Q32::Q4_1 || f == Q32::Q5_1;
+  for (int r = 0; r < 16; ++r) {
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const auto* x = reinterpret_cast<const BlockQ8A*>(xq + t * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const Codes c = decode(f, w + r * row_bytes + b * block_bytes(f));
+        int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += c.u[i] * x[b].qs[i];
+        s -= c.off * x[b].sum;
+        acc = std::fma(c.d * x[b].d, static_cast<float>(s), acc);
+        if (has_m) acc = std::fma(c.m * x[b].d, static_cast<float>(x[b].sum), acc);
+      }
+      out[t * os + r] = acc;
+    }
+  }
 }
 
 }  // namespace strata::q

@@ -49,8 +49,30 @@ Gemm16Fn gemm16_kernel(GgmlType t) {
     case GgmlType::Q5_K: return q5k_gemm16_avx512;
     case GgmlType::Q6_K: return q6k_gemm16_avx512;
     case GgmlType::IQ4_XS: return iq4xs_gemm16_avx512;
-    case GgmlType::Q4_0: return q40_gemm16_avx512;
-    case GgmlType::Q8_0: return q80_gemm16_avx512;
+    case GgmlType::Q4_0: return q32_gemm16_avx512_of<Q32::Q4_0>;
+    case GgmlType::Q4_1: return q32_gemm16_avx512_of<Q32::Q4_1>;
+    case GgmlType::Q5_0: return q32_gemm16_avx512_of<Q32::Q5_0>;
+    case GgmlType::Q5_1: return q32_gemm16_avx512_of<Q32::Q5_1>;
+    case GgmlType::Q8_0: return q32_gemm16_avx512_of<Q32::Q8_0>;
+    case GgmlType::IQ4_NL: return q32_gemm16_avx512_of<Q32::IQ4_NL>;
+    default: return nullptr;
+  }
+}
+
+Gemm16Fn gemm16_reference(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: return q2k_gemm16_ref;
+    case GgmlType::Q3_K: return q3k_gemm16_ref;
+    case GgmlType::Q4_K: return q4k_gemm16_ref;
+    case GgmlType::Q5_K: return q5k_gemm16_ref;
+    case GgmlType::Q6_K: return q6k_gemm16_ref;
+    case GgmlType::IQ4_XS: return iq4xs_gemm16_ref;
+    case GgmlType::Q4_0: return q32_gemm16_ref_of<Q32::Q4_0>;
+    case GgmlType::Q4_1: return q32_gemm16_ref_of<Q32::Q4_1>;
+    case GgmlType::Q5_0: return q32_gemm16_ref_of<Q32::Q5_0>;
+    case GgmlType::Q5_1: return q32_gemm16_ref_of<Q32::Q5_1>;
+    case GgmlType::Q8_0: return q32_gemm16_ref_of<Q32::Q8_0>;
+    case GgmlType::IQ4_NL: return q32_gemm16_ref_of<Q32::IQ4_NL>;
     default: return nullptr;
   }
 }

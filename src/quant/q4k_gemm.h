@@ -88,8 +88,11 @@ void q2k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
 using Gemm16Fn = void (*)(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                           int64_t n_tok, float* out, int64_t os);
 
-// The AVX-512 16-row kernel of type t (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS here; Q4_0, Q8_0 in q32_gemm.h), its
+// The AVX-512 16-row kernel of type t (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS here; Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL in q32_gemm.h), its
 // activations in t's activation type (vec_dot.h act_type_for); nullptr for any other type.
 Gemm16Fn gemm16_kernel(GgmlType t);
+// Its scalar reference (the same types; nullptr for any other).
+Gemm16Fn gemm16_reference(GgmlType t);
 
 }  // namespace strata::q
