@@ -63,7 +63,7 @@ struct Prepared {
   std::shared_ptr<const q::RepQ4K8[]> rep;
   int64_t xperm_offset = -1;  // where its permuted activations ([n_tok][cols] bytes) start; -1: none
   bool permute = false;       // this job (the owner of its activations) fills that permuted copy
-  q::Gemm16Fn gemm16 = nullptr;  // Q4_K/Q5_K/Q6_K/IQ4_XS/Q4_0/Q8_0 prefill: a 16-row integer kernel (q4k_gemm.h, q32_gemm.h) on whole 16-row groups
+  q::Gemm16Fn gemm16 = nullptr;  // prefill of the K-quants, IQ4_XS and the 32-value formats: a 16-row integer kernel (q4k_gemm.h, q32_gemm.h) on whole 16-row groups
 };
 
 // An earlier job (among `owners`, the jobs that quantize their own activations) whose quantized
