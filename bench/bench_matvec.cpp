@@ -123,7 +123,7 @@ void BM_MatvecStreams(benchmark::State& state, GgmlType t, int64_t rows, int64_t
 }
 
 // Prefill (n_tok tokens) against one in-cache expert-sized matrix, fast mode, Q4_K (or Q5_K, Q6_K, IQ4_XS,
-// Q4_0, Q8_0, Q3_K, Q2_K, Q4_1, Q5_0, Q5_1, IQ4_NL) through one of three paths: the 4-token decode kernels ("4tok"), the 8-row repack cache
+// Q4_0, Q8_0, Q3_K, Q2_K, Q4_1, Q5_0, Q5_1, IQ4_NL, and the IQ2/IQ3 formats) through one of three paths: the 4-token decode kernels ("4tok"), the 8-row repack cache
 // (q4k_repack.h, "repack8"; Q4_K only; the copy is built before timing) or the 16-row integer kernel
 // (q4k_gemm.h / q32_gemm.h, "gemm16"). All arms run in this process: compare their GMAC/s.
 enum class PrefillPath { Tok4, Repack8, Gemm16 };
@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
             ->Unit(benchmark::kMillisecond);
   // The other formats with a 16-row kernel (no repack cache): 4tok = the decode kernels (our previous path).
   for (const GgmlType t : {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::IQ4_XS, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q3_K,
-                           GgmlType::Q2_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL})
+                           GgmlType::Q2_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL,
+                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S})
     for (const int64_t n_tok : {64, 32, 9})
       for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
         for (const auto& [path, name] : {std::pair{PrefillPath::Tok4, "4tok"}, {PrefillPath::Gemm16, "gemm16"}})

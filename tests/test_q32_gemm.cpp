@@ -152,7 +152,7 @@ TEST(Q32Gemm, MatmulDispatch) {
       matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, off.data(), MatmulMode::Fast, pool);
       q::q4k_gemm_set_enabled(true);
       matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, on.data(), MatmulMode::Fast, pool);
-      const bool used = s.n_tok >= q::kQ4kGemmMinTok && s.rows >= 16;
+      const bool used = s.n_tok >= q::gemm16_min_tokens(type) && s.rows >= 16;
       const auto xq = quantize_acts(x, s.cols);
       const int64_t xb = q::act_row_bytes(q::ActType::Q8_32, s.cols), rb = int64_t(row_bytes(type, uint64_t(s.cols)));
       size_t differ_ref = 0, differ_off = 0, same_off = 0;

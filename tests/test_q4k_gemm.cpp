@@ -1,4 +1,4 @@
-// The 16-row Q4_K (and Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
+// The 16-row Q4_K (and Q2_K, Q3_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S) x Q8_K prefill kernels (quant/q4k_gemm.h): the AVX-512 kernel gives the reference's
 // bits (same integer sums, same float steps); the reference's integer part is exact (checked against
 // int64 sums at the extreme values) and its float result stays within a rounding bound of the
 // dequantized f64 dot product, on random matrices and on the fixture zoo's Q4_K and Q6_K tensors; matmul
@@ -31,27 +31,11 @@ struct GemmGuard {  // restores the switch whatever a test does
   ~GemmGuard() { q::q4k_gemm_set_enabled(was); }
 };
 
-q::Gemm16Fn ref_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q2_K: return q::q2k_gemm16_ref;
-    case GgmlType::Q3_K: return q::q3k_gemm16_ref;
-    case GgmlType::Q4_K: return q::q4k_gemm16_ref;
-    case GgmlType::Q5_K: return q::q5k_gemm16_ref;
-    case GgmlType::Q6_K: return q::q6k_gemm16_ref;
-    default: return q::iq4xs_gemm16_ref;
-  }
-}
-q::Gemm16Fn kernel_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q2_K: return q::q2k_gemm16_avx512;
-    case GgmlType::Q3_K: return q::q3k_gemm16_avx512;
-    case GgmlType::Q4_K: return q::q4k_gemm16_avx512;
-    case GgmlType::Q5_K: return q::q5k_gemm16_avx512;
-    case GgmlType::Q6_K: return q::q6k_gemm16_avx512;
-    default: return q::iq4xs_gemm16_avx512;
-  }
-}
-const GgmlType kTypes[] = {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_XS};
+q::Gemm16Fn ref_of(GgmlType t) { return q::gemm16_reference(t); }
+q::Gemm16Fn kernel_of(GgmlType t) { return q::gemm16_kernel(t); }
+const GgmlType kTypes[] = {GgmlType::Q2_K,    GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
+                           GgmlType::Q6_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                           GgmlType::IQ2_S,   GgmlType::IQ3_XXS, GgmlType::IQ3_S};
 bool has_kernel(GgmlType t) { return std::find(std::begin(kTypes), std::end(kTypes), t) != std::end(kTypes); }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
@@ -167,7 +151,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 6) << "zoo.gguf lacks a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS tensor of >= 16 rows";
+  EXPECT_GE(checked, 11) << "zoo.gguf lacks a tensor of >= 16 rows of one of the 11 types";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {
@@ -191,7 +175,7 @@ TEST(Q4kGemm, MatmulDispatch) {
     matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, off.data(), MatmulMode::Fast, pool);
     q::q4k_gemm_set_enabled(true);
     matmul(type, w.data(), s.rows, s.cols, x.data(), s.n_tok, on.data(), MatmulMode::Fast, pool);
-    const bool used = s.n_tok >= q::kQ4kGemmMinTok && s.rows >= 16;
+    const bool used = s.n_tok >= q::gemm16_min_tokens(type) && s.rows >= 16;
     const auto xq = quantize_acts(x, s.cols);
     const int64_t xb = q::act_row_bytes(q::ActType::Q8_K, s.cols), rb = row_bytes(type, s.cols);
     size_t differ_ref = 0, differ_off = 0, same_off = 0;

@@ -246,7 +246,7 @@ TEST(QuantMatmul, FastEqualsPerRowKernelAndExactEqualsDequantDot) {
       // groups (q4k_gemm.h, q32_gemm.h): its own rounding, equal to its reference; the other rows keep the
       // per-row kernel.
       const bool gemm16 = q::gemm16_kernel(t) != nullptr && k.level == CpuLevel::Avx512 &&
-                          n_tok >= q::kQ4kGemmMinTok && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok();
+                          n_tok >= q::gemm16_min_tokens(t) && q::q4k_gemm_enabled() && q::q4k_gemm_cpu_ok();
       std::vector<float> y16(rows * n_tok);
       if (gemm16) {
         std::vector<uint8_t> xall(xq.size() * n_tok);

@@ -256,10 +256,11 @@ void matmul_many(const MatmulJob* jobs, int64_t n_jobs, MatmulMode mode, ThreadP
         owners.push_back(i);
       }
       // Prefill in fast mode at the AVX-512 level: the type's 16-row integer kernel (q4k_gemm.h gemm16_kernel:
-      // Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_0, Q8_0; on unless STRATA_Q4K_GEMM=0), else for Q4_K the 8-row repacked
-      // kernel when the engine has turned the repack cache on and the matrix fits its budget.
+      // the K-quants, the 32-value formats, IQ4_XS and the IQ2/IQ3 formats; on unless STRATA_Q4K_GEMM=0), else
+      // for Q4_K the 8-row repacked kernel when the engine has turned the repack cache on and the matrix fits
+      // its budget.
       const bool avx512_fast = p.passes == 1 && p.k.level == CpuLevel::Avx512;
-      if (avx512_fast && j.n_tok >= q::kQ4kGemmMinTok && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() &&
+      if (avx512_fast && j.n_tok >= q::gemm16_min_tokens(j.type) && j.rows >= q::kQ4kGemmRows && q::q4k_gemm_enabled() &&
           q::q4k_gemm_cpu_ok())
         p.gemm16 = q::gemm16_kernel(j.type);
       if (!p.gemm16 && avx512_fast && j.type == GgmlType::Q4_K && j.n_tok >= 4)

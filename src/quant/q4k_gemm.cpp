@@ -10,11 +10,23 @@
 #include "common/error.h"
 #include "cpu/cpu_features.h"
 #include "quant/blocks.h"
+#include "quant/iq_gemm_decode.h"
 #include "quant/iq_tables.h"
 #include "quant/q32_gemm.h"
 
 namespace strata::q {
 namespace {
+
+template <GgmlType T>
+void iq_gemm16_avx512_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                         int64_t n_tok, float* out, int64_t os) {
+  iq_gemm16_avx512(T, cols, w, row_bytes, xq, xs, n_tok, out, os);
+}
+template <GgmlType T>
+void iq_gemm16_ref_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                      float* out, int64_t os) {
+  iq_gemm16_ref(T, cols, w, row_bytes, xq, xs, n_tok, out, os);
+}
 
 std::atomic<int>& enabled_flag() {  // -1: not read yet
   static std::atomic<int> f{-1};
@@ -49,6 +61,11 @@ Gemm16Fn gemm16_kernel(GgmlType t) {
     case GgmlType::Q5_K: return q5k_gemm16_avx512;
     case GgmlType::Q6_K: return q6k_gemm16_avx512;
     case GgmlType::IQ4_XS: return iq4xs_gemm16_avx512;
+    case GgmlType::IQ2_XXS: return iq_gemm16_avx512_of<GgmlType::IQ2_XXS>;
+    case GgmlType::IQ2_XS: return iq_gemm16_avx512_of<GgmlType::IQ2_XS>;
+    case GgmlType::IQ2_S: return iq_gemm16_avx512_of<GgmlType::IQ2_S>;
+    case GgmlType::IQ3_XXS: return iq_gemm16_avx512_of<GgmlType::IQ3_XXS>;
+    case GgmlType::IQ3_S: return iq_gemm16_avx512_of<GgmlType::IQ3_S>;
     case GgmlType::Q4_0: return q32_gemm16_avx512_of<Q32::Q4_0>;
     case GgmlType::Q4_1: return q32_gemm16_avx512_of<Q32::Q4_1>;
     case GgmlType::Q5_0: return q32_gemm16_avx512_of<Q32::Q5_0>;
@@ -59,6 +76,10 @@ Gemm16Fn gemm16_kernel(GgmlType t) {
   }
 }
 
+int64_t gemm16_min_tokens(GgmlType t) {
+  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S ? 16 : kQ4kGemmMinTok;
+}
+
 Gemm16Fn gemm16_reference(GgmlType t) {
   switch (t) {
     case GgmlType::Q2_K: return q2k_gemm16_ref;
@@ -67,6 +88,11 @@ Gemm16Fn gemm16_reference(GgmlType t) {
     case GgmlType::Q5_K: return q5k_gemm16_ref;
     case GgmlType::Q6_K: return q6k_gemm16_ref;
     case GgmlType::IQ4_XS: return iq4xs_gemm16_ref;
+    case GgmlType::IQ2_XXS: return iq_gemm16_ref_of<GgmlType::IQ2_XXS>;
+    case GgmlType::IQ2_XS: return iq_gemm16_ref_of<GgmlType::IQ2_XS>;
+    case GgmlType::IQ2_S: return iq_gemm16_ref_of<GgmlType::IQ2_S>;
+    case GgmlType::IQ3_XXS: return iq_gemm16_ref_of<GgmlType::IQ3_XXS>;
+    case GgmlType::IQ3_S: return iq_gemm16_ref_of<GgmlType::IQ3_S>;
     case GgmlType::Q4_0: return q32_gemm16_ref_of<Q32::Q4_0>;
     case GgmlType::Q4_1: return q32_gemm16_ref_of<Q32::Q4_1>;
     case GgmlType::Q5_0: return q32_gemm16_ref_of<Q32::Q5_0>;
@@ -247,6 +273,30 @@ void q2k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
         acc = std::fma(-dm, static_cast<float>(M), acc);
       }
       out[t * os + r] = acc;
+    }
+  }
+}
+
+void iq_gemm16_ref(GgmlType t, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                   int64_t n_tok, float* out, int64_t os) {
+  const int64_t nb = cols / QK_K, bb = int64_t(type_traits(t).type_size);
+  IqBlockInts blk;
+  for (int r = 0; r < kQ4kGemmRows; ++r) {
+    for (int64_t tk = 0; tk < n_tok; ++tk) {
+      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + tk * xs);
+      float acc = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        iq_decode_ints(t, w + r * row_bytes + b * bb, blk);
+        int32_t S = 0, M = 0;
+        for (int s = 0; s < 16; ++s) {
+          int32_t dot = 0;
+          for (int i = 0; i < 16; ++i) dot += blk.u[16 * s + i] * x[b].qs[16 * s + i];
+          S += blk.sc[s] * dot;
+          M += blk.sc[s] * x[b].bsums[s];
+        }
+        acc = std::fma(blk.d * x[b].d, static_cast<float>(S - 64 * M), acc);
+      }
+      out[tk * os + r] = acc;
     }
   }
 }

@@ -14,6 +14,7 @@
 
 #include "quant/blocks.h"
 #include "quant/gemm16_tiles.h"
+#include "quant/iq_gemm_decode.h"
 #include "quant/iq_tables.h"
 #include "quant/q4k_gemm.h"
 
@@ -368,6 +369,32 @@ void transpose16_q6(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) 
   }
 }
 
+// IQ2/IQ3: each row's super-block decoded to iq_gemm_decode.h's integers (scalar), then transposed.
+void transpose16_iq(GgmlType t, const uint8_t* w, int64_t row_bytes, int64_t nb, Blk6* out) {
+  const int64_t bb = int64_t(type_traits(t).type_size);
+  alignas(64) IqBlockInts rows[16];
+  for (int64_t b = 0; b < nb; ++b) {
+    Blk6& o = out[b];
+    for (int r = 0; r < 16; ++r) iq_decode_ints(t, w + r * row_bytes + b * bb, rows[r]);
+    for (int z = 0; z < 4; ++z) {
+      __m512i in[16], tr[16];
+#pragma GCC unroll 16
+      for (int r = 0; r < 16; ++r) in[r] = _mm512_loadu_si512(rows[r].u + 64 * z);
+      transpose16x16(in, tr);
+#pragma GCC unroll 16
+      for (int c = 0; c < 16; ++c) _mm512_store_si512(o.q[16 * z + c], tr[c]);
+    }
+    __m512i sc[16];
+    for (int s = 0; s < 16; ++s) {
+      alignas(64) int32_t lane[16];
+      for (int r = 0; r < 16; ++r) lane[r] = rows[r].sc[s];
+      sc[s] = _mm512_load_si512(lane);
+    }
+    store_scales16(sc, nullptr, o);
+    for (int r = 0; r < 16; ++r) o.d[r] = rows[r].d;
+  }
+}
+
 // 16 rows x NT tokens over transposed 16-sub-block super-blocks. kOffShift > 0: the codes carry an offset
 // 2^kOffShift (Q6_K 32, Q3_K 4) taken back through M = sum sc bsums in int32 (one float step); 0: Q2_K, whose
 // M sums the mins and has its own float step with dmin.
@@ -464,6 +491,13 @@ void q3k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const 
                        int64_t n_tok, float* out, int64_t os) {
   gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os, transpose16_q3,
                [](auto nt, auto... a) { tile_q6<decltype(nt)::value, 2>(a...); });
+}
+
+void iq_gemm16_avx512(GgmlType t, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
+                      int64_t n_tok, float* out, int64_t os) {
+  gemm16<Blk6>(cols / QK_K, w, row_bytes, xq, xs, n_tok, out, os,
+               [t](const uint8_t* wp, int64_t rb, int64_t nb, Blk6* o) { transpose16_iq(t, wp, rb, nb, o); },
+               [](auto nt, auto... a) { tile_q6<decltype(nt)::value, 6>(a...); });
 }
 
 void q2k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,

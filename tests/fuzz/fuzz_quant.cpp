@@ -10,6 +10,7 @@
 
 #include "cpu/cpu_features.h"
 #include "quant/dequant.h"
+#include "quant/q4k_gemm.h"
 #include "quant/quantize.h"
 #include "quant/vec_dot.h"
 
@@ -59,6 +60,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (int r = 0; r < 4; ++r) q::quantize_act_row(k.act, x.data(), xq.data() + r * xb, n);
     volatile float sink = k.fn(n, w.data(), xq.data());
     (void)sink;
+    // The 16-row prefill kernel and its reference: the row read 16 times (row stride 0), 4 tokens.
+    if (const q::Gemm16Fn g = q::gemm16_kernel(t); g && level == static_cast<int>(CpuLevel::Avx512) && q::q4k_gemm_cpu_ok()) {
+      float out[16 * 4];
+      g(n, w.data(), 0, xq.data(), xb, 4, out, 16);
+      q::gemm16_reference(t)(n, w.data(), 0, xq.data(), xb, 4, out, 16);
+    }
     if (k.fn4) {
       float out[4];
       k.fn4(n, w.data(), xq.data(), xb, out, 1);
