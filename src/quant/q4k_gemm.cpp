@@ -190,29 +190,42 @@ void iq4xs_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const u
   }
 }
 
-void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                    float* out, int64_t os) {
+namespace {
+
+// The references of the formats on Q6_K's kernel (16-value sub-blocks): per super-block the codes u (bytes),
+// one integer scale per 16 values, and either a code offset (T = S - off M, one float step) or integer
+// mins with dmin (Q2_K: two float steps). The arithmetic of q4k_gemm.h for each.
+struct Sub16 {
+  uint8_t u[256];
+  int32_t sc[16], mn[16];
+  float d, dmin;
+  int off;  // 0: mins
+};
+
+template <typename Decode>  // decode(block bytes, Sub16&)
+void sub16_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, int64_t block_bytes, const uint8_t* xq,
+                      int64_t xs, int64_t n_tok, float* out, int64_t os, Decode decode) {
   const int64_t nb = cols / QK_K;
+  Sub16 k;
   for (int r = 0; r < kQ4kGemmRows; ++r) {
-    const auto* a = reinterpret_cast<const BlockQ6_K*>(w + r * row_bytes);
     for (int64_t t = 0; t < n_tok; ++t) {
       const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
       float acc = 0;
       for (int64_t b = 0; b < nb; ++b) {
+        decode(w + r * row_bytes + b * block_bytes, k);
         int32_t S = 0, M = 0;
         for (int s = 0; s < 16; ++s) {
           int32_t dot = 0;
-          for (int i = 0; i < 16; ++i) {
-            const int v = 16 * s + i, n = v / 128, quarter = (v % 128) / 32, l = v % 32;
-            const uint8_t lo = a[b].ql[64 * n + 32 * (quarter % 2) + l];
-            const int u = (quarter < 2 ? lo & 0xF : lo >> 4) | (((a[b].qh[32 * n + l] >> (2 * quarter)) & 3) << 4);
-            dot += u * x[b].qs[v];
-          }
-          S += a[b].scales[s] * dot;
-          M += a[b].scales[s] * x[b].bsums[s];
+          for (int i = 0; i < 16; ++i) dot += k.u[16 * s + i] * x[b].qs[16 * s + i];
+          S += k.sc[s] * dot;
+          M += (k.off ? k.sc[s] : k.mn[s]) * x[b].bsums[s];
         }
-        const float dd = fp16_to_fp32(a[b].d) * x[b].d;
-        acc = std::fma(dd, static_cast<float>(S - 32 * M), acc);
+        if (k.off) {
+          acc = std::fma(k.d * x[b].d, static_cast<float>(S - k.off * M), acc);
+        } else {
+          acc = std::fma(k.d * x[b].d, static_cast<float>(S), acc);
+          acc = std::fma(-(k.dmin * x[b].d), static_cast<float>(M), acc);
+        }
       }
       out[t * os + r] = acc;
     }
@@ -221,84 +234,64 @@ void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 
 // Value v of a Q2_K / Q3_K super-block: bits 2 j of qs[32 h + l] (h = v / 128, j = (v % 128) / 32, l = v % 32);
 // Q3_K's third bit is bit 4 h + j of hmask[l].
-static inline int q23_low_bits(const uint8_t* qs, int v) { return (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3; }
+int q23_low_bits(const uint8_t* qs, int v) { return (qs[32 * (v / 128) + v % 32] >> (2 * ((v % 128) / 32))) & 3; }
+
+}  // namespace
+
+void q6k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
+                    float* out, int64_t os) {
+  sub16_gemm16_ref(cols, w, row_bytes, sizeof(BlockQ6_K), xq, xs, n_tok, out, os, [](const uint8_t* p, Sub16& k) {
+    const auto& a = *reinterpret_cast<const BlockQ6_K*>(p);
+    for (int v = 0; v < 256; ++v) {  // u = q + 32: low 4 bits from ql, high 2 from qh
+      const int n = v / 128, quarter = (v % 128) / 32, l = v % 32;
+      const uint8_t lo = a.ql[64 * n + 32 * (quarter % 2) + l];
+      k.u[v] = static_cast<uint8_t>((quarter < 2 ? lo & 0xF : lo >> 4) | (((a.qh[32 * n + l] >> (2 * quarter)) & 3) << 4));
+    }
+    for (int s = 0; s < 16; ++s) k.sc[s] = a.scales[s];
+    k.d = fp16_to_fp32(a.d);
+    k.off = 32;
+  });
+}
 
 void q3k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
                     float* out, int64_t os) {
-  const int64_t nb = cols / QK_K;
-  for (int r = 0; r < kQ4kGemmRows; ++r) {
-    const auto* a = reinterpret_cast<const BlockQ3_K*>(w + r * row_bytes);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
-      float acc = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        int8_t sc[16];
-        q3k_scales(a[b].scales, sc);
-        int32_t S = 0, M = 0;
-        for (int s = 0; s < 16; ++s) {
-          int32_t dot = 0;
-          for (int i = 0; i < 16; ++i) {
-            const int v = 16 * s + i;
-            const int hbit = (a[b].hmask[v % 32] >> (4 * (v / 128) + (v % 128) / 32)) & 1;
-            dot += (q23_low_bits(a[b].qs, v) | (hbit << 2)) * x[b].qs[v];
-          }
-          S += sc[s] * dot;
-          M += sc[s] * x[b].bsums[s];
-        }
-        acc = std::fma(fp16_to_fp32(a[b].d) * x[b].d, static_cast<float>(S - 4 * M), acc);
-      }
-      out[t * os + r] = acc;
+  sub16_gemm16_ref(cols, w, row_bytes, sizeof(BlockQ3_K), xq, xs, n_tok, out, os, [](const uint8_t* p, Sub16& k) {
+    const auto& a = *reinterpret_cast<const BlockQ3_K*>(p);
+    for (int v = 0; v < 256; ++v) {  // u = q + 4
+      const int hbit = (a.hmask[v % 32] >> (4 * (v / 128) + (v % 128) / 32)) & 1;
+      k.u[v] = static_cast<uint8_t>(q23_low_bits(a.qs, v) | (hbit << 2));
     }
-  }
+    int8_t sc[16];
+    q3k_scales(a.scales, sc);
+    for (int s = 0; s < 16; ++s) k.sc[s] = sc[s];
+    k.d = fp16_to_fp32(a.d);
+    k.off = 4;
+  });
 }
 
 void q2k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
                     float* out, int64_t os) {
-  const int64_t nb = cols / QK_K;
-  for (int r = 0; r < kQ4kGemmRows; ++r) {
-    const auto* a = reinterpret_cast<const BlockQ2_K*>(w + r * row_bytes);
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + t * xs);
-      float acc = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t S = 0, M = 0;
-        for (int s = 0; s < 16; ++s) {
-          int32_t dot = 0;
-          for (int i = 0; i < 16; ++i) dot += q23_low_bits(a[b].qs, 16 * s + i) * x[b].qs[16 * s + i];
-          S += (a[b].scales[s] & 0xF) * dot;
-          M += (a[b].scales[s] >> 4) * x[b].bsums[s];
-        }
-        const float dd = fp16_to_fp32(a[b].d) * x[b].d, dm = fp16_to_fp32(a[b].dmin) * x[b].d;
-        acc = std::fma(dd, static_cast<float>(S), acc);
-        acc = std::fma(-dm, static_cast<float>(M), acc);
-      }
-      out[t * os + r] = acc;
-    }
-  }
+  sub16_gemm16_ref(cols, w, row_bytes, sizeof(BlockQ2_K), xq, xs, n_tok, out, os, [](const uint8_t* p, Sub16& k) {
+    const auto& a = *reinterpret_cast<const BlockQ2_K*>(p);
+    for (int v = 0; v < 256; ++v) k.u[v] = static_cast<uint8_t>(q23_low_bits(a.qs, v));
+    for (int s = 0; s < 16; ++s) k.sc[s] = a.scales[s] & 0xF, k.mn[s] = a.scales[s] >> 4;
+    k.d = fp16_to_fp32(a.d);
+    k.dmin = fp16_to_fp32(a.dmin);
+    k.off = 0;
+  });
 }
 
 void iq_gemm16_ref(GgmlType t, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                    int64_t n_tok, float* out, int64_t os) {
-  const int64_t nb = cols / QK_K, bb = int64_t(type_traits(t).type_size);
-  IqBlockInts blk;
-  for (int r = 0; r < kQ4kGemmRows; ++r) {
-    for (int64_t tk = 0; tk < n_tok; ++tk) {
-      const auto* x = reinterpret_cast<const BlockQ8_K*>(xq + tk * xs);
-      float acc = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        iq_decode_ints(t, w + r * row_bytes + b * bb, blk);
-        int32_t S = 0, M = 0;
-        for (int s = 0; s < 16; ++s) {
-          int32_t dot = 0;
-          for (int i = 0; i < 16; ++i) dot += blk.u[16 * s + i] * x[b].qs[16 * s + i];
-          S += blk.sc[s] * dot;
-          M += blk.sc[s] * x[b].bsums[s];
-        }
-        acc = std::fma(blk.d * x[b].d, static_cast<float>(S - 64 * M), acc);
-      }
-      out[tk * os + r] = acc;
-    }
-  }
+  sub16_gemm16_ref(cols, w, row_bytes, int64_t(type_traits(t).type_size), xq, xs, n_tok, out, os,
+                   [t](const uint8_t* p, Sub16& k) {
+                     IqBlockInts b;
+                     iq_decode_ints(t, p, b);
+                     std::memcpy(k.u, b.u, 256);
+                     std::memcpy(k.sc, b.sc, sizeof(k.sc));
+                     k.d = b.d;
+                     k.off = 64;
+                   });
 }
 
 }  // namespace strata::q

@@ -69,6 +69,22 @@ void pack_2bit(const uint8_t* L, uint8_t* qs) {
     }
 }
 
+// The signed 6-bit sub-block scale l (step d * l, l in [-32, 31]) nearest the fitted one and its two
+// neighbours: round(dl, Lt) re-rounds the sub-block's n <= 32 values against each and returns the weighted
+// error; the best l is returned and its codes left in L.
+template <typename Code, typename Round>
+int best_signed_scale(float fitted, float d, int n, Code* L, Round round) {
+  Code Lt[32];
+  const int l0 = std::clamp(nearest_int(fitted / d), -32, 31);
+  float best = INFINITY;
+  int l_best = l0;
+  for (int l = std::max(l0 - 1, -32); l <= std::min(l0 + 1, 31); ++l) {
+    const float err = round(d * l, Lt);
+    if (err < best) best = err, l_best = l, std::memcpy(L, Lt, sizeof(Code) * n);
+  }
+  return l_best;
+}
+
 // Value (or sign) of largest magnitude among n numbers.
 float signed_absmax(const float* v, int n) {
   float m = 0;
@@ -219,7 +235,7 @@ void quantize_q3_k(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockQ3_K*>(dst);
   for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
     float sc[16], w[QK_K];
-    int8_t Ls[QK_K], Lt[16];
+    int8_t Ls[QK_K];
     for (int j = 0; j < 16; ++j) {
       rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
       sc[j] = qfit::fit_symmetric(x + 16 * j, w + 16 * j, 16, 4, Ls + 16 * j);
@@ -231,14 +247,10 @@ void quantize_q3_k(const float* x, void* dst, int64_t n) {
     if (d == 0) {
       std::fill(Ls, Ls + QK_K, 0);
     } else {
-      for (int j = 0; j < 16; ++j) {
-        const int ls0 = std::clamp(nearest_int(sc[j] / d), -32, 31);
-        float best = INFINITY;
-        for (int ls = std::max(ls0 - 1, -32); ls <= std::min(ls0 + 1, 31); ++ls) {
-          const float err = round_symmetric(x + 16 * j, w + 16 * j, 16, d * ls, 4, Lt);
-          if (err < best) best = err, ls_best[j] = ls, std::memcpy(Ls + 16 * j, Lt, 16);
-        }
-      }
+      for (int j = 0; j < 16; ++j)
+        ls_best[j] = best_signed_scale(sc[j], d, 16, Ls + 16 * j, [&](float dl, int8_t* Lt) {
+          return round_symmetric(x + 16 * j, w + 16 * j, 16, dl, 4, Lt);
+        });
     }
     for (int j = 0; j < 16; ++j) {  // 6-bit scales: low nibbles in bytes 0-7, top 2 bits in bytes 8-11
       const int l = ls_best[j] + 32;
@@ -259,7 +271,7 @@ void quantize_iq4_xs(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockIQ4_XS*>(dst);
   for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
     float sc[8], w[QK_K];
-    uint8_t L[QK_K], Lt[32];
+    uint8_t L[QK_K];
     for (int ib = 0; ib < 8; ++ib) {
       rms_plus_abs_weights(x + 32 * ib, 32, w + 32 * ib);
       sc[ib] = qfit::fit_grid16(x + 32 * ib, w + 32 * ib, 32, iq::kIq4nlValues, L + 32 * ib);
@@ -269,16 +281,12 @@ void quantize_iq4_xs(const float* x, void* dst, int64_t n) {
     const float d = fp16_to_fp32(y[b].d);
     for (int ib = 0; ib < 8; ++ib) {
       int l_best = 0;
-      if (d != 0) {
-        const int l0 = std::clamp(nearest_int(sc[ib] / d), -32, 31);
-        float best = INFINITY;
-        for (int l = std::max(l0 - 1, -32); l <= std::min(l0 + 1, 31); ++l) {
-          const float err = round_grid(x + 32 * ib, w + 32 * ib, 32, d * l, Lt);
-          if (err < best) best = err, l_best = l, std::memcpy(L + 32 * ib, Lt, 32);
-        }
-      } else {
+      if (d != 0)
+        l_best = best_signed_scale(sc[ib], d, 32, L + 32 * ib, [&](float dl, uint8_t* Lt) {
+          return round_grid(x + 32 * ib, w + 32 * ib, 32, dl, Lt);
+        });
+      else
         round_grid(x + 32 * ib, w + 32 * ib, 32, 0.f, L + 32 * ib);
-      }
       const int ls = l_best + 32;
       y[b].scales_l[ib / 2] |= static_cast<uint8_t>((ls & 0xF) << (4 * (ib % 2)));
       y[b].scales_h |= static_cast<uint16_t>((ls >> 4) << (2 * ib));
