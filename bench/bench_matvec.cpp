@@ -230,7 +230,8 @@ int main(int argc, char** argv) {
   // The other formats with a 16-row kernel (no repack cache): 4tok = the decode kernels (our previous path).
   for (const GgmlType t : {GgmlType::Q6_K, GgmlType::Q5_K, GgmlType::IQ4_XS, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q3_K,
                            GgmlType::Q2_K, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL,
-                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S})
+                           GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S,
+                           GgmlType::IQ1_S, GgmlType::IQ1_M})
     for (const int64_t n_tok : {64, 32, 9})
       for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{768, 2048}, {2048, 768}})
         for (const auto& [path, name] : {std::pair{PrefillPath::Tok4, "4tok"}, {PrefillPath::Gemm16, "gemm16"}})

@@ -35,7 +35,8 @@ q::Gemm16Fn ref_of(GgmlType t) { return q::gemm16_reference(t); }
 q::Gemm16Fn kernel_of(GgmlType t) { return q::gemm16_kernel(t); }
 const GgmlType kTypes[] = {GgmlType::Q2_K,    GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
                            GgmlType::Q6_K,    GgmlType::IQ4_XS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
-                           GgmlType::IQ2_S,   GgmlType::IQ3_XXS, GgmlType::IQ3_S};
+                           GgmlType::IQ2_S,   GgmlType::IQ3_XXS, GgmlType::IQ3_S,  GgmlType::IQ1_S,
+                           GgmlType::IQ1_M};
 bool has_kernel(GgmlType t) { return std::find(std::begin(kTypes), std::end(kTypes), t) != std::end(kTypes); }
 
 std::vector<uint8_t> quantize_acts(const std::vector<float>& x, int64_t cols) {
@@ -151,7 +152,7 @@ TEST(Q4kGemm, FixtureZooQ4K) {
     for (uint64_t r0 = 0; r0 + 16 <= t.n_rows(); r0 += 16) check_rows16(t.type, t.data + r0 * rb, rb, cols, xq, n_tok);
     ++checked;
   }
-  EXPECT_GE(checked, 11) << "zoo.gguf lacks a tensor of >= 16 rows of one of the 11 types";
+  EXPECT_GE(checked, 13) << "zoo.gguf lacks a tensor of >= 16 rows of one of the 13 types";
 }
 
 TEST(Q4kGemm, MatmulDispatch) {

@@ -96,11 +96,45 @@ void iq3_s(const BlockIQ3_S& b, IqBlockInts& o) {
   }
 }
 
+// IQ1: 8 grid values g (int8 -1, 0, 1) plus a shared delta of +-1/8: (g + delta) * 8 = 8 g +- 1, so the
+// bytes are 64 + 8 g + s (55..73) and the block's d carries the 1/8. Byte-wise without carries: g ^ 0x80
+// is 0x7F..0x81, minus 0x7F gives h = g + 1 (0..2), and 8 h + 56 + s is at most 73.
+inline void iq1_8(uint8_t* u, uint64_t grid, int s) {
+  const uint64_t h = (grid ^ 0x8080808080808080ull) - 0x7F7F7F7F7F7F7F7Full;
+  put8(u, (h << 3) + (s > 0 ? 0x3939393939393939ull : 0x3737373737373737ull));
+}
+
+void iq1_s(const BlockIQ1_S& b, IqBlockInts& o) {
+  o.d = fp16_to_fp32(b.d) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint16_t qh = b.qh[ib];
+    o.sc[2 * ib] = o.sc[2 * ib + 1] = 2 * ((qh >> 12) & 7) + 1;
+    const int s = (qh & 0x8000) ? -1 : 1;
+    for (int l = 0; l < 4; ++l) iq1_8(o.u + 32 * ib + 8 * l, iq::kIq1sGrid[b.qs[4 * ib + l] | (((qh >> 3 * l) & 7) << 8)], s);
+  }
+}
+
+void iq1_m(const BlockIQ1_M& b, IqBlockInts& o) {
+  uint16_t sc[4];
+  std::memcpy(sc, b.scales, 8);
+  o.d = iq1m_scale(b) * 0.125f;
+  for (int ib = 0; ib < 8; ++ib) {
+    const uint8_t* qs = b.qs + 4 * ib;
+    const uint8_t* qh = b.qh + 2 * ib;
+    o.sc[2 * ib] = 2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1;
+    o.sc[2 * ib + 1] = 2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1;
+    const int idx[4] = {qs[0] | ((qh[0] << 8) & 0x700), qs[1] | ((qh[0] << 4) & 0x700), qs[2] | ((qh[1] << 8) & 0x700),
+                        qs[3] | ((qh[1] << 4) & 0x700)};
+    const int s[4] = {qh[0] & 0x08 ? -1 : 1, qh[0] & 0x80 ? -1 : 1, qh[1] & 0x08 ? -1 : 1, qh[1] & 0x80 ? -1 : 1};
+    for (int l = 0; l < 4; ++l) iq1_8(o.u + 32 * ib + 8 * l, iq::kIq1sGrid[idx[l]], s[l]);
+  }
+}
+
 }  // namespace
 
 bool iq_gemm_type(GgmlType t) {
   return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S || t == GgmlType::IQ3_XXS ||
-         t == GgmlType::IQ3_S;
+         t == GgmlType::IQ3_S || t == GgmlType::IQ1_S || t == GgmlType::IQ1_M;
 }
 
 void iq_decode_ints(GgmlType t, const uint8_t* blk, IqBlockInts& out) {
@@ -110,6 +144,8 @@ void iq_decode_ints(GgmlType t, const uint8_t* blk, IqBlockInts& out) {
     case GgmlType::IQ2_S: return iq2_s(*reinterpret_cast<const BlockIQ2_S*>(blk), out);
     case GgmlType::IQ3_XXS: return iq3_xxs(*reinterpret_cast<const BlockIQ3_XXS*>(blk), out);
     case GgmlType::IQ3_S: return iq3_s(*reinterpret_cast<const BlockIQ3_S*>(blk), out);
+    case GgmlType::IQ1_S: return iq1_s(*reinterpret_cast<const BlockIQ1_S*>(blk), out);
+    case GgmlType::IQ1_M: return iq1_m(*reinterpret_cast<const BlockIQ1_M*>(blk), out);
     default: break;
   }
 }

@@ -66,6 +66,8 @@ Gemm16Fn gemm16_kernel(GgmlType t) {
     case GgmlType::IQ2_S: return iq_gemm16_avx512_of<GgmlType::IQ2_S>;
     case GgmlType::IQ3_XXS: return iq_gemm16_avx512_of<GgmlType::IQ3_XXS>;
     case GgmlType::IQ3_S: return iq_gemm16_avx512_of<GgmlType::IQ3_S>;
+    case GgmlType::IQ1_S: return iq_gemm16_avx512_of<GgmlType::IQ1_S>;
+    case GgmlType::IQ1_M: return iq_gemm16_avx512_of<GgmlType::IQ1_M>;
     case GgmlType::Q4_0: return q32_gemm16_avx512_of<Q32::Q4_0>;
     case GgmlType::Q4_1: return q32_gemm16_avx512_of<Q32::Q4_1>;
     case GgmlType::Q5_0: return q32_gemm16_avx512_of<Q32::Q5_0>;
@@ -77,7 +79,12 @@ Gemm16Fn gemm16_kernel(GgmlType t) {
 }
 
 int64_t gemm16_min_tokens(GgmlType t) {
-  return t == GgmlType::IQ2_XXS || t == GgmlType::IQ2_XS || t == GgmlType::IQ2_S ? 16 : kQ4kGemmMinTok;
+  switch (t) {
+    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: case GgmlType::IQ1_S: case GgmlType::IQ1_M:
+      return 16;
+    default:
+      return kQ4kGemmMinTok;
+  }
 }
 
 Gemm16Fn gemm16_reference(GgmlType t) {
@@ -93,6 +100,8 @@ Gemm16Fn gemm16_reference(GgmlType t) {
     case GgmlType::IQ2_S: return iq_gemm16_ref_of<GgmlType::IQ2_S>;
     case GgmlType::IQ3_XXS: return iq_gemm16_ref_of<GgmlType::IQ3_XXS>;
     case GgmlType::IQ3_S: return iq_gemm16_ref_of<GgmlType::IQ3_S>;
+    case GgmlType::IQ1_S: return iq_gemm16_ref_of<GgmlType::IQ1_S>;
+    case GgmlType::IQ1_M: return iq_gemm16_ref_of<GgmlType::IQ1_M>;
     case GgmlType::Q4_0: return q32_gemm16_ref_of<Q32::Q4_0>;
     case GgmlType::Q4_1: return q32_gemm16_ref_of<Q32::Q4_1>;
     case GgmlType::Q5_0: return q32_gemm16_ref_of<Q32::Q5_0>;

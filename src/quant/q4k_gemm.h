@@ -85,10 +85,10 @@ void q2k_gemm16_ref(int64_t cols, const uint8_t* w, int64_t row_bytes, const uin
 void q2k_gemm16_avx512(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
 
-// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S through Q6_K's kernel: each super-block decoded to the integer form
-// of iq_gemm_decode.h (u = signed grid value + 64, an odd integer scale per 16 values, d' = d / 8, d / 4 or d)
-// and, with 64 in place of 32: acc = fma(d' * x.d, float(S - 64 M), acc). The decode is scalar (grid
-// lookups), once per 16 rows and call, shared by every token.
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M through Q6_K's kernel: each super-block decoded to the
+// integer form of iq_gemm_decode.h (u = signed value + 64, an odd integer scale per 16 values, d' = d / 8,
+// d / 4 or d) and, with 64 in place of 32: acc = fma(d' * x.d, float(S - 64 M), acc). The decode is scalar
+// (grid lookups), once per 16 rows and call, shared by every token.
 void iq_gemm16_ref(GgmlType t, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                    int64_t n_tok, float* out, int64_t os);
 void iq_gemm16_avx512(GgmlType t, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
@@ -103,8 +103,8 @@ using Gemm16Fn = void (*)(int64_t cols, const uint8_t* w, int64_t row_bytes, con
 // activations in t's activation type (vec_dot.h act_type_for); nullptr for any other type.
 Gemm16Fn gemm16_kernel(GgmlType t);
 // The fewest tokens for which matmul takes t's 16-row kernel: kQ4kGemmMinTok, and 16 for IQ2_XXS / IQ2_XS /
-// IQ2_S, whose scalar decode costs more than the decode kernels save below that (9 tokens: 0.83-1.0x the
-// decode kernels; 32: 2.0-2.2x; bench_matvec Prefill arms).
+// IQ2_S / IQ1_S / IQ1_M, whose scalar decode costs more than the decode kernels save below that (9 tokens:
+// 0.75-1.0x the decode kernels; 32: 1.7-2.2x; bench_matvec Prefill arms).
 int64_t gemm16_min_tokens(GgmlType t);
 // Its scalar reference (the same types; nullptr for any other).
 Gemm16Fn gemm16_reference(GgmlType t);
