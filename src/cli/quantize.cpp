@@ -2,10 +2,12 @@
 // src/quant/quant_mix.h, which also says which tensor gets which type). All metadata is kept; general.file_type and
 // general.quantization_version are set as llama.cpp does; tensors that are not quantized (norms, the
 // router, 1-D tensors) are copied byte for byte; tensor data keeps the file's alignment.
-// The output is held in memory until it is written (through a temporary file renamed into place).
+// Each tensor is quantized while the file is written (gguf::Writer's producers, rows split over the threads),
+// so memory holds one tensor of output at a time; the file goes through a temporary renamed into place.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,12 +67,12 @@ int run_quantize(const std::string& in, const std::string& out, const std::strin
   w.set<uint32_t>("general.file_type", quant_scheme_file_type(*scheme));
 
   ThreadPool pool(threads);
-  std::vector<std::vector<uint8_t>> owned;  // quantized tensors, alive until write()
-  owned.reserve(f.tensors().size());
   uint64_t bytes_in = 0, bytes_out = 0;
-  size_t i = 0, n_requant = 0;
-  for (const auto& t : f.tensors()) {
-    const GgmlType target = plan[i++];
+  size_t n_requant = 0;
+  const size_t n_tensors = f.tensors().size();
+  for (size_t i = 0; i < n_tensors; ++i) {
+    const gguf::TensorInfo& t = f.tensors()[i];
+    const GgmlType target = plan[i];
     const std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
     bytes_in += t.nbytes;
     if (target == t.type) {
@@ -82,20 +84,19 @@ int run_quantize(const std::string& in, const std::string& out, const std::strin
                    type_name(t.type));
     if (type_traits(t.type).quantized) ++n_requant;
     const uint64_t ne0 = t.ne[0], rb_in = row_bytes(t.type, ne0), rb_out = row_bytes(target, ne0);
-    owned.emplace_back(rb_out * t.n_rows());
-    uint8_t* dst = owned.back().data();
-    pool.parallel_for(static_cast<int64_t>(t.n_rows()), 8, [&](int64_t r0, int64_t r1, int) {
-      thread_local std::vector<float> row;
-      row.resize(ne0);
-      for (int64_t r = r0; r < r1; ++r) {
-        dequantize_row(t.type, t.data + r * rb_in, row.data(), static_cast<int64_t>(ne0));
-        quantize_row(target, row.data(), dst + r * rb_out, static_cast<int64_t>(ne0));
-      }
+    bytes_out += rb_out * t.n_rows();
+    w.add_tensor_producer(t.name, target, dims, [&pool, &t, target, ne0, rb_in, rb_out, i, n_tensors](std::span<uint8_t> dst) {
+      pool.parallel_for(static_cast<int64_t>(t.n_rows()), 8, [&](int64_t r0, int64_t r1, int) {
+        thread_local std::vector<float> row;
+        row.resize(ne0);
+        for (int64_t r = r0; r < r1; ++r) {
+          dequantize_row(t.type, t.data + r * rb_in, row.data(), static_cast<int64_t>(ne0));
+          quantize_row(target, row.data(), dst.data() + r * rb_out, static_cast<int64_t>(ne0));
+        }
+      });
+      std::fprintf(stderr, "[%zu/%zu] %-36s %-6s -> %s\n", i + 1, n_tensors, t.name.c_str(),
+                   std::string(type_name(t.type)).c_str(), std::string(type_name(target)).c_str());
     });
-    w.add_tensor_view(t.name, target, dims, dst, owned.back().size());
-    bytes_out += owned.back().size();
-    std::fprintf(stderr, "[%zu/%zu] %-36s %-6s -> %s\n", i, f.tensors().size(), t.name.c_str(),
-                 std::string(type_name(t.type)).c_str(), std::string(type_name(target)).c_str());
   }
   w.write(out);
   if (n_requant)
