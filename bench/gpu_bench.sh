@@ -16,7 +16,8 @@
 # llama_decode and lib/): llama.cpp's prebuilt CUDA build and strata on the same 30B-A3B-geometry files at
 # Q4_0 (the issue's llama.cpp reference format) and Q4_K, alternating: fully resident pp and tg, and
 # llama.cpp with the experts of CPU_MOE_LAYERS (default 36) of the layers on the CPU against strata at 25%;
-# then the ratios strata / llama.cpp. About 2 minutes after the files exist.
+# then the ratios strata / llama.cpp. About 2 minutes after the files exist. LLAMA_FORMATS="Q2_K Q3_K_M IQ4_XS"
+# (any `strata mkmodel --format`) runs other file types instead.
 # Budget: about 6 minutes on an H200 box with 16 cores (the 48-layer file is ~17 GB: written once with
 # --repeat-layers, which quantizes one layer and copies it; the CPU arms use shorter runs).
 set -uo pipefail
@@ -101,7 +102,7 @@ if [[ $models == *,llama,* ]]; then
     num() { sed -E "s/.*\"$2\": ?([0-9.]+).*/\1/" <<<"$1"; }
     tok() { awk -v k="$1" '$1 ~ "^"k"[0-9]+$" && $3 == "tok/s" {print $2; exit}'; }
     ratios=()
-    for fmt in Q4_0 Q4_K; do
+    for fmt in ${LLAMA_FORMATS:-Q4_0 Q4_K}; do
       f="$work/syn-30b-l$layers-$(tr 'A-Z' 'a-z' <<<"$fmt").gguf"
       [ "$fmt" = Q4_K ] && f="$syn"
       mkmodel "$f" qwen3-30b-a3b "$layers" "$fmt" || continue
