@@ -17,46 +17,32 @@ struct Codes {
   int off;
 };
 
-// Block b of a row: q32_gemm.h's codes u, d, m and offset, read from the block's bytes as ggml lays them out.
+// Block b of a row: q32_gemm.h's codes u, d, m and offset, read from the block's bytes (q32_layout).
 Codes decode(Q32 f, const uint8_t* blk) {
+  const Q32Layout L = q32_layout(f);
   Codes c;
   uint16_t h16;
   std::memcpy(&h16, blk, 2);
   c.d = fp16_to_fp32(h16);
-  const bool has_m = f == Q32::Q4_1 || f == Q32::Q5_1;
-  if (has_m) {
-    std::memcpy(&h16, blk + 2, 2);
+  if (L.m >= 0) {
+    std::memcpy(&h16, blk + L.m, 2);
     c.m = fp16_to_fp32(h16);
   }
+  c.off = L.off;
   if (f == Q32::Q8_0) {
-    for (int i = 0; i < 32; ++i) c.u[i] = static_cast<uint8_t>(static_cast<int8_t>(blk[2 + i]) + 128);
-    c.off = 128;
+    for (int i = 0; i < 32; ++i) c.u[i] = static_cast<uint8_t>(static_cast<int8_t>(blk[L.qs + i]) + 128);
     return c;
   }
-  const bool q5 = f == Q32::Q5_0 || f == Q32::Q5_1;
-  const int qs = f == Q32::Q4_1 ? 4 : f == Q32::Q5_0 ? 6 : f == Q32::Q5_1 ? 8 : 2;
   uint32_t qh = 0;
-  if (q5) std::memcpy(&qh, blk + (f == Q32::Q5_0 ? 2 : 4), 4);
+  if (L.qh >= 0) std::memcpy(&qh, blk + L.qh, 4);
   for (int i = 0; i < 16; ++i) {
-    c.u[i] = blk[qs + i] & 0xF;
-    c.u[16 + i] = blk[qs + i] >> 4;
+    c.u[i] = blk[L.qs + i] & 0xF;
+    c.u[16 + i] = blk[L.qs + i] >> 4;
   }
-  for (int i = 0; i < 32 && q5; ++i) c.u[i] = static_cast<uint8_t>(c.u[i] | (((qh >> i) & 1) << 4));
+  for (int i = 0; i < 32 && L.qh >= 0; ++i) c.u[i] = static_cast<uint8_t>(c.u[i] | (((qh >> i) & 1) << 4));
   if (f == Q32::IQ4_NL)
     for (int i = 0; i < 32; ++i) c.u[i] = static_cast<uint8_t>(iq::kIq4nlValues[c.u[i]] + 128);
-  c.off = f == Q32::Q4_0 ? 8 : f == Q32::Q5_0 ? 16 : f == Q32::IQ4_NL ? 128 : 0;
   return c;
-}
-
-int block_bytes(Q32 f) {
-  switch (f) {
-    case Q32::Q4_0: case Q32::IQ4_NL: return 18;
-    case Q32::Q4_1: return 20;
-    case Q32::Q5_0: return 22;
-    case Q32::Q5_1: return 24;
-    case Q32::Q8_0: return 34;
-  }
-  return 0;
 }
 
 }  // namespace
@@ -76,18 +62,18 @@ std::optional<Q32> q32_format(GgmlType t) {
 void q32_gemm16_ref(Q32 f, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                     int64_t n_tok, float* out, int64_t os) {
   const int64_t nb = cols / QK;
-  const bool has_m = f == Q32::Q4_1 || f == Q32::Q5_1;
+  const Q32Layout L = q32_layout(f);
   for (int r = 0; r < 16; ++r) {
     for (int64_t t = 0; t < n_tok; ++t) {
       const auto* x = reinterpret_cast<const BlockQ8A*>(xq + t * xs);
       float acc = 0;
       for (int64_t b = 0; b < nb; ++b) {
-        const Codes c = decode(f, w + r * row_bytes + b * block_bytes(f));
+        const Codes c = decode(f, w + r * row_bytes + b * L.bytes);
         int32_t s = 0;
         for (int i = 0; i < 32; ++i) s += c.u[i] * x[b].qs[i];
         s -= c.off * x[b].sum;
         acc = std::fma(c.d * x[b].d, static_cast<float>(s), acc);
-        if (has_m) acc = std::fma(c.m * x[b].d, static_cast<float>(x[b].sum), acc);
+        if (L.m >= 0) acc = std::fma(c.m * x[b].d, static_cast<float>(x[b].sum), acc);
       }
       out[t * os + r] = acc;
     }

@@ -30,6 +30,23 @@ namespace strata::q {
 
 enum class Q32 { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL };
 
+// Where a format's fields sit in its block (byte offsets, -1: none), the block's size and its code offset
+// (q32_gemm.h's off; Q4_1 / Q5_1: 0, they have a min at m).
+struct Q32Layout {
+  int bytes, m, qh, qs, off;
+};
+constexpr Q32Layout q32_layout(Q32 f) {
+  switch (f) {
+    case Q32::Q4_0: return {18, -1, -1, 2, 8};
+    case Q32::Q4_1: return {20, 2, -1, 4, 0};
+    case Q32::Q5_0: return {22, -1, 2, 6, 16};
+    case Q32::Q5_1: return {24, 2, 4, 8, 0};
+    case Q32::Q8_0: return {34, -1, -1, 2, 128};
+    case Q32::IQ4_NL: return {18, -1, -1, 2, 128};
+  }
+  return {0, 0, 0, 0, 0};
+}
+
 // The 32-value format of t (nullopt for any other type).
 std::optional<Q32> q32_format(GgmlType t);
 
@@ -40,18 +57,5 @@ void q32_gemm16_ref(Q32 f, int64_t cols, const uint8_t* w, int64_t row_bytes, co
 // The same numbers (bit-identical to the reference), AVX-512 VNNI; only call when q4k_gemm_cpu_ok().
 void q32_gemm16_avx512(Q32 f, int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
                        int64_t n_tok, float* out, int64_t os);
-
-// q32_gemm16_avx512 of one format as a plain function (q4k_gemm.h's Gemm16Fn).
-template <Q32 F>
-void q32_gemm16_avx512_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
-                          int64_t n_tok, float* out, int64_t os) {
-  q32_gemm16_avx512(F, cols, w, row_bytes, xq, xs, n_tok, out, os);
-}
-
-template <Q32 F>
-void q32_gemm16_ref_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                       float* out, int64_t os) {
-  q32_gemm16_ref(F, cols, w, row_bytes, xq, xs, n_tok, out, os);
-}
 
 }  // namespace strata::q

@@ -27,22 +27,6 @@ struct alignas(64) Blk32 {
 };
 static_assert(sizeof(Blk32) == 640);
 
-// Byte offsets of a format's fields in its block (-1: none), its code offset and whether it has a min.
-struct Layout {
-  int bytes, m, qh, qs, off;
-};
-constexpr Layout layout(Q32 f) {
-  switch (f) {
-    case Q32::Q4_0: return {18, -1, -1, 2, 8};
-    case Q32::Q4_1: return {20, 2, -1, 4, 0};
-    case Q32::Q5_0: return {22, -1, 2, 6, 16};
-    case Q32::Q5_1: return {24, 2, 4, 8, 0};
-    case Q32::Q8_0: return {34, -1, -1, 2, 128};
-    case Q32::IQ4_NL: return {18, -1, -1, 2, 128};
-  }
-  return {0, 0, 0, 0, 0};
-}
-
 // Lane r: byte i (i < 4) = bit i of h's lane r (then moved to bit 4 by the caller): four values' fifth bits.
 inline __m512i spread4(__m512i h) {
   const __m512i one = _mm512_set1_epi32(1);
@@ -56,7 +40,7 @@ inline __m512i spread4(__m512i h) {
 // nibble of qs[i], value 16 + i the high one; Q5's fifth bit of value i is bit i of qh (a little-endian u32).
 template <Q32 F>
 void transpose16(const uint8_t* w, int64_t row_bytes, int64_t nb, Blk32* out) {
-  constexpr Layout L = layout(F);
+  constexpr Q32Layout L = q32_layout(F);
   const __m512i vidx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                           _mm512_set1_epi32(static_cast<int>(row_bytes)));
   const __m512i m4 = _mm512_set1_epi8(0x0F), bias = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -106,7 +90,7 @@ inline int32_t load_i32(const int8_t* p) {
 // Q4_1 / Q5_1's min has its own float step.
 template <int NT, Q32 F>
 void tile(int64_t nb, const Blk32* wb, const uint8_t* xq, int64_t xs, float* out, int64_t os) {
-  constexpr Layout L = layout(F);
+  constexpr Q32Layout L = q32_layout(F);
   __m512 acc[NT];
   const BlockQ8A* x[NT];
 #pragma GCC unroll 8

@@ -17,15 +17,50 @@
 namespace strata::q {
 namespace {
 
-template <GgmlType T>
-void iq_gemm16_avx512_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs,
-                         int64_t n_tok, float* out, int64_t os) {
-  iq_gemm16_avx512(T, cols, w, row_bytes, xq, xs, n_tok, out, os);
+// A family's kernel (or reference) with its format fixed: q4k_gemm.h's Gemm16Fn.
+template <auto F, auto Format>
+void bound(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok, float* out,
+           int64_t os) {
+  F(Format, cols, w, row_bytes, xq, xs, n_tok, out, os);
 }
+
+// Every type with a 16-row kernel: the kernel, its reference and the fewest tokens matmul gives it (the IQ2
+// and IQ1 formats: 16, their scalar decode costs more than the decode kernels save below that).
+struct Gemm16Entry {
+  Gemm16Fn kernel = nullptr, ref = nullptr;
+  int64_t min_tok = kQ4kGemmMinTok;
+};
 template <GgmlType T>
-void iq_gemm16_ref_of(int64_t cols, const uint8_t* w, int64_t row_bytes, const uint8_t* xq, int64_t xs, int64_t n_tok,
-                      float* out, int64_t os) {
-  iq_gemm16_ref(T, cols, w, row_bytes, xq, xs, n_tok, out, os);
+constexpr Gemm16Entry iq_entry(int64_t min_tok) {
+  return {bound<iq_gemm16_avx512, T>, bound<iq_gemm16_ref, T>, min_tok};
+}
+template <Q32 F>
+constexpr Gemm16Entry q32_entry() {
+  return {bound<q32_gemm16_avx512, F>, bound<q32_gemm16_ref, F>};
+}
+Gemm16Entry gemm16_entry(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: return {q2k_gemm16_avx512, q2k_gemm16_ref};
+    case GgmlType::Q3_K: return {q3k_gemm16_avx512, q3k_gemm16_ref};
+    case GgmlType::Q4_K: return {q4k_gemm16_avx512, q4k_gemm16_ref};
+    case GgmlType::Q5_K: return {q5k_gemm16_avx512, q5k_gemm16_ref};
+    case GgmlType::Q6_K: return {q6k_gemm16_avx512, q6k_gemm16_ref};
+    case GgmlType::IQ4_XS: return {iq4xs_gemm16_avx512, iq4xs_gemm16_ref};
+    case GgmlType::IQ2_XXS: return iq_entry<GgmlType::IQ2_XXS>(16);
+    case GgmlType::IQ2_XS: return iq_entry<GgmlType::IQ2_XS>(16);
+    case GgmlType::IQ2_S: return iq_entry<GgmlType::IQ2_S>(16);
+    case GgmlType::IQ3_XXS: return iq_entry<GgmlType::IQ3_XXS>(kQ4kGemmMinTok);
+    case GgmlType::IQ3_S: return iq_entry<GgmlType::IQ3_S>(kQ4kGemmMinTok);
+    case GgmlType::IQ1_S: return iq_entry<GgmlType::IQ1_S>(16);
+    case GgmlType::IQ1_M: return iq_entry<GgmlType::IQ1_M>(16);
+    case GgmlType::Q4_0: return q32_entry<Q32::Q4_0>();
+    case GgmlType::Q4_1: return q32_entry<Q32::Q4_1>();
+    case GgmlType::Q5_0: return q32_entry<Q32::Q5_0>();
+    case GgmlType::Q5_1: return q32_entry<Q32::Q5_1>();
+    case GgmlType::Q8_0: return q32_entry<Q32::Q8_0>();
+    case GgmlType::IQ4_NL: return q32_entry<Q32::IQ4_NL>();
+    default: return {};
+  }
 }
 
 std::atomic<int>& enabled_flag() {  // -1: not read yet
@@ -53,64 +88,9 @@ void q4k_gemm_set_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memor
 
 bool q4k_gemm_cpu_ok() { return cpu_level() == CpuLevel::Avx512 && cpu_features().avx512vnni; }
 
-Gemm16Fn gemm16_kernel(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q2_K: return q2k_gemm16_avx512;
-    case GgmlType::Q3_K: return q3k_gemm16_avx512;
-    case GgmlType::Q4_K: return q4k_gemm16_avx512;
-    case GgmlType::Q5_K: return q5k_gemm16_avx512;
-    case GgmlType::Q6_K: return q6k_gemm16_avx512;
-    case GgmlType::IQ4_XS: return iq4xs_gemm16_avx512;
-    case GgmlType::IQ2_XXS: return iq_gemm16_avx512_of<GgmlType::IQ2_XXS>;
-    case GgmlType::IQ2_XS: return iq_gemm16_avx512_of<GgmlType::IQ2_XS>;
-    case GgmlType::IQ2_S: return iq_gemm16_avx512_of<GgmlType::IQ2_S>;
-    case GgmlType::IQ3_XXS: return iq_gemm16_avx512_of<GgmlType::IQ3_XXS>;
-    case GgmlType::IQ3_S: return iq_gemm16_avx512_of<GgmlType::IQ3_S>;
-    case GgmlType::IQ1_S: return iq_gemm16_avx512_of<GgmlType::IQ1_S>;
-    case GgmlType::IQ1_M: return iq_gemm16_avx512_of<GgmlType::IQ1_M>;
-    case GgmlType::Q4_0: return q32_gemm16_avx512_of<Q32::Q4_0>;
-    case GgmlType::Q4_1: return q32_gemm16_avx512_of<Q32::Q4_1>;
-    case GgmlType::Q5_0: return q32_gemm16_avx512_of<Q32::Q5_0>;
-    case GgmlType::Q5_1: return q32_gemm16_avx512_of<Q32::Q5_1>;
-    case GgmlType::Q8_0: return q32_gemm16_avx512_of<Q32::Q8_0>;
-    case GgmlType::IQ4_NL: return q32_gemm16_avx512_of<Q32::IQ4_NL>;
-    default: return nullptr;
-  }
-}
-
-int64_t gemm16_min_tokens(GgmlType t) {
-  switch (t) {
-    case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S: case GgmlType::IQ1_S: case GgmlType::IQ1_M:
-      return 16;
-    default:
-      return kQ4kGemmMinTok;
-  }
-}
-
-Gemm16Fn gemm16_reference(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q2_K: return q2k_gemm16_ref;
-    case GgmlType::Q3_K: return q3k_gemm16_ref;
-    case GgmlType::Q4_K: return q4k_gemm16_ref;
-    case GgmlType::Q5_K: return q5k_gemm16_ref;
-    case GgmlType::Q6_K: return q6k_gemm16_ref;
-    case GgmlType::IQ4_XS: return iq4xs_gemm16_ref;
-    case GgmlType::IQ2_XXS: return iq_gemm16_ref_of<GgmlType::IQ2_XXS>;
-    case GgmlType::IQ2_XS: return iq_gemm16_ref_of<GgmlType::IQ2_XS>;
-    case GgmlType::IQ2_S: return iq_gemm16_ref_of<GgmlType::IQ2_S>;
-    case GgmlType::IQ3_XXS: return iq_gemm16_ref_of<GgmlType::IQ3_XXS>;
-    case GgmlType::IQ3_S: return iq_gemm16_ref_of<GgmlType::IQ3_S>;
-    case GgmlType::IQ1_S: return iq_gemm16_ref_of<GgmlType::IQ1_S>;
-    case GgmlType::IQ1_M: return iq_gemm16_ref_of<GgmlType::IQ1_M>;
-    case GgmlType::Q4_0: return q32_gemm16_ref_of<Q32::Q4_0>;
-    case GgmlType::Q4_1: return q32_gemm16_ref_of<Q32::Q4_1>;
-    case GgmlType::Q5_0: return q32_gemm16_ref_of<Q32::Q5_0>;
-    case GgmlType::Q5_1: return q32_gemm16_ref_of<Q32::Q5_1>;
-    case GgmlType::Q8_0: return q32_gemm16_ref_of<Q32::Q8_0>;
-    case GgmlType::IQ4_NL: return q32_gemm16_ref_of<Q32::IQ4_NL>;
-    default: return nullptr;
-  }
-}
+Gemm16Fn gemm16_kernel(GgmlType t) { return gemm16_entry(t).kernel; }
+Gemm16Fn gemm16_reference(GgmlType t) { return gemm16_entry(t).ref; }
+int64_t gemm16_min_tokens(GgmlType t) { return gemm16_entry(t).min_tok; }
 
 namespace {
 

@@ -10,6 +10,13 @@ namespace strata::qfit {
 
 using q::nearest_int;
 
+void rms_plus_abs_weights(const float* x, int n, float* w) {
+  float s2 = 0;
+  for (int l = 0; l < n; ++l) s2 += x[l] * x[l];
+  const float av = std::sqrt(s2 / n);
+  for (int l = 0; l < n; ++l) w[l] = av + std::fabs(x[l]);
+}
+
 float fit_scale_min(const float* x, const float* w, int n, int nmax, bool min_le_zero, uint8_t* L, float* min_out) {
   float lo = x[0], hi = x[0];
   for (int i = 1; i < n; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);

@@ -7,6 +7,9 @@
 
 namespace strata::qfit {
 
+// The weights most fits use: the block's RMS plus each value's magnitude. x, w: [n].
+void rms_plus_abs_weights(const float* x, int n, float* w);
+
 // x[i] ~= scale * L[i] - *min_out, L in [0, nmax]. With min_le_zero (the K-quants' form, whose min is
 // stored as an unsigned number) the offset -*min_out is at most 0, so zero stays representable;
 // without it (Q4_1/Q5_1) the offset is free. Returns scale (>= 0). n <= 256.

@@ -14,14 +14,6 @@ namespace strata::qimpl {
 namespace {
 using namespace q;
 
-// Weights of a 32-value block's fit: the block's RMS plus each value's magnitude.
-void rms_plus_abs_weights(const float* x, float* w) {
-  float s2 = 0;
-  for (int l = 0; l < QK; ++l) s2 += x[l] * x[l];
-  const float av = std::sqrt(s2 / QK);
-  for (int l = 0; l < QK; ++l) w[l] = av + std::fabs(x[l]);
-}
-
 // Value j of a block is in qs[j]'s low nibble, value j + 16 in its high nibble; Q5's fifth bits in qh
 // (bit j for value j, a little-endian u32).
 void pack_nibbles(const uint8_t* L, uint8_t* qs) {
@@ -39,7 +31,7 @@ void quantize_offset_block(const float* x, Block& y) {
   constexpr int nmax = (1 << NBITS) - 1;
   float w[QK], neg_min;
   uint8_t L[QK];
-  rms_plus_abs_weights(x, w);
+  qfit::rms_plus_abs_weights(x, QK, w);
   const float scale = qfit::fit_scale_min(x, w, QK, nmax, /*min_le_zero=*/false, L, &neg_min);
   y.d = qfit::fp16_sat(scale);
   y.m = qfit::fp16_sat(-neg_min);
@@ -95,7 +87,7 @@ void quantize_q5_0(const float* x, void* dst, int64_t n) {
     float w[QK];
     int8_t Ls[QK];
     uint8_t L[QK];
-    rms_plus_abs_weights(x, w);
+    qfit::rms_plus_abs_weights(x, QK, w);
     y[b].d = qfit::fp16_sat(qfit::fit_symmetric(x, w, QK, 16, Ls));
     const float d = fp16_to_fp32(y[b].d);
     for (int j = 0; j < QK; ++j) L[j] = static_cast<uint8_t>(d != 0 ? std::clamp(nearest_int(x[j] / d), -16, 15) + 16 : 16);
@@ -110,7 +102,7 @@ void quantize_iq4_nl(const float* x, void* dst, int64_t n) {
   for (int64_t b = 0; b < n / QK; ++b, x += QK) {
     float w[QK];
     uint8_t L[QK];
-    rms_plus_abs_weights(x, w);
+    qfit::rms_plus_abs_weights(x, QK, w);
     y[b].d = qfit::fp16_sat(qfit::fit_grid16(x, w, QK, iq::kIq4nlValues, L));
     const float d = fp16_to_fp32(y[b].d);
     if (d != 0)

@@ -17,14 +17,6 @@ namespace strata::qimpl {
 namespace {
 using namespace q;
 
-// Weights of a sub-block's fit: its RMS plus each value's magnitude.
-void rms_plus_abs_weights(const float* x, int n, float* w) {
-  float s2 = 0;
-  for (int l = 0; l < n; ++l) s2 += x[l] * x[l];
-  const float av = std::sqrt(s2 / n);
-  for (int l = 0; l < n; ++l) w[l] = av + std::fabs(x[l]);
-}
-
 // Rounds x against a stored step and min (x ~ dl * L - ml, L in [0, nmax]); returns the weighted error.
 float round_scale_min(const float* x, const float* w, int n, float dl, float ml, int nmax, uint8_t* L) {
   float err = 0;
@@ -99,7 +91,7 @@ void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* sca
   constexpr int nmax = (1 << NBITS) - 1;
   float scale[8], mn[8], w[QK_K];
   for (int j = 0; j < 8; ++j) {
-    rms_plus_abs_weights(x + 32 * j, 32, w + 32 * j);
+    qfit::rms_plus_abs_weights(x + 32 * j, 32, w + 32 * j);
     scale[j] = qfit::fit_scale_min(x + 32 * j, w + 32 * j, 32, nmax, /*min_le_zero=*/true, L + 32 * j, &mn[j]);
   }
   const float max_scale = *std::max_element(scale, scale + 8), max_min = *std::max_element(mn, mn + 8);
@@ -205,7 +197,7 @@ void quantize_q2_k(const float* x, void* dst, int64_t n) {
     float sc[16], mn[16], w[QK_K];
     uint8_t L[QK_K], Lt[16];
     for (int j = 0; j < 16; ++j) {
-      rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
+      qfit::rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
       sc[j] = qfit::fit_scale_min(x + 16 * j, w + 16 * j, 16, 3, /*min_le_zero=*/true, L + 16 * j, &mn[j]);
     }
     y[b].d = qfit::fp16_sat(*std::max_element(sc, sc + 16) / 15.f);
@@ -237,7 +229,7 @@ void quantize_q3_k(const float* x, void* dst, int64_t n) {
     float sc[16], w[QK_K];
     int8_t Ls[QK_K];
     for (int j = 0; j < 16; ++j) {
-      rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
+      qfit::rms_plus_abs_weights(x + 16 * j, 16, w + 16 * j);
       sc[j] = qfit::fit_symmetric(x + 16 * j, w + 16 * j, 16, 4, Ls + 16 * j);
     }
     std::memset(&y[b], 0, sizeof(BlockQ3_K));
@@ -273,7 +265,7 @@ void quantize_iq4_xs(const float* x, void* dst, int64_t n) {
     float sc[8], w[QK_K];
     uint8_t L[QK_K];
     for (int ib = 0; ib < 8; ++ib) {
-      rms_plus_abs_weights(x + 32 * ib, 32, w + 32 * ib);
+      qfit::rms_plus_abs_weights(x + 32 * ib, 32, w + 32 * ib);
       sc[ib] = qfit::fit_grid16(x + 32 * ib, w + 32 * ib, 32, iq::kIq4nlValues, L + 32 * ib);
     }
     std::memset(&y[b], 0, sizeof(BlockIQ4_XS));
