@@ -10,6 +10,13 @@ namespace strata::qfit {
 
 using q::nearest_int;
 
+float signed_absmax(const float* v, int n) {
+  float m = 0;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
+  return m;
+}
+
 void rms_plus_abs_weights(const float* x, int n, float* w) {
   float s2 = 0;
   for (int l = 0; l < n; ++l) s2 += x[l] * x[l];
@@ -65,9 +72,7 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, bool min_le
 }
 
 float fit_symmetric(const float* x, const float* w, int n, int nmax, int8_t* L) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i)
-    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
+  const float max = signed_absmax(x, n), amax = std::fabs(max);
   if (amax < 1e-30f) {
     std::fill(L, L + n, 0);
     return 0.f;
@@ -112,9 +117,7 @@ int nearest_grid16(const int8_t* grid, float v) {
 }
 
 float fit_grid16(const float* x, const float* w, int n, const int8_t* grid, uint8_t* L) {
-  float amax = 0, max = 0;
-  for (int i = 0; i < n; ++i)
-    if (std::fabs(x[i]) > amax) amax = std::fabs(x[i]), max = x[i];
+  const float max = signed_absmax(x, n), amax = std::fabs(max);
   if (amax < 1e-30f) {
     std::fill(L, L + n, static_cast<uint8_t>(nearest_grid16(grid, 0.f)));
     return 0.f;

@@ -7,6 +7,9 @@
 
 namespace strata::qfit {
 
+// The value of largest magnitude among v[0..n) (the first of them; 0 when all are 0).
+float signed_absmax(const float* v, int n);
+
 // The weights most fits use: the block's RMS plus each value's magnitude. x, w: [n].
 void rms_plus_abs_weights(const float* x, int n, float* w);
 

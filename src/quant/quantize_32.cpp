@@ -59,9 +59,7 @@ void quantize_q8_0(const float* x, void* dst, int64_t n) {
 void quantize_q4_0(const float* x, void* dst, int64_t n) {
   auto* y = static_cast<BlockQ4_0*>(dst);
   for (int64_t b = 0; b < n / QK; ++b, x += QK) {
-    float m = 0;
-    for (int j = 0; j < QK; ++j)
-      if (std::fabs(x[j]) > std::fabs(m)) m = x[j];
+    const float m = qfit::signed_absmax(x, QK);
     const float d = m / -8.f, id = d != 0 ? 1.f / d : 0.f;
     y[b].d = qfit::fp16_sat(d);
     uint8_t L[QK];

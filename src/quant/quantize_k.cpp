@@ -77,13 +77,6 @@ int best_signed_scale(float fitted, float d, int n, Code* L, Round round) {
   return l_best;
 }
 
-// Value (or sign) of largest magnitude among n numbers.
-float signed_absmax(const float* v, int n) {
-  float m = 0;
-  for (int i = 0; i < n; ++i)
-    if (std::fabs(v[i]) > std::fabs(m)) m = v[i];
-  return m;
-}
 
 // Q4_K (nbits 4) and Q5_K (nbits 5): 8 sub-blocks of 32 with 6-bit scale and min.
 template <int NBITS>
@@ -157,13 +150,12 @@ void quantize_q6_k(const float* x, void* dst, int64_t n) {
   int8_t L[QK_K];
   float scale[16], w[16];
   for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
-    float max_scale = 0, amax_scale = 0;
     for (int g = 0; g < 16; ++g) {
       for (int l = 0; l < 16; ++l) w[l] = x[16 * g + l] * x[16 * g + l];
       scale[g] = qfit::fit_symmetric(x + 16 * g, w, 16, 32, L + 16 * g);
-      if (std::fabs(scale[g]) > amax_scale) amax_scale = std::fabs(scale[g]), max_scale = scale[g];
     }
-    if (amax_scale == 0) {
+    const float max_scale = qfit::signed_absmax(scale, 16);
+    if (max_scale == 0) {
       std::memset(&y[b], 0, sizeof(BlockQ6_K));
       std::fill(L, L + QK_K, 0);
     } else {
@@ -233,7 +225,7 @@ void quantize_q3_k(const float* x, void* dst, int64_t n) {
       sc[j] = qfit::fit_symmetric(x + 16 * j, w + 16 * j, 16, 4, Ls + 16 * j);
     }
     std::memset(&y[b], 0, sizeof(BlockQ3_K));
-    y[b].d = qfit::fp16_sat(signed_absmax(sc, 16) / -32.f);
+    y[b].d = qfit::fp16_sat(qfit::signed_absmax(sc, 16) / -32.f);
     const float d = fp16_to_fp32(y[b].d);
     int ls_best[16] = {};
     if (d == 0) {
@@ -269,7 +261,7 @@ void quantize_iq4_xs(const float* x, void* dst, int64_t n) {
       sc[ib] = qfit::fit_grid16(x + 32 * ib, w + 32 * ib, 32, iq::kIq4nlValues, L + 32 * ib);
     }
     std::memset(&y[b], 0, sizeof(BlockIQ4_XS));
-    y[b].d = qfit::fp16_sat(signed_absmax(sc, 8) / -32.f);
+    y[b].d = qfit::fp16_sat(qfit::signed_absmax(sc, 8) / -32.f);
     const float d = fp16_to_fp32(y[b].d);
     for (int ib = 0; ib < 8; ++ib) {
       int l_best = 0;
