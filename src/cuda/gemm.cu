@@ -158,7 +158,7 @@ std::unique_ptr<GemmContext> make_gemm_context(Device& dev, int64_t max_rows, in
 
 void matmul_gemm(const GemmContext& ctx, GgmlType type, const void* w, int64_t rows, int64_t cols, const float* x,
                  int64_t n, float* y, StreamHandle stream, bool accumulate) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
+  const TypeTraits* tt = find_type_traits(type);
   STRATA_REQUIRE(tt != nullptr && quant::has_kernel(type), "cuda matmul_gemm: no GPU kernel for type {}",
                  tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(type)));
   STRATA_REQUIRE(rows >= 0 && cols >= 0 && n >= 0, "cuda matmul_gemm: negative shape {}x{} n {}", rows, cols, n);

@@ -363,7 +363,7 @@ void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
   for (auto [t, cols, off, rows] : {std::tuple{v.gate_type, v.n_embd, v.gate_off, v.n_ff},
                                     std::tuple{v.up_type, v.n_embd, v.up_off, v.n_ff},
                                     std::tuple{v.down_type, v.n_ff, v.down_off, v.n_embd}}) {
-    const TypeTraits* tt = type_traits(static_cast<uint32_t>(t));
+    const TypeTraits* tt = find_type_traits(t);
     STRATA_REQUIRE(tt != nullptr && quant::has_kernel(t), "cuda {}: expert type {} has no GPU kernel", what,
                    tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(t)));
     STRATA_REQUIRE(cols % tt->block_size == 0, "cuda {}: {} columns is not a multiple of the {} block size {}",

@@ -184,7 +184,7 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ w, int64_t n_value
 }
 
 const TypeTraits& checked_traits(GgmlType type, const char* what) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
+  const TypeTraits* tt = find_type_traits(type);
   STRATA_REQUIRE(tt != nullptr, "cuda {}: unknown type id {}", what, static_cast<uint32_t>(type));
   STRATA_REQUIRE(has_kernel(type), "cuda {}: no GPU kernel for type {} (repack it to {} at load)", what,
                  tt->name, type_name(storage_type(type)));

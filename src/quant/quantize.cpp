@@ -62,7 +62,7 @@ QuantizeFn quantize_fn(GgmlType type) {
 bool can_quantize(GgmlType type) { return quantize_fn(type) != nullptr; }
 
 void quantize_row(GgmlType type, const float* x, void* dst, int64_t n) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
+  const TypeTraits* tt = find_type_traits(type);
   STRATA_REQUIRE(tt && can_quantize(type), "unsupported type {} for quantization",
                  tt ? std::string(tt->name) : "id " + std::to_string(static_cast<uint32_t>(type)));
   STRATA_REQUIRE(n >= 0 && n % tt->block_size == 0, "quantize {}: {} values is not a multiple of the block size {}",
