@@ -78,7 +78,7 @@ TEST(Q4_0X8, RandomBlocksLayoutAndValues) {
 }
 
 TEST(Q4_0X8, IsStrataOwnType) {
-  EXPECT_EQ(type_traits(uint32_t(GgmlType::Q4_0_X8)), nullptr) << "a GGUF file must not name it";
+  EXPECT_EQ(file_type_traits(uint32_t(GgmlType::Q4_0_X8)), nullptr) << "a GGUF file must not name it";
   EXPECT_FALSE(type_from_name("q4_0x8").has_value()) << "not a --format choice";
   ASSERT_NE(find_type_traits(GgmlType::Q4_0_X8), nullptr);
   EXPECT_EQ(type_name(GgmlType::Q4_0_X8), "q4_0x8");

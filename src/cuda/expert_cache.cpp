@@ -38,7 +38,7 @@ struct Layout {
 };
 
 GgmlType checked_type(GgmlType t, int layer, const char* what) {
-  STRATA_REQUIRE(type_traits(uint32_t(t)) != nullptr, "expert cache: layer {} {} has unknown type id {}", layer,
+  STRATA_REQUIRE(file_type_traits(uint32_t(t)) != nullptr, "expert cache: layer {} {} has unknown type id {}", layer,
                  what, uint32_t(t));
   return t;
 }

@@ -229,7 +229,7 @@ void File::Impl::parse_tensor_infos(Cursor& c, uint64_t n_tensors) {
     }
     const uint64_t type_at = c.pos();
     const uint32_t type_id = c.read<uint32_t>("tensor type");
-    const TypeTraits* tt = type_traits(type_id);
+    const TypeTraits* tt = file_type_traits(type_id);
     if (!tt) c.fail_at(type_at, "tensor {}: unknown ggml type id {}", q, type_id);
     t.type = tt->type;
     if (t.ne[0] % tt->block_size != 0)

@@ -174,7 +174,7 @@ void Writer::check_tensor(const std::string& name, GgmlType type, const std::vec
                           uint64_t nbytes) const {
   STRATA_REQUIRE(!name.empty(), "gguf writer: empty tensor name");
   STRATA_REQUIRE(!tensor_names_.count(name), "gguf writer: duplicate tensor '{}'", name);
-  STRATA_REQUIRE(type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
+  STRATA_REQUIRE(file_type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
                  name, static_cast<uint32_t>(type));
   STRATA_REQUIRE(dims.size() >= 1 && dims.size() <= 4, "gguf writer: tensor '{}': {} dims (1..4)", name,
                  dims.size());
@@ -212,7 +212,7 @@ void Writer::add_tensor_producer(const std::string& name, GgmlType type, const s
                                  TensorProducer produce) {
   STRATA_REQUIRE(produce != nullptr, "gguf writer: tensor '{}': no producer", name);
   // Validate the shape first (with a byte count that passes), then record the real size.
-  STRATA_REQUIRE(type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
+  STRATA_REQUIRE(file_type_traits(static_cast<uint32_t>(type)) != nullptr, "gguf writer: tensor '{}': unknown type {}",
                  name, static_cast<uint32_t>(type));
   check_tensor(name, type, dims, expected_bytes(type, dims));
   tensors_.push_back(Tensor{name, type, dims, nullptr, expected_bytes(type, dims), {}, std::move(produce)});

@@ -41,10 +41,10 @@ constexpr auto kIndex = make_index();
 
 }  // namespace
 
-const TypeTraits* type_traits(uint32_t id) { return id < kMaxId ? kIndex[id] : nullptr; }
+const TypeTraits* file_type_traits(uint32_t id) { return id < kMaxId ? kIndex[id] : nullptr; }
 
 const TypeTraits* find_type_traits(GgmlType t) {
-  if (const TypeTraits* tt = type_traits(static_cast<uint32_t>(t))) return tt;
+  if (const TypeTraits* tt = file_type_traits(static_cast<uint32_t>(t))) return tt;
   for (const auto& it : kInternalTypes)
     if (it.type == t) return &it;
   return nullptr;

@@ -31,9 +31,11 @@ struct TypeTraits {
   bool quantized;
 };
 
-// nullptr when `id` is not a ggml type id we know (ids 4, 5, 31-33, 36-38 were removed from ggml). Only
-// ggml's ids: a file that names one of strata's own storage types (Q4_0_X8) is refused.
-const TypeTraits* type_traits(uint32_t id);
+// The type a GGUF file names by id: nullptr when `id` is not a ggml type id we know (ids 4, 5, 31-33, 36-38
+// were removed from ggml). Only ggml's ids: a file that names one of strata's own storage types (Q4_0_X8) is
+// refused. A GgmlType in hand is looked up with find_type_traits (session 32: the GPU's checks cast types
+// to ids and refused Q4_0_X8; without an id overload of type_traits that no longer compiles).
+const TypeTraits* file_type_traits(uint32_t id);
 // Any type, ggml's or strata's own storage types; nullptr when unknown.
 const TypeTraits* find_type_traits(GgmlType t);
 const TypeTraits& type_traits(GgmlType t);  // t must be known (it is, if it came through the reader)

@@ -63,7 +63,7 @@ constexpr uint64_t kMaxTensorBytes = 16ull << 20;  // an edit that would make a 
 
 // Bytes of a tensor of `type` and `dims`, or 0 when it is not a valid shape for the type.
 uint64_t tensor_bytes(GgmlType type, const std::vector<uint64_t>& dims) {
-  const TypeTraits* tt = type_traits(static_cast<uint32_t>(type));
+  const TypeTraits* tt = file_type_traits(static_cast<uint32_t>(type));
   if (tt == nullptr || dims.empty() || dims[0] % uint64_t(tt->block_size) != 0) return 0;
   uint64_t rows = 1;
   for (size_t i = 1; i < dims.size(); ++i) {
