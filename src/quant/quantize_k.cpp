@@ -77,7 +77,6 @@ int best_signed_scale(float fitted, float d, int n, Code* L, Round round) {
   return l_best;
 }
 
-
 // Q4_K (nbits 4) and Q5_K (nbits 5): 8 sub-blocks of 32 with 6-bit scale and min.
 template <int NBITS>
 void quantize_k4(const float* x, uint8_t* d_out, uint8_t* dmin_out, uint8_t* scales_out, uint8_t* L) {
