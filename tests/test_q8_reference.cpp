@@ -24,7 +24,10 @@ namespace {
 using cuda::q8ref::Q8Ds;
 namespace q8ref = cuda::q8ref;
 
-constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+constexpr GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                               GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS, GgmlType::IQ4_NL,
+                               GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS,
+                               GgmlType::IQ3_S, GgmlType::IQ1_S, GgmlType::IQ1_M};
 
 // rows x cols weights: strata's quantizer on N(0, 0.05) values where it has one, else (Q4_0) random
 // codes with sane f16 scales.
@@ -228,15 +231,17 @@ TEST(Q8Reference, NormMatvecEarlyWithinActivationRoundingOfExact) {
                Error);  // row stride shorter than a row
 }
 
-// Negative control: the same check on Q4_K / Q5_K weights whose dmin field is zeroed for the reference
-// (the min term dropped, what a kernel that forgot the block sums would compute) fails on many outputs
-// (the matvec test above asserts none fails); and Q4_0 codes with the offset applied the wrong way fail
-// too. With zero-mean activations a dropped min term is a random walk like the rounding error, only
+// Negative control: the same check on Q4_K / Q5_K / Q2_K weights whose dmin field is zeroed for the
+// reference (the min term dropped, what a kernel that forgot the block sums would compute) fails on many
+// outputs (the matvec test above asserts none fails); and Q4_0 codes with the offset applied the wrong way,
+// Q3_K's high bits read with the wrong sense (value - 4 where the bit is set), IQ1_S's deltas with the wrong
+// sign and IQ2_XS's two 16-value scales swapped fail too. With zero-mean activations a dropped min term is a random walk like the rounding error, only
 // larger: ~40-90% of the outputs exceed the bound (measured: q4_K ~90%, q5_K ~40%, q4_0 ~65%), so the
 // control asserts at least a fifth.
 TEST(Q8Reference, BoundCatchesDroppedMinTerm) {
   std::mt19937 rng(4);
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q4_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                     GgmlType::IQ1_S, GgmlType::IQ2_XS}) {
     const int64_t rows = 64, cols = 2048, n = 1;
     const auto w = make_weights(t, rows, cols, rng);
     auto broken = w;
@@ -247,6 +252,14 @@ TEST(Q8Reference, BoundCatchesDroppedMinTerm) {
         // Codes c -> c ^ 8 flips every code's top bit: (c ^ 8) - 8 = c - 8 + (c < 8 ? 8 : -8), i.e. the
         // values as if the offset of 8 had been applied the wrong way.
         for (int i = 2; i < 18; ++i) blk[i] ^= 0x88;
+      } else if (t == GgmlType::Q3_K) {
+        for (int i = 0; i < 32; ++i) blk[i] ^= 0xFF;  // hmask inverted
+      } else if (t == GgmlType::Q2_K) {
+        blk[82] = blk[83] = 0;  // dmin = +0
+      } else if (t == GgmlType::IQ1_S) {
+        for (int ib = 0; ib < 8; ++ib) blk[35 + 2 * ib] ^= 0x80;  // every delta's sign flipped
+      } else if (t == GgmlType::IQ2_XS) {
+        for (int ib = 0; ib < 8; ++ib) blk[66 + ib] = uint8_t((blk[66 + ib] << 4) | (blk[66 + ib] >> 4));  // scale nibbles swapped
       } else {
         blk[2] = blk[3] = 0;  // dmin = +0
       }
@@ -271,11 +284,36 @@ TEST(Q8Reference, MatvecRejectsBadShapes) {
                Error);
   EXPECT_THROW(q8ref::matvec(GgmlType::Q4_K, w.data(), 1, 2048, 144 * 7, xq.data(), xds.data(), 1, y.data(), false),
                Error);
-  EXPECT_THROW(q8ref::matvec(GgmlType::Q2_K, w.data(), 1, 2048, 84 * 8, xq.data(), xds.data(), 1, y.data(), false),
+  EXPECT_THROW(q8ref::matvec(GgmlType::Q5_0, w.data(), 1, 2048, 22 * 64, xq.data(), xds.data(), 1, y.data(), false),
                Error);
   for (GgmlType t : kTypes) EXPECT_TRUE(q8ref::supported(t));
   EXPECT_FALSE(q8ref::supported(GgmlType::Q4_1));
   EXPECT_FALSE(q8ref::supported(GgmlType::F16));
+  EXPECT_FALSE(q8ref::supported(GgmlType::Q5_1));
+  int low = 0;
+  for (GgmlType t : kTypes) low += q8ref::low_bit(t);
+  EXPECT_EQ(low, 11);
+  EXPECT_TRUE(q8ref::low_bit(GgmlType::Q3_K) && !q8ref::low_bit(GgmlType::Q4_K));
+}
+
+// gate_up pairs a low-bit gate or up type only with itself; the first six pair freely.
+TEST(Q8Reference, MoeSupportedPairs) {
+  std::vector<uint8_t> slots(16);
+  q8ref::ExpertView v;
+  v.slots = slots.data();
+  v.slot_bytes = 1 << 20;
+  v.n_embd = 2048, v.n_ff = 768;
+  auto with = [&](GgmlType g, GgmlType u, GgmlType d) {
+    v.gate_type = g, v.up_type = u, v.down_type = d;
+    return q8ref::moe_supported(v);
+  };
+  EXPECT_TRUE(with(GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q6_K));
+  EXPECT_TRUE(with(GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K));
+  EXPECT_TRUE(with(GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS));
+  EXPECT_TRUE(with(GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q4_K));
+  EXPECT_FALSE(with(GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q4_K));
+  EXPECT_FALSE(with(GgmlType::Q4_K, GgmlType::IQ4_XS, GgmlType::Q4_K));
+  EXPECT_FALSE(with(GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q3_K));
 }
 
 }  // namespace

@@ -3,16 +3,19 @@
 // q8_moe.cu; contract and activation layout: q8_kernels.cuh). CPU twin, same integer sums and the same
 // float expression per task: host/q8_reference.cpp (task_*).
 //
-// A task is the unit one lane computes: Q4_0 / Q8_0 one 32-value block; Q4_K / Q5_K / Q6_K a quarter of a
-// 256-value super-block (64 values = two activation blocks). So a 2048-column K-quant row has exactly 32
-// tasks (one per lane) and a Q4_0 / Q8_0 row 64.
+// A task is the unit one lane computes: Q4_0 / Q8_0 / IQ4_NL one 32-value block; Q2_K / Q3_K / Q4_K / Q5_K /
+// Q6_K / IQ4_XS a quarter of a 256-value super-block (64 values = two activation blocks); the IQ2 / IQ3 / IQ1
+// formats one 32-value sub-block. So a 2048-column K-quant row has exactly 32 tasks (one per lane) and a
+// Q4_0 / Q8_0 / IQ2_XS row 64.
 // Why dp4a: one instruction multiplies 4 weight codes by 4 int8 activations and adds them; the scales are
 // applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
 // Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
 //
-// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K with 16-byte aligned rows); 2: two 16-bit loads
-// per word, straight from global memory; kStaged: from rows a warp staged in shared memory (the kernels'
-// path for 2-byte aligned rows: Q4_0 / Q8_0 / Q6_K always, Q4_K / Q5_K when not 16-byte aligned).
+// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 with 16-byte aligned rows); 8: 8-byte
+// loads (IQ4_XS, IQ1_M); 4: 4-byte loads (Q2_K); 2: two 16-bit loads per word, straight from global memory;
+// kStaged: from rows a warp staged in shared memory (the kernels' path for 2-byte aligned rows: Q4_0 / Q8_0 /
+// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, the others when their rows are not aligned
+// to their A).
 //
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
 // xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
@@ -26,128 +29,13 @@
 
 #include "cuda/dequant_device.cuh"
 #include "cuda/fast_dot.cuh"
+#include "cuda/host/q8_reference.h"
+#include "cuda/q8_formats_iq.cuh"
+#include "cuda/q8_formats_low.cuh"
+#include "cuda/q8_task_io.cuh"
 #include "quant/types.h"
 
 namespace strata::cuda::q8d {
-
-// __dp4a / __vsubss4 on the device; the same integer results on the host (so a CPU test can run the
-// tasks: tests/cuda/test_q8_host.cu).
-__host__ __device__ __forceinline__ int dp4a(int a, int b, int c) {
-#ifdef __CUDA_ARCH__
-  return __dp4a(a, b, c);
-#else
-  for (int k = 0; k < 4; ++k) c += int(int8_t(uint32_t(a) >> (8 * k))) * int(int8_t(uint32_t(b) >> (8 * k)));
-  return c;
-#endif
-}
-// Bytes of w (each in [0, 63]) minus 32, as signed bytes.
-__host__ __device__ __forceinline__ int sub32(uint32_t w) {
-#ifdef __CUDA_ARCH__
-  return int(__vsubss4(w, 0x20202020u));
-#else
-  uint32_t r = 0;
-  for (int k = 0; k < 4; ++k) r |= (uint32_t(uint8_t(int((w >> (8 * k)) & 0xFF) - 32))) << (8 * k);
-  return int(r);
-#endif
-}
-
-// A value for weights staged in shared memory (2-byte aligned rows copied by warp_copy): words are read
-// with 4-byte loads from the 4-byte aligned address at or below p and joined by funnel shifts (why: one
-// load per word instead of two 16-bit loads). Reads up to 2 bytes before and 4 after [p, p + 4N): the
-// staging buffers leave room for that (kStagePad).
-constexpr int kStaged = 3;
-constexpr int kStagePad = 16;  // bytes before each staged row region (after: see stage_stride)
-
-__host__ __device__ __forceinline__ uint32_t funnel16(uint32_t lo, uint32_t hi, unsigned sh) {
-#ifdef __CUDA_ARCH__
-  return __funnelshift_r(lo, hi, sh);
-#else
-  return uint32_t(((uint64_t(hi) << 32) | lo) >> sh);
-#endif
-}
-
-// N words (bytes 4i..4i+3 little-endian in w[i]) at p, p aligned to A (16: 16-byte vector loads; 2: two
-// 16-bit loads per word; kStaged: see above).
-template <int A, int N>
-__host__ __device__ __forceinline__ void ldw(const uint8_t* p, uint32_t w[N]) {
-  if constexpr (A == kStaged) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    const uint8_t* b = p - (a & 3);  // (pointer arithmetic keeps the shared-memory address space known)
-    const unsigned sh = unsigned(a & 3) * 8;  // 0 or 16
-    uint32_t prev = dq::ld32<4>(b);
-STRATA_FD_UNROLL
-    for (int i = 0; i < N; ++i) {
-      const uint32_t next = dq::ld32<4>(b + 4 * (i + 1));
-      w[i] = funnel16(prev, next, sh);
-      prev = next;
-    }
-    return;
-  }
-#ifndef __CUDA_ARCH__
-  std::memcpy(w, p, 4 * N);  // host (tests): any alignment
-#else
-  if constexpr (A >= 16) {
-    static_assert(N % 4 == 0);
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
-      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = dq::ld32<A>(p + 4 * i);
-  }
-#endif
-}
-
-// One warp (lane of 32; on the host a loop over lanes) copies `bytes` (even) from src to dst, both 2-byte
-// aligned with dst = src (mod 16): 16-bit copies up to the first 16-byte boundary and after the last one,
-// 16-byte copies between, the i-th of them by copy16(dst + h, src + h, i), both 16-byte aligned (why: the
-// copy of a row is coalesced, whatever the row's alignment). warp_copy copies them in place; q8_moe.cu's
-// down kernel issues them as asynchronous copies. The caller syncs the warp before reading dst.
-template <typename Copy16>
-__host__ __device__ __forceinline__ void warp_copy_with(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane,
-                                                        Copy16 copy16) {
-  const int64_t head = (16 - int64_t(reinterpret_cast<uintptr_t>(src) & 15)) & 15;
-  const int64_t h = head < bytes ? head : bytes;
-  for (int64_t i = 2 * lane; i < h; i += 64)
-    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
-  const int64_t n16 = (bytes - h) / 16;
-  for (int64_t i = lane; i < n16; i += 32) copy16(dst + h, src + h, i);
-  for (int64_t i = h + 16 * n16 + 2 * lane; i < bytes; i += 64)
-    *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
-}
-
-struct Copy16InPlace {
-  __host__ __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
-    reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-  }
-};
-
-__host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
-  warp_copy_with(dst, src, bytes, lane, Copy16InPlace{});
-}
-
-// Bytes of one staged region for `bytes` bytes of rows: the front pad, up to 15 bytes of offset (dst =
-// src mod 16), the rows, 4 bytes of funnel over-read, rounded up to 16.
-__host__ __device__ constexpr int64_t stage_stride(int64_t bytes) { return (kStagePad + 15 + bytes + 4 + 15) / 16 * 16; }
-
-// Where warp_copy puts src inside a region starting at `region` (16-byte aligned).
-__host__ __device__ __forceinline__ uint8_t* stage_dst(uint8_t* region, const uint8_t* src) {
-  return region + kStagePad + (reinterpret_cast<uintptr_t>(src) & 15);
-}
-
-// 32 int8 activations (one block) as 8 words; p is 16-byte aligned (rows of q are, blocks are 32 bytes).
-__host__ __device__ __forceinline__ void ldx32(const int8_t* p, int x[8]) {
-#ifdef __CUDA_ARCH__
-  const int4 a = reinterpret_cast<const int4*>(p)[0], b = reinterpret_cast<const int4*>(p)[1];
-  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-#else
-  std::memcpy(x, p, 32);
-#endif
-}
-
-constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
 
 struct DQ40 {  // d f16 | qs[16]: value l = (qs[l] & 15) - 8, value l + 16 = (qs[l] >> 4) - 8
   static constexpr int kVals = 32, kBytes = 18, kTasks = 1;
@@ -476,30 +364,92 @@ STRATA_FD_UNROLL
 template <int A>
 using IntC = std::integral_constant<int, A>;
 
-// Calls f(Format{}, IntC<A>{}) for a supported type: Q4_K / Q5_K / Q4_0_X8 with A = 16 when every row start
-// is 16-byte aligned (aligned16; their blocks are 144 / 176 bytes, so blocks are too: 16-byte loads), else
-// A = 2; the others always A = 2 (their 18 / 34 / 210-byte blocks leave only 2-byte alignment).
-// False for any other type.
+// The alignment in bytes (16, 8, 4 or 2) that every weight row start of a product has: the largest that
+// divides the base address and the row stride (a distinct type so that no bool or count passes for it).
+struct Align {
+  int bytes = 2;
+};
+__host__ __device__ constexpr Align align_of(uintptr_t base, int64_t stride) {
+  int a = 16;
+  while (a > 2 && (base % uintptr_t(a) != 0 || stride % a != 0)) a /= 2;
+  return Align{a};
+}
+__host__ __device__ constexpr Align min_align(Align a, Align b) { return a.bytes < b.bytes ? a : b; }
+
+// dispatch for the first six formats: Q4_K / Q5_K / Q4_0_X8 with A = 16 (144 / 176-byte blocks) when the
+// rows are 16-byte aligned, else A = 2; Q4_0 / Q8_0 / Q6_K always A = 2 (18 / 34 / 210-byte blocks).
 template <typename Fn>
-bool dispatch(GgmlType t, bool aligned16, Fn&& f) {
+bool dispatch_core(GgmlType t, Align al, Fn&& f) {
+  const int a = al.bytes;
   switch (t) {
     case GgmlType::Q4_0: f(DQ40{}, IntC<2>{}); return true;
     case GgmlType::Q4_0_X8:
-      if (aligned16) f(DQ40X8{}, IntC<16>{});
+      if (a >= 16) f(DQ40X8{}, IntC<16>{});
       else f(DQ40X8{}, IntC<2>{});
       return true;
     case GgmlType::Q8_0: f(DQ80{}, IntC<2>{}); return true;
     case GgmlType::Q6_K: f(DQ6K{}, IntC<2>{}); return true;
     case GgmlType::Q4_K:
-      if (aligned16) f(DQ4K{}, IntC<16>{});
+      if (a >= 16) f(DQ4K{}, IntC<16>{});
       else f(DQ4K{}, IntC<2>{});
       return true;
     case GgmlType::Q5_K:
-      if (aligned16) f(DQ5K{}, IntC<16>{});
+      if (a >= 16) f(DQ5K{}, IntC<16>{});
       else f(DQ5K{}, IntC<2>{});
       return true;
     default: return false;
   }
+}
+
+// dispatch for the low-bit formats (q8ref::low_bit): IQ4_XS and IQ1_M A = 8 (136 / 56-byte blocks), Q2_K A = 4
+// (84) when the rows have that alignment, else 2; Q3_K, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S
+// always 2 (110 / 18 / 66 / 74 / 82 / 98 / 110 / 50-byte blocks).
+template <typename Fn>
+bool dispatch_low(GgmlType t, Align al, Fn&& f) {
+  const int a = al.bytes;
+  switch (t) {
+    case GgmlType::Q2_K:
+      if (a >= 4) f(DQ2K{}, IntC<4>{});
+      else f(DQ2K{}, IntC<2>{});
+      return true;
+    case GgmlType::Q3_K: f(DQ3K{}, IntC<2>{}); return true;
+    case GgmlType::IQ4_XS:
+      if (a >= 8) f(DIQ4XS{}, IntC<8>{});
+      else f(DIQ4XS{}, IntC<2>{});
+      return true;
+    case GgmlType::IQ4_NL: f(DIQ4NL{}, IntC<2>{}); return true;
+    case GgmlType::IQ2_XXS: f(DIQ2XXS{}, IntC<2>{}); return true;
+    case GgmlType::IQ2_XS: f(DIQ2XS{}, IntC<2>{}); return true;
+    case GgmlType::IQ2_S: f(DIQ2S{}, IntC<2>{}); return true;
+    case GgmlType::IQ3_XXS: f(DIQ3XXS{}, IntC<2>{}); return true;
+    case GgmlType::IQ3_S: f(DIQ3S{}, IntC<2>{}); return true;
+    case GgmlType::IQ1_S: f(DIQ1S{}, IntC<2>{}); return true;
+    case GgmlType::IQ1_M:
+      if (a >= 8) f(DIQ1M{}, IntC<8>{});
+      else f(DIQ1M{}, IntC<2>{});
+      return true;
+    default: return false;
+  }
+}
+
+// Calls f(Format{}, IntC<A>{}) for a supported type, A the widest load its blocks allow at the rows'
+// alignment (above); the kernels stage A == 2 rows in shared memory where they fit. False for any other type.
+template <typename Fn>
+bool dispatch(GgmlType t, Align al, Fn&& f) {
+  return dispatch_core(t, al, f) || dispatch_low(t, al, f);
+}
+
+// gate_up's (gate, up) pairs: any two of the first six formats; a low-bit format only with itself (both
+// then at the smaller of the two alignments). Why: the kernels are instantiated per pair; all pairs of the
+// seventeen would be ~8x the compile time of the six's, for mixes no quantizer writes (llama.cpp gives gate
+// and up the same type). f(G{}, IntC<AG>{}, U{}, IntC<AU>{}); false where the pair has no kernel.
+template <typename Fn>
+bool dispatch_pair(GgmlType g, Align ga, GgmlType u, Align ua, Fn&& f) {
+  if (q8ref::low_bit(g) || q8ref::low_bit(u))
+    return g == u && dispatch_low(g, min_align(ga, ua), [&](auto fm, auto a) { f(fm, a, fm, a); });
+  bool ok = false;
+  dispatch_core(g, ga, [&](auto gf, auto gA) { ok = dispatch_core(u, ua, [&](auto uf, auto uA) { f(gf, gA, uf, uA); }); });
+  return ok;
 }
 
 }  // namespace strata::cuda::q8d

@@ -135,6 +135,20 @@ void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t co
 
 bool supported(GgmlType t) { return q8ref::supported(t); }
 
+namespace {
+DigitSetting g_low_bit("STRATA_CUDA_Q8_LOW_BIT", "the low-bit formats' int8 kernels", 0, 1, 0);
+}  // namespace
+
+void set_low_bit(bool on) { g_low_bit.set(on ? 1 : 0); }
+
+bool low_bit_enabled() { return g_low_bit.get() == 1; }
+
+bool use_type(GgmlType t) { return supported(t) && (!q8ref::low_bit(t) || low_bit_enabled()); }
+
+bool use_moe(const moe::ExpertLayerView& v) {
+  return moe_supported(v) && use_type(v.gate_type) && use_type(v.up_type) && use_type(v.down_type);
+}
+
 bool enabled() {
   static const bool on = env_on_unless_zero("STRATA_CUDA_Q8");
   return on;
@@ -167,10 +181,10 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 matvec");
   STRATA_REQUIRE(rows >= 0 && n >= 0, "q8 matvec: bad shape rows {} n {}", rows, n);
-  const bool a16 = q8mv::checked_alignment(w, row_bytes, xq, "q8 matvec");
+  const q8d::Align al = q8mv::checked_alignment(w, row_bytes, xq, "q8 matvec");
   if (rows == 0 || n == 0) return;
   const auto* wb = static_cast<const uint8_t*>(w);
-  q8d::dispatch(type, a16, [&](auto f, auto a) {
+  q8d::dispatch(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     // Token tile: the smallest of 1, 2, 4, 8 that holds n (more tokens: tiles of 8).

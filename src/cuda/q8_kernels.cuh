@@ -28,9 +28,21 @@ namespace strata::cuda::q8 {
 // The kernels below work either way.
 bool enabled();
 
-// True when `t` has int8-activation kernels (at least Q4_0, Q8_0, Q4_K, Q5_K, Q6_K). Any other type keeps
-// the f32 path of quant_kernels.cuh / moe_kernels.cuh.
+// True when `t` has int8-activation kernels (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K, and the low-bit Q2_K,
+// Q3_K, IQ4_XS, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). Any other type (Q4_1, Q5_0,
+// Q5_1, the float types) keeps the f32 path of quant_kernels.cuh / moe_kernels.cuh.
 bool supported(GgmlType t);
+
+// Whether the models take the low-bit formats' int8 kernels (q8ref::low_bit):
+// STRATA_CUDA_Q8_LOW_BIT=1 (read once) or set_low_bit(true). Off by default until measured on a GPU
+// (built without one, session 33): off, those tensors keep the f32-activation kernels as before.
+void set_low_bit(bool on);
+bool low_bit_enabled();
+
+// What the models ask (the kernels take any supported type): supported(t), and low_bit_enabled() for
+// a low-bit t; use_moe: moe_supported(v) with that rule for its three types.
+bool use_type(GgmlType t);
+bool use_moe(const moe::ExpertLayerView& v);
 
 // x: [n][cols] f32 -> (q, ds) as above. cols % 32 == 0 (throws strata::Error otherwise).
 void quantize(const float* x, int64_t n, int64_t cols, int8_t* q, float2* ds, cudaStream_t stream);

@@ -46,13 +46,13 @@ Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
 }
 
 // The alignment every q8 product needs (strata::Error otherwise): weight rows 2-byte aligned, activations
-// 16-byte aligned. Returns whether the rows are 16-byte aligned (the vector-load kernels). what: the
-// caller's name for messages.
-inline bool checked_alignment(const void* w, int64_t row_bytes, const int8_t* xq, const char* what) {
+// 16-byte aligned. Returns the rows' alignment (q8d::dispatch picks the loads by it). what: the caller's
+// name for messages.
+inline q8d::Align checked_alignment(const void* w, int64_t row_bytes, const int8_t* xq, const char* what) {
   const auto wa = reinterpret_cast<uintptr_t>(w);
   STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "{}: weight rows must be 2-byte aligned", what);
   STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "{}: activations must be 16-byte aligned", what);
-  return wa % 16 == 0 && row_bytes % 16 == 0;
+  return q8d::align_of(wa, row_bytes);
 }
 
 // First weight row of the calling warp.

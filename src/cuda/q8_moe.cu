@@ -256,9 +256,10 @@ q8ref::ExpertView host_view(const moe::ExpertLayerView& v) {
   return h;
 }
 
-// Every row of a slot tensor at slots + s * slot_bytes + off (row_bytes apart) is 16-byte aligned.
-bool rows16(const moe::ExpertLayerView& v, int64_t off, int64_t rb) {
-  return reinterpret_cast<uintptr_t>(v.slots) % 16 == 0 && v.slot_bytes % 16 == 0 && off % 16 == 0 && rb % 16 == 0;
+// The alignment of every row of a slot tensor at slots + s * slot_bytes + off (row_bytes apart).
+q8d::Align rows_align(const moe::ExpertLayerView& v, int64_t off, int64_t rb) {
+  return q8d::min_align(q8d::align_of(reinterpret_cast<uintptr_t>(v.slots) + uintptr_t(off), v.slot_bytes),
+                        q8d::align_of(0, rb));
 }
 
 void check(const moe::ExpertLayerView& v, const char* what, int64_t n, int k, const void* act, const void* h) {
@@ -322,32 +323,31 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
   const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
   const int cap = spreading_cap(int64_t(grid.x) * grid.y, gate_up_per_sm());
-  q8d::dispatch(v.gate_type, rows16(v, v.gate_off, grb), [&](auto g, auto ag) {
-    q8d::dispatch(v.up_type, rows16(v, v.up_off, urb), [&](auto u, auto au) {
-      using G = decltype(g);
-      using U = decltype(u);
-      constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
-      auto run = [&](auto routed) {
-        constexpr bool R = decltype(routed)::value;
-        if constexpr (AG == 2 && AU == 2) {
-          auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
-          if (stage_bytes <= dynamic_limit(reinterpret_cast<const void*>(kern))) {
-            allow_dynamic_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
-            const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap, kThreads);
-            pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
-                        v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route);
-            return;
-          }
+  q8d::dispatch_pair(v.gate_type, rows_align(v, v.gate_off, grb), v.up_type, rows_align(v, v.up_off, urb),
+                     [&](auto g, auto ag, auto u, auto au) {
+    using G = decltype(g);
+    using U = decltype(u);
+    constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
+    auto run = [&](auto routed) {
+      constexpr bool R = decltype(routed)::value;
+      if constexpr (AG == 2 && AU == 2) {
+        auto* kern = gate_up_kernel<G, q8d::kStaged, U, q8d::kStaged, R>;
+        if (stage_bytes <= dynamic_limit(reinterpret_cast<const void*>(kern))) {
+          allow_dynamic_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
+          const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap, kThreads);
+          pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                      v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route);
+          return;
         }
-        auto* kern = gate_up_kernel<G, AG, U, AU, R>;
-        const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap, kThreads);
-        pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
-                    v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0), v.n_expert,
-                    route);
-      };
-      if (fr != nullptr) run(std::true_type{});
-      else run(std::false_type{});
-    });
+      }
+      auto* kern = gate_up_kernel<G, AG, U, AU, R>;
+      const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap, kThreads);
+      pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
+                  v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0), v.n_expert,
+                  route);
+    };
+    if (fr != nullptr) run(std::true_type{});
+    else run(std::false_type{});
   });
 }
 
@@ -418,7 +418,7 @@ bool down_stage_fits(int64_t stride, int k, int w) { return stride * k * w + kSt
 int moe_down_launch_warps(const moe::ExpertLayerView& v, int k) {
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff))), stride = q8d::stage_stride(drb);
   bool staged_format = false;
-  q8d::dispatch(v.down_type, rows16(v, v.down_off, drb),
+  q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb),
                 [&](auto, auto a) { staged_format = decltype(a)::value == 2; });
   const int warps = moe_down_warps();
   // 8 warps only where the 4-warp block's path stays the same: where a staged format's rows fit at 4 warps
@@ -454,7 +454,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     const dim3 grid(unsigned((v.n_embd + W - 1) / W), grid_y(n));
     const int64_t stage_bytes = stride * k * W;
     const int cap = spreading_cap(int64_t(grid.x) * grid.y, moe_down_per_sm());
-    q8d::dispatch(v.down_type, rows16(v, v.down_off, drb), [&](auto f, auto a) {
+    q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb), [&](auto f, auto a) {
       using F = decltype(f);
       constexpr int A = decltype(a)::value;
       auto launch = [&](auto kern, int64_t bytes, int64_t st) {

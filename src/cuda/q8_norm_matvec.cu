@@ -379,10 +379,10 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
   STRATA_REQUIRE(norm_matvec_supported(cols, n), "q8 norm_matvec: {} columns x {} rows is not supported", cols, n);
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 norm_matvec");
   STRATA_REQUIRE(rows >= 0, "q8 norm_matvec: {} rows", rows);
-  const bool a16 = q8mv::checked_alignment(w, row_bytes, xq, "q8 norm_matvec");
+  const q8d::Align al = q8mv::checked_alignment(w, row_bytes, xq, "q8 norm_matvec");
   if (rows == 0) return rmsnorm_quantize(x, nw, n, cols, eps, xn, xq, xds, stream);  // (no blocks to do it)
   const auto* wb = static_cast<const uint8_t*>(w);
-  q8d::dispatch(type, a16, [&](auto f, auto a) {
+  q8d::dispatch(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     switch (cols) {  // the row's values per thread: registers

@@ -397,14 +397,14 @@ class CudaQwen3Moe final : public CudaMoeModel {
   bool q8_decode(const Pass& p) const {
     return int8_activations(opt_.exact, p.pool, p.n, p.ws.xq.bytes() > 0);
   }
-  bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::supported(w.type); }
+  bool use_q8(const Pass& p, const DevWeight& w) const { return q8_decode(p) && q8::use_type(w.type); }
   bool experts_grouped(const Pass& p, int il) const {
     return p.n >= moe::kMoeGroupedMinTokens && p.ws.moe_scratch.bytes() > 0 &&
            moe::moe_grouped_supported(cache_->layer_view(il));
   }
   // The resident experts of layer il run q8::moe_gate_up + q8::moe_down, which add into x themselves.
   bool experts_q8(const Pass& p, int il) const {
-    return q8_decode(p) && !experts_grouped(p, il) && q8::moe_supported(cache_->layer_view(il));
+    return q8_decode(p) && !experts_grouped(p, il) && q8::use_moe(cache_->layer_view(il));
   }
   // Layer il's wo, router and gate_up go through the folded router (q8_kernels.cuh): one token, int8
   // activations for wo and the experts, the fold built at load, the router's fused kernel's conditions.
@@ -649,7 +649,7 @@ DevWeight CudaQwen3Moe::fold_router(const Layer& l, DeviceBuffer& wo_f32, const 
   const int64_t E = hp.n_embd, A = l.wo.cols;
   DevWeight fold;
   if (opt_.exact || !q8::enabled() || !q8::folded_router_enabled() || l.router.type != GgmlType::F32 ||
-      l.wo.rows != E || !q8::wo_router_supported(l.wo.type, E, A, hp.n_expert) || !quant::has_kernel(l.wo.type))
+      l.wo.rows != E || !q8::use_type(l.wo.type) || !q8::wo_router_supported(l.wo.type, E, A, hp.n_expert) || !quant::has_kernel(l.wo.type))
     return fold;
   if (wo_f32.bytes() == 0) wo_f32 = dev_->alloc(size_t(E * A) * 4, "fold_router.wo_f32");
   fold.type = GgmlType::F32;
@@ -967,7 +967,7 @@ void CudaQwen3Moe::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out,
                     ws.xn.as<float>(), stream());
   });
-  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::supported(out_w_->type);
+  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::use_type(out_w_->type);
   norm(p, ws.xn, output_norm_, p.n_out, q8);  // in place
   if (q8)
     mm_q8(p, *out_w_, p.n_out, ws.logits, /*accumulate=*/false);

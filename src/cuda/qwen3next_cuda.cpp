@@ -84,7 +84,7 @@ struct SharedExpert {
   int64_t n_ff = 0, n_embd = 0;              // F, n_embd
   bool gate_up_stacked = false;              // same type and up right after gate: one [2F][n_embd] matrix
   moe::ExpertLayerView view;                 // buf as slot 0 (slot_bytes = the buffer)
-  bool q8 = false;                           // fast mode and q8::moe_supported(view)
+  bool q8 = false;                           // fast mode and q8::use_moe(view)
 };
 
 struct GdnLayer {
@@ -490,7 +490,7 @@ class CudaQwen3Next final : public CudaMoeModel {
     return int8_activations(opt_.exact, p.pool, p.n, p.ws.xq.bytes() > 0);
   }
   bool use_q8(const Pass& p, GgmlType t, int64_t cols) const {
-    return q8_decode(p) && q8::supported(t) && cols % 32 == 0;
+    return q8_decode(p) && q8::use_type(t) && cols % 32 == 0;
   }
   bool use_q8(const Pass& p, const DevWeight& w) const { return use_q8(p, w.type, w.cols); }
   bool use_q8(const Pass& p, const Proj& pr) const {  // some product of pr takes the Q8 activations
@@ -498,7 +498,7 @@ class CudaQwen3Next final : public CudaMoeModel {
       if (use_q8(p, w)) return true;
     return false;
   }
-  bool experts_q8(const Pass& p, int il) const { return q8_decode(p) && q8::moe_supported(cache_->layer_view(il)); }
+  bool experts_q8(const Pass& p, int il) const { return q8_decode(p) && q8::use_moe(cache_->layer_view(il)); }
   // The shared expert as a one-expert q8 MoE layer; its gate weight sigmoid(w . xn) by nextf::dot_sigmoid,
   // which takes an F32 ffn_gate_inp_shexp (route part 1).
   bool shexp_q8(const Pass& p, const Layer& l) const {
@@ -626,7 +626,7 @@ SharedExpert CudaQwen3Next::upload_shexp(const Weight& gate, const Weight& up, c
   v.n_embd = sh.n_embd;
   v.n_ff = sh.n_ff;
   v.n_expert = 1;  // sh_table_ = {0}
-  sh.q8 = !opt_.exact && q8::moe_supported(v);
+  sh.q8 = !opt_.exact && q8::use_moe(v);
   return sh;
 }
 
@@ -1106,7 +1106,7 @@ void CudaQwen3Next::output(const Pass& p) const {
     quant::get_rows(GgmlType::F32, ws.x.data(), hp_.n_embd, p.step<const int32_t>(sl.rows), p.n_out, ws.xn.as<float>(),
                     stream());
   });
-  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::supported(out_w_->type) &&
+  const bool q8 = int8_output(opt_.exact, p.n, ws.xq.bytes() > 0) && q8::use_type(out_w_->type) &&
                   out_w_->cols % 32 == 0;
   norm(p, ws.xn, output_norm_, p.n_out, q8);  // in place
   if (q8)

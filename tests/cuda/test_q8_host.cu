@@ -1,5 +1,5 @@
-// The int8-activation kernels' per-lane code (src/cuda/q8_formats.cuh: the 6 formats' task dots and
-// row_lane_partial) run on the host, without a GPU:
+// The int8-activation kernels' per-lane code (src/cuda/q8_formats.cuh, q8_formats_low.cuh, q8_formats_iq.cuh:
+// the 17 formats' task dots and row_lane_partial) run on the host, without a GPU:
 //  * one lane doing every task of a row in order (lpr = 1) gives q8ref::row_dot's value bit for bit, for
 //    random weights at 2048 and 768 columns and for the zoo tensors (llama.cpp's data), tokens tiled by
 //    8 with a partial tile (the kernels' token loop);
@@ -25,6 +25,7 @@
 #include "gguf/gguf.h"
 #include "gpu_test_util.h"
 #include "quant/dequant.h"
+#include "quant/iq_tables.h"
 
 namespace {
 
@@ -32,8 +33,11 @@ using namespace strata;
 namespace q8d = strata::cuda::q8d;
 namespace q8ref = strata::cuda::q8ref;
 
-const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                           GgmlType::Q6_K};
+const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0,   GgmlType::Q4_K,
+                           GgmlType::Q5_K, GgmlType::Q6_K,    GgmlType::Q2_K,   GgmlType::Q3_K,
+                           GgmlType::IQ4_XS, GgmlType::IQ4_NL, GgmlType::IQ2_XXS, GgmlType::IQ2_XS,
+                           GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,
+                           GgmlType::IQ1_M};
 
 // What a warp's warp_copy leaves in a 16-byte aligned staging region (all 32 lanes run on the host).
 struct Stage {
@@ -63,7 +67,7 @@ Result check_rows(GgmlType t, const uint8_t* w, int64_t rows, int64_t cols, std:
   const auto* ds2 = reinterpret_cast<const float2*>(xds.data());
   std::vector<float> wf(cols);
   Result res;
-  q8d::dispatch(t, true, [&](auto f, auto a) {
+  q8d::dispatch(t, q8d::Align{16}, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     for (int64_t r = 0; r < rows; ++r) {
@@ -134,7 +138,7 @@ TEST(Q8Host, LaneTasksMatchReferenceZoo) {
     EXPECT_LE(r.worst_split, 1.0) << t.name;
     ++compared;
   }
-  EXPECT_EQ(compared, 5) << "zoo tensors of the 5 q8 formats";
+  EXPECT_EQ(compared, 16) << "zoo tensors of the 16 q8 formats (Q4_0_X8 is strata's own)";
 }
 
 
@@ -150,7 +154,7 @@ TEST(Q8Host, MoeGateUpRowsMatchRowDot) {
     std::vector<q8ref::Q8Ds> xds(cols / 32);
     q8ref::quantize(x.data(), 1, cols, xq.data(), xds.data());
     float acc[8] = {}, acc2[2][1] = {};
-    q8d::dispatch(t, true, [&](auto f, auto a) {
+    q8d::dispatch(t, q8d::Align{16}, [&](auto f, auto a) {
       const uint8_t* wr[8];
       for (int r = 0; r < 8; ++r) wr[r] = w.data() + r * rb;
       q8d::rows_lane_partial<decltype(f), decltype(a)::value, 8>(wr, cols, 0, 1, xq.data(),
@@ -170,7 +174,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
   std::mt19937 rng(24);
   for (GgmlType t : kTypes) {
     const int64_t n_embd = 256, n_ff = 768, n = 2;  // few output rows (the lane code does not depend on them)
-    const int k = 8, n_expert = 12, n_slots = 5;
+    const int k = 8, n_slots = 5;
     const int64_t drb = int64_t(row_bytes(t, n_ff));
     q8ref::ExpertView v;
     v.down_type = v.gate_type = v.up_type = t;
@@ -200,7 +204,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     int64_t slots_diff = 0;
     std::vector<float> wd(n_ff);
     for (bool staged : {false, true})
-    q8d::dispatch(t, false, [&](auto f, auto a) {
+    q8d::dispatch(t, q8d::Align{2}, [&](auto f, auto a) {
       for (int64_t tk = 0; tk < n; ++tk)
         for (int64_t r = 0; r < n_embd; ++r) {
           float part[32];
@@ -315,6 +319,82 @@ TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
     EXPECT_TRUE(test::same_bits(q8ref::row_dot(GgmlType::Q4_0_X8, w8.data() + r * rb, cols, xq.data(), xds.data()),
                                 q8ref::row_dot(GgmlType::Q4_0, w0.data() + r * rb, cols, xq.data(), xds.data())))
         << "row " << r;
+}
+
+// The low-bit formats' byte helpers: iq4nl4 (the IQ4 table by byte_perm, the device's code path run with the
+// host's byte_perm) on every word of four indices, sub4 on every code word of Q3_K, signed4 on every sign
+// pattern of a few magnitude words.
+TEST(Q8Host, LowBitByteHelpers) {
+  int64_t wrong = 0;
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const uint32_t n = (i & 15) | ((i >> 4 & 15) << 8) | ((i >> 8 & 15) << 16) | ((i >> 12 & 15) << 24);
+    const uint32_t got = uint32_t(q8d::iq4nl4(n));
+    for (int k = 0; k < 4; ++k)
+      wrong += int8_t(got >> (8 * k)) != iq::kIq4nlValues[(n >> (8 * k)) & 15];
+  }
+  EXPECT_EQ(wrong, 0);
+  for (uint32_t i = 0; i < 4096; ++i) {
+    const uint32_t c = (i & 7) | ((i >> 3 & 7) << 8) | ((i >> 6 & 7) << 16) | ((i >> 9 & 7) << 24);
+    const uint32_t got = uint32_t(q8d::sub4(c));
+    for (int k = 0; k < 4; ++k) wrong += int8_t(got >> (8 * k)) != int((c >> (8 * k)) & 7) - 4;
+  }
+  EXPECT_EQ(wrong, 0);
+  for (uint32_t g : {0x2B19082Bu, 0x7F000108u, 0x3E2C1A04u})
+    for (uint32_t s = 0; s < 32; ++s) {  // (bit 4 must be ignored)
+      const uint32_t got = uint32_t(q8d::signed4(g, s));
+      for (int k = 0; k < 4; ++k) {
+        const int mag = int((g >> (8 * k)) & 0xFF);
+        wrong += int8_t(got >> (8 * k)) != ((s >> k) & 1 ? -mag : mag);
+      }
+    }
+  EXPECT_EQ(wrong, 0);
+}
+
+// Loads by alignment: align_of, the A each format gets from dispatch, and gate_up's pairs.
+TEST(Q8Host, DispatchAlignmentAndPairs) {
+  EXPECT_EQ(q8d::align_of(0x1000, 1088).bytes, 16);
+  EXPECT_EQ(q8d::align_of(0x1000, 408).bytes, 8);
+  EXPECT_EQ(q8d::align_of(0x1004, 672).bytes, 4);
+  EXPECT_EQ(q8d::align_of(0x1000, 110).bytes, 2);
+  auto a_of = [](GgmlType t, int al) {
+    int a = -1;
+    q8d::dispatch(t, q8d::Align{al}, [&](auto, auto ac) { a = decltype(ac)::value; });
+    return a;
+  };
+  EXPECT_EQ(a_of(GgmlType::Q2_K, 16), 4);
+  EXPECT_EQ(a_of(GgmlType::Q2_K, 2), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ4_XS, 16), 8);
+  EXPECT_EQ(a_of(GgmlType::IQ4_XS, 4), 2);
+  EXPECT_EQ(a_of(GgmlType::Q3_K, 16), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ4_NL, 16), 2);
+  EXPECT_EQ(a_of(GgmlType::Q4_K, 16), 16);
+  EXPECT_EQ(a_of(GgmlType::Q4_K, 8), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ1_M, 16), 8);
+  EXPECT_EQ(a_of(GgmlType::IQ1_M, 4), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ2_XS, 16), 2);
+  EXPECT_EQ(a_of(GgmlType::Q5_0, 16), -1);
+  auto pair = [](GgmlType g, int ga, GgmlType u, int ua) {
+    int ag = -1, au = -1;
+    const bool ok = q8d::dispatch_pair(g, q8d::Align{ga}, u, q8d::Align{ua}, [&](auto, auto a, auto, auto b) {
+      ag = decltype(a)::value, au = decltype(b)::value;
+    });
+    return ok ? ag * 100 + au : -1;
+  };
+  EXPECT_EQ(pair(GgmlType::Q4_K, 16, GgmlType::Q6_K, 16), 1602);
+  EXPECT_EQ(pair(GgmlType::IQ4_XS, 16, GgmlType::IQ4_XS, 8), 808);
+  EXPECT_EQ(pair(GgmlType::IQ4_XS, 16, GgmlType::IQ4_XS, 4), 202);  // both at the smaller alignment
+  EXPECT_EQ(pair(GgmlType::Q2_K, 4, GgmlType::Q2_K, 4), 404);
+  EXPECT_EQ(pair(GgmlType::Q3_K, 2, GgmlType::Q4_K, 16), -1);
+  EXPECT_EQ(pair(GgmlType::Q4_K, 16, GgmlType::IQ4_NL, 2), -1);
+  // The reference's rule is the same (the models ask moe_supported before launching).
+  for (GgmlType g : kTypes)
+    for (GgmlType u : kTypes) {
+      q8ref::ExpertView v;
+      alignas(16) static uint8_t slot[16];
+      v.slots = slot, v.slot_bytes = 1 << 20, v.n_embd = 2048, v.n_ff = 768;
+      v.gate_type = g, v.up_type = u, v.down_type = GgmlType::Q6_K;
+      EXPECT_EQ(q8ref::moe_supported(v), pair(g, 16, u, 16) >= 0) << type_name(g) << " / " << type_name(u);
+    }
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ using q8ref::Q8Ds;
 static_assert(sizeof(Q8Ds) == sizeof(float2) && alignof(Q8Ds) <= alignof(float2));
 
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+// The low-bit formats (session 33; q8ref::low_bit), tested by their own cases below.
+const GgmlType kLowBit[] = {GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::IQ4_XS,  GgmlType::IQ4_NL,
+                            GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
+                            GgmlType::IQ3_S,  GgmlType::IQ1_S, GgmlType::IQ1_M};
 
 // Decode-like activations: N(0, 1) with outliers every 97 values and one all-zero block per row.
 std::vector<float> make_acts(int64_t n, int64_t cols, std::mt19937& rng) {
@@ -66,9 +70,17 @@ using CudaQ8 = test::GpuKernelTest;
 
 TEST_F(CudaQ8, SupportedTypes) {
   for (GgmlType t : kTypes) EXPECT_TRUE(q8::supported(t)) << type_name(t);
-  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q2_K, GgmlType::Q3_K,
-                     GgmlType::IQ4_XS, GgmlType::Q8_K})
+  for (GgmlType t : kLowBit) EXPECT_TRUE(q8::supported(t)) << type_name(t);
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_K})
     EXPECT_FALSE(q8::supported(t)) << type_name(t);
+  // The models take the low-bit kernels only with the switch on (use_type); the others always.
+  const bool was = q8::low_bit_enabled();
+  q8::set_low_bit(false);
+  for (GgmlType t : kLowBit) EXPECT_FALSE(q8::use_type(t)) << type_name(t);
+  for (GgmlType t : kTypes) EXPECT_TRUE(q8::use_type(t)) << type_name(t);
+  q8::set_low_bit(true);
+  for (GgmlType t : kLowBit) EXPECT_TRUE(q8::use_type(t)) << type_name(t);
+  q8::set_low_bit(was);
 }
 
 TEST_F(CudaQ8, QuantizeIdenticalToReference) {
@@ -278,6 +290,20 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
   }
 }
 
+// The low-bit formats at the decode shapes, with weights at +0 (Q2_K: 4-byte loads; IQ4_XS: 8-byte), +4 (IQ4_XS
+// 4-byte aligned: staged) and +2 (all staged), odd row counts, and rows too long to stage.
+TEST_F(CudaQ8Matvec, LowBitFormats) {
+  for (GgmlType t : kLowBit) {
+    check(make_case(t, 768, 2048, 11), {1, 3, 8, 11});
+    check(make_case(t, 2048, 768, 12), {1, 3}, 4);
+    check(make_case(t, 5120, 2048, 13), {1, 2, 8}, 2);
+    check(make_case(t, 37, 2048, 14), {1, 5}, 4);
+    check(make_case(t, 40, 12288, 15), {1, 3});
+    check(make_case(t, 4097, 2048, 16), {1, 2}, 2);
+  }
+  check(make_case(GgmlType::Q3_K, 151936, 2048, 17), {1});
+}
+
 TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
   std::mt19937 rng(8);
   const auto mc = make_case(GgmlType::Q4_K, 4, 2048, 8);
@@ -290,7 +316,7 @@ TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
   auto call = [&](GgmlType t, const void* w, int64_t cols, int64_t row_b, const int8_t* q) {
     q8::matvec(t, w, 4, cols, row_b, q, d_ds.ptr<float2>(), 1, d_y.ptr<float>(), false, stream());
   };
-  EXPECT_THROW(call(GgmlType::Q2_K, d_w.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);   // no q8 kernel
+  EXPECT_THROW(call(GgmlType::Q5_0, d_w.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);   // no q8 kernel
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2016, rb, d_q.ptr<int8_t>()), Error);   // cols % 256
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb - 2, d_q.ptr<int8_t>()), Error);  // row too short
   EXPECT_THROW(call(GgmlType::Q4_K, d_w1.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);  // odd weight address
@@ -742,6 +768,25 @@ TEST_F(CudaQ8Moe, AllQ40X8TwoByteAligned) { run({GgmlType::Q4_0_X8, GgmlType::Q4
 // A 16-byte-load gate with a 2-byte aligned up: two task loops, nothing staged; Q5_K down.
 TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
 
+// The low-bit formats as llama.cpp's file types lay them out: Q2_K (gate/up Q2_K, down Q3_K), Q3_K_M (Q3_K
+// gate/up, Q4_K or Q5_K down), IQ4_XS, IQ4_NL; rows at +0 (Q2_K 4-byte, IQ4_XS 8-byte loads in place), +4 and +2.
+TEST_F(CudaQ8Moe, LowBitQ2K) { run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 0}); }
+TEST_F(CudaQ8Moe, LowBitQ2KTwoByteAligned) { run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 2}); }
+TEST_F(CudaQ8Moe, LowBitQ3KGateUpQ4KDown) { run({GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q4_K, 0}); }
+TEST_F(CudaQ8Moe, LowBitQ3KGateUpQ5KDown) { run({GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q5_K, 2}); }
+TEST_F(CudaQ8Moe, LowBitIQ4XS) { run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ4XSFourByteAligned) { run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 4}); }
+TEST_F(CudaQ8Moe, LowBitIQ4NL) { run({GgmlType::IQ4_NL, GgmlType::IQ4_NL, GgmlType::IQ4_NL, 0}); }
+// The IQ formats as llama.cpp's IQ2/IQ3/IQ1 file types mix them (a larger down type).
+TEST_F(CudaQ8Moe, LowBitIQ2XXS) { run({GgmlType::IQ2_XXS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ2XS) { run({GgmlType::IQ2_XS, GgmlType::IQ2_XS, GgmlType::IQ3_XXS, 2}); }
+TEST_F(CudaQ8Moe, LowBitIQ2S) { run({GgmlType::IQ2_S, GgmlType::IQ2_S, GgmlType::IQ3_S, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ3XXS) { run({GgmlType::IQ3_XXS, GgmlType::IQ3_XXS, GgmlType::IQ4_XS, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ3S) { run({GgmlType::IQ3_S, GgmlType::IQ3_S, GgmlType::Q4_K, 2}); }
+TEST_F(CudaQ8Moe, LowBitIQ1S) { run({GgmlType::IQ1_S, GgmlType::IQ1_S, GgmlType::IQ2_XXS, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ1M) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 0}); }
+TEST_F(CudaQ8Moe, LowBitIQ1MTwoByteAligned) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 2}); }
+
 TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   auto d_slots = output(1 << 20, 0);
   cuda::moe::ExpertLayerView v;
@@ -756,6 +801,14 @@ TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
                Error);
   v.gate_type = v.up_type = v.down_type = GgmlType::Q4_K;
   EXPECT_TRUE(q8::moe_supported(v));
+  v.gate_type = v.up_type = GgmlType::Q2_K;  // a low-bit gate pairs only with the same up type
+  EXPECT_TRUE(q8::moe_supported(v));
+  v.up_type = GgmlType::Q3_K;
+  EXPECT_FALSE(q8::moe_supported(v));
+  EXPECT_THROW(q8::moe_gate_up(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
+                               1, 1, d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), stream()),
+               Error);
+  v.gate_type = v.up_type = GgmlType::Q4_K;
   v.gate_off = 1;  // odd rows
   EXPECT_FALSE(q8::moe_supported(v));
   EXPECT_THROW(q8::moe_down(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),

@@ -224,6 +224,38 @@ TEST(Qwen3MoeGpuAll, FastOneTokenPassesEarlyNormWithinLlamaCppKl) {
   EXPECT_GE(changed, 1) << "the early norm changed no format's logits: did it run?";
 }
 
+// The low-bit formats' int8 kernels (Q2_K, Q3_K, IQ4_XS, IQ4_NL and the IQ2 / IQ3 / IQ1 formats;
+// q8::set_low_bit, off by default): one-token passes with them on and off, every expert resident; with them on,
+// the criteria above (mean KL / bound over the formats <= 1, each under 2x). They must change the logits of
+// the Q2_K, IQ4_XS, IQ2_XS, IQ3_S and IQ1_M files (so they ran) and of no file without a low-bit tensor.
+TEST(Qwen3MoeGpuAll, FastOneTokenPassesLowBitWithinLlamaCppKl) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const bool was = cuda::q8::low_bit_enabled();
+  double ratio_sum = 0;
+  int cases = 0;
+  for (const auto& [type, llama_kl] : kLlamaKl) {
+    const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + type + ".f32ref.slg");
+    const double bound = 1.5 * llama_kl;
+    double kl[2];
+    for (int on = 0; on < 2; ++on) {
+      cuda::q8::set_low_bit(on == 1);
+      kl[on] = evaluate(load_gpu(type, false, "100%", 0), ref, MatmulMode::Fast, 1).mean_kl;
+    }
+    EXPECT_LE(kl[1], 2 * bound) << type << " low-bit kernels";
+    ratio_sum += kl[1] / bound;
+    ++cases;
+    if (type == "Q2_K" || type == "IQ4_XS" || type == "IQ2_XS" || type == "IQ3_S" || type == "IQ1_M")
+      EXPECT_NE(kl[0], kl[1]) << type << ": did the low-bit kernels run?";
+    if (type == "Q8_0" || type == "Q6_K") EXPECT_EQ(kl[0], kl[1]) << type << " has no low-bit tensor";
+    std::printf("[ gpu fast one-token %-6s ] mean KL low-bit kernels %.3e, default %.3e (bound %.3e)\n",
+                type.c_str(), kl[1], kl[0], bound);
+  }
+  cuda::q8::set_low_bit(was);
+  std::printf("[ gpu fast one-token, all ] low-bit kernels: mean of KL / bound over %d formats %.3f\n", cases,
+              ratio_sum / cases);
+  EXPECT_LE(ratio_sum / cases, 1.0);
+}
+
 // The same sequence at several expert-cache sizes (exact mode): the CPU pool and the slots must give
 // the same tokens as the CPU engine and as each other.
 TEST_P(Qwen3MoeGpu, ExpertCacheSizesAgree) {

@@ -1,5 +1,6 @@
 // CPU references of the int8-activation decode kernels (contract: q8_reference.h, cuda/q8_kernels.cuh).
 #include "cuda/host/q8_reference.h"
+#include "cuda/host/q8_reference_low.h"
 
 #include <algorithm>
 #include <cmath>
@@ -98,10 +99,10 @@ float task_q6_k(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
   return d * (xds[ba].d * float(sc[0] * sa[0] + sc[1] * sa[1]) + xds[bb].d * float(sc[4] * sb[0] + sc[5] * sb[1]));
 }
 
-struct Format {
-  int vals, bytes, tasks;  // per (super-)block
-};
+using low::Format;
 Format format_of(GgmlType t) {
+  Format f;
+  if (low::format_of(t, f)) return f;
   switch (t) {
     case GgmlType::Q4_0: return {32, 18, 1};
     case GgmlType::Q4_0_X8: return {256, 144, 8};
@@ -121,7 +122,7 @@ float task(GgmlType t, const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* x
     case GgmlType::Q4_K: return task_k45<false>(b, tt, xq, xds);
     case GgmlType::Q5_K: return task_k45<true>(b, tt, xq, xds);
     case GgmlType::Q6_K: return task_q6_k(b, tt, xq, xds);
-    default: throw Error("q8: unsupported type");
+    default: return low::task(t, b, tt, xq, xds);
   }
 }
 
@@ -140,8 +141,13 @@ bool supported(GgmlType t) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K: return true;
-    default: return false;
+    default: return low_bit(t);
   }
+}
+
+bool low_bit(GgmlType t) {
+  Format f;
+  return low::format_of(t, f);
 }
 
 int64_t block_values(GgmlType t) { return format_of(t).vals; }
@@ -253,6 +259,8 @@ float silu_mul(float g, float u) { return g / (1.f + std::exp(-g)) * u; }
 
 bool moe_supported(const ExpertView& v) {
   if (!supported(v.gate_type) || !supported(v.up_type) || !supported(v.down_type)) return false;
+  // gate_up's pairs (q8d::dispatch_pair): a low-bit gate or up type only with the same type.
+  if ((low_bit(v.gate_type) || low_bit(v.up_type)) && v.gate_type != v.up_type) return false;
   if (v.n_embd <= 0 || v.n_ff <= 0 || v.n_embd % 32 != 0 || v.n_ff % 32 != 0) return false;
   if (v.n_embd % block_values(v.gate_type) != 0 || v.n_embd % block_values(v.up_type) != 0 ||
       v.n_ff % block_values(v.down_type) != 0)

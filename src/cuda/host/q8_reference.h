@@ -29,8 +29,14 @@ struct ExpertView {
   int64_t n_embd = 0, n_ff = 0;
 };
 
-// True for exactly Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K (the one dispatch list; q8::supported uses it).
+// True for exactly Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K and the low-bit formats (the one list of types
+// with int8-activation kernels; q8::supported uses it, q8d::dispatch has the same cases).
 bool supported(GgmlType t);
+
+// True for exactly the low-bit formats Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
+// IQ1_S, IQ1_M (the models take their kernels only when q8::low_bit_enabled(); as gate or up experts, each
+// pairs only with itself: moe_supported).
+bool low_bit(GgmlType t);
 
 // Values per block of `t` (32 or 256) for a supported type.
 int64_t block_values(GgmlType t);
