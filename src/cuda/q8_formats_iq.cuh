@@ -35,14 +35,6 @@ __host__ __device__ __forceinline__ uint32_t wbyte(const uint32_t (&w)[N], int i
   return (w[i >> 2] >> (8 * (i & 3))) & 0xFF;
 }
 
-// sum over the 32 values of v (8 signed words) . x (8 activation words).
-__host__ __device__ __forceinline__ int dot32(const int v[8], const int x[8]) {
-  int s = 0;
-STRATA_FD_UNROLL
-  for (int i = 0; i < 8; ++i) s = dp4a(v[i], x[i], s);
-  return s;
-}
-
 // IQ2_XXS: d f16 | per sub-block ib 8 bytes at 2 + 8ib: 4 grid indices (iq2xxs_grid), then a word of four
 // 7-bit sign indices (iq2_signs) and the 4-bit scale s at bits 28-31. Value = d (0.5 + s) / 4 * grid * sign:
 // d / 8 * dx * (2s + 1) * isum.
@@ -116,9 +108,8 @@ STRATA_FD_UNROLL
       if (t >= nt) break;
       int x[8];
       ldx32(xq + t * xs + 32 * tt, x);
-      int lo = 0, hi = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) lo = dp4a(v[i], x[i], lo), hi = dp4a(v[4 + i], x[4 + i], hi);
+      int lo, hi;
+      dot_halves(v, x, lo, hi);
       acc[t] += d * 0.125f * (xds[t * dss + tt].x * float(slo * lo + shi * hi));
     }
   }
@@ -231,9 +222,9 @@ STRATA_FD_UNROLL
 STRATA_FD_UNROLL
       for (int l = 0; l < 4; ++l) {
         const int is = dp4a(v[2 * l], x[2 * l], dp4a(v[2 * l + 1], x[2 * l + 1], 0));
-        const int xsum = dp4a(0x01010101, x[2 * l], dp4a(0x01010101, x[2 * l + 1], 0));
+        const int xs8 = xsum<2>(x + 2 * l);
         a += sc[l] * is;
-        b += sc[l] * (neg[l] ? -xsum : xsum);
+        b += sc[l] * (neg[l] ? -xs8 : xs8);
       }
       acc[t] += d * (xds[t * dss + tt].x * (float(a) + 0.125f * float(b)));
     }

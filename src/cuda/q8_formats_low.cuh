@@ -10,15 +10,6 @@
 
 namespace strata::cuda::q8d {
 
-// Sum of the 4 int8 activations of each of n words (dp4a against ones).
-template <int N>
-__host__ __device__ __forceinline__ int xsum(const int x[N]) {
-  int s = 0;
-STRATA_FD_UNROLL
-  for (int i = 0; i < N; ++i) s = dp4a(0x01010101, x[i], s);
-  return s;
-}
-
 // Q2_K: scales[16] (per 16 values: scale | min << 4) | qs[64] | d, dmin f16 (84 bytes: 4-byte aligned at
 // best). Task tt (half h = tt/2, jp = 2 (tt%2)): 32-value blocks j = jp, jp + 1 of the half, whose codes are
 // bits 2j of qs[32h + l], l < 32; scales 8h + 2j + l/16 (4 bytes at 4tt). Value = d*sc*q - dmin*m with the
@@ -46,12 +37,9 @@ STRATA_FD_UNROLL
       int x0[8], x1[8];
       ldx32(xq + t * xs + 64 * tt, x0);
       ldx32(xq + t * xs + 64 * tt + 32, x1);
-      int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        a0 = dp4a(c0[i], x0[i], a0), a1 = dp4a(c0[4 + i], x0[4 + i], a1);
-        b0 = dp4a(c1[i], x1[i], b0), b1 = dp4a(c1[4 + i], x1[4 + i], b1);
-      }
+      int a0, a1, b0, b1;
+      dot_halves(c0, x0, a0, a1);
+      dot_halves(c1, x1, b0, b1);
       const int ma = m0 * xsum<4>(x0) + m1 * xsum<4>(x0 + 4), mb = m2 * xsum<4>(x1) + m3 * xsum<4>(x1 + 4);
       const float da = xds[t * dss + 2 * tt].x, db = xds[t * dss + 2 * tt + 1].x;
       acc[t] += d * (da * float(sc0 * a0 + sc1 * a1) + db * float(sc2 * b0 + sc3 * b1)) -
@@ -90,12 +78,9 @@ STRATA_FD_UNROLL
       int x0[8], x1[8];
       ldx32(xq + t * xs + 64 * tt, x0);
       ldx32(xq + t * xs + 64 * tt + 32, x1);
-      int a0 = 0, a1 = 0, b0 = 0, b1 = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        a0 = dp4a(v0[i], x0[i], a0), a1 = dp4a(v0[4 + i], x0[4 + i], a1);
-        b0 = dp4a(v1[i], x1[i], b0), b1 = dp4a(v1[4 + i], x1[4 + i], b1);
-      }
+      int a0, a1, b0, b1;
+      dot_halves(v0, x0, a0, a1);
+      dot_halves(v1, x1, b0, b1);
       acc[t] += d * (xds[t * dss + 2 * tt].x * float(s0 * a0 + s1 * a1) +
                      xds[t * dss + 2 * tt + 1].x * float(s2 * b0 + s3 * b1));
     }

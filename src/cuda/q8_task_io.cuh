@@ -175,4 +175,27 @@ __host__ __device__ __forceinline__ void ldx32(const int8_t* p, int x[8]) {
 
 constexpr uint32_t kLo4 = 0x0F0F0F0Fu;
 
+// dp4a sums of 32 values (8 words of weight bytes v against 8 activation words x): all of them (dot32), or
+// per 16-value half (dot_halves: words 0-3 into lo, 4-7 into hi; formats with 16-value scales).
+__host__ __device__ __forceinline__ int dot32(const int v[8], const int x[8]) {
+  int s = 0;
+STRATA_FD_UNROLL
+  for (int i = 0; i < 8; ++i) s = dp4a(v[i], x[i], s);
+  return s;
+}
+__host__ __device__ __forceinline__ void dot_halves(const int v[8], const int x[8], int& lo, int& hi) {
+  lo = 0, hi = 0;
+STRATA_FD_UNROLL
+  for (int i = 0; i < 4; ++i) lo = dp4a(v[i], x[i], lo), hi = dp4a(v[4 + i], x[4 + i], hi);
+}
+
+// Sum of the int8 activations of N words (dp4a against ones).
+template <int N>
+__host__ __device__ __forceinline__ int xsum(const int x[N]) {
+  int s = 0;
+STRATA_FD_UNROLL
+  for (int i = 0; i < N; ++i) s = dp4a(0x01010101, x[i], s);
+  return s;
+}
+
 }  // namespace strata::cuda::q8d
