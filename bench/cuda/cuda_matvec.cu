@@ -16,7 +16,8 @@
 // Then the int8-activation path (cuda/q8_kernels.cuh: activations quantized once to int8 blocks, dp4a
 // dots) on the same formats, shapes and MoE layer, each next to the default f32-activation path timed
 // again in the same loop: us, GB/s, % of the read roofline and the f32/q8 speed-up. The activation
-// quantization (once per token, shared by every matrix reading the same x) is timed on its own.
+// quantization (once per token, shared by every matrix reading the same x) is timed on its own. The low-bit
+// formats (Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ2_*, IQ3_*, IQ1_*; session 33) at n = 1 and 2 against their f32 path.
 //
 // Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_check.cuh"
@@ -98,7 +100,11 @@ void scale_fields(GgmlType t, int& f0, int& f1) {
     case GgmlType::Q4_K: case GgmlType::Q5_K: f0 = 0, f1 = 2; break;
     case GgmlType::Q6_K: f0 = 208; break;
     case GgmlType::Q4_0: case GgmlType::Q8_0: f0 = 0; break;
-    default: break;
+    case GgmlType::Q2_K: f0 = 80, f1 = 82; break;
+    case GgmlType::Q3_K: f0 = 108; break;
+    case GgmlType::IQ4_NL: case GgmlType::IQ4_XS: case GgmlType::IQ2_XXS: case GgmlType::IQ2_XS: case GgmlType::IQ2_S:
+    case GgmlType::IQ3_XXS: case GgmlType::IQ3_S: case GgmlType::IQ1_S: f0 = 0; break;
+    default: break;  // (IQ1_M: d is spread over its scales' top nibbles; random bytes time the same)
   }
 }
 
@@ -257,7 +263,18 @@ int main(int argc, char** argv) {
     std::printf("\n| type | rows x cols | n | q8 us/call | q8 weight GB/s | q8 %% of read | f32 us/call | f32 %% of read | "
                 "f32/q8 speed-up |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|\n");
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K}) {
+    // The low-bit formats (q8::low_bit_enabled, off in the models by default; the kernels take them either
+    // way) at n = 1 and 2 only: their f32 path is the generic one (no fast_dot path).
+    const GgmlType low_bit[] = {GgmlType::Q2_K,   GgmlType::Q3_K,    GgmlType::IQ4_XS, GgmlType::IQ4_NL,
+                                GgmlType::IQ2_XXS, GgmlType::IQ2_XS,  GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
+                                GgmlType::IQ3_S,  GgmlType::IQ1_S,   GgmlType::IQ1_M};
+    std::vector<std::pair<GgmlType, std::vector<int64_t>>> q8_cases;
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K})
+      q8_cases.push_back({t, {1, 2, 4, 8}});
+    for (GgmlType t : low_bit) q8_cases.push_back({t, {1, 2}});
+    for (const auto& q8_case : q8_cases) {
+      const GgmlType t = q8_case.first;  // (not a structured binding: the lambdas below capture t)
+      const std::vector<int64_t>& ns = q8_case.second;
       const auto& tt = type_traits(t);
       int f0, f1;
       scale_fields(t, f0, f1);
@@ -267,7 +284,7 @@ int main(int argc, char** argv) {
         DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");
         init_weights<<<4096, 256, 0, s>>>(w.as<uint8_t>(), bytes * copies / tt.type_size, int(tt.type_size), f0, f1, 7);
         CUDA_CHECK_LAUNCH();
-        for (int64_t n : {1, 2, 4, 8}) {
+        for (int64_t n : ns) {
           const int it = sh.rows > 100000 ? std::max(1, iters / 10) : iters;
           auto time_calls = [&](auto call) {
             for (int i = 0; i < 3; ++i) call(i);  // warm-up
