@@ -314,6 +314,15 @@ TEST(Q8Reference, MoeSupportedPairs) {
   EXPECT_FALSE(with(GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q4_K));
   EXPECT_FALSE(with(GgmlType::Q4_K, GgmlType::IQ4_XS, GgmlType::Q4_K));
   EXPECT_FALSE(with(GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q3_K));
+  // Rows below min_row_align: Q2_K at +2 (4 needed), IQ4_XS at +4 (8 needed); Q3_K at +2 is fine.
+  EXPECT_EQ(q8ref::min_row_align(GgmlType::Q2_K), 4);
+  EXPECT_EQ(q8ref::min_row_align(GgmlType::IQ1_M), 8);
+  v.down_off = 2;
+  EXPECT_TRUE(with(GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K));
+  EXPECT_FALSE(with(GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q2_K));
+  v.down_off = 4;
+  EXPECT_TRUE(with(GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q2_K));
+  EXPECT_FALSE(with(GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::IQ4_XS));
 }
 
 }  // namespace

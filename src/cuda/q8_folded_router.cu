@@ -143,7 +143,7 @@ void fold_router(const float* router, const float* norm_w, const float* wo, int 
 
 int64_t wo_router_ss_count(GgmlType type, int64_t n_embd, int64_t n_att, int64_t row_bytes) {
   int64_t blocks = 0;
-  q8d::dispatch(type, q8d::Align{2}, [&](auto f, auto) {
+  q8d::dispatch(type, q8d::Align{16}, [&](auto f, auto) {  // (any A: only F matters here)
     blocks = wo_geometry<decltype(f), 2>(n_embd, n_att, row_bytes).blocks;
   });
   return blocks;
@@ -156,7 +156,7 @@ void wo_router(GgmlType type, const void* wo, int64_t n_embd, int64_t n_att, int
                  "experts: unsupported (q8_kernels.cuh wo_router_supported)", type_name(type), n_embd, n_att,
                  n_expert);
   q8ref::check_matvec_shape(type, n_att, row_bytes, "wo_router");
-  const q8d::Align al = q8mv::checked_alignment(wo, row_bytes, attq, "wo_router");
+  const q8d::Align al = q8mv::checked_alignment(type, wo, row_bytes, attq, "wo_router");
   STRATA_REQUIRE(reinterpret_cast<uintptr_t>(fold) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                  reinterpret_cast<uintptr_t>(att) % 16 == 0, "wo_router: fold, x and att must be 16-byte aligned");
   STRATA_REQUIRE(mid + n_embd <= x || x + n_embd <= mid, "wo_router: mid must not overlap x");

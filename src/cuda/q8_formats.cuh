@@ -14,8 +14,8 @@
 // Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 with 16-byte aligned rows); 8: 8-byte
 // loads (IQ4_XS, IQ1_M); 4: 4-byte loads (Q2_K); 2: two 16-bit loads per word, straight from global memory;
 // kStaged: from rows a warp staged in shared memory (the kernels' path for 2-byte aligned rows: Q4_0 / Q8_0 /
-// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, the others when their rows are not aligned
-// to their A).
+// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, Q4_K / Q5_K / Q4_0_X8 when their rows are
+// not 16-byte aligned; Q2_K, IQ4_XS and IQ1_M rows must have their A: q8ref::min_row_align).
 //
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
 // xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
@@ -364,6 +364,15 @@ STRATA_FD_UNROLL
 template <int A>
 using IntC = std::integral_constant<int, A>;
 
+// True for the low-bit formats' structs (q8_formats_low.cuh, q8_formats_iq.cuh: q8ref::low_bit's types),
+// which declare kLowBit (the CUDA code is C++17: detection by void_t).
+template <typename F, typename = void>
+struct IsLowBit : std::false_type {};
+template <typename F>
+struct IsLowBit<F, std::void_t<decltype(F::kLowBit)>> : std::true_type {};
+template <typename F>
+inline constexpr bool kLowBit = IsLowBit<F>::value;
+
 // The alignment in bytes (16, 8, 4 or 2) that every weight row start of a product has: the largest that
 // divides the base address and the row stride (a distinct type so that no bool or count passes for it).
 struct Align {
@@ -402,20 +411,21 @@ bool dispatch_core(GgmlType t, Align al, Fn&& f) {
 }
 
 // dispatch for the low-bit formats (q8ref::low_bit): IQ4_XS and IQ1_M A = 8 (136 / 56-byte blocks), Q2_K A = 4
-// (84) when the rows have that alignment, else 2; Q3_K, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S
-// always 2 (110 / 18 / 66 / 74 / 82 / 98 / 110 / 50-byte blocks).
+// (84), and false for rows with less alignment (q8ref::min_row_align: the callers check it first); Q3_K,
+// IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S always 2 (110 / 18 / 66 / 74 / 82 / 98 / 110 / 50-byte
+// blocks).
 template <typename Fn>
 bool dispatch_low(GgmlType t, Align al, Fn&& f) {
   const int a = al.bytes;
   switch (t) {
     case GgmlType::Q2_K:
-      if (a >= 4) f(DQ2K{}, IntC<4>{});
-      else f(DQ2K{}, IntC<2>{});
+      if (a < 4) return false;
+      f(DQ2K{}, IntC<4>{});
       return true;
     case GgmlType::Q3_K: f(DQ3K{}, IntC<2>{}); return true;
     case GgmlType::IQ4_XS:
-      if (a >= 8) f(DIQ4XS{}, IntC<8>{});
-      else f(DIQ4XS{}, IntC<2>{});
+      if (a < 8) return false;
+      f(DIQ4XS{}, IntC<8>{});
       return true;
     case GgmlType::IQ4_NL: f(DIQ4NL{}, IntC<2>{}); return true;
     case GgmlType::IQ2_XXS: f(DIQ2XXS{}, IntC<2>{}); return true;
@@ -425,8 +435,8 @@ bool dispatch_low(GgmlType t, Align al, Fn&& f) {
     case GgmlType::IQ3_S: f(DIQ3S{}, IntC<2>{}); return true;
     case GgmlType::IQ1_S: f(DIQ1S{}, IntC<2>{}); return true;
     case GgmlType::IQ1_M:
-      if (a >= 8) f(DIQ1M{}, IntC<8>{});
-      else f(DIQ1M{}, IntC<2>{});
+      if (a < 8) return false;
+      f(DIQ1M{}, IntC<8>{});
       return true;
     default: return false;
   }

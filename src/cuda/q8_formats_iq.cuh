@@ -40,6 +40,7 @@ __host__ __device__ __forceinline__ uint32_t wbyte(const uint32_t (&w)[N], int i
 // d / 8 * dx * (2s + 1) * isum.
 struct DIQ2XXS {
   static constexpr int kVals = 256, kBytes = 66, kTasks = 8;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -71,6 +72,7 @@ STRATA_FD_UNROLL
 template <bool kS>
 struct DIQ2XSS {
   static constexpr int kVals = 256, kBytes = kS ? 82 : 74, kTasks = 8;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -124,6 +126,7 @@ using DIQ2S = DIQ2XSS<true>;
 template <bool kS>
 struct DIQ3 {
   static constexpr int kVals = 256, kBytes = kS ? 110 : 98, kTasks = 8;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -176,6 +179,7 @@ using DIQ3S = DIQ3<true>;
 template <bool kM>
 struct DIQ1 {
   static constexpr int kVals = 256, kBytes = kM ? 56 : 50, kTasks = 8;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {

@@ -16,6 +16,7 @@ namespace strata::cuda::q8d {
 // min per 16 values, so the activations' sums are taken per 16 values here (the block sum is per 32).
 struct DQ2K {
   static constexpr int kVals = 256, kBytes = 84, kTasks = 4;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -54,6 +55,7 @@ STRATA_FD_UNROLL
 // Scales 4tt .. 4tt + 3: low nibbles from scales word tt%2 (nibble h), high 2 bits from word 2 (bits 2tt).
 struct DQ3K {
   static constexpr int kVals = 256, kBytes = 110, kTasks = 4;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -92,6 +94,7 @@ STRATA_FD_UNROLL
 // kvalues_iq4nl; scale of ib: nibble ib%2 of scales_l[ib/2] | bits 2ib of scales_h << 4, minus 32.
 struct DIQ4XS {
   static constexpr int kVals = 256, kBytes = 136, kTasks = 4;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
@@ -125,6 +128,7 @@ STRATA_FD_UNROLL
 // IQ4_NL: d f16 | qs[16] (18 bytes), Q4_0's layout with the codes looked up in kvalues_iq4nl.
 struct DIQ4NL {
   static constexpr int kVals = 32, kBytes = 18, kTasks = 1;
+  static constexpr bool kLowBit = true;  // (q8d::kLowBit)
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {

@@ -181,7 +181,7 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 matvec");
   STRATA_REQUIRE(rows >= 0 && n >= 0, "q8 matvec: bad shape rows {} n {}", rows, n);
-  const q8d::Align al = q8mv::checked_alignment(w, row_bytes, xq, "q8 matvec");
+  const q8d::Align al = q8mv::checked_alignment(type, w, row_bytes, xq, "q8 matvec");
   if (rows == 0 || n == 0) return;
   const auto* wb = static_cast<const uint8_t*>(w);
   q8d::dispatch(type, al, [&](auto f, auto a) {

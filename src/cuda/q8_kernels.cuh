@@ -77,6 +77,11 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
                  bool accumulate, cudaStream_t stream);
 // n == 1 (decode of one sequence) and cols 256 (the test models), 1024, 2048 or 4096 (the norm's values
 // stay in registers).
+// Whether norm_matvec takes `t`: the first six int8 formats (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K). Why not
+// the low-bit ones: its launch variants per format made it the longest file to compile (394 s with them),
+// and a low-bit file's q, k and v rarely share one type (llama.cpp raises attn_v's), which the fused q|k|v
+// product needs; their q|k|v run rmsnorm_quantize + matvec.
+bool norm_matvec_takes(GgmlType t);
 bool norm_matvec_supported(int64_t cols, int64_t n);
 // Whether the models use norm_matvec where it applies: on unless STRATA_CUDA_NORM_MATVEC=0 (read once).
 bool norm_matvec_enabled();

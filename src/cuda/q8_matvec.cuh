@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/error.h"
+#include "cuda/host/q8_reference.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_formats.cuh"
 
@@ -45,12 +46,15 @@ Geometry geometry(int64_t rows, int64_t cols, int64_t row_bytes, int nt_tile) {
   return with_rows<A>(g, nt_tile <= 2 && g.lpr_log2 == 5 && rows >= kTwoRowsMinRows ? 2 : 1, rows, row_bytes);
 }
 
-// The alignment every q8 product needs (strata::Error otherwise): weight rows 2-byte aligned, activations
-// 16-byte aligned. Returns the rows' alignment (q8d::dispatch picks the loads by it). what: the caller's
-// name for messages.
-inline q8d::Align checked_alignment(const void* w, int64_t row_bytes, const int8_t* xq, const char* what) {
+// The alignment every q8 product needs (strata::Error otherwise): weight rows of `type` aligned to
+// q8ref::min_row_align (2 bytes; Q2_K 4, IQ4_XS / IQ1_M 8), activations 16-byte aligned. Returns the rows'
+// alignment (q8d::dispatch picks the loads by it). what: the caller's name for messages.
+inline q8d::Align checked_alignment(GgmlType type, const void* w, int64_t row_bytes, const int8_t* xq,
+                                    const char* what) {
   const auto wa = reinterpret_cast<uintptr_t>(w);
-  STRATA_REQUIRE(wa % 2 == 0 && row_bytes % 2 == 0, "{}: weight rows must be 2-byte aligned", what);
+  const int a = q8ref::min_row_align(type);
+  STRATA_REQUIRE(wa % uintptr_t(a) == 0 && row_bytes % a == 0, "{}: {} weight rows must be {}-byte aligned", what,
+                 type_name(type), a);
   STRATA_REQUIRE(reinterpret_cast<uintptr_t>(xq) % 16 == 0, "{}: activations must be 16-byte aligned", what);
   return q8d::align_of(wa, row_bytes);
 }

@@ -464,15 +464,20 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
                     hq, hds, ids, wts, n, k, resid != nullptr ? resid : x, x, st, after_gate_up && down_prefetch(),
                     v.n_expert, moe_down_async_stage() != 0);
       };
+      // The low-bit formats take only the default per-term kernel (pre: the slots-once one, a switch for
+      // comparisons), one variant fewer to compile.
+      constexpr bool kPre = !q8d::kLowBit<F>;
       if constexpr (A == 2) {
         if (down_stage_fits(stride, k, W)) {
-          if (pre) launch(down_kernel<F, q8d::kStaged, true, W>, stage_bytes, stride);
-          else launch(down_kernel<F, q8d::kStaged, false, W>, stage_bytes, stride);
+          if constexpr (kPre)
+            if (pre) return launch(down_kernel<F, q8d::kStaged, true, W>, stage_bytes, stride);
+          launch(down_kernel<F, q8d::kStaged, false, W>, stage_bytes, stride);
           return;
         }
       }
-      if (pre) launch(down_kernel<F, A, true, W>, 0, 0);
-      else launch(down_kernel<F, A, false, W>, 0, 0);
+      if constexpr (kPre)
+        if (pre) return launch(down_kernel<F, A, true, W>, 0, 0);
+      launch(down_kernel<F, A, false, W>, 0, 0);
     });
   };
   if (warps == 8) go(std::integral_constant<int, 8>{});

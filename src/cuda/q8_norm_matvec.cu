@@ -368,6 +368,8 @@ bool norm_matvec_lanes() {
   return g_norm_lanes.get([] { return env_on_unless_zero("STRATA_CUDA_NORM_LANES"); });
 }
 
+bool norm_matvec_takes(GgmlType t) { return supported(t) && !q8ref::low_bit(t); }
+
 bool norm_matvec_enabled() {
   static const bool on = env_on_unless_zero("STRATA_CUDA_NORM_MATVEC");
   return on;
@@ -377,12 +379,14 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
                  const float* nw, float eps, int64_t n, float* xn, int8_t* xq, float2* xds, float* y,
                  bool accumulate, cudaStream_t stream) {
   STRATA_REQUIRE(norm_matvec_supported(cols, n), "q8 norm_matvec: {} columns x {} rows is not supported", cols, n);
+  STRATA_REQUIRE(norm_matvec_takes(type), "q8 norm_matvec: {} is not one of its types (norm_matvec_takes)",
+                 type_name(type));
   q8ref::check_matvec_shape(type, cols, row_bytes, "q8 norm_matvec");
   STRATA_REQUIRE(rows >= 0, "q8 norm_matvec: {} rows", rows);
-  const q8d::Align al = q8mv::checked_alignment(w, row_bytes, xq, "q8 norm_matvec");
+  const q8d::Align al = q8mv::checked_alignment(type, w, row_bytes, xq, "q8 norm_matvec");
   if (rows == 0) return rmsnorm_quantize(x, nw, n, cols, eps, xn, xq, xds, stream);  // (no blocks to do it)
   const auto* wb = static_cast<const uint8_t*>(w);
-  q8d::dispatch(type, al, [&](auto f, auto a) {
+  q8d::dispatch_core(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     switch (cols) {  // the row's values per thread: registers

@@ -694,7 +694,8 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   // them in decode, the norm runs inside that product's launch (q8::norm_matvec: one launch fewer).
   bool q8_in = false;
   for (const DevWeight* w : {&l.wqkv, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
-  const bool norm_in_qkv = l.wqkv.rows > 0 && use_q8(p, l.wqkv) && q8::norm_matvec_enabled() &&
+  const bool norm_in_qkv = l.wqkv.rows > 0 && use_q8(p, l.wqkv) && q8::norm_matvec_takes(l.wqkv.type) &&
+                           q8::norm_matvec_enabled() &&
                            q8::norm_matvec_supported(hp.n_embd, n);
   if (!norm_in_qkv) norm(p, ws.x, l.attn_norm, n, q8_in);
   // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.

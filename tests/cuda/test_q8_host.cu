@@ -178,7 +178,8 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     const int64_t drb = int64_t(row_bytes(t, n_ff));
     q8ref::ExpertView v;
     v.down_type = v.gate_type = v.up_type = t;
-    v.gate_off = v.up_off = 0, v.down_off = 2;  // only the down tensor is read: rows at an even offset
+    // Only the down tensor is read: rows at the smallest offset the format allows (2; Q2_K 4, IQ4_XS / IQ1_M 8).
+    v.gate_off = v.up_off = 0, v.down_off = q8ref::min_row_align(t);
     v.slot_bytes = v.down_off + drb * n_embd;
     v.n_embd = n_embd, v.n_ff = n_ff;
     std::vector<uint8_t> slots(v.slot_bytes * n_slots);
@@ -203,8 +204,9 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
     double worst = 0;
     int64_t slots_diff = 0;
     std::vector<float> wd(n_ff);
+    int dispatched = 0;
     for (bool staged : {false, true})
-    q8d::dispatch(t, q8d::Align{2}, [&](auto f, auto a) {
+    dispatched += q8d::dispatch(t, q8d::Align{q8ref::min_row_align(t)}, [&](auto f, auto a) {
       for (int64_t tk = 0; tk < n; ++tk)
         for (int64_t r = 0; r < n_embd; ++r) {
           float part[32];
@@ -283,6 +285,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
           worst = std::max(worst, std::fabs(double(got) - x_ref[tk * n_embd + r]) / (1e-5 * mag + 2.4e-7 * 0.25));
         }
     });
+    EXPECT_EQ(dispatched, 2) << type_name(t);
     EXPECT_LE(worst, 1.0) << type_name(t);
     EXPECT_EQ(slots_diff, 0) << type_name(t) << ": down_lane_partial_slots differs from down_lane_partial";
     std::printf("q8 host moe down %s: worst error / tolerance %.3g\n", std::string(type_name(t)).c_str(), worst);
@@ -362,15 +365,16 @@ TEST(Q8Host, DispatchAlignmentAndPairs) {
     return a;
   };
   EXPECT_EQ(a_of(GgmlType::Q2_K, 16), 4);
-  EXPECT_EQ(a_of(GgmlType::Q2_K, 2), 2);
+  EXPECT_EQ(a_of(GgmlType::Q2_K, 2), -1);  // below q8ref::min_row_align: no kernel (the callers refuse first)
   EXPECT_EQ(a_of(GgmlType::IQ4_XS, 16), 8);
-  EXPECT_EQ(a_of(GgmlType::IQ4_XS, 4), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ4_XS, 4), -1);
   EXPECT_EQ(a_of(GgmlType::Q3_K, 16), 2);
   EXPECT_EQ(a_of(GgmlType::IQ4_NL, 16), 2);
   EXPECT_EQ(a_of(GgmlType::Q4_K, 16), 16);
   EXPECT_EQ(a_of(GgmlType::Q4_K, 8), 2);
   EXPECT_EQ(a_of(GgmlType::IQ1_M, 16), 8);
-  EXPECT_EQ(a_of(GgmlType::IQ1_M, 4), 2);
+  EXPECT_EQ(a_of(GgmlType::IQ1_M, 4), -1);
+  for (GgmlType t : kTypes) EXPECT_NE(a_of(t, q8ref::min_row_align(t)), -1) << type_name(t);
   EXPECT_EQ(a_of(GgmlType::IQ2_XS, 16), 2);
   EXPECT_EQ(a_of(GgmlType::Q5_0, 16), -1);
   auto pair = [](GgmlType g, int ga, GgmlType u, int ua) {
@@ -382,7 +386,8 @@ TEST(Q8Host, DispatchAlignmentAndPairs) {
   };
   EXPECT_EQ(pair(GgmlType::Q4_K, 16, GgmlType::Q6_K, 16), 1602);
   EXPECT_EQ(pair(GgmlType::IQ4_XS, 16, GgmlType::IQ4_XS, 8), 808);
-  EXPECT_EQ(pair(GgmlType::IQ4_XS, 16, GgmlType::IQ4_XS, 4), 202);  // both at the smaller alignment
+  EXPECT_EQ(pair(GgmlType::IQ4_XS, 16, GgmlType::IQ4_XS, 4), -1);  // both at the smaller alignment: too small
+  EXPECT_EQ(pair(GgmlType::Q3_K, 16, GgmlType::Q3_K, 4), 202);
   EXPECT_EQ(pair(GgmlType::Q2_K, 4, GgmlType::Q2_K, 4), 404);
   EXPECT_EQ(pair(GgmlType::Q3_K, 2, GgmlType::Q4_K, 16), -1);
   EXPECT_EQ(pair(GgmlType::Q4_K, 16, GgmlType::IQ4_NL, 2), -1);

@@ -290,16 +290,18 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
   }
 }
 
-// The low-bit formats at the decode shapes, with weights at +0 (Q2_K: 4-byte loads; IQ4_XS: 8-byte), +4 (IQ4_XS
-// 4-byte aligned: staged) and +2 (all staged), odd row counts, and rows too long to stage.
+// The low-bit formats at the decode shapes, with weights at +0 and at the smallest offset each allows
+// (q8ref::min_row_align: +2, staged; Q2_K +4; IQ4_XS / IQ1_M +8, not 16-byte aligned), odd row counts, and rows
+// too long to stage.
 TEST_F(CudaQ8Matvec, LowBitFormats) {
   for (GgmlType t : kLowBit) {
+    const size_t off = size_t(q8ref::min_row_align(t));
     check(make_case(t, 768, 2048, 11), {1, 3, 8, 11});
-    check(make_case(t, 2048, 768, 12), {1, 3}, 4);
-    check(make_case(t, 5120, 2048, 13), {1, 2, 8}, 2);
-    check(make_case(t, 37, 2048, 14), {1, 5}, 4);
+    check(make_case(t, 2048, 768, 12), {1, 3}, off);
+    check(make_case(t, 5120, 2048, 13), {1, 2, 8}, off);
+    check(make_case(t, 37, 2048, 14), {1, 5}, off);
     check(make_case(t, 40, 12288, 15), {1, 3});
-    check(make_case(t, 4097, 2048, 16), {1, 2}, 2);
+    check(make_case(t, 4097, 2048, 16), {1, 2}, off);
   }
   check(make_case(GgmlType::Q3_K, 151936, 2048, 17), {1});
 }
@@ -317,6 +319,7 @@ TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
     q8::matvec(t, w, 4, cols, row_b, q, d_ds.ptr<float2>(), 1, d_y.ptr<float>(), false, stream());
   };
   EXPECT_THROW(call(GgmlType::Q5_0, d_w.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);   // no q8 kernel
+  EXPECT_THROW(call(GgmlType::Q2_K, d_w.ptr(), 2048, 674, d_q.ptr<int8_t>()), Error);  // Q2_K rows 4-byte aligned
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2016, rb, d_q.ptr<int8_t>()), Error);   // cols % 256
   EXPECT_THROW(call(GgmlType::Q4_K, d_w.ptr(), 2048, rb - 2, d_q.ptr<int8_t>()), Error);  // row too short
   EXPECT_THROW(call(GgmlType::Q4_K, d_w1.ptr(), 2048, rb, d_q.ptr<int8_t>()), Error);  // odd weight address
@@ -769,13 +772,13 @@ TEST_F(CudaQ8Moe, AllQ40X8TwoByteAligned) { run({GgmlType::Q4_0_X8, GgmlType::Q4
 TEST_F(CudaQ8Moe, Q4KGateQ6KUpQ5KDown) { run({GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_K, 0}); }
 
 // The low-bit formats as llama.cpp's file types lay them out: Q2_K (gate/up Q2_K, down Q3_K), Q3_K_M (Q3_K
-// gate/up, Q4_K or Q5_K down), IQ4_XS, IQ4_NL; rows at +0 (Q2_K 4-byte, IQ4_XS 8-byte loads in place), +4 and +2.
+// gate/up, Q4_K or Q5_K down), IQ4_XS, IQ4_NL; rows at +0, and at +4 (Q2_K), +8 (IQ4_XS, IQ1_M), +2 (the rest).
 TEST_F(CudaQ8Moe, LowBitQ2K) { run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 0}); }
-TEST_F(CudaQ8Moe, LowBitQ2KTwoByteAligned) { run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 2}); }
+TEST_F(CudaQ8Moe, LowBitQ2KFourByteAligned) { run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 4}); }
 TEST_F(CudaQ8Moe, LowBitQ3KGateUpQ4KDown) { run({GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q4_K, 0}); }
 TEST_F(CudaQ8Moe, LowBitQ3KGateUpQ5KDown) { run({GgmlType::Q3_K, GgmlType::Q3_K, GgmlType::Q5_K, 2}); }
 TEST_F(CudaQ8Moe, LowBitIQ4XS) { run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 0}); }
-TEST_F(CudaQ8Moe, LowBitIQ4XSFourByteAligned) { run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 4}); }
+TEST_F(CudaQ8Moe, LowBitIQ4XSEightByteAligned) { run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 8}); }
 TEST_F(CudaQ8Moe, LowBitIQ4NL) { run({GgmlType::IQ4_NL, GgmlType::IQ4_NL, GgmlType::IQ4_NL, 0}); }
 // The IQ formats as llama.cpp's IQ2/IQ3/IQ1 file types mix them (a larger down type).
 TEST_F(CudaQ8Moe, LowBitIQ2XXS) { run({GgmlType::IQ2_XXS, GgmlType::IQ2_XXS, GgmlType::IQ2_XS, 0}); }
@@ -785,7 +788,7 @@ TEST_F(CudaQ8Moe, LowBitIQ3XXS) { run({GgmlType::IQ3_XXS, GgmlType::IQ3_XXS, Ggm
 TEST_F(CudaQ8Moe, LowBitIQ3S) { run({GgmlType::IQ3_S, GgmlType::IQ3_S, GgmlType::Q4_K, 2}); }
 TEST_F(CudaQ8Moe, LowBitIQ1S) { run({GgmlType::IQ1_S, GgmlType::IQ1_S, GgmlType::IQ2_XXS, 0}); }
 TEST_F(CudaQ8Moe, LowBitIQ1M) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 0}); }
-TEST_F(CudaQ8Moe, LowBitIQ1MTwoByteAligned) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 2}); }
+TEST_F(CudaQ8Moe, LowBitIQ1MEightByteAligned) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 8}); }
 
 TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   auto d_slots = output(1 << 20, 0);
@@ -805,6 +808,10 @@ TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   EXPECT_TRUE(q8::moe_supported(v));
   v.up_type = GgmlType::Q3_K;
   EXPECT_FALSE(q8::moe_supported(v));
+  v.up_type = GgmlType::Q2_K;
+  v.gate_off = 2;  // Q2_K rows must be 4-byte aligned
+  EXPECT_FALSE(q8::moe_supported(v));
+  v.gate_off = 0;
   EXPECT_THROW(q8::moe_gate_up(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
                                1, 1, d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), stream()),
                Error);

@@ -145,6 +145,14 @@ bool supported(GgmlType t) {
   }
 }
 
+int min_row_align(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q2_K: return 4;
+    case GgmlType::IQ4_XS: case GgmlType::IQ1_M: return 8;
+    default: return 2;
+  }
+}
+
 bool low_bit(GgmlType t) {
   Format f;
   return low::format_of(t, f);
@@ -265,13 +273,19 @@ bool moe_supported(const ExpertView& v) {
   if (v.n_embd % block_values(v.gate_type) != 0 || v.n_embd % block_values(v.up_type) != 0 ||
       v.n_ff % block_values(v.down_type) != 0)
     return false;
-  // The kernels' loads need 2-byte aligned rows in every slot.
-  const int64_t rbs[] = {int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd))),
-                         int64_t(row_bytes(v.up_type, uint64_t(v.n_embd))),
-                         int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)))};
-  for (int64_t a : {int64_t(reinterpret_cast<uintptr_t>(v.slots)), v.slot_bytes, v.gate_off, v.up_off, v.down_off,
-                    rbs[0], rbs[1], rbs[2]})
-    if (a % 2 != 0) return false;
+  // The kernels' loads need 2-byte aligned rows in every slot (Q2_K 4-byte, IQ4_XS / IQ1_M 8-byte:
+  // min_row_align).
+  const int64_t base = int64_t(reinterpret_cast<uintptr_t>(v.slots));
+  const struct {
+    GgmlType t;
+    int64_t off, rb;
+  } tensors[] = {{v.gate_type, v.gate_off, int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)))},
+                 {v.up_type, v.up_off, int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)))},
+                 {v.down_type, v.down_off, int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)))}};
+  for (const auto& e : tensors) {
+    const int64_t a = min_row_align(e.t);
+    if (base % a != 0 || v.slot_bytes % a != 0 || e.off % a != 0 || e.rb % a != 0) return false;
+  }
   return true;
 }
 

@@ -45,6 +45,11 @@ int64_t block_values(GgmlType t);
 // and row_bytes >= the bytes of a row of cols values. what: the caller's name for messages.
 void check_matvec_shape(GgmlType t, int64_t cols, int64_t row_bytes, const char* what);
 
+// The alignment in bytes every row of `t` must have for the int8 kernels: 4 for Q2_K (84-byte blocks), 8 for
+// IQ4_XS and IQ1_M (136 / 56), which the kernels read only with those loads (why: one variant fewer of every
+// kernel; their rows are whole blocks, so aligned bases keep them aligned); 2 for the others.
+int min_row_align(GgmlType t);
+
 // One block of 32 values -> 32 codes and {d, d * sum q} (the rule above).
 void quantize_block(const float* v, int8_t* q, Q8Ds& ds);
 
