@@ -8,20 +8,20 @@
 # switch off), so its ratio times this call's on/off ratio is the estimate until one call runs all three.
 # Prepared HERE: scripts/device-deps (.carry/deps), and the fixtures the tests read (qwen3moe models, vocab,
 # formats; ~27 MiB):
-#   rm -rf .carry/fx && mkdir -p .carry/fx/models && cp -r ../shared/fixtures/{vocab,formats} .carry/fx/ &&
-#   cp ../shared/fixtures/models/tiny-qwen3moe-A-* .carry/fx/models/
-# Then the device tool: run "bash scripts/device-call-low-bit.sh", carry [".carry/deps", ".carry/fx"].
+#   rm -rf .carry/fxq && mkdir -p .carry/fxq/models && cp -r ../shared/fixtures/{vocab,formats} .carry/fxq/ &&
+#   cp ../shared/fixtures/models/tiny-qwen3moe-A-* .carry/fxq/models/
+# Then the device tool: run "bash scripts/device-call-low-bit.sh", carry [".carry/deps", ".carry/fxq"].
 # About 500 s on a fresh machine (build ~200 s, tests ~100 s, then per file its writing and ~50 s of arms). Results in $OUT.
 set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-export STRATA_FIXTURES_DIR=$PWD/.carry/fx
+export STRATA_FIXTURES_DIR=$PWD/.carry/fxq
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git diff --stat; } > $OUT/env.txt 2>&1
 timeout 300 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests cuda_matvec > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
 mk() {  # FORMAT -> /tmp/low-FORMAT.gguf (48 layers, the layer quantized once and repeated)
   /tmp/b/strata mkmodel -o "/tmp/low-$1.gguf" --preset qwen3-30b-a3b --layers 48 --repeat-layers --format "$1" \
-    --vocab-from .carry/fx/vocab/ggml-vocab-qwen2.gguf -t 4 > "$OUT/mkmodel-$1.txt" 2>&1
+    --vocab-from .carry/fxq/vocab/ggml-vocab-qwen2.gguf -t 4 > "$OUT/mkmodel-$1.txt" 2>&1
 }
 mk Q2_K &  # (one file at a time on the disk: ~11-16 GB each)
 mkp=$!

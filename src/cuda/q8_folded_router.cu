@@ -161,7 +161,7 @@ void wo_router(GgmlType type, const void* wo, int64_t n_embd, int64_t n_att, int
                  reinterpret_cast<uintptr_t>(att) % 16 == 0, "wo_router: fold, x and att must be 16-byte aligned");
   STRATA_REQUIRE(mid + n_embd <= x || x + n_embd <= mid, "wo_router: mid must not overlap x");
   const auto* wb = static_cast<const uint8_t*>(wo);
-  q8d::dispatch(type, al, [&](auto f, auto a) {
+  const bool ran = q8d::dispatch(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     const q8mv::Geometry g = wo_geometry<F, A>(n_embd, n_att, row_bytes);
@@ -180,6 +180,7 @@ void wo_router(GgmlType type, const void* wo, int64_t n_embd, int64_t n_att, int
     if (g.r == 2) run_r(std::integral_constant<int, 2>{});
     else run_r(std::integral_constant<int, 1>{});
   });
+  STRATA_REQUIRE(ran, "wo_router: no kernel for {} rows at {}-byte alignment", type_name(type), al.bytes);
 }
 
 }  // namespace strata::cuda::q8

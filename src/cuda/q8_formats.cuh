@@ -458,7 +458,9 @@ bool dispatch_pair(GgmlType g, Align ga, GgmlType u, Align ua, Fn&& f) {
   if (q8ref::low_bit(g) || q8ref::low_bit(u))
     return g == u && dispatch_low(g, min_align(ga, ua), [&](auto fm, auto a) { f(fm, a, fm, a); });
   bool ok = false;
-  dispatch_core(g, ga, [&](auto gf, auto gA) { ok = dispatch_core(u, ua, [&](auto uf, auto uA) { f(gf, gA, uf, uA); }); });
+  dispatch_core(g, ga, [&](auto gf, auto gA) {
+    ok = dispatch_core(u, ua, [&](auto uf, auto uA) { f(gf, gA, uf, uA); });
+  });
   return ok;
 }
 

@@ -27,7 +27,10 @@ struct DQ2K {
     ldw<A, 1>(blk + 80, dd);
     int c0[8], c1[8];
 STRATA_FD_UNROLL
-    for (int i = 0; i < 8; ++i) c0[i] = int((q[i] >> (2 * jp)) & 0x03030303u), c1[i] = int((q[i] >> (2 * jp + 2)) & 0x03030303u);
+    for (int i = 0; i < 8; ++i) {
+      c0[i] = int((q[i] >> (2 * jp)) & 0x03030303u);
+      c1[i] = int((q[i] >> (2 * jp + 2)) & 0x03030303u);
+    }
     const int sc0 = int(sw[0] & 0xF), m0 = int((sw[0] >> 4) & 0xF), sc1 = int((sw[0] >> 8) & 0xF),
               m1 = int((sw[0] >> 12) & 0xF), sc2 = int((sw[0] >> 16) & 0xF), m2 = int((sw[0] >> 20) & 0xF),
               sc3 = int((sw[0] >> 24) & 0xF), m3 = int(sw[0] >> 28);

@@ -184,7 +184,7 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
   const q8d::Align al = q8mv::checked_alignment(type, w, row_bytes, xq, "q8 matvec");
   if (rows == 0 || n == 0) return;
   const auto* wb = static_cast<const uint8_t*>(w);
-  q8d::dispatch(type, al, [&](auto f, auto a) {
+  const bool ran = q8d::dispatch(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     // Token tile: the smallest of 1, 2, 4, 8 that holds n (more tokens: tiles of 8).
@@ -193,6 +193,7 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
     else if (n <= 4) launch_matvec<F, A, 4>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
     else launch_matvec<F, A, 8>(wb, rows, row_bytes, cols, xq, xds, n, y, accumulate, stream);
   });
+  STRATA_REQUIRE(ran, "q8 matvec: no kernel for {} rows at {}-byte alignment", type_name(type), al.bytes);
 }
 
 }  // namespace strata::cuda::q8

@@ -323,8 +323,8 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   const int64_t gstride = q8d::stage_stride(kRowsPerWarp * grb), ustride = q8d::stage_stride(kRowsPerWarp * urb);
   const int64_t stage_bytes = (kThreads / 32) * (gstride + ustride);
   const int cap = spreading_cap(int64_t(grid.x) * grid.y, gate_up_per_sm());
-  q8d::dispatch_pair(v.gate_type, rows_align(v, v.gate_off, grb), v.up_type, rows_align(v, v.up_off, urb),
-                     [&](auto g, auto ag, auto u, auto au) {
+  const q8d::Align ga = rows_align(v, v.gate_off, grb), ua = rows_align(v, v.up_off, urb);
+  const bool ran = q8d::dispatch_pair(v.gate_type, ga, v.up_type, ua, [&](auto g, auto ag, auto u, auto au) {
     using G = decltype(g);
     using U = decltype(u);
     constexpr int AG = decltype(ag)::value, AU = decltype(au)::value;
@@ -349,6 +349,8 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
     if (fr != nullptr) run(std::true_type{});
     else run(std::false_type{});
   });
+  STRATA_REQUIRE(ran, "q8 moe_gate_up: no kernel for gate {} / up {} rows", type_name(v.gate_type),
+                 type_name(v.up_type));
 }
 
 }  // namespace
@@ -454,7 +456,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     const dim3 grid(unsigned((v.n_embd + W - 1) / W), grid_y(n));
     const int64_t stage_bytes = stride * k * W;
     const int cap = spreading_cap(int64_t(grid.x) * grid.y, moe_down_per_sm());
-    q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb), [&](auto f, auto a) {
+    const bool ran = q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb), [&](auto f, auto a) {
       using F = decltype(f);
       constexpr int A = decltype(a)::value;
       auto launch = [&](auto kern, int64_t bytes, int64_t st) {
@@ -479,6 +481,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
         if (pre) return launch(down_kernel<F, A, true, W>, 0, 0);
       launch(down_kernel<F, A, false, W>, 0, 0);
     });
+    STRATA_REQUIRE(ran, "q8 moe_down: no kernel for {} rows", type_name(v.down_type));
   };
   if (warps == 8) go(std::integral_constant<int, 8>{});
   else go(std::integral_constant<int, kDownWarps>{});

@@ -386,7 +386,7 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
   const q8d::Align al = q8mv::checked_alignment(type, w, row_bytes, xq, "q8 norm_matvec");
   if (rows == 0) return rmsnorm_quantize(x, nw, n, cols, eps, xn, xq, xds, stream);  // (no blocks to do it)
   const auto* wb = static_cast<const uint8_t*>(w);
-  q8d::dispatch_core(type, al, [&](auto f, auto a) {
+  const bool ran = q8d::dispatch_core(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     switch (cols) {  // the row's values per thread: registers
@@ -396,6 +396,7 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
       default: return launch_per<F, A, 16>(wb, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate, stream);
     }
   });
+  STRATA_REQUIRE(ran, "q8 norm_matvec: no kernel for {} rows at {}-byte alignment", type_name(type), al.bytes);
 }
 
 }  // namespace strata::cuda::q8

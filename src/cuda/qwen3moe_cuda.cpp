@@ -649,7 +649,8 @@ DevWeight CudaQwen3Moe::fold_router(const Layer& l, DeviceBuffer& wo_f32, const 
   const int64_t E = hp.n_embd, A = l.wo.cols;
   DevWeight fold;
   if (opt_.exact || !q8::enabled() || !q8::folded_router_enabled() || l.router.type != GgmlType::F32 ||
-      l.wo.rows != E || !q8::use_type(l.wo.type) || !q8::wo_router_supported(l.wo.type, E, A, hp.n_expert) || !quant::has_kernel(l.wo.type))
+      l.wo.rows != E || !q8::use_type(l.wo.type) || !q8::wo_router_supported(l.wo.type, E, A, hp.n_expert) ||
+      !quant::has_kernel(l.wo.type))
     return fold;
   if (wo_f32.bytes() == 0) wo_f32 = dev_->alloc(size_t(E * A) * 4, "fold_router.wo_f32");
   fold.type = GgmlType::F32;
