@@ -104,9 +104,12 @@ struct DIQ4XS {
     uint32_t q[8], head[2];
     ldw<A, 8>(blk + 8 + 32 * tt, q);
     ldw<A, 2>(blk, head);
-    int lo[8], hi[8];
+    int v0[8], v1[8];  // per 32-value block: its 16 low-nibble values, then its 16 high-nibble ones
 STRATA_FD_UNROLL
-    for (int i = 0; i < 8; ++i) lo[i] = iq4nl4(q[i] & kLo4), hi[i] = iq4nl4((q[i] >> 4) & kLo4);
+    for (int i = 0; i < 4; ++i) {
+      v0[i] = iq4nl4(q[i] & kLo4), v0[4 + i] = iq4nl4((q[i] >> 4) & kLo4);
+      v1[i] = iq4nl4(q[4 + i] & kLo4), v1[4 + i] = iq4nl4((q[4 + i] >> 4) & kLo4);
+    }
     const uint32_t sh = head[0] >> 16, sl = (head[1] >> (8 * tt)) & 0xFF;
     const int ls0 = int((sl & 0xF) | (((sh >> (4 * tt)) & 3) << 4)) - 32;
     const int ls1 = int((sl >> 4) | (((sh >> (4 * tt + 2)) & 3) << 4)) - 32;
@@ -117,12 +120,7 @@ STRATA_FD_UNROLL
       int x0[8], x1[8];
       ldx32(xq + t * xs + 64 * tt, x0);
       ldx32(xq + t * xs + 64 * tt + 32, x1);
-      int a = 0, b = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        a = dp4a(lo[i], x0[i], dp4a(hi[i], x0[4 + i], a));
-        b = dp4a(lo[4 + i], x1[i], dp4a(hi[4 + i], x1[4 + i], b));
-      }
+      const int a = dot32(v0, x0), b = dot32(v1, x1);
       acc[t] += d * (xds[t * dss + 2 * tt].x * float(ls0 * a) + xds[t * dss + 2 * tt + 1].x * float(ls1 * b));
     }
   }
@@ -137,19 +135,16 @@ struct DIQ4NL {
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
     uint32_t q[4];
     ldw<A, 4>(blk + 2, q);
-    int lo[4], hi[4];
+    int v[8];  // the 16 low-nibble values, then the 16 high-nibble ones (the activations' order)
 STRATA_FD_UNROLL
-    for (int i = 0; i < 4; ++i) lo[i] = iq4nl4(q[i] & kLo4), hi[i] = iq4nl4((q[i] >> 4) & kLo4);
+    for (int i = 0; i < 4; ++i) v[i] = iq4nl4(q[i] & kLo4), v[4 + i] = iq4nl4((q[i] >> 4) & kLo4);
     const float d = dq::h2f(dq::ld16<2>(blk));
 STRATA_FD_UNROLL
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
       int x[8];
       ldx32(xq + t * xs, x);
-      int s = 0;
-STRATA_FD_UNROLL
-      for (int i = 0; i < 4; ++i) s = dp4a(lo[i], x[i], dp4a(hi[i], x[4 + i], s));
-      acc[t] += d * (xds[t * dss].x * float(s));
+      acc[t] += d * (xds[t * dss].x * float(dot32(v, x)));
     }
   }
 };
