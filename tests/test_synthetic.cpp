@@ -48,8 +48,9 @@ TEST(Synthetic, LoadsRunsAndIsDeterministic) {
     EXPECT_EQ(m->hparams().n_layer, 3);
     EXPECT_EQ(m->n_vocab(), 300);
     EXPECT_EQ(m->file().tensor("blk.0.ffn_gate_inp.weight").type, GgmlType::F32);
-    if (std::string(fmt) == "Q8_0")
+    if (std::string(fmt) == "Q8_0") {
       EXPECT_EQ(m->file().tensor("blk.2.ffn_down_exps.weight").type, GgmlType::Q8_0);
+    }
     EngineOptions o;
     o.n_ctx = 32;
     o.n_threads = 2;
