@@ -17,7 +17,7 @@ set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 export STRATA_FIXTURES_DIR=$PWD/.carry/fxq
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git diff --stat; } > $OUT/env.txt 2>&1
-timeout 300 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests cuda_matvec > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
+timeout 450 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests cuda_matvec > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
 mk() {  # FORMAT -> /tmp/low-FORMAT.gguf (48 layers, the layer quantized once and repeated)

@@ -12,7 +12,7 @@ export STRATA_FIXTURES_DIR=$PWD/.carry/fx
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git diff --stat; } > $OUT/env.txt 2>&1
 (bench/llama/build-llama-decode .carry/llama /tmp/ld > $OUT/llama_build.txt 2>&1) &
 lb=$!
-timeout 300 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
+timeout 450 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
 (/tmp/b/strata mkmodel -o /tmp/syn-30b-l48-q4_0.gguf --preset qwen3-30b-a3b --layers 48 --repeat-layers --format Q4_0 --vocab-from .carry/fx/vocab/ggml-vocab-qwen2.gguf -t 4 > $OUT/mkmodel.txt 2>&1) &

@@ -47,7 +47,10 @@ GgmlType checked_type(GgmlType t, int layer, const char* what) {
 // (quant/q4_0_x8.h), 0 as the file's Q4_0. The same values, bytes and sums (the kernels do Q4_0's
 // arithmetic in Q4_0's order); why: the decode kernels read Q4_0_X8's codes with aligned 16-byte loads in
 // place, where Q4_0's 18-byte blocks make them stage each row in shared memory first.
-DigitSetting g_q4_0_x8("STRATA_CUDA_Q4_0_X8", "Q4_0 experts as q4_0x8", 0, 1, 0);
+// On by default since session 34 (H200, 48-layer 30B-A3B geometry at Q4_0, tg64 alternating: 552.2 / 542.0
+// against 530.2 / 526.6 tok/s, 2 of 2 pairs; the GPU tests give the same logits bit for bit;
+// bench/results/2026-12-05-gpu-session34-h200.md). pp512 and 25% resident were not measured with it.
+DigitSetting g_q4_0_x8("STRATA_CUDA_Q4_0_X8", "Q4_0 experts as q4_0x8", 0, 1, 1);
 
 // The type a file type is kept in inside a slot, for a matrix of `cols` columns.
 GgmlType slot_type(GgmlType t, bool exact, int64_t cols) {

@@ -47,7 +47,7 @@ struct LayerExperts {
 
 // Whether caches built from now on keep Q4_0 experts (rows of whole 256-value groups) as Q4_0_X8
 // (quant/q4_0_x8.h; the same values and sums, aligned loads for the decode kernels). Default: the
-// environment's STRATA_CUDA_Q4_0_X8 (0 or 1), else off. set (tests, benchmarks) wins.
+// environment's STRATA_CUDA_Q4_0_X8 (0 or 1), else on. set (tests, benchmarks) wins.
 void set_q4_0_experts_x8(bool on);
 bool q4_0_experts_x8();
 

@@ -316,6 +316,16 @@ TEST_F(CudaFoldedRouter, Qwen3MoeShapes) { run(128, 8, 5); }
 // static part.
 TEST_F(CudaFoldedRouter, Qwen3MoeShapesStagedRows) { run(128, 8, 9, GgmlType::Q8_0); }
 TEST_F(CudaFoldedRouter, ExpertsNotAMultipleOf32) { run(60, 4, 6); }
+// The low-bit formats' kernels as wo and as the routed gate_up's experts (session 34: with them on, the fixture
+// KL of the IQ4_XS and IQ3_S files rose 15-30x while every plain moe_gate_up / matvec test passed; the routed
+// path had been tested at Q4_K and Q8_0 only).
+TEST_F(CudaFoldedRouter, LowBitFormats) {
+  uint32_t seed = 20;
+  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS, GgmlType::IQ4_NL, GgmlType::IQ2_XXS,
+                     GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,
+                     GgmlType::IQ1_M})
+    run(128, 8, seed++, t);
+}
 
 TEST_F(CudaFoldedRouter, UnsupportedShapesAreErrors) {
   EXPECT_FALSE(q8::wo_router_supported(GgmlType::Q4_K, 2048, 4096, 513));

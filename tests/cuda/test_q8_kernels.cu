@@ -811,10 +811,10 @@ TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   v.up_type = GgmlType::Q2_K;
   v.gate_off = 2;  // Q2_K rows must be 4-byte aligned
   EXPECT_FALSE(q8::moe_supported(v));
-  v.gate_off = 0;
   EXPECT_THROW(q8::moe_gate_up(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
                                1, 1, d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), stream()),
                Error);
+  v.gate_off = 0;
   v.gate_type = v.up_type = GgmlType::Q4_K;
   v.gate_off = 1;  // odd rows
   EXPECT_FALSE(q8::moe_supported(v));
