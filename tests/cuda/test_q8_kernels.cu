@@ -304,6 +304,8 @@ TEST_F(CudaQ8Matvec, LowBitFormats) {
     check(make_case(t, 4097, 2048, 16), {1, 2}, off);
   }
   check(make_case(GgmlType::Q3_K, 151936, 2048, 17), {1});
+  // The fixtures' tiny models: 256 columns (one 256-value block a row).
+  for (GgmlType t : kLowBit) check(make_case(t, 256, 256, 18), {1, 3});
 }
 
 TEST_F(CudaQ8Matvec, BadArgumentsAreErrors) {
@@ -525,7 +527,7 @@ struct Q8MoeCase {
 
 class CudaQ8Moe : public test::GpuKernelTest {
  protected:
-  static constexpr int64_t n_embd = 2048, n_ff = 768;
+  int64_t n_embd = 2048, n_ff = 768;  // the 30B-A3B geometry; the fixtures' tiny models: 256, 256
   static constexpr int n_expert = 128, n_slots = 12, k = 8;
 
   void run(const Q8MoeCase& mc) {
@@ -789,6 +791,17 @@ TEST_F(CudaQ8Moe, LowBitIQ3S) { run({GgmlType::IQ3_S, GgmlType::IQ3_S, GgmlType:
 TEST_F(CudaQ8Moe, LowBitIQ1S) { run({GgmlType::IQ1_S, GgmlType::IQ1_S, GgmlType::IQ2_XXS, 0}); }
 TEST_F(CudaQ8Moe, LowBitIQ1M) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 0}); }
 TEST_F(CudaQ8Moe, LowBitIQ1MEightByteAligned) { run({GgmlType::IQ1_M, GgmlType::IQ1_M, GgmlType::IQ1_M, 8}); }
+
+// The fixtures' tiny geometry (n_embd 256, n_ff 256: rows of one 256-value block), where session 34's
+// fixture KL with the low-bit kernels rose for IQ4_XS, IQ3_S and Q2_K (the layers above are 2048 x 768).
+TEST_F(CudaQ8Moe, LowBitTinyGeometry) {
+  n_embd = 256, n_ff = 256;
+  run({GgmlType::Q2_K, GgmlType::Q2_K, GgmlType::Q3_K, 0});
+  run({GgmlType::IQ4_XS, GgmlType::IQ4_XS, GgmlType::IQ4_XS, 0});
+  run({GgmlType::IQ3_S, GgmlType::IQ3_S, GgmlType::IQ3_S, 0});
+  run({GgmlType::IQ2_XS, GgmlType::IQ2_XS, GgmlType::IQ2_XS, 0});
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 0});
+}
 
 TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   auto d_slots = output(1 << 20, 0);
