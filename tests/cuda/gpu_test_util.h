@@ -22,6 +22,12 @@
 
 namespace strata::test {
 
+// The low-bit formats with int8-activation kernels (cuda::q8ref::low_bit; session 33), for the GPU tests that
+// run each of them.
+inline constexpr GgmlType kLowBitTypes[] = {GgmlType::Q2_K,    GgmlType::Q3_K,   GgmlType::IQ4_XS, GgmlType::IQ4_NL,
+                                            GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
+                                            GgmlType::IQ3_S,   GgmlType::IQ1_S,  GgmlType::IQ1_M};
+
 class GpuKernelTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -321,10 +321,7 @@ TEST_F(CudaFoldedRouter, ExpertsNotAMultipleOf32) { run(60, 4, 6); }
 // path had been tested at Q4_K and Q8_0 only).
 TEST_F(CudaFoldedRouter, LowBitFormats) {
   uint32_t seed = 20;
-  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS, GgmlType::IQ4_NL, GgmlType::IQ2_XXS,
-                     GgmlType::IQ2_XS, GgmlType::IQ2_S, GgmlType::IQ3_XXS, GgmlType::IQ3_S, GgmlType::IQ1_S,
-                     GgmlType::IQ1_M})
-    run(128, 8, seed++, t);
+  for (GgmlType t : test::kLowBitTypes) run(128, 8, seed++, t);
 }
 
 TEST_F(CudaFoldedRouter, UnsupportedShapesAreErrors) {

@@ -43,9 +43,7 @@ static_assert(sizeof(Q8Ds) == sizeof(float2) && alignof(Q8Ds) <= alignof(float2)
 
 const GgmlType kTypes[] = {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 // The low-bit formats (session 33; q8ref::low_bit), tested by their own cases below.
-const GgmlType kLowBit[] = {GgmlType::Q2_K,   GgmlType::Q3_K,  GgmlType::IQ4_XS,  GgmlType::IQ4_NL,
-                            GgmlType::IQ2_XXS, GgmlType::IQ2_XS, GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
-                            GgmlType::IQ3_S,  GgmlType::IQ1_S, GgmlType::IQ1_M};
+constexpr const auto& kLowBit = test::kLowBitTypes;
 
 // Decode-like activations: N(0, 1) with outliers every 97 values and one all-zero block per row.
 std::vector<float> make_acts(int64_t n, int64_t cols, std::mt19937& rng) {
@@ -827,7 +825,6 @@ TEST_F(CudaQ8Moe, UnsupportedViewsAreErrors) {
   EXPECT_THROW(q8::moe_gate_up(v, d_buf.ptr<int32_t>(), d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), d_buf.ptr<int32_t>(),
                                1, 1, d_buf.ptr<int8_t>(), d_buf.ptr<float2>(), stream()),
                Error);
-  v.gate_off = 0;
   v.gate_type = v.up_type = GgmlType::Q4_K;
   v.gate_off = 1;  // odd rows
   EXPECT_FALSE(q8::moe_supported(v));
