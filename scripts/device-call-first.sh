@@ -19,21 +19,15 @@ mk() {  # FORMAT -> /tmp/m-FORMAT.gguf (48 layers, the layer quantized once and 
   /tmp/b/strata mkmodel -o "/tmp/m-$1.gguf" --preset qwen3-30b-a3b --layers 48 --repeat-layers --format "$1" \
     --vocab-from .carry/fxq/vocab/ggml-vocab-qwen2.gguf -t 4 > "$OUT/mkmodel-$1.txt" 2>&1
 }
-(mk Q4_0; touch /tmp/m-Q4_0.done; mk Q2_K) &
+(mk Q2_K) &
 mkp=$!
 STRATA_STREAM_CHECK=1 timeout 150 /tmp/b/tests/strata_cuda_tests \
   --gtest_filter='CudaFoldedRouter.*:*Q40X8*:*Q4_0X8*:ExpertCacheGpu.*:Q8Host.*:CudaQ8.SupportedTypes:CudaQ8Matvec.LowBit*:CudaQ8Moe.*:CudaQ8Matvec.BadArgumentsAreErrors:Qwen3MoeGpuAll.FastOneTokenPassesLowBit*' \
   > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
 st "tests"; grep -E "^\[  FAILED|PASSED|rc=|low-bit" $OUT/tests.txt | head -40
-for i in $(seq 1 90); do [ -f /tmp/m-Q4_0.done ] && break; sleep 2; done
-st "Q4_0 file: $(tail -n1 $OUT/mkmodel-Q4_0.txt)"
-ROUNDS=3 ARM_TIMEOUT=50 timeout $(( $(left) - 200 > 60 ? 150 : 60 )) scripts/bench-arms /tmp/b/strata "-m /tmp/m-Q4_0.gguf --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline" \
-  x8off=STRATA_CUDA_Q4_0_X8=0 x8on=STRATA_CUDA_Q4_0_X8=1 > $OUT/arms_q40.txt 2>&1
-st "Q4_0 arms"; tail -5 $OUT/arms_q40.txt
-rm -f /tmp/m-Q4_0.gguf
 wait $mkp; st "Q2_K file: $(tail -n1 $OUT/mkmodel-Q2_K.txt)"
 if [ "$(left)" -ge 100 ] && [ -f /tmp/m-Q2_K.gguf ]; then
-  ROUNDS=2 ARM_TIMEOUT=45 timeout $(( $(left) - 40 )) scripts/bench-arms /tmp/b/strata "-m /tmp/m-Q2_K.gguf --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline" \
+  ROUNDS=3 ARM_TIMEOUT=45 timeout $(( $(left) - 40 )) scripts/bench-arms /tmp/b/strata "-m /tmp/m-Q2_K.gguf --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline" \
     lowoff=STRATA_CUDA_Q8_LOW_BIT=0 lowon=STRATA_CUDA_Q8_LOW_BIT=1 > $OUT/arms_q2k.txt 2>&1
   st "Q2_K arms"; tail -4 $OUT/arms_q2k.txt
 fi
