@@ -24,7 +24,7 @@ mkp=$!
 STRATA_STREAM_CHECK=1 timeout 150 /tmp/b/tests/strata_cuda_tests \
   --gtest_filter='CudaFoldedRouter.*:*Q40X8*:*Q4_0X8*:ExpertCacheGpu.*:Q8Host.*:CudaQ8.SupportedTypes:CudaQ8Matvec.LowBit*:CudaQ8Moe.*:CudaQ8Matvec.BadArgumentsAreErrors:Qwen3MoeGpuAll.FastOneTokenPassesLowBit*' \
   > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
-st "tests"; grep -E "^\[  FAILED|PASSED|rc=|low-bit" $OUT/tests.txt | head -40
+st "tests"; grep -E "^\[  FAILED|PASSED|rc=|low-bit|  default|  llama" $OUT/tests.txt | head -60
 wait $mkp; st "Q2_K file: $(tail -n1 $OUT/mkmodel-Q2_K.txt)"
 if [ "$(left)" -ge 100 ] && [ -f /tmp/m-Q2_K.gguf ]; then
   ROUNDS=3 ARM_TIMEOUT=45 timeout $(( $(left) - 40 )) scripts/bench-arms /tmp/b/strata "-m /tmp/m-Q2_K.gguf --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline" \
