@@ -1,8 +1,10 @@
 #pragma once
 // Reader of the fixtures' SLG1 logits files (../shared/fixtures/README.md) and the distribution
 // metrics the model tests use.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
@@ -57,6 +59,49 @@ inline double kl_div(const float* ref, const float* got, size_t n) {
     kl += std::exp(pr) * (pr - (got[i] - lg));
   }
   return std::max(kl, 0.0);
+}
+
+// How a mean KL over positions is made. A moved top-k in one layer (a routing flip) gives that position
+// ~0.1-0.5 on the tiny fixtures; a broken kernel or path moves every position, so the median shows it where
+// the mean is decided by a few flips. `big`: positions over kFlipKl, `big_share` their part of the sum.
+constexpr double kFlipKl = 0.05;
+struct KlShape {
+  double mean = 0, median = 0, max = 0, big_share = 0;
+  int big = 0;
+  size_t n = 0;
+  std::string str() const {
+    char b[160];
+    std::snprintf(b, sizeof b, "mean %.2e, median %.2e, %d of %zu positions > %.2f (%.0f%% of the sum), max %.2e",
+                  mean, median, big, n, kFlipKl, 100 * big_share, max);
+    return b;
+  }
+};
+
+inline KlShape kl_shape(std::vector<double> kl) {
+  KlShape k;
+  k.n = kl.size();
+  if (kl.empty()) return k;
+  std::sort(kl.begin(), kl.end());
+  double sum = 0, big_sum = 0;
+  for (double v : kl) {
+    sum += v;
+    if (v > kFlipKl) ++k.big, big_sum += v;
+  }
+  k.mean = sum / double(kl.size());
+  k.median = kl.size() % 2 ? kl[kl.size() / 2] : 0.5 * (kl[kl.size() / 2 - 1] + kl[kl.size() / 2]);
+  k.max = kl.back();
+  k.big_share = sum > 0 ? big_sum / sum : 0;
+  return k;
+}
+
+// KL of got's prompt logits against ref's, per position ([n_prompt]; both files of one prompt).
+inline std::vector<double> position_kl(const Slg& ref, const Slg& got) {
+  if (ref.n_vocab != got.n_vocab || ref.prompt != got.prompt)
+    throw std::runtime_error("position_kl: the two logits files are not of one prompt and vocabulary");
+  std::vector<double> kl;
+  for (uint32_t p = 0; p < ref.n_prompt; ++p)
+    kl.push_back(kl_div(&ref.logits[size_t(p) * ref.n_vocab], &got.logits[size_t(p) * ref.n_vocab], ref.n_vocab));
+  return kl;
 }
 
 inline int32_t argmax(const float* x, size_t n) {

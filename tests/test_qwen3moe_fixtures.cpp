@@ -85,6 +85,19 @@ TEST_P(Qwen3MoeFixture, ExactChunkedPrefillMatches) {
   EXPECT_EQ(a.gen, ref.gen);
 }
 
+// The GPU decode tests' criteria (tests/cuda/test_qwen3moe_gpu.cpp DecodeKlCriteria) take llama.cpp's
+// per-position KL from the fixture's logits files: its mean is the README's table (4 digits there), and the
+// file's shape (median, flips) is what they compare against.
+TEST_P(Qwen3MoeFixture, LlamaCppPerPositionKlIsTheReadmes) {
+  const std::string base = kModels + "tiny-qwen3moe-A-" + GetParam();
+  const KlShape k = kl_shape(position_kl(read_slg(base + ".f32ref.slg"), read_slg(base + ".logits.slg")));
+  std::printf("[ llama.cpp %-6s ] %s\n", GetParam().c_str(), k.str().c_str());
+  EXPECT_NEAR(k.mean, kLlamaKl.at(GetParam()), 0.006 * kLlamaKl.at(GetParam()));
+  EXPECT_EQ(k.n, 48u);
+  EXPECT_GT(k.median, 0);
+  EXPECT_LE(k.median, k.mean);
+}
+
 TEST_P(Qwen3MoeFixture, FastWithinLlamaCppKl) {
   const Slg ref = read_slg(kModels + "tiny-qwen3moe-A-" + GetParam() + ".f32ref.slg");
   const Result r = evaluate(GetParam(), MatmulMode::Fast, 512);

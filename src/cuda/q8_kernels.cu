@@ -136,7 +136,7 @@ void launch_matvec(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t co
 bool supported(GgmlType t) { return q8ref::supported(t); }
 
 namespace {
-DigitSetting g_low_bit("STRATA_CUDA_Q8_LOW_BIT", "the low-bit formats' int8 kernels", 0, 1, 0);
+DigitSetting g_low_bit("STRATA_CUDA_Q8_LOW_BIT", "the low-bit formats' int8 kernels", 0, 1, 1);
 }  // namespace
 
 void set_low_bit(bool on) { g_low_bit.set(on ? 1 : 0); }

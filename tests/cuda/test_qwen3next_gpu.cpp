@@ -48,6 +48,7 @@ const std::map<std::string, double> kLlamaKl = {{"Q4_K_M", 7.44e-02}, {"IQ2_XS",
 struct Result {
   std::vector<float> logits;  // [n_prompt][n_vocab]
   double mean_kl = 0, max_kl = 0;
+  std::vector<double> kl;  // [n_prompt] each position's KL
   int top1 = 0;
   std::vector<int32_t> gen;
   ExpertCacheReport prefill, decode;  // expert-cache statistics of each phase
@@ -75,6 +76,7 @@ Result evaluate(std::shared_ptr<const Model> model, const Slg& ref, MatmulMode m
     const double kl = kl_div(&ref.logits[p * V], &r.logits[p * V], V);
     r.mean_kl += kl / ref.n_prompt;
     r.max_kl = std::max(r.max_kl, kl);
+    r.kl.push_back(kl);
     r.top1 += argmax(&ref.logits[p * V], V) == argmax(&r.logits[p * V], V);
   }
   model->reset_cache_stats();
@@ -165,6 +167,7 @@ TEST_P(Qwen3NextGpu, FastDecodeSizedPassesWithinLlamaCppKl) {
                   GetParam().c_str(), cache, nb, r.mean_kl, bound, r.max_kl, r.top1, ref.n_prompt,
                   (long long)r.prefill.graph_forwards, (long long)r.prefill.forwards,
                   r.prefill.forwards ? double(r.prefill.op_calls) / double(r.prefill.forwards) : 0.0);
+      std::printf("  %s\n", kl_shape(r.kl).str().c_str());
       SCOPED_TRACE(std::string("expert cache ") + cache + ", batch " + std::to_string(nb));
       EXPECT_LE(r.mean_kl, bound);
       EXPECT_EQ(r.prefill.forwards, (int64_t(ref.n_prompt) + nb - 1) / nb);

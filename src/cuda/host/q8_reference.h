@@ -34,7 +34,7 @@ struct ExpertView {
 bool supported(GgmlType t);
 
 // True for exactly the low-bit formats Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
-// IQ1_S, IQ1_M (the models take their kernels only when q8::low_bit_enabled(); as gate or up experts, each
+// IQ1_S, IQ1_M (the models take their kernels when q8::low_bit_enabled(), the default; as gate or up experts, each
 // pairs only with itself: moe_supported).
 bool low_bit(GgmlType t);
 

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One device call: the build and every GPU test with the stream-order checker (STRATA_STREAM_CHECK=1), then,
+# while the call has time, the Q2_K and IQ4_XS 48-layer files for a following call on the same warm machine
+# (scripts/device-call-x8-llama.sh finds them in /tmp). Session 35: the first full run with the low-bit int8
+# kernels on by default.
+# The device tool: run "bash scripts/device-call-suite.sh", carry [".carry/deps", ".carry/fix"] (the whole
+# fixtures folder: the qwen3next and template tests need more than .carry/fxq). About 450 s on a fresh
+# machine (build ~190 s, the suite ~200 s).
+set -uo pipefail
+t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+export STRATA_FIXTURES_DIR=$PWD/.carry/fix
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git status --short | head; } > $OUT/env.txt 2>&1
+timeout 450 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
+st built
+. /tmp/b/env.sh
+STRATA_STREAM_CHECK=1 timeout 330 /tmp/b/tests/strata_cuda_tests > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
+st "tests"; grep -E "^\[  FAILED|PASSED|rc=|tests from .* ran" $OUT/tests.txt | head -30
+grep -E "^\[ gpu fast (chunked|one-token)[^]]*, all \]|qwen3next fast decode-sized|^  mean" $OUT/tests.txt | head -40
