@@ -1,5 +1,5 @@
 // The CPU pool's decode work: moe_experts on one Qwen3-30B-A3B-geometry MoE layer (n_embd 2048, expert
-// ff 768, 128 experts, top-8, Q4_K, fast mode) for n = 1, 2, 4 tokens, with all 8 routed experts of a
+// ff 768, 128 experts, top-8, Q4_K or STRATA_BENCH_TYPE, fast mode) for n = 1, 2, 4 tokens, with all 8 routed experts of a
 // token run here or only 6 of 8 (two ids set to -1, as the GPU backend does for resident experts).
 // Reports GB/s of expert weights touched (3 matrices per distinct expert) and the ratio x_memcpy to a
 // memcpy of the very same matrices (same experts, same pool, same thread count) measured in this run.
@@ -31,6 +31,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -52,7 +54,17 @@ namespace {
 
 constexpr int64_t kEmbd = 2048, kFf = 768;
 constexpr int kExperts = 128, kTopK = 8;
-constexpr GgmlType kType = GgmlType::Q4_K;
+// STRATA_BENCH_TYPE=Q4_0 (any type with a CPU kernel) for another format; Q4_K by default.
+const GgmlType kType = [] {
+  const char* e = std::getenv("STRATA_BENCH_TYPE");
+  if (e == nullptr) return GgmlType::Q4_K;
+  const auto t = type_from_name(e);
+  if (!t) {
+    std::fprintf(stderr, "STRATA_BENCH_TYPE=%s: not a ggml type name\n", e);
+    std::exit(2);
+  }
+  return *t;
+}();
 constexpr int kIdSets = 512;  // random routings cycled through
 
 // Anonymous memory, 2 MiB aligned, on 4 KiB pages (huge = false: MADV_NOHUGEPAGE) or asking for
