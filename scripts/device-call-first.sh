@@ -4,7 +4,7 @@
 # kernels' GPU tests (host runs, kernels against the CPU references, the fixtures' KL with the switch on/off);
 # tg64 at Q4_0 with STRATA_CUDA_Q4_0_X8=0/1 alternating; then, while time is left, tg64 on a Q2_K file with
 # STRATA_CUDA_Q8_LOW_BIT=0/1 alternating; cuda_matvec's low-bit rows last. llama.cpp and the other low-bit
-# files stay in scripts/device-call-x8-llama.sh and scripts/device-call-low-bit.sh.
+# files stay in scripts/device-call-llama-low-bit.sh and scripts/device-call-low-bit.sh.
 # Prepared HERE: .carry/deps (scripts/device-deps) and .carry/fxq (see scripts/device-call-low-bit.sh).
 # The device tool: run "bash scripts/device-call-first.sh", carry [".carry/deps", ".carry/fxq"]. <= ~590 s.
 set -uo pipefail

@@ -4,7 +4,7 @@
 # GPU kernels against the CPU references, the fixtures' KL with them on and off); bench/cuda/cuda_matvec (each
 # format's int8 kernel against its f32 path, same process, per shape); tg64 with the switch off/on
 # alternating on 48-layer 30B-A3B-geometry Q2_K, Q3_K_M and IQ4_XS files. llama.cpp does not fit in this call's
-# carry (64 MiB): scripts/device-call-x8-llama.sh runs it on the same three files beside strata's default (the
+# carry (64 MiB): scripts/device-call-llama-low-bit.sh runs it on the same three files beside strata's default (the
 # switch off), so its ratio times this call's on/off ratio is the estimate until one call runs all three.
 # Prepared HERE: scripts/device-deps (.carry/deps), and the fixtures the tests read (qwen3moe models, vocab,
 # formats; ~27 MiB):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the build and every GPU test with the stream-order checker (STRATA_STREAM_CHECK=1), then,
 # while the call has time, the Q2_K and IQ4_XS 48-layer files for a following call on the same warm machine
-# (scripts/device-call-x8-llama.sh finds them in /tmp). Session 35: the first full run with the low-bit int8
+# (the files are not made here: each bench script makes its own). Session 35: the first full run with the low-bit int8
 # kernels on by default.
 # The device tool: run "bash scripts/device-call-suite.sh", carry [".carry/deps", ".carry/fix"] (the whole
 # fixtures folder: the qwen3next and template tests need more than .carry/fxq). About 450 s on a fresh
