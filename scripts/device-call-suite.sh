@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# One device call: the build and every GPU test with the stream-order checker (STRATA_STREAM_CHECK=1), then,
-# while the call has time, the Q2_K and IQ4_XS 48-layer files for a following call on the same warm machine
-# (the files are not made here: each bench script makes its own). Session 35: the first full run with the low-bit int8
-# kernels on by default.
+# One device call: the build and every GPU test with the stream-order checker (STRATA_STREAM_CHECK=1), and the
+# decode-path KL tests' summary lines. Session 35 ran it for the first full run with the low-bit int8 kernels
+# on by default (299 of 299).
 # The device tool: run "bash scripts/device-call-suite.sh", carry [".carry/deps", ".carry/fix"] (the whole
 # fixtures folder: the qwen3next and template tests need more than .carry/fxq). About 450 s on a fresh
 # machine (build ~190 s, the suite ~200 s).
