@@ -13,9 +13,9 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "../slg.h"
 #include "decode_test_util.h"
