@@ -12,7 +12,9 @@
 #include "cuda/pdl_trace.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
+#include "common/env_switch.h"
 #include "quant/dequant.h"
+#include "quant/q4_0_x8.h"
 
 namespace strata::cuda {
 
@@ -61,15 +63,39 @@ void RepackLog::add(GgmlType from, GgmlType to, size_t fb, size_t gb) {
   if (types.find(t) == std::string::npos) types += (types.empty() ? "" : ", ") + t;
 }
 
+namespace {
+// STRATA_CUDA_Q4_0_X8_DENSE: 1 keeps Q4_0 dense matrices that only products read (q|k|v, wo, output; not
+// token_embd, which get_rows reads) regrouped as Q4_0_X8 (quant/q4_0_x8.h), 0 as the file's Q4_0. The same
+// values, bytes and sums, as for the experts (expert_cache.cpp STRATA_CUDA_Q4_0_X8); why: the int8 decode
+// products read Q4_0_X8's codes with aligned 16-byte loads in place, where Q4_0's 18-byte blocks make them
+// stage rows in shared memory or take 2-byte loads.
+DigitSetting g_dense_x8("STRATA_CUDA_Q4_0_X8_DENSE", "Q4_0 dense products as q4_0x8", 0, 1, 1);
+}  // namespace
+
+void set_q4_0_dense_x8(bool on) { g_dense_x8.set(on ? 1 : 0); }
+bool q4_0_dense_x8() { return g_dense_x8.get() == 1; }
+
 GgmlType device_type(GgmlType file_type, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(file_type); }
 
-HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log) {
+GgmlType product_type(GgmlType file_type, int64_t cols, bool exact) {
+  if (!exact && file_type == GgmlType::Q4_0 && cols % kQ4_0X8Values == 0 && q4_0_dense_x8()) return GgmlType::Q4_0_X8;
+  return device_type(file_type, exact);
+}
+
+HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log, Use use) {
   HostMatrix m;
   m.cols = w.ne[0];
   m.rows = w.ne[1] * w.ne[2] * w.ne[3];
   const int64_t n_values = m.rows * m.cols;
   const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
-  m.type = device_type(w.type, exact);
+  m.type = use == Use::products ? product_type(w.type, m.cols, exact) : device_type(w.type, exact);
+  if (m.type == GgmlType::Q4_0_X8) {  // the same bytes regrouped (product_type checked the columns); not a
+    m.owned.resize(file_bytes);        // repack that `log` reports (it loses no kernel and no byte)
+    repack_q4_0_x8(w.data, m.owned.data(), n_values);
+    m.data = m.owned.data();
+    m.bytes = m.owned.size();
+    return m;
+  }
   if (m.type == w.type) {
     m.data = w.data;
     m.bytes = file_bytes;
@@ -97,17 +123,17 @@ HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, Rep
 }
 
 DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
-                        RepackLog& log) {
-  return upload_stacked(dev, xfer, {&w}, name, exact, log);
+                        RepackLog& log, Use use) {
+  return upload_stacked(dev, xfer, {&w}, name, exact, log, use);
 }
 
 DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<const Weight*> ws,
-                         const std::string& name, bool exact, RepackLog& log) {
+                         const std::string& name, bool exact, RepackLog& log, Use use) {
   DevWeight d;
   std::vector<HostMatrix> parts;
   size_t bytes = 0;
   for (const Weight* w : ws) {
-    parts.push_back(host_matrix(*w, name, exact, log));
+    parts.push_back(host_matrix(*w, name, exact, log, use));
     const HostMatrix& m = parts.back();
     STRATA_REQUIRE(parts.size() == 1 || (m.type == d.type && m.cols == d.cols),
                    "cuda: {}: stacked matrices of different types or widths", name);

@@ -42,20 +42,33 @@ struct RepackLog {
   void add(GgmlType from, GgmlType to, size_t fb, size_t gb);
 };
 
+// Who reads a dense matrix on the GPU: any kernel (get_rows too: the file's type or its storage type), or
+// only the products (quant::matmul, q8::matvec / norm_matvec / wo_router, the prefill GEMM), which also
+// read Q4_0_X8: product_type below.
+enum class Use { any, products };
+
 // A matrix (or stack: rows = ne[1]*ne[2]*ne[3]) of the mapped file onto the GPU, on dev.compute()
 // (producer = consumer = compute). exact: dequantized to F32 on the CPU.
 DevWeight upload_matrix(Device& dev, Transfer& xfer, const Weight& w, const std::string& name, bool exact,
-                        RepackLog& log);
+                        RepackLog& log, Use use = Use::any);
 // The matrices one under the other ([sum of rows][cols]) in one buffer (e.g. q|k|v for one product).
-// Needs one device_type() and one column count for all (same row bytes); throws strata::Error otherwise.
+// Needs one type on the GPU and one column count for all (same row bytes); throws strata::Error otherwise.
 DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<const Weight*> ws,
-                         const std::string& name, bool exact, RepackLog& log);
+                         const std::string& name, bool exact, RepackLog& log, Use use = Use::any);
 // The type a weight of file_type has on the GPU: F32 in exact mode, else quant::storage_type (the file's
 // type where it has kernels, F16 otherwise).
 GgmlType device_type(GgmlType file_type, bool exact);
+// The type of a matrix of `cols` columns that only products read (Use::products): Q4_0_X8 for Q4_0 rows of
+// whole 256-value groups in fast mode while q4_0_dense_x8() (the same values and sums as Q4_0; 16-byte
+// loads in place for the int8 decode products), else device_type.
+GgmlType product_type(GgmlType file_type, int64_t cols, bool exact);
+// Whether models loaded from now on keep Q4_0 product matrices as Q4_0_X8 (product_type). Default: the
+// environment's STRATA_CUDA_Q4_0_X8_DENSE (0 or 1), else on. set (tests, benchmarks) wins.
+void set_q4_0_dense_x8(bool on);
+bool q4_0_dense_x8();
 // A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped
-// file's bytes, or a copy repacked on the CPU when device_type differs (dequantized bit-exactly as ggml,
-// stored as F32 or F16; logged in `log`). Throws strata::Error for a type that can be neither run nor
+// file's bytes, or a copy repacked on the CPU when the GPU's type differs (dequantized bit-exactly as ggml,
+// stored as F32 or F16; or Q4_0 regrouped as Q4_0_X8 for Use::products; logged in `log`). Throws strata::Error for a type that can be neither run nor
 // repacked.
 struct HostMatrix {
   GgmlType type = GgmlType::F32;
@@ -64,7 +77,7 @@ struct HostMatrix {
   size_t bytes = 0;
   std::vector<uint8_t> owned;
 };
-HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log);
+HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, RepackLog& log, Use use = Use::any);
 // An f32 vector ([ne[0]]: norm weights, biases) onto the GPU as is.
 DevWeight upload_f32(Device& dev, Transfer& xfer, const Weight& w, const std::string& name);
 // n f32 values from host memory (not the file: e.g. a converted conv kernel) as a [1][n] F32 weight.

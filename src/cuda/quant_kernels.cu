@@ -219,7 +219,9 @@ bool try_fast_matmul(GgmlType type, const uint8_t* w, int64_t rows, int64_t cols
   if (g_generic_only.load(std::memory_order_relaxed)) return false;
   // Q4_0 and Q8_0 stay on the generic kernel: on the H200 the fast path was slower for them at n = 1
   // (0.74-0.91x on three of the four Qwen3-30B-A3B shapes; bench/results/2026-11-29-gpu-kernels-h200.md).
-  if (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) return false;
+  // Q4_0_X8 (dense Q4_0 regrouped, model_common.h product_type) with them: the generic kernel sums its
+  // values in Q4_0's order, so the regrouping keeps every product's bits (the fast path's chunks do not).
+  if (type == GgmlType::Q4_0 || type == GgmlType::Q4_0_X8 || type == GgmlType::Q8_0) return false;
   fd::dispatch(type, [&](auto k) {
     using K = decltype(k);
     if (!fd::rows_aligned<K>(w, rb)) return;

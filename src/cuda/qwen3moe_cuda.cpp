@@ -359,13 +359,14 @@ class CudaQwen3Moe final : public CudaMoeModel {
   // finish_forward's end-of-pass wait), then counted against the routing (work_.predicted, predict_hits).
   Ticket download_predictions(const Pass& p) const;
   void count_predictions(const Pass& p, Ticket& t) const;
-  // A dense matrix's bytes as the GPU keeps it (DevWeight::type): the file's bytes, or a repack on the CPU.
-  GgmlType device_type(const Weight& w) const { return cuda::device_type(w.type, opt_.exact); }
-  DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log) {
-    return cuda::upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log);
+  // The type of a matrix that only products read as the GPU keeps it (DevWeight::type): the file's bytes,
+  // or a repack on the CPU (model_common.h product_type).
+  GgmlType product_type(const Weight& w) const { return cuda::product_type(w.type, w.ne[0], opt_.exact); }
+  DevWeight upload_matrix(const Weight& w, const std::string& name, RepackLog& log, Use use = Use::products) {
+    return cuda::upload_matrix(*dev_, *xfer_, w, name, opt_.exact, log, use);
   }
   DevWeight upload_stacked(std::initializer_list<const Weight*> ws, const std::string& name, RepackLog& log) {
-    return cuda::upload_stacked(*dev_, *xfer_, ws, name, opt_.exact, log);
+    return cuda::upload_stacked(*dev_, *xfer_, ws, name, opt_.exact, log, Use::products);
   }
   DevWeight upload_f32(const Weight& w, const std::string& name) {
     return cuda::upload_f32(*dev_, *xfer_, w, name);
@@ -486,7 +487,7 @@ void CudaQwen3Moe::load() {
   WeightLoader L(file_);
   RepackLog log;
   const size_t free0 = dev_->free_bytes();
-  tok_embd_ = upload_matrix(L.matrix("token_embd.weight", {E, V}), "token_embd", log);
+  tok_embd_ = upload_matrix(L.matrix("token_embd.weight", {E, V}), "token_embd", log, Use::any);  // (get_rows)
   output_norm_ = upload_f32(L.f32("output_norm.weight", {E}), "output_norm");
   const Weight out = L.optional_matrix("output.weight", {E, V});
   if (out) {
@@ -507,9 +508,9 @@ void CudaQwen3Moe::load() {
     // One product for q, k and v when their rows can share a matrix (same kept type; the widths are all
     // n_embd): one launch instead of three. The exact mode's F32 kernel computes each row on its own
     // warp, so its values are those of the three products.
-    if (device_type(wq) == device_type(wk) && device_type(wq) == device_type(wv)) {
+    if (product_type(wq) == product_type(wk) && product_type(wq) == product_type(wv)) {
       l.wqkv = upload_stacked({&wq, &wk, &wv}, p + "attn_qkv", log);
-    } else if (device_type(wk) == device_type(wv)) {
+    } else if (product_type(wk) == product_type(wv)) {
       l.wq = upload_matrix(wq, p + "attn_q", log);
       l.wkv = upload_stacked({&wk, &wv}, p + "attn_kv", log);
     } else {
@@ -521,7 +522,7 @@ void CudaQwen3Moe::load() {
     l.k_norm = upload_f32(L.f32(p + "attn_k_norm.weight", {D}), p + "attn_k_norm");
     l.wo = upload_matrix(L.matrix(p + "attn_output.weight", {H * Dv, E}), p + "attn_output", log);
     l.ffn_norm = upload_f32(L.f32(p + "ffn_norm.weight", {E}), p + "ffn_norm");
-    l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log);
+    l.router = upload_matrix(L.matrix(p + "ffn_gate_inp.weight", {E, X}), p + "ffn_gate_inp", log, Use::any);
     l.router_fold = fold_router(l, wo_f32, p + "ffn_gate_inp_fold");
     l.router_pred = predict_router(l, p + "ffn_gate_inp_pred");
     if (l.router_fold.rows > 0)
