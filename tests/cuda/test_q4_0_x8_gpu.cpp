@@ -1,5 +1,6 @@
-// Q4_0 experts kept as Q4_0_X8 (cuda/expert_cache.h set_q4_0_experts_x8, quant/q4_0_x8.h) give the same
-// logits, bit for bit, as Q4_0 slots: the kernels do Q4_0's arithmetic on the same values in the same order.
+// Q4_0 experts kept as Q4_0_X8 (cuda/expert_cache.h set_q4_0_experts_x8, quant/q4_0_x8.h) and Q4_0 dense
+// product matrices kept so (cuda/model_common.h set_q4_0_dense_x8: q|k|v, wo) give the same logits, bit for
+// bit, as Q4_0: the kernels do Q4_0's arithmetic on the same values in the same order.
 // A synthetic all-Q4_0 qwen3moe (256-wide, so every expert row is whole 256-value groups), fast mode: a
 // 40-token prefill (the grouped tensor-core experts, every logit kept) and 6 greedy decode steps (the int8
 // decode kernels and graphs at 100% resident; the f32 kernels beside the CPU pool, with direct reads, at
@@ -10,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/expert_cache.h"
+#include "cuda/model_common.h"
 #include "decode_test_util.h"
 #include "engine/engine.h"
 #include "model/synthetic.h"
@@ -65,7 +68,9 @@ TEST(Q4_0X8Gpu, SameLogitsAsQ4_0Slots) {
   spec.n_layer = 2;
   spec.n_embd = 256;
   spec.n_ff_exp = 256;
-  spec.n_expert = 8;
+  // 16 experts, not 8: llama.cpp's Q4_0 rules give 8-expert models Q8_0 attn_k / attn_v, and the test wants
+  // q|k|v as one Q4_0 product (norm_matvec).
+  spec.n_expert = 16;
   spec.n_expert_used = 2;
   spec.n_vocab = 512;
   spec.seed = 11;
@@ -76,16 +81,26 @@ TEST(Q4_0X8Gpu, SameLogitsAsQ4_0Slots) {
   std::mt19937 rng(3);
   std::vector<int32_t> prompt(40);
   for (auto& t : prompt) t = int32_t(rng() % spec.n_vocab);
-  const bool was = cuda::q4_0_experts_x8();
+  struct Restore {  // the switches as they were, however the test ends
+    const bool experts = cuda::q4_0_experts_x8(), dense = cuda::q4_0_dense_x8();
+    ~Restore() {
+      cuda::set_q4_0_experts_x8(experts);
+      cuda::set_q4_0_dense_x8(dense);
+    }
+  } restore;
   for (const char* cache : {"100%", "50%"}) {
     cuda::set_q4_0_experts_x8(false);
+    cuda::set_q4_0_dense_x8(false);
     const auto q40 = prefill_then_decode(path, cache, prompt, 6);
-    cuda::set_q4_0_experts_x8(true);
-    const auto x8 = prefill_then_decode(path, cache, prompt, 6);
-    const size_t diff = test::bit_differences(q40, x8);
-    std::printf("[ q4_0x8 ] %s resident: %zu of %zu logits differ from Q4_0 slots\n", cache, diff, q40.size());
-    EXPECT_EQ(diff, 0u) << cache << " resident";
+    for (auto [experts, dense] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+      cuda::set_q4_0_experts_x8(experts);
+      cuda::set_q4_0_dense_x8(dense);
+      const auto x8 = prefill_then_decode(path, cache, prompt, 6);
+      const size_t diff = test::bit_differences(q40, x8);
+      std::printf("[ q4_0x8 ] %s resident, experts %s, dense %s: %zu of %zu logits differ from Q4_0\n", cache,
+                  experts ? "q4_0x8" : "Q4_0", dense ? "q4_0x8" : "Q4_0", diff, q40.size());
+      EXPECT_EQ(diff, 0u) << cache << " resident, experts x8 " << experts << ", dense x8 " << dense;
+    }
   }
-  cuda::set_q4_0_experts_x8(was);
   std::remove(path.c_str());
 }

@@ -31,7 +31,9 @@
 #include "cuda/ops.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "gpu_test_util.h"
+#include "cuda/quant_kernels.cuh"
 #include "quant/dequant.h"
+#include "quant/q4_0_x8.h"
 
 namespace {
 
@@ -285,6 +287,71 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
     check(make_case(t, 13, 768, 7), {2, 9}, 2);    // two rows per warp, an odd last warp
     check(make_case(t, 40, 12288, 9), {1, 3});     // rows too long for shared memory: the direct loads
     check(make_case(t, 4097, 2048, 10), {1, 2}, 2);  // two rows per warp, the last warp's second row past the end
+  }
+}
+
+// Q4_0 dense matrices regrouped as Q4_0_X8 (model_common.h product_type, STRATA_CUDA_Q4_0_X8_DENSE) give the
+// bits of the file's Q4_0 in the products that read them: q8::matvec (n = 1, 3, 8; accumulate off and
+// on), q8::norm_matvec (one token; the q|k|v product) and the f32 decode kernels of CPU-pool passes
+// (quant::matmul; wo_router and the prefill GEMM: Q4_0X8Gpu's model test), at the 30B-A3B geometry's dense shapes (q|k|v 5120 x
+// 2048, wo 2048 x 4096, the output 151936 x 2048) and odd row counts.
+TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
+  struct Shape { int64_t rows, cols; std::initializer_list<int64_t> ns; };
+  const Shape shapes[] = {{5120, 2048, {1, 3, 8}}, {2048, 4096, {1, 3}}, {151936, 2048, {1}}, {37, 256, {1, 5}}};
+  std::mt19937 rng(77);
+  for (const Shape& sh : shapes) {
+    const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(GgmlType::Q4_0, cols));
+    const auto mc = make_case(GgmlType::Q4_0, rows, cols, uint32_t(rows + cols));
+    std::vector<uint8_t> x8(mc.w.size());
+    for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(mc.w.data() + r * rb, x8.data() + r * rb, cols);
+    auto d_w0 = upload(mc.w.data(), mc.w.size()), d_w8 = upload(x8.data(), x8.size());
+    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    auto differ = [&](const Buf& a, const Buf& b, int64_t count) {
+      const auto ya = download<float>(a, size_t(count)), yb = download<float>(b, size_t(count));
+      int64_t bad = 0;
+      for (int64_t i = 0; i < count; ++i) bad += !test::same_bits(ya[size_t(i)], yb[size_t(i)]);
+      return bad;
+    };
+    for (int64_t n : sh.ns) {
+      const auto x = make_acts(n, cols, rng);
+      const Q8Host xq = quantize_host(x, n, cols);
+      auto d_q = upload_vec(xq.q), d_ds = upload_vec(xq.ds), d_x = upload_vec(x);
+      std::vector<float> y0(size_t(n * rows));
+      for (auto& v : y0) v = float(int(rng() % 2001) - 1000) * 1e-3f;
+      for (bool acc : {false, true}) {
+        const std::string what = shape + " n " + std::to_string(n) + (acc ? " accumulate" : "");
+        auto y_0 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4), y_8 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4);
+        q8::matvec(GgmlType::Q4_0, d_w0.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n,
+                   y_0.ptr<float>(), acc, stream());
+        q8::matvec(GgmlType::Q4_0_X8, d_w8.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n,
+                   y_8.ptr<float>(), acc, stream());
+        cuda::note_launch(dev->compute(), {d_w0.span(), d_w8.span(), d_q.span(), d_ds.span()}, {y_0.span(), y_8.span()});
+        EXPECT_EQ(differ(y_0, y_8, n * rows), 0) << "q8 matvec " << what;
+        auto f_0 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4), f_8 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4);
+        cuda::quant::matmul(GgmlType::Q4_0, d_w0.ptr(), rows, cols, d_x.ptr<float>(), n, f_0.ptr<float>(), stream(),
+                            nullptr, acc);
+        cuda::quant::matmul(GgmlType::Q4_0_X8, d_w8.ptr(), rows, cols, d_x.ptr<float>(), n, f_8.ptr<float>(),
+                            stream(), nullptr, acc);
+        cuda::note_launch(dev->compute(), {d_w0.span(), d_w8.span(), d_x.span()}, {f_0.span(), f_8.span()});
+        EXPECT_EQ(differ(f_0, f_8, n * rows), 0) << "f32 matmul " << what;
+      }
+      if (n == 1 && q8::norm_matvec_supported(cols, 1)) {
+        const auto nw = test::random_acts(cols, rng);
+        auto d_nw = upload_vec(nw);
+        auto run = [&](GgmlType t, const Buf& w, Buf& xn, Buf& q, Buf& ds, Buf& y) {
+          q8::norm_matvec(t, w.ptr(), rows, cols, rb, d_x.ptr<float>(), d_nw.ptr<float>(), 1e-6f, 1, xn.ptr<float>(),
+                          q.ptr<int8_t>(), ds.ptr<float2>(), y.ptr<float>(), false, stream());
+          cuda::note_launch(dev->compute(), {w.span(), d_x.span(), d_nw.span()}, {xn.span(), q.span(), ds.span(), y.span()});
+        };
+        auto xn0 = output(size_t(cols) * 4), q0 = output(size_t(cols)), ds0 = output(size_t(cols / 32) * 8),
+             yn0 = output(size_t(rows) * 4);
+        auto xn8 = output(size_t(cols) * 4), q8b = output(size_t(cols)), ds8 = output(size_t(cols / 32) * 8),
+             yn8 = output(size_t(rows) * 4);
+        run(GgmlType::Q4_0, d_w0, xn0, q0, ds0, yn0);
+        run(GgmlType::Q4_0_X8, d_w8, xn8, q8b, ds8, yn8);
+        EXPECT_EQ(differ(yn0, yn8, rows), 0) << "norm_matvec " << shape;
+      }
+    }
   }
 }
 
