@@ -12,7 +12,10 @@ t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( 580 - ($(date +%s) - t0) )); }
 [ -f ab_old/src/quant/vec_dot_x86.inc ] || { echo "ab_old/src/quant/vec_dot_x86.inc missing: see the header"; exit 2; }
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; lscpu | grep -E "Model name|^CPU\(s\)"; } > $OUT/env.txt 2>&1
-timeout 450 scripts/device-ab-build ab_old /tmp/b .carry/deps > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -40 $OUT/build.log; exit 1; }
+# SKIP_BUILD=1: the warm machine's /tmp/b from scripts/device-call-dense-x8.sh (the same two binaries).
+if [ "${SKIP_BUILD:-0}" = 1 ] && [ -x /tmp/b/strata.old ]; then st "build kept"
+else timeout 450 scripts/device-ab-build ab_old /tmp/b .carry/deps > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -40 $OUT/build.log; exit 1; }
+fi
 st built; ls -la /tmp/b/strata /tmp/b/strata.old
 . /tmp/b/env.sh
 f=/tmp/m-Q4_0.gguf

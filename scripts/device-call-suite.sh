@@ -9,7 +9,11 @@ set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 export STRATA_FIXTURES_DIR=$PWD/.carry/fix
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git status --short | head; } > $OUT/env.txt 2>&1
-timeout 450 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
+# AB_OLD=DIR: build with scripts/device-ab-build (also /tmp/b/strata.old from DIR's base files, for an A/B
+# in a later call on the same warm machine).
+if [ -n "${AB_OLD:-}" ]; then build=(scripts/device-ab-build "$AB_OLD" /tmp/b .carry/deps strata_cuda_tests)
+else build=(scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests); fi
+timeout 450 "${build[@]}" > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
 STRATA_STREAM_CHECK=1 timeout 330 /tmp/b/tests/strata_cuda_tests > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
