@@ -70,10 +70,16 @@ namespace {
 // products read Q4_0_X8's codes with aligned 16-byte loads in place, where Q4_0's 18-byte blocks make them
 // stage rows in shared memory or take 2-byte loads.
 DigitSetting g_dense_x8("STRATA_CUDA_Q4_0_X8_DENSE", "Q4_0 dense products as q4_0x8", 0, 1, 1);
+// STRATA_CUDA_QK_STACK: 1 stacks q and k into one product where v's type differs from theirs (model_common.h
+// qk_stack), 0 keeps the three products. Off by default until it has run on a GPU (session 36 built it
+// without one): tests/cuda/test_qk_stack_gpu.cpp, then tg on a Q4_K_M file both ways.
+DigitSetting g_qk_stack("STRATA_CUDA_QK_STACK", "q|k stacked apart from v", 0, 1, 0);
 }  // namespace
 
 void set_q4_0_dense_x8(bool on) { g_dense_x8.set(on ? 1 : 0); }
 bool q4_0_dense_x8() { return g_dense_x8.get() == 1; }
+void set_qk_stack(bool on) { g_qk_stack.set(on ? 1 : 0); }
+bool qk_stack() { return g_qk_stack.get() == 1; }
 
 GgmlType device_type(GgmlType file_type, bool exact) { return exact ? GgmlType::F32 : quant::storage_type(file_type); }
 

@@ -66,6 +66,15 @@ GgmlType product_type(GgmlType file_type, int64_t cols, bool exact);
 // environment's STRATA_CUDA_Q4_0_X8_DENSE (0 or 1), else on. set (tests, benchmarks) wins.
 void set_q4_0_dense_x8(bool on);
 bool q4_0_dense_x8();
+// Whether models loaded from now on stack q and k into one product (one matrix of their type) where v has
+// another type (llama.cpp's Q4_K_M gives v Q6_K in about half the layers of a model with more than 8
+// experts, q and k Q4_K): in one-token decode two launches, q|k and v, each with the attention norm inside
+// (q8::norm_matvec), instead of the norm and three products. The same bits as the three products with the
+// early norm off (q8::set_norm_matvec_early), within its rounding with it (tests/cuda/test_qk_stack_gpu.cpp).
+// Default: the environment's STRATA_CUDA_QK_STACK (0 or 1), else off (not yet run on a GPU). set (tests,
+// benchmarks) wins.
+void set_qk_stack(bool on);
+bool qk_stack();
 // A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped
 // file's bytes, or a copy repacked on the CPU when the GPU's type differs (dequantized bit-exactly as ggml,
 // stored as F32 or F16; or Q4_0 regrouped as Q4_0_X8 for Use::products; logged in `log`). Throws strata::Error for a type that can be neither run nor

@@ -56,13 +56,16 @@ struct Layer {
   DevWeight attn_norm;  // [n_embd] f32
   // The q/k/v products in as few matrices as their kept types allow (stacked matrices need one type, so
   // one row size): wq|wk|wv as one [n_head*head_dim + n_head_kv*(head_dim + head_dim_v)][n_embd] matrix
-  // (one product); else wq and wk|wv as [n_head_kv*(head_dim + head_dim_v)][n_embd] (two, e.g. the
-  // Q4_K_M mix with Q8_0 K and V); else the three. Unused ones are empty (rows 0).
+  // (one product); else wq|wk as [n_head*head_dim + n_head_kv*head_dim][n_embd] and wv (two, e.g. the
+  // Q4_K_M mix's Q6_K v in half the layers; model_common.h qk_stack); else wq and wk|wv as
+  // [n_head_kv*(head_dim + head_dim_v)][n_embd] (two, e.g. the Q4_K_M mix with Q8_0 K and V of 8-expert
+  // models); else the three. Unused ones are empty (rows 0).
   DevWeight wqkv;
+  DevWeight wqk;
   DevWeight wkv;
   DevWeight wq;         // [n_head * head_dim][n_embd]      (empty when wqkv is used)
   DevWeight wk;         // [n_head_kv * head_dim][n_embd]   (used when neither stack is)
-  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (used when neither stack is)
+  DevWeight wv;         // [n_head_kv * head_dim_v][n_embd] (used with wqk, or when no stack is)
   DevWeight q_norm;     // [head_dim] f32
   DevWeight k_norm;     // [head_dim] f32
   DevWeight wo;         // [n_embd][n_head * head_dim_v]
@@ -510,6 +513,9 @@ void CudaQwen3Moe::load() {
     // warp, so its values are those of the three products.
     if (product_type(wq) == product_type(wk) && product_type(wq) == product_type(wv)) {
       l.wqkv = upload_stacked({&wq, &wk, &wv}, p + "attn_qkv", log);
+    } else if (product_type(wq) == product_type(wk) && qk_stack()) {
+      l.wqk = upload_stacked({&wq, &wk}, p + "attn_qk", log);
+      l.wv = upload_matrix(wv, p + "attn_v", log);
     } else if (product_type(wk) == product_type(wv)) {
       l.wq = upload_matrix(wq, p + "attn_q", log);
       l.wkv = upload_stacked({&wk, &wv}, p + "attn_kv", log);
@@ -693,36 +699,56 @@ void CudaQwen3Moe::attention_block(const Pass& p, int il) const {
   const auto* refs = p.step<const ops::KvRef>(sl.refs);
   float* q = ws.q.as<float>();
   // attn_norm -> xn, and its Q8 activations where a q/k/v product takes them; with one q|k|v product on
-  // them in decode, the norm runs inside that product's launch (q8::norm_matvec: one launch fewer).
+  // them in decode, the norm runs inside that product's launch (q8::norm_matvec: one launch fewer); with
+  // q|k and v, inside each of their two launches (each norms x itself: with the early norm the first
+  // writes no Q8 activations the second could read).
   bool q8_in = false;
-  for (const DevWeight* w : {&l.wqkv, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
-  const bool norm_in_qkv = l.wqkv.rows > 0 && use_q8(p, l.wqkv) && q8::norm_matvec_takes(l.wqkv.type) &&
-                           q8::norm_matvec_enabled() &&
-                           q8::norm_matvec_supported(hp.n_embd, n);
+  for (const DevWeight* w : {&l.wqkv, &l.wqk, &l.wq, &l.wkv, &l.wk, &l.wv}) q8_in |= w->rows > 0 && use_q8(p, *w);
+  const auto takes_norm = [&](const DevWeight& w) {
+    return w.rows > 0 && use_q8(p, w) && q8::norm_matvec_takes(w.type) && q8::norm_matvec_enabled() &&
+           q8::norm_matvec_supported(hp.n_embd, n);
+  };
+  const bool norm_in_qkv = takes_norm(l.wqkv) || (takes_norm(l.wqk) && takes_norm(l.wv));
   if (!norm_in_qkv) norm(p, ws.x, l.attn_norm, n, q8_in);
-  // q, k, v: one product into qkv's rows, or q and k|v (into qkv), or three into q, k, v.
+  // y = w . rmsnorm(x) in one launch (norm_in_qkv).
+  const auto norm_product = [&](const DevWeight& w, const DeviceBuffer& y) {
+    note_launch(cs, {ws.x.span(), l.attn_norm.buf.span(), w.buf.span()},
+                {ws.xn.span(), ws.xq.span(), ws.xds.span(), y.span()});
+    op(p, [&] {
+      const pdl::PlainLaunches late(pdl::launch_late("qkv"));
+      q8::norm_matvec(w.type, w.buf.data(), w.rows, w.cols, int64_t(row_bytes(w.type, w.cols)), ws.x.as<const float>(),
+                      l.attn_norm.f32(), hp.rms_eps, n, ws.xn.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
+                      y.as<float>(), /*accumulate=*/false, s);
+    });
+  };
+  // q, k, v: one product into qkv's rows, or q|k (into qkv) and v, or q and k|v (into qkv), or three into
+  // q, k, v.
   const float *qi, *ki, *vi;
   int64_t q_ld, k_ld, v_ld;
   const DeviceBuffer* qkv_in[3];
   if (l.wqkv.rows > 0) {
-    if (norm_in_qkv) {
-      note_launch(cs, {ws.x.span(), l.attn_norm.buf.span(), l.wqkv.buf.span()},
-                  {ws.xn.span(), ws.xq.span(), ws.xds.span(), ws.qkv.span()});
-      op(p, [&] {
-        const pdl::PlainLaunches late(pdl::launch_late("qkv"));
-        q8::norm_matvec(l.wqkv.type, l.wqkv.buf.data(), l.wqkv.rows, l.wqkv.cols,
-                        int64_t(row_bytes(l.wqkv.type, l.wqkv.cols)), ws.x.as<const float>(), l.attn_norm.f32(),
-                        hp.rms_eps, n, ws.xn.as<float>(), ws.xq.as<int8_t>(), ws.xds.as<float2>(),
-                        ws.qkv.as<float>(), /*accumulate=*/false, s);
-      });
-    } else {
-      mm_any(p, l.wqkv, n, ws.qkv);
-    }
+    if (norm_in_qkv) norm_product(l.wqkv, ws.qkv);
+    else mm_any(p, l.wqkv, n, ws.qkv);
     qi = ws.qkv.as<const float>();
     ki = qi + H * D;
     vi = ki + Hkv * D;
     q_ld = k_ld = v_ld = l.wqkv.rows;
     qkv_in[0] = qkv_in[1] = qkv_in[2] = &ws.qkv;
+  } else if (l.wqk.rows > 0) {
+    if (norm_in_qkv) {
+      norm_product(l.wqk, ws.qkv);
+      norm_product(l.wv, ws.v);
+    } else {
+      mm_any(p, l.wqk, n, ws.qkv);
+      mm_any(p, l.wv, n, ws.v);
+    }
+    qi = ws.qkv.as<const float>();
+    ki = qi + H * D;
+    vi = ws.v.as<const float>();
+    q_ld = k_ld = l.wqk.rows;
+    v_ld = Hkv * Dv;
+    qkv_in[0] = qkv_in[1] = &ws.qkv;
+    qkv_in[2] = &ws.v;
   } else if (l.wkv.rows > 0) {
     mm_any(p, l.wq, n, ws.q);
     mm_any(p, l.wkv, n, ws.qkv);
