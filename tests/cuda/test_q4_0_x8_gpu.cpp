@@ -27,39 +27,6 @@
 
 using namespace strata;
 
-namespace {
-
-std::vector<float> prefill_then_decode(const std::string& path, const char* cache, const std::vector<int32_t>& prompt,
-                                       int steps) {
-  cuda::CudaOptions o;
-  o.expert_cache = cache;
-  o.exact = false;
-  o.adapt_every = 0;
-  o.n_ctx = 64;
-  o.n_batch = 64;
-  std::shared_ptr<const Model> model = cuda::load_model_cuda(path, o);
-  EngineOptions opt;
-  opt.n_ctx = 64;
-  opt.n_batch = 64;
-  opt.n_threads = 2;
-  opt.mode = MatmulMode::Fast;
-  Engine eng(model, opt);
-  auto seq = eng.new_sequence();
-  const size_t V = size_t(model->n_vocab());
-  std::vector<float> all(prompt.size() * V);
-  eng.prefill(*seq, prompt, all.data(), true);
-  std::vector<float> last(all.end() - std::ptrdiff_t(V), all.end());
-  for (int i = 0; i < steps; ++i) {
-    const int32_t t = test::argmax(last.data(), V);
-    SequenceState* s = seq.get();
-    eng.decode({&s, 1}, {&t, 1}, last.data());
-    all.insert(all.end(), last.begin(), last.end());
-  }
-  return all;
-}
-
-}  // namespace
-
 TEST(Q4_0X8Gpu, SameLogitsAsQ4_0Slots) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   const std::string path = ::testing::TempDir() + "strata-q4_0x8-" + std::to_string(::getpid()) + ".gguf";
@@ -91,11 +58,11 @@ TEST(Q4_0X8Gpu, SameLogitsAsQ4_0Slots) {
   for (const char* cache : {"100%", "50%"}) {
     cuda::set_q4_0_experts_x8(false);
     cuda::set_q4_0_dense_x8(false);
-    const auto q40 = prefill_then_decode(path, cache, prompt, 6);
+    const auto q40 = test::prefill_then_decode(path, cache, prompt, 6);
     for (auto [experts, dense] : {std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
       cuda::set_q4_0_experts_x8(experts);
       cuda::set_q4_0_dense_x8(dense);
-      const auto x8 = prefill_then_decode(path, cache, prompt, 6);
+      const auto x8 = test::prefill_then_decode(path, cache, prompt, 6);
       const size_t diff = test::bit_differences(q40, x8);
       std::printf("[ q4_0x8 ] %s resident, experts %s, dense %s: %zu of %zu logits differ from Q4_0\n", cache,
                   experts ? "q4_0x8" : "Q4_0", dense ? "q4_0x8" : "Q4_0", diff, q40.size());
