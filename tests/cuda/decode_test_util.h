@@ -50,38 +50,6 @@ inline std::vector<float> decode_one_then_two(std::shared_ptr<const Model> model
   return all;
 }
 
-// A 64-position model on `path` (fast mode, `cache` resident, adaptation off): one prefill of `prompt`
-// (every position's logits kept; the grouped experts and the GEMMs from 32 tokens) and `steps` greedy
-// one-token decode steps. Returns every logit row in order ([prompt.size() + steps][n_vocab]).
-inline std::vector<float> prefill_then_decode(const std::string& path, const char* cache,
-                                              const std::vector<int32_t>& prompt, int steps) {
-  cuda::CudaOptions o;
-  o.expert_cache = cache;
-  o.exact = false;
-  o.adapt_every = 0;
-  o.n_ctx = 64;
-  o.n_batch = 64;
-  std::shared_ptr<const Model> model = cuda::load_model_cuda(path, o);
-  EngineOptions opt;
-  opt.n_ctx = 64;
-  opt.n_batch = 64;
-  opt.n_threads = 2;
-  opt.mode = MatmulMode::Fast;
-  Engine eng(model, opt);
-  auto seq = eng.new_sequence();
-  const size_t V = size_t(model->n_vocab());
-  std::vector<float> all(prompt.size() * V);
-  eng.prefill(*seq, prompt, all.data(), true);
-  std::vector<float> last(all.end() - std::ptrdiff_t(V), all.end());
-  for (int i = 0; i < steps; ++i) {
-    const int32_t t = argmax(last.data(), V);
-    SequenceState* s = seq.get();
-    eng.decode({&s, 1}, {&t, 1}, last.data());
-    all.insert(all.end(), last.begin(), last.end());
-  }
-  return all;
-}
-
 // The number of values that differ in their bits between a and b (same size).
 inline size_t bit_differences(const std::vector<float>& a, const std::vector<float>& b) {
   size_t n = 0;
@@ -108,6 +76,32 @@ inline EngineOptions small_engine_options(MatmulMode mode, cpu::AttnMath attn = 
   opt.attn = attn;
   return opt;
 }
+
+// A 64-position model on `path` (fast mode, `cache` resident, adaptation off): one prefill of `prompt`
+// (every position's logits kept; batches of 64, so the grouped experts and the GEMMs from 32 tokens) and
+// `steps` greedy one-token decode steps. Returns every logit row in order ([prompt.size() + steps][n_vocab]).
+inline std::vector<float> prefill_then_decode(const std::string& path, const char* cache,
+                                              const std::vector<int32_t>& prompt, int steps) {
+  cuda::CudaOptions o = small_cuda_options(cache, /*exact=*/false);
+  o.n_batch = 64;
+  std::shared_ptr<const Model> model = cuda::load_model_cuda(path, o);
+  EngineOptions opt = small_engine_options(MatmulMode::Fast);
+  opt.n_batch = 64;
+  Engine eng(model, opt);
+  auto seq = eng.new_sequence();
+  const size_t V = size_t(model->n_vocab());
+  std::vector<float> all(prompt.size() * V);
+  eng.prefill(*seq, prompt, all.data(), true);
+  std::vector<float> last(all.end() - std::ptrdiff_t(V), all.end());
+  for (int i = 0; i < steps; ++i) {
+    const int32_t t = argmax(last.data(), V);
+    SequenceState* s = seq.get();
+    eng.decode({&s, 1}, {&t, 1}, last.data());
+    all.insert(all.end(), last.begin(), last.end());
+  }
+  return all;
+}
+
 
 // Gated CPU-pool passes (docs/gpu.md) run the same kernels in the same order as the passes they replace,
 // so they give the same bits: decode of one sequence (`one` steps) and of two in one batch (`two`) of the
