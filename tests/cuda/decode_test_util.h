@@ -80,12 +80,15 @@ inline EngineOptions small_engine_options(MatmulMode mode, cpu::AttnMath attn = 
 // A 64-position model on `path` (fast mode, `cache` resident, adaptation off): one prefill of `prompt`
 // (every position's logits kept; batches of 64, so the grouped experts and the GEMMs from 32 tokens) and
 // `steps` greedy one-token decode steps. Returns every logit row in order ([prompt.size() + steps][n_vocab]).
+// attn: the engine's attention arithmetic (F32 is what the CLI gives the CUDA backend in fast mode; only
+// with it does one-token decode prepare q and k inside the attention kernel).
 inline std::vector<float> prefill_then_decode(const std::string& path, const char* cache,
-                                              const std::vector<int32_t>& prompt, int steps) {
+                                              const std::vector<int32_t>& prompt, int steps,
+                                              cpu::AttnMath attn = cpu::AttnMath::GgmlF16) {
   cuda::CudaOptions o = small_cuda_options(cache, /*exact=*/false);
   o.n_batch = 64;
   std::shared_ptr<const Model> model = cuda::load_model_cuda(path, o);
-  EngineOptions opt = small_engine_options(MatmulMode::Fast);
+  EngineOptions opt = small_engine_options(MatmulMode::Fast, attn);
   opt.n_batch = 64;
   Engine eng(model, opt);
   auto seq = eng.new_sequence();

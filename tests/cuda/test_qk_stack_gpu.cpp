@@ -2,7 +2,9 @@
 // Q4_K_M gives v Q6_K in about half the layers of a model with more than 8 experts). A synthetic Q4_K_M
 // qwen3moe of 2 layers and 16 experts: layer 0 has q, k, v Q4_K (one q|k|v product), layer 1 q, k Q4_K and
 // v Q6_K (q|k and v with the stack, three products without). Fast mode, a 40-token prefill and 6 greedy
-// decode steps (one-token passes: norm_matvec in each of q|k's and v's launches) at 100% and 50% resident:
+// decode steps (one-token passes: norm_matvec in each of q|k's and v's launches) at 100% and 50% resident,
+// with the f32 attention arithmetic (the CLI's for the CUDA backend: q and k prepared inside the attention
+// kernel) and ggml's f16 one:
 //   * with norm_matvec's early norm off, the logits have the same bits with and without the stack (the
 //     same norm, quantization and row dots, each row's dot independent of the matrix it sits in);
 //   * with the early norm (the default) they are within its rounding: every row's top token the same and
@@ -65,13 +67,14 @@ TEST(QkStackGpu, SameLogitsAsThreeProducts) {
     }
   } restore;
   const size_t V = size_t(spec.n_vocab);
+  for (cpu::AttnMath attn : {cpu::AttnMath::F32, cpu::AttnMath::GgmlF16})
   for (bool early : {false, true}) {
     cuda::q8::set_norm_matvec_early(early);
     for (const char* cache : {"100%", "50%"}) {
       cuda::set_qk_stack(false);
-      const auto three = test::prefill_then_decode(path, cache, prompt, 6);
+      const auto three = test::prefill_then_decode(path, cache, prompt, 6, attn);
       cuda::set_qk_stack(true);
-      const auto stacked = test::prefill_then_decode(path, cache, prompt, 6);
+      const auto stacked = test::prefill_then_decode(path, cache, prompt, 6, attn);
       ASSERT_EQ(three.size(), stacked.size());
       const size_t diff = test::bit_differences(three, stacked);
       size_t top_differ = 0;
@@ -84,14 +87,15 @@ TEST(QkStackGpu, SameLogitsAsThreeProducts) {
         spread = std::max(spread, double(*hi - *lo));
         for (size_t i = 0; i < V; ++i) worst = std::max(worst, std::fabs(double(a[i]) - double(b[i])));
       }
-      std::printf("[ qk stack ] early norm %s, %s resident: %zu of %zu logits differ from three products (largest "
-                  "%.3g, logits spread %.3g), %zu rows' top token\n",
-                  early ? "on" : "off", cache, diff, three.size(), worst, spread, top_differ);
+      const std::string what = std::string(attn == cpu::AttnMath::F32 ? "f32" : "ggml-f16") + " attention, early norm " +
+                               (early ? "on, " : "off, ") + cache + " resident";
+      std::printf("[ qk stack ] %s: %zu of %zu logits differ from three products (largest %.3g, logits spread "
+                  "%.3g), %zu rows' top token\n", what.c_str(), diff, three.size(), worst, spread, top_differ);
       if (!early) {
-        EXPECT_EQ(diff, 0u) << cache << " resident";
+        EXPECT_EQ(diff, 0u) << what;
       } else {
-        EXPECT_EQ(top_differ, 0u) << cache << " resident";
-        EXPECT_LT(worst, 1e-2 * spread) << cache << " resident";
+        EXPECT_EQ(top_differ, 0u) << what;
+        EXPECT_LT(worst, 1e-2 * spread) << what;
       }
     }
   }
