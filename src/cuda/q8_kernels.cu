@@ -103,11 +103,31 @@ __global__ void __launch_bounds__(kThreads)
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
+// STRATA_CUDA_MATVEC_CARVEOUT=N (0-100): the shared-memory carveout the staged matvec kernels (2-byte aligned
+// rows: Q6_K, Q8_0, Q4_0, ...) ask for; unset or anything else: the driver's choice (or STRATA_CUDA_CARVEOUT's,
+// which every PDL launch asks for when set). Why: session 36 traced the Q6_K output product (151936 x 2048,
+// ~27 KB of staged rows a block, 61 registers: 4 blocks an SM by registers) running ~2.5 blocks at a time at
+// 68% of the read roofline; whether the carveout is what holds it there is measured first
+// (scripts/device-call-qk-stack.sh), one kernel family at a time (the global switch moved other kernels too).
+int staged_carveout() {
+  static const int value = [] {
+    const char* e = std::getenv("STRATA_CUDA_MATVEC_CARVEOUT");
+    if (e == nullptr || *e == '\0') return -1;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    return *end == '\0' && v >= 0 && v <= 100 ? int(v) : -1;
+  }();
+  return value;
+}
+
 template <typename F, int A, int NT, int R>
 void launch_matvec_r(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t cols, const q8mv::Geometry& g,
                      const int8_t* xq, const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   if constexpr (A == 2) {
     if (g.stride > 0) {
+      if (staged_carveout() >= 0 && pdl::carveout() < 0)
+        set_kernel_attribute_once(reinterpret_cast<const void*>(matvec_kernel<F, q8d::kStaged, NT, R>),
+                                  cudaFuncAttributePreferredSharedMemoryCarveout, staged_carveout());
       pdl::launch(matvec_kernel<F, q8d::kStaged, NT, R>, unsigned(g.blocks), kThreads,
                   size_t(g.stride * (kThreads / 32)), stream, w, rows, row_bytes, cols, g.lpr_log2, g.stride, xq, xds,
                   n, y, accumulate);
