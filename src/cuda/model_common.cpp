@@ -6,13 +6,13 @@
 #include <functional>
 #include <vector>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "cpu/half.h"
 #include "cuda/gemm_context.h"
 #include "cuda/pdl_trace.h"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/quant_kernels.cuh"
-#include "common/env_switch.h"
 #include "quant/dequant.h"
 #include "quant/q4_0_x8.h"
 

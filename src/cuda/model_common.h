@@ -77,8 +77,8 @@ void set_qk_stack(bool on);
 bool qk_stack();
 // A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped
 // file's bytes, or a copy repacked on the CPU when the GPU's type differs (dequantized bit-exactly as ggml,
-// stored as F32 or F16; or Q4_0 regrouped as Q4_0_X8 for Use::products; logged in `log`). Throws strata::Error for a type that can be neither run nor
-// repacked.
+// stored as F32 or F16, logged in `log`; or, for Use::products, Q4_0 regrouped as Q4_0_X8: the same bytes,
+// not logged). Throws strata::Error for a type that can be neither run nor repacked.
 struct HostMatrix {
   GgmlType type = GgmlType::F32;
   int64_t rows = 0, cols = 0;
