@@ -20,14 +20,16 @@ thread_local bool t_plain = false;
 
 bool plain_launches() { return t_plain; }
 
+int carveout_from_env(const char* name) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return -1;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' && v >= 0 && v <= 100 ? int(v) : -1;  // anything else ("off", ...): the driver's choice
+}
+
 int carveout() {
-  static const int value = [] {
-    const char* e = std::getenv("STRATA_CUDA_CARVEOUT");
-    if (e == nullptr || *e == '\0' || std::string(e) == "off") return -1;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    return *end == '\0' && v >= 0 && v <= 100 ? int(v) : -1;  // anything else: the driver's choice
-  }();
+  static const int value = carveout_from_env("STRATA_CUDA_CARVEOUT");
   return value;
 }
 

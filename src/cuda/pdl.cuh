@@ -59,6 +59,8 @@ bool plain_launches();
 // -1.7 us a layer, but gate_up +1.2 us; tok/s within noise (404.8 / 426.0 against 421.3 / 416.0). So not
 // on by default.
 int carveout();
+// A carveout setting from the environment variable `name`: N for "0".."100", else -1 (the driver's choice).
+int carveout_from_env(const char* name);
 // Sets the carveout on `kernel` once per (kernel, device) (defined in pdl.cu).
 void prefer_carveout(const void* kernel);
 

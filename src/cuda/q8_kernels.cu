@@ -110,13 +110,7 @@ __global__ void __launch_bounds__(kThreads)
 // 68% of the read roofline; whether the carveout is what holds it there is measured first
 // (scripts/device-call-qk-stack.sh), one kernel family at a time (the global switch moved other kernels too).
 int staged_carveout() {
-  static const int value = [] {
-    const char* e = std::getenv("STRATA_CUDA_MATVEC_CARVEOUT");
-    if (e == nullptr || *e == '\0') return -1;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    return *end == '\0' && v >= 0 && v <= 100 ? int(v) : -1;
-  }();
+  static const int value = pdl::carveout_from_env("STRATA_CUDA_MATVEC_CARVEOUT");
   return value;
 }
 
