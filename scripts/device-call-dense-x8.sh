@@ -19,9 +19,7 @@ STRATA_STREAM_CHECK=1 timeout 120 /tmp/b/tests/strata_cuda_tests \
   --gtest_filter='Q4_0X8Gpu.*:CudaQ8Matvec.DenseQ40X8*:CudaQ8Moe.AllQ40X8*:ExpertCacheGpu.Q4_0*:CudaMoe.Q40X8*' > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
 st tests; grep -E "^\[  FAILED|PASSED|rc=|q4_0x8 \]" $OUT/tests.txt | head -30
-f=/tmp/m-Q4_0.gguf
-[ -f $f ] || /tmp/b/strata mkmodel -o $f --preset qwen3-30b-a3b --layers 48 --repeat-layers --format Q4_0 \
-  --vocab-from .carry/fx/vocab/ggml-vocab-qwen2.gguf -t 16 > $OUT/mkmodel.txt 2>&1
+f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fx/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file: $(tail -n1 $OUT/mkmodel.txt 2>/dev/null)"
 ROUNDS=3 ARM_TIMEOUT=60 timeout $(( $(left) - 5 )) scripts/bench-arms /tmp/b/strata \
   "-m $f --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline" \

@@ -18,9 +18,7 @@ else timeout 450 scripts/device-ab-build ab_old /tmp/b .carry/deps > $OUT/build.
 fi
 st built; ls -la /tmp/b/strata /tmp/b/strata.old
 . /tmp/b/env.sh
-f=/tmp/m-Q4_0.gguf
-[ -f $f ] || /tmp/b/strata mkmodel -o $f --preset qwen3-30b-a3b --layers 48 --repeat-layers --format Q4_0 \
-  --vocab-from .carry/fx/vocab/ggml-vocab-qwen2.gguf -t 16 > $OUT/mkmodel.txt 2>&1
+f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fx/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file: $(tail -n1 $OUT/mkmodel.txt 2>/dev/null)"
 ROUNDS=3 ARM_TIMEOUT=50 timeout $(( $(left) - 100 )) scripts/bench-arms /tmp/b/strata \
   "-m $f --backend cuda --adapt-every 0 --expert-cache 25% -p 0 -n 32 -r 1 --no-roofline" \

@@ -18,9 +18,7 @@ st built
 STRATA_STREAM_CHECK=1 timeout 120 /tmp/b/tests/strata_cuda_tests --gtest_filter='QkStackGpu.*:Q4_0X8Gpu.*' > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
 st tests; grep -E "^\[  FAILED|PASSED|rc=|qk stack \]" $OUT/tests.txt | head -20
-f=/tmp/m-Q4_K_M.gguf
-[ -f $f ] || /tmp/b/strata mkmodel -o $f --preset qwen3-30b-a3b --layers 48 --repeat-layers --format Q4_K_M \
-  --vocab-from .carry/fx/vocab/ggml-vocab-qwen2.gguf -t 16 > $OUT/mkmodel.txt 2>&1
+f=$(scripts/device-model-30b /tmp/b/strata Q4_K_M .carry/fx/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file: $(tail -n1 $OUT/mkmodel.txt 2>/dev/null)"
 # The Q6_K output product (68% of the read roofline in session 36, 86-94% for the 16-byte aligned formats):
 # does a shared-memory carveout of 100% for the staged matvec kernels (more staged blocks an SM) help it?

@@ -9,9 +9,7 @@ left() { echo $(( ${LIMIT:-500} - ($(date +%s) - t0) )); }
 timeout 450 scripts/device-build . /tmp/b .carry/deps strata > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -30 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
-f=/tmp/m-Q4_0.gguf
-[ -f $f ] || /tmp/b/strata mkmodel -o $f --preset qwen3-30b-a3b --layers 48 --repeat-layers --format Q4_0 \
-  --vocab-from .carry/fix/vocab/ggml-vocab-qwen2.gguf -t 16 > $OUT/mkmodel.txt 2>&1
+f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file: $(tail -n1 $OUT/mkmodel.txt 2>/dev/null)"
 METRIC=pp ROUNDS=2 ARM_TIMEOUT=60 timeout $(( $(left) - 120 )) scripts/bench-arms /tmp/b/strata "-m $f --backend cuda --adapt-every 0 --expert-cache 100% -p 512 -n 1 -r 3 --no-roofline" \
   x8off=STRATA_CUDA_Q4_0_X8=0 x8on=STRATA_CUDA_Q4_0_X8=1 > $OUT/arms_pp.txt 2>&1
