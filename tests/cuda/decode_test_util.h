@@ -105,7 +105,6 @@ inline std::vector<float> prefill_then_decode(const std::string& path, const cha
   return all;
 }
 
-
 // Gated CPU-pool passes (docs/gpu.md) run the same kernels in the same order as the passes they replace,
 // so they give the same bits: decode of one sequence (`one` steps) and of two in one batch (`two`) of the
 // model at `path`, at 0%, 25% and 50% of the experts resident, fast and exact; every decode pass gated

@@ -30,8 +30,8 @@
 #include "cuda/moe_kernels.cuh"
 #include "cuda/ops.cuh"
 #include "cuda/q8_kernels.cuh"
-#include "gpu_test_util.h"
 #include "cuda/quant_kernels.cuh"
+#include "gpu_test_util.h"
 #include "quant/dequant.h"
 #include "quant/q4_0_x8.h"
 
@@ -293,8 +293,8 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
 // Q4_0 dense matrices regrouped as Q4_0_X8 (model_common.h product_type, STRATA_CUDA_Q4_0_X8_DENSE) give the
 // bits of the file's Q4_0 in the products that read them: q8::matvec (n = 1, 3, 8; accumulate off and
 // on), q8::norm_matvec (one token; the q|k|v product) and the f32 decode kernels of CPU-pool passes
-// (quant::matmul; wo_router and the prefill GEMM: Q4_0X8Gpu's model test), at the 30B-A3B geometry's dense shapes (q|k|v 5120 x
-// 2048, wo 2048 x 4096, the output 151936 x 2048) and odd row counts.
+// (quant::matmul; wo_router and the prefill GEMM: Q4_0X8Gpu's model test), at the 30B-A3B geometry's
+// dense shapes (q|k|v 5120 x 2048, wo 2048 x 4096, the output 151936 x 2048) and odd row counts.
 TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
   struct Shape { int64_t rows, cols; std::initializer_list<int64_t> ns; };
   const Shape shapes[] = {{5120, 2048, {1, 3, 8}}, {2048, 4096, {1, 3}}, {151936, 2048, {1}}, {37, 256, {1, 5}}};
