@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/env_switch.h"
 #include "common/error.h"
 #include "quant/q4k_repack.h"
 
@@ -13,6 +14,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
   STRATA_REQUIRE(opt_.n_batch >= 1, "--batch must be >= 1, got {}", opt_.n_batch);
   opt_.n_batch = std::min(opt_.n_batch, opt_.n_ctx);
   opt_.n_threads = pool_.size();
+  opt_.logits_in_place = opt_.logits_in_place && env_on_unless_zero("STRATA_LOGITS_IN_PLACE");
   ws_ = model_->new_workspace(opt_.n_batch, opt_.n_ctx, pool_.size());
   // Fast-mode prefill of Q4_K weights may use 8-row repacked copies, made lazily and bounded by this
   // budget (STRATA_Q4K_REPACK_MIB, off by default; bit-identical results; quant/q4k_repack.h).
@@ -32,13 +34,43 @@ void Engine::check_token(int32_t t) const {
                  n_vocab() - 1);
 }
 
-void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
-                     bool all_logits) {
+void Engine::check_prefill(const SequenceState& seq, std::span<const int32_t> tokens) const {
   STRATA_REQUIRE(!tokens.empty(), "empty prompt: nothing to evaluate");
   STRATA_REQUIRE(tokens.size() <= size_t(seq.space_left()),
                  "context overflow: {} tokens already in the sequence + {} new > --ctx {}",
                  seq.n_past(), tokens.size(), seq.n_ctx());
   for (int32_t t : tokens) check_token(t);
+}
+
+float* Engine::logits_memory(size_t rows, bool one_pass) {
+  if (opt_.logits_in_place && one_pass)
+    if (float* p = model_->logits_in_place(*ws_, int64_t(rows))) return p;
+  logits_.resize(rows * size_t(n_vocab()));  // grows once to the largest call seen, then reused
+  return logits_.data();
+}
+
+std::span<const float> Engine::decode_logits(std::span<SequenceState* const> seqs,
+                                             std::span<const int32_t> tokens) {
+  STRATA_REQUIRE(seqs.size() == tokens.size(), "decode: {} sequences but {} tokens", seqs.size(),
+                 tokens.size());
+  float* out = logits_memory(seqs.size(), seqs.size() <= size_t(opt_.n_batch));
+  decode_impl(seqs, tokens, out, nullptr);
+  return {out, seqs.size() * size_t(n_vocab())};
+}
+
+std::span<const float> Engine::prefill_logits(SequenceState& seq, std::span<const int32_t> tokens,
+                                              bool all_logits) {
+  check_prefill(seq, tokens);  // (before any memory is sized by tokens)
+  // Without all_logits only the last pass writes (one row), so any number of passes may use the model's.
+  const size_t rows = all_logits ? tokens.size() : 1;
+  float* out = logits_memory(rows, !all_logits || tokens.size() <= size_t(opt_.n_batch));
+  prefill(seq, tokens, out, all_logits);
+  return {out, rows * size_t(n_vocab())};
+}
+
+void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
+                     bool all_logits) {
+  check_prefill(seq, tokens);
   SequenceState* seqs[1] = {&seq};
   const size_t V = size_t(n_vocab());
   for (size_t b = 0; b < tokens.size(); b += size_t(opt_.n_batch)) {
@@ -85,9 +117,8 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
     return;
   }
   const size_t V = size_t(n_vocab());
-  logits_.resize(seqs.size() * V);  // grows once to the largest batch seen, then reused
-  decode_impl(seqs, tokens, logits_.data(), nullptr);
-  for (size_t i = 0; i < samplers.size(); ++i) out[i] = samplers[i]->sample(logits_.data() + i * V);
+  const float* logits = decode_logits(seqs, tokens).data();
+  for (size_t i = 0; i < samplers.size(); ++i) out[i] = samplers[i]->sample(logits + i * V);
 }
 
 void Engine::decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,

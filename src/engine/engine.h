@@ -25,6 +25,10 @@ struct EngineOptions {
   KvType kv_type = KvType::F32;
   cpu::AttnMath attn = cpu::AttnMath::GgmlF16;  // llama.cpp's flash-attention arithmetic (cpu/ops.h)
   moe::ExpertUsage* usage = nullptr;  // optional expert-usage counter fed by every forward pass
+  // decode_logits / prefill_logits (and decode_sample's CPU picks) read the logits where the model's pass
+  // left them when it offers that (Model::logits_in_place): no copy of [rows][n_vocab] floats on the host
+  // after each pass. The engine turns it off where the environment sets STRATA_LOGITS_IN_PLACE=0 (A/B).
+  bool logits_in_place = true;
 };
 
 class Engine {
@@ -51,9 +55,20 @@ class Engine {
   // picks are made there from the same draws (Sampler::next_draw) and no logits come back; else on the CPU.
   void decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                      std::span<Sampler* const> samplers, int32_t* out);
+  // decode() and prefill() with the logits in memory the engine picks: the model's own where it offers
+  // room for them in one pass (EngineOptions::logits_in_place), else the engine's. Valid until the next
+  // call on this engine. decode_logits: [seqs.size()][n_vocab]; prefill_logits: [n_vocab] of the last
+  // token, or with all_logits [tokens.size()][n_vocab].
+  std::span<const float> decode_logits(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens);
+  std::span<const float> prefill_logits(SequenceState& seq, std::span<const int32_t> tokens,
+                                        bool all_logits = false);
 
  private:
   void check_token(int32_t t) const;
+  void check_prefill(const SequenceState& seq, std::span<const int32_t> tokens) const;
+  // Memory for `rows` rows of logits: the model's (logits_in_place) when one_pass and it has room, else
+  // logits_ (grown to fit).
+  float* logits_memory(size_t rows, bool one_pass);
   void decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
                    const DeviceSampling* sampling);
   std::shared_ptr<const Model> model_;
@@ -61,7 +76,7 @@ class Engine {
   ThreadPool pool_;
   std::unique_ptr<Workspace> ws_;
   std::vector<BatchToken> batch_;  // [n_batch], reused
-  std::vector<float> logits_;      // decode_sample's logits on the CPU path ([n_seqs][n_vocab], reused)
+  std::vector<float> logits_;      // logits_memory's own rows ([rows][n_vocab], reused)
   std::vector<float> draws_;       // decode_sample's draws on the device path ([n_seqs])
 };
 

@@ -106,6 +106,17 @@ class Model {
   // (the engine does). Tokens and positions are validated by the caller (Engine).
   virtual void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                        const ForwardOptions& opt) const = 0;
+  // Host memory of ws for n_rows rows of logits ([n_rows][n_vocab]) that forward()'s logits argument may
+  // point to, at its start: the backend then leaves the logits where its own download put them instead of
+  // copying them to the caller's memory (the CUDA backend: the pass's pinned download buffer; why: a 152k
+  // vocabulary's row is 608 KB, copied on the host between one decode step and the next). nullptr where
+  // the backend has none or it holds fewer rows. What a forward wrote there stays until the next forward
+  // on ws.
+  virtual float* logits_in_place(Workspace& ws, int64_t n_rows) const {
+    (void)ws;
+    (void)n_rows;
+    return nullptr;
+  }
   // Bytes of weights (mapped).
   virtual size_t weight_bytes() const = 0;
   // "cpu", or "cuda:N" for the GPU backend.
