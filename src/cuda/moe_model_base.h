@@ -34,6 +34,13 @@ class CudaMoeModel : public Model {
   size_t weight_bytes() const override { return weight_bytes_; }
   std::string backend_name() const override { return "cuda:" + std::to_string(dev_->ordinal()); }
   bool samples_on_device() const override { return true; }
+  // The workspace's pinned logits buffer (PoolIo::logits_h), which finish_forward downloads into: a
+  // forward whose logits point there skips the copy to the caller's memory.
+  float* logits_in_place(Workspace& ws, int64_t n_rows) const override {
+    auto* io = dynamic_cast<PoolIo*>(&ws);
+    if (io == nullptr || n_rows < 0) return nullptr;
+    return size_t(n_rows) * size_t(hp_.n_vocab) * 4 <= io->logits_h.bytes() ? io->logits_h.as<float>() : nullptr;
+  }
   DeviceBandwidth measure_device_bandwidth() const override {
     std::lock_guard<std::mutex> lock(mu_);
     dev_->make_current();

@@ -1,6 +1,7 @@
 #include "cuda/pool_io.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -305,6 +306,16 @@ int64_t stage_experts(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_exp
   return moved;
 }
 
+void check_logits_target(const PoolIo& io, const float* logits, int64_t n_out, int64_t n_vocab,
+                         const DeviceSampling* sampling) {
+  if (n_out <= 0 || sampling != nullptr) return;
+  STRATA_REQUIRE(logits != nullptr, "forward: {} rows want logits but the logits argument is null", n_out);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(io.logits_h.data()), dst = reinterpret_cast<uintptr_t>(logits);
+  const uintptr_t bytes = uintptr_t(n_out) * uintptr_t(n_vocab) * sizeof(float);
+  STRATA_REQUIRE(dst == at || dst + bytes <= at || dst >= at + io.logits_h.bytes(),
+                 "forward: the logits argument points into the workspace's logits buffer, not at its start");
+}
+
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
                     const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
                     std::chrono::steady_clock::time_point t_start) {
@@ -338,7 +349,8 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     c.xfer.download(head(io.logits_h, lb), head(io.logits, lb), c.cs).wait();
     ++c.work.transfers;
     io.logits_h.note_host_access(strata::stream_check::Access::Read);
-    std::memcpy(logits, io.logits_h.data(), lb);
+    // Logits at logits_h itself (Model::logits_in_place) are already where the caller reads them.
+    if (static_cast<void*>(logits) != io.logits_h.data()) std::memcpy(logits, io.logits_h.data(), lb);
   } else {
     c.cs.synchronize();
   }

@@ -199,8 +199,15 @@ void balance_prefill_candidates(PoolIo& io, int n_expert, const strata::moe::Pre
 // leave io.ids_cpu (-1). Returns the pairs moved to the GPU. io.stage_order must not be empty.
 int64_t stage_experts(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_expert, bool keep_resident);
 
+// Checks, before a pass enqueues anything, where its n_out logits rows ([n_out][n_vocab]) may go: at the
+// start of io.logits_h (Model::logits_in_place: finish_forward leaves them there) or wholly outside it
+// (strata::Error otherwise: a copy over itself). Nothing to check without rows or with sampling.
+void check_logits_target(const PoolIo& io, const float* logits, int64_t n_out, int64_t n_vocab,
+                         const DeviceSampling* sampling);
+
 // The end of a forward pass: the routing of the layers the pool did not record comes down (one copy),
-// the n_out rows of logits ([n_out][n_vocab]) are copied to `logits` — or with sampling, picked on the
+// the n_out rows of logits ([n_out][n_vocab]) are copied to `logits` (unless they are at io.logits_h
+// already: check_logits_target) — or with sampling, picked on the
 // device (ops::sample on the compute stream, after the draws go up) and only the ids come back —, the
 // usage of those layers is recorded, the expert cache's step ends, and the host / wait times are
 // counted from t_start.

@@ -1227,6 +1227,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     if (bt.logits) rows_host[n_out++] = int32_t(t);
   }
   for (int64_t t = n_out; t < n; ++t) rows_host[t] = 0;  // unused entries: defined bytes
+  check_logits_target(ws, logits, n_out, hp.n_vocab, opt.sampling);
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
   const strata::moe::Residency& res = cache_->residency();
