@@ -68,7 +68,6 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load0).count();
   const size_t V = static_cast<size_t>(eng.n_vocab());
-  std::vector<float> logits(V);
   Rng rng(1234);
   auto rand_tok = [&] { return static_cast<int32_t>(rng.next() % V); };
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
@@ -81,7 +80,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     for (auto& t : prompt) t = rand_tok();
     seq->reset();
     const auto t0 = std::chrono::steady_clock::now();
-    eng.prefill(*seq, prompt, logits.data());
+    eng.prefill_logits(*seq, prompt);  // (logits left where the engine reads them: no copy into ours)
     return seconds_since(t0);
   };
   const auto run_tg = [&](int n) {
@@ -90,7 +89,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     int32_t tok = rand_tok();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
-      eng.decode({&sp, 1}, {&tok, 1}, logits.data());
+      eng.decode_logits({&sp, 1}, {&tok, 1});
       tok = rand_tok();
     }
     return seconds_since(t0);

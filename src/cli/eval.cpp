@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
@@ -57,12 +58,12 @@ int run_eval(const EngineFlags& ef, const std::string& tokens_arg, const std::st
     SamplingParams gp;
     gp.temperature = 0;
     Sampler greedy(gp, eng.n_vocab());
-    std::vector<float> last(logits.end() - static_cast<std::ptrdiff_t>(V), logits.end());
+    std::span<const float> last(logits.end() - static_cast<std::ptrdiff_t>(V), logits.end());
     SequenceState* s = seq.get();
     for (int i = 0; i < n_greedy; ++i) {
       const int32_t t = greedy.sample(last.data());
       std::printf(i ? " %d" : "%d", t);
-      if (i + 1 < n_greedy) eng.decode({&s, 1}, {&t, 1}, last.data());
+      if (i + 1 < n_greedy) last = eng.decode_logits({&s, 1}, {&t, 1});
     }
     std::printf("\n");
     print_cache_report(*model, "decode");

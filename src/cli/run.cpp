@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <span>
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
@@ -54,9 +55,8 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
   for (int32_t t : ids) sampler.accept(t);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  std::vector<float> logits(static_cast<size_t>(eng.n_vocab()));
   auto tp = std::chrono::steady_clock::now();
-  eng.prefill(*seq, ids, logits.data());
+  const std::span<const float> logits = eng.prefill_logits(*seq, ids);  // valid until the first decode
   if (!a.quiet_timing) print_cache_report(*model, "prompt");
   model->reset_cache_stats();  // the decode numbers below are this request's decode alone
   const double prompt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - tp).count();
