@@ -9,18 +9,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "cpu/thread_pool.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "decode_test_util.h"
-#include "model/synthetic.h"
 
 using namespace strata;
 
@@ -63,30 +59,15 @@ std::vector<float> run(std::shared_ptr<const Model> model, bool in_place, const 
 
 TEST(LogitsInPlaceGpu, SameBitsAsCopied) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string path = ::testing::TempDir() + "strata-logits-in-place-" + std::to_string(::getpid()) + ".gguf";
-  SyntheticSpec spec;
-  spec.format = "Q4_0";
-  spec.n_layer = 2;
-  spec.n_embd = 256;
-  spec.n_ff_exp = 256;
-  spec.n_expert = 16;
-  spec.n_expert_used = 2;
-  spec.n_vocab = 512;
-  spec.seed = 17;
-  {
-    ThreadPool pool(2);
-    write_synthetic_model(spec, path, pool);
-  }
-  std::mt19937 rng(3);
-  std::vector<int32_t> prompt(40);
-  for (auto& t : prompt) t = int32_t(rng() % spec.n_vocab);
+  const std::string path = test::write_small_synthetic("Q4_0", 17, "logits-in-place");
+  const std::vector<int32_t> prompt = test::random_prompt(40, test::kSmallSyntheticVocab, 3);
   for (const char* cache : {"100%", "50%"}) {
     SCOPED_TRACE(std::string("expert cache ") + cache);
     cuda::CudaOptions o = test::small_cuda_options(cache, /*exact=*/false);
     o.n_batch = 64;
     std::shared_ptr<const Model> model = cuda::load_model_cuda(path, o);
     const std::vector<float> copied = run(model, false, prompt, 4, 3), kept = run(model, true, prompt, 4, 3);
-    ASSERT_EQ(copied.size(), (40 + 4 + 2 * 3) * size_t(spec.n_vocab));
+    ASSERT_EQ(copied.size(), (40 + 4 + 2 * 3) * size_t(test::kSmallSyntheticVocab));
     EXPECT_EQ(test::bit_differences(copied, kept), 0u);
 
     // The model's side: its buffer has room for the workspace's rows and no more; a forward into it leaves
@@ -96,7 +77,7 @@ TEST(LogitsInPlaceGpu, SameBitsAsCopied) {
     EXPECT_EQ(model->logits_in_place(*ws, 65), nullptr);
     float* at = model->logits_in_place(*ws, 1);
     ThreadPool pool(2);
-    std::vector<float> mine(size_t(spec.n_vocab));
+    std::vector<float> mine(size_t(test::kSmallSyntheticVocab));
     for (float* dst : {mine.data(), at}) {
       auto seq = model->new_sequence(64, KvType::F32);
       const BatchToken bt{prompt[0], 0, 0, true};

@@ -9,45 +9,25 @@
 
 #include <cstdio>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <unistd.h>
-
-#include "cpu/thread_pool.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/expert_cache.h"
 #include "cuda/model_common.h"
 #include "decode_test_util.h"
 #include "engine/engine.h"
-#include "model/synthetic.h"
 
 using namespace strata;
 
 TEST(Q4_0X8Gpu, SameLogitsAsQ4_0Slots) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string path = ::testing::TempDir() + "strata-q4_0x8-" + std::to_string(::getpid()) + ".gguf";
-  SyntheticSpec spec;
-  spec.format = "Q4_0";
-  spec.n_layer = 2;
-  spec.n_embd = 256;
-  spec.n_ff_exp = 256;
-  // 16 experts, not 8: llama.cpp's Q4_0 rules give 8-expert models Q8_0 attn_k / attn_v, and the test wants
-  // q|k|v as one Q4_0 product (norm_matvec).
-  spec.n_expert = 16;
-  spec.n_expert_used = 2;
-  spec.n_vocab = 512;
-  spec.seed = 11;
-  {
-    ThreadPool pool(2);
-    write_synthetic_model(spec, path, pool);
-  }
-  std::mt19937 rng(3);
-  std::vector<int32_t> prompt(40);
-  for (auto& t : prompt) t = int32_t(rng() % spec.n_vocab);
+  // (16 experts: llama.cpp's Q4_0 rules give 8-expert models Q8_0 attn_k / attn_v, and the test wants q|k|v
+  // as one Q4_0 product, norm_matvec)
+  const std::string path = test::write_small_synthetic("Q4_0", 11, "q4_0x8");
+  const std::vector<int32_t> prompt = test::random_prompt(40, test::kSmallSyntheticVocab, 3);
   struct Restore {  // the switches as they were, however the test ends
     const bool experts = cuda::q4_0_experts_x8(), dense = cuda::q4_0_dense_x8();
     ~Restore() {

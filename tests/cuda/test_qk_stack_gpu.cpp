@@ -15,38 +15,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
-#include "cpu/thread_pool.h"
 #include "cuda/device.h"
 #include "cuda/model_common.h"
 #include "cuda/q8_kernels.cuh"
 #include "decode_test_util.h"
 #include "gguf/gguf.h"
-#include "model/synthetic.h"
 
 using namespace strata;
 
 TEST(QkStackGpu, SameLogitsAsThreeProducts) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string path = ::testing::TempDir() + "strata-qk-stack-" + std::to_string(::getpid()) + ".gguf";
-  SyntheticSpec spec;
-  spec.format = "Q4_K_M";
-  spec.n_layer = 2;
-  spec.n_embd = 256;
-  spec.n_ff_exp = 256;
-  spec.n_expert = 16;  // (8 experts would give k and v Q8_0: llama.cpp's rule for 8-expert models)
-  spec.n_expert_used = 2;
-  spec.n_vocab = 512;
-  spec.seed = 13;
-  {
-    ThreadPool pool(2);
-    write_synthetic_model(spec, path, pool);
-  }
+  const std::string path = test::write_small_synthetic("Q4_K_M", 13, "qk-stack");
   {  // the layout the test is about
     const auto f = gguf::File::open(path);
     for (int il = 0; il < 2; ++il) {
@@ -56,9 +38,7 @@ TEST(QkStackGpu, SameLogitsAsThreeProducts) {
       ASSERT_EQ(f.find_tensor(p + "attn_v.weight")->type, il == 0 ? GgmlType::Q4_K : GgmlType::Q6_K) << il;
     }
   }
-  std::mt19937 rng(5);
-  std::vector<int32_t> prompt(40);
-  for (auto& t : prompt) t = int32_t(rng() % spec.n_vocab);
+  const std::vector<int32_t> prompt = test::random_prompt(40, test::kSmallSyntheticVocab, 5);
   struct Restore {  // the switches as they were, however the test ends
     const bool stack = cuda::qk_stack(), early = cuda::q8::norm_matvec_early();
     ~Restore() {
@@ -66,7 +46,7 @@ TEST(QkStackGpu, SameLogitsAsThreeProducts) {
       cuda::q8::set_norm_matvec_early(early);
     }
   } restore;
-  const size_t V = size_t(spec.n_vocab);
+  const size_t V = test::kSmallSyntheticVocab;
   for (cpu::AttnMath attn : {cpu::AttnMath::F32, cpu::AttnMath::GgmlF16})
   for (bool early : {false, true}) {
     cuda::q8::set_norm_matvec_early(early);
