@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "tiny_model.h"
 
 using namespace strata;
@@ -28,21 +29,6 @@ std::string load_error(const TinySpec& s) {
     return e.what();
   }
   return "no error";
-}
-
-EngineOptions exact_opts(int ctx = 64, int batch = 512) {
-  EngineOptions o;
-  o.n_ctx = ctx;
-  o.n_batch = batch;
-  o.n_threads = 2;
-  o.mode = MatmulMode::Exact;
-  return o;
-}
-
-std::vector<int32_t> some_tokens(int n, int vocab, int seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[size_t(i)] = (i * 37 + seed * 11) % vocab;
-  return t;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "engine/engine.h"
 #include "engine/perplexity.h"
+#include "engine_test_util.h"
 #include "tiny_model.h"
 
 using namespace strata;
@@ -71,21 +72,6 @@ struct Models {
   }
 };
 
-EngineOptions exact_opts(int batch = 512) {
-  EngineOptions o;
-  o.n_ctx = 64;
-  o.n_batch = batch;
-  o.n_threads = 2;
-  o.mode = MatmulMode::Exact;
-  return o;
-}
-
-std::vector<int32_t> some_tokens(int n, int vocab, int seed) {
-  std::vector<int32_t> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) t[size_t(i)] = (i * 37 + seed * 11) % vocab;
-  return t;
-}
-
 std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
 
 }  // namespace
@@ -137,7 +123,7 @@ TEST(EngineLogits, FallsBackToTheEnginesMemory) {
   }
   {  // every row of a prefill in several passes (batch 4, 9 tokens), with room for all of them
     Models big(/*rows=*/16);
-    Engine a(big.in_place, exact_opts(/*batch=*/4)), b(big.plain, exact_opts(/*batch=*/4));
+    Engine a(big.in_place, exact_opts(64, /*batch=*/4)), b(big.plain, exact_opts(64, /*batch=*/4));
     auto sa = a.new_sequence(), sb = b.new_sequence();
     const std::vector<int32_t> p = some_tokens(9, V, 4);
     std::vector<float> want(size_t(V) * p.size());
