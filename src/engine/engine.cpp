@@ -51,8 +51,6 @@ float* Engine::logits_memory(size_t rows, bool one_pass) {
 
 std::span<const float> Engine::decode_logits(std::span<SequenceState* const> seqs,
                                              std::span<const int32_t> tokens) {
-  STRATA_REQUIRE(seqs.size() == tokens.size(), "decode: {} sequences but {} tokens", seqs.size(),
-                 tokens.size());
   float* out = logits_memory(seqs.size(), seqs.size() <= size_t(opt_.n_batch));
   decode_impl(seqs, tokens, out, nullptr);
   return {out, seqs.size() * size_t(n_vocab())};
@@ -64,13 +62,18 @@ std::span<const float> Engine::prefill_logits(SequenceState& seq, std::span<cons
   // Without all_logits only the last pass writes (one row), so any number of passes may use the model's.
   const size_t rows = all_logits ? tokens.size() : 1;
   float* out = logits_memory(rows, !all_logits || tokens.size() <= size_t(opt_.n_batch));
-  prefill(seq, tokens, out, all_logits);
+  prefill_impl(seq, tokens, out, all_logits);
   return {out, rows * size_t(n_vocab())};
 }
 
 void Engine::prefill(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
                      bool all_logits) {
   check_prefill(seq, tokens);
+  prefill_impl(seq, tokens, logits, all_logits);
+}
+
+void Engine::prefill_impl(SequenceState& seq, std::span<const int32_t> tokens, float* logits,
+                          bool all_logits) {
   SequenceState* seqs[1] = {&seq};
   const size_t V = size_t(n_vocab());
   for (size_t b = 0; b < tokens.size(); b += size_t(opt_.n_batch)) {

@@ -66,6 +66,8 @@ class Engine {
  private:
   void check_token(int32_t t) const;
   void check_prefill(const SequenceState& seq, std::span<const int32_t> tokens) const;
+  // prefill() after check_prefill (decode_impl's counterpart).
+  void prefill_impl(SequenceState& seq, std::span<const int32_t> tokens, float* logits, bool all_logits);
   // Memory for `rows` rows of logits: the model's (logits_in_place) when one_pass and it has room, else
   // logits_ (grown to fit).
   float* logits_memory(size_t rows, bool one_pass);
