@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "common/error.h"
@@ -266,6 +267,15 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
       sum = std::max(sum, 6.103515625e-5f);
       for (int j = 0; j < k; ++j) weights[t * k + j] /= sum;
     }
+  }
+}
+
+void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                const uint8_t* rows) {
+  for (int64_t t = 0; t < n_tok; ++t) {
+    if (rows && !rows[t]) continue;
+    for (int32_t j = 0; j < n_ban; ++j)
+      if (ban[j] >= 0 && ban[j] < n_vocab) logits[t * n_vocab + ban[j]] = -std::numeric_limits<float>::infinity();
   }
 }
 

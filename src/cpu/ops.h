@@ -72,4 +72,10 @@ void attention(const float* q, const AttnKv* kv, int64_t n_tok, int n_head, int 
 void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool norm, int32_t* ids,
                float* weights);
 
+// Tokens a row must never pick (a request's ignore_eos): logits[t][ban[j]] = -inf for every j < n_ban in
+// each row t whose rows[t] is nonzero (every row when rows is null). Ids outside [0, n_vocab) are skipped.
+// logits: [n_tok][n_vocab]; ban: [n_ban]; rows: [n_tok] or null.
+void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                const uint8_t* rows);
+
 }  // namespace strata::cpu

@@ -1355,6 +1355,28 @@ void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, c
   CUDA_CHECK_LAUNCH();
 }
 
+// logits: [n_tok][n_vocab]; ban: [n_ban]; rows: [n_tok] or null. One thread per (row, banned id).
+__global__ void ban_tokens_kernel(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                                  const uint8_t* rows) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * n_ban) return;
+  const int64_t t = i / n_ban;
+  const int32_t id = ban[i % n_ban];
+  if ((rows == nullptr || rows[t] != 0) && id >= 0 && id < n_vocab) logits[t * n_vocab + id] = -INFINITY;
+}
+
+void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                const uint8_t* rows, cudaStream_t stream) {
+  STRATA_REQUIRE(n_tok >= 0 && n_ban >= 0 && n_vocab >= 1 && n_vocab <= INT32_MAX,
+                 "ban_tokens: {} rows of {} logits, {} banned ids", n_tok, n_vocab, n_ban);
+  STRATA_REQUIRE(n_tok <= INT32_MAX / std::max(n_ban, 1), "ban_tokens: {} rows x {} ids", n_tok, n_ban);
+  if (n_tok == 0 || n_ban == 0) return;
+  const int64_t n = n_tok * n_ban;
+  ban_tokens_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(logits, n_tok, n_vocab, ban, n_ban,
+                                                                                rows);
+  CUDA_CHECK_LAUNCH();
+}
+
 size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
   return 0;  // the kernel re-reads the row (L2-resident) instead of sorting a copy
 }

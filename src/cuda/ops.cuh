@@ -89,6 +89,12 @@ struct SampleParams {
   float min_p = 0.05f; // 0: off
 };
 size_t sample_scratch_bytes(int64_t n_tok, int64_t n_vocab);
+
+// As cpu::ban_tokens (a request's ignore_eos before sample/argmax): logits[t][ban[j]] = -inf in each row t
+// whose rows[t] is nonzero (every row when rows is null); ids outside [0, n_vocab) are skipped.
+// logits: [n_tok][n_vocab]; ban: [n_ban] int32; rows: [n_tok] uint8 or null. All on the device.
+void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                const uint8_t* rows, cudaStream_t stream);
 void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
             void* scratch, int32_t* out, cudaStream_t stream);
 

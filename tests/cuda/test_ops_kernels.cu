@@ -701,4 +701,40 @@ TEST_F(GpuOps, SampleRejectsBadParams) {
   EXPECT_THROW(ops::sample(nullptr, 1, 10, p, nullptr, nullptr, nullptr, stream()), strata::Error);
 }
 
+// ban_tokens against cpu::ban_tokens at the real vocabulary: flagged rows only (and every row without
+// flags), ids out of range skipped, repeated ids, the rest of each row untouched (bit for bit); then the
+// greedy pick of a banned row is the best id outside the ban.
+TEST_F(GpuOps, BanTokensMatchesCpu) {
+  const int64_t rows = 5, V = kVocab;
+  const auto logits = randn(size_t(rows * V), 91, 2.0f);
+  const std::vector<int32_t> ban = {7, int32_t(V - 1), -3, int32_t(V), 7, 151643, 0};
+  const std::vector<uint8_t> flags = {1, 0, 1, 1, 0};
+  for (const bool all_rows : {false, true}) {
+    std::vector<float> want = logits;
+    cpu::ban_tokens(want.data(), rows, V, ban.data(), int32_t(ban.size()), all_rows ? nullptr : flags.data());
+    auto dl = upload(logits, "logits");
+    auto db = upload(ban, "ban");
+    auto dfl = upload(flags, "flags");
+    ops::ban_tokens(dl.as<float>(), rows, V, db.as<int32_t>(), int32_t(ban.size()),
+                    all_rows ? nullptr : dfl.as<uint8_t>(), stream());
+    const auto got = download<float>(dl, size_t(rows * V));
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "all rows " << all_rows;
+    int n_inf = 0;
+    for (float x : got) n_inf += std::isinf(x) ? 1 : 0;
+    EXPECT_EQ(n_inf, (all_rows ? 5 : 3) * 4) << "4 distinct ids in range a banned row";
+  }
+  // Greedy over a row whose best logit is banned picks the runner-up.
+  std::vector<float> row(size_t(V), 0.0f);
+  row[10] = 5.0f;
+  row[20] = 4.0f;
+  const std::vector<int32_t> ten = {10};
+  auto dl = upload(row, "row");
+  auto db = upload(ten, "ban");
+  auto dout = alloc<int32_t>(1, "out");
+  ops::ban_tokens(dl.as<float>(), 1, V, db.as<int32_t>(), 1, nullptr, stream());
+  ops::argmax(dl.as<float>(), 1, V, dout.as<int32_t>(), stream());
+  EXPECT_EQ(download<int32_t>(dout, 1), std::vector<int32_t>{20});
+  EXPECT_THROW(ops::ban_tokens(nullptr, -1, V, nullptr, 1, nullptr, stream()), strata::Error);
+}
+
 }  // namespace
