@@ -27,6 +27,8 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   samp_u = dev.alloc(size_t(n_tok) * 4, "ws.samp_u");
   samp_ids = dev.alloc(size_t(n_tok) * 4, "ws.samp_ids");
   samp_ids_h = dev.alloc_pinned(size_t(n_tok) * 4, "ws.samp_ids_h");
+  samp_ban = dev.alloc(size_t(DeviceSampling::kMaxDeviceBans) * 4 + size_t(n_tok), "ws.samp_ban");
+  samp_ban_h.resize(samp_ban.bytes());
   ids_h = dev.alloc_pinned(nk * size_t(n_layer) * 4, "ws.ids_h");
   wts_h = dev.alloc_pinned(nk * 4, "ws.wts_h");
   xn_h = dev.alloc_pinned(E * 4, "ws.xn_h");
@@ -44,7 +46,7 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &stage_row}) b += d->bytes();
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_ban, &stage_row}) b += d->bytes();
   for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
   return b;
 }
@@ -316,6 +318,27 @@ void check_logits_target(const PoolIo& io, const float* logits, int64_t n_out, i
                  "forward: the logits argument points into the workspace's logits buffer, not at its start");
 }
 
+// The rows of a device-sampled pass that must never pick some tokens (DeviceSampling::ban): their logits set
+// to -inf on the device before the pick, as the CPU path edits its copy (cpu::ban_tokens). Nothing when no
+// row asks.
+static void apply_bans(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& s) {
+  if (s.n_ban <= 0 || s.ban_rows == nullptr || std::none_of(s.ban_rows, s.ban_rows + n_out, [](uint8_t r) { return r; }))
+    return;
+  STRATA_REQUIRE(s.n_ban <= DeviceSampling::kMaxDeviceBans && s.ban != nullptr,
+                 "device sampling: {} banned ids (at most {})", s.n_ban, DeviceSampling::kMaxDeviceBans);
+  const size_t ids_at = 0, rows_at = size_t(DeviceSampling::kMaxDeviceBans) * 4;
+  std::memcpy(io.samp_ban_h.data() + ids_at, s.ban, size_t(s.n_ban) * 4);
+  std::memcpy(io.samp_ban_h.data() + rows_at, s.ban_rows, size_t(n_out));
+  c.xfer.upload(head(io.samp_ban, rows_at + size_t(n_out)), io.samp_ban_h.data(), rows_at + size_t(n_out), c.cs,
+                {&c.cs});
+  note_launch(c.cs, {io.samp_ban.span()}, {io.logits.span()});
+  const auto* base = io.samp_ban.as<const unsigned char>();
+  ops::ban_tokens(io.logits.as<float>(), n_out, n_vocab, reinterpret_cast<const int32_t*>(base + ids_at), s.n_ban,
+                  base + rows_at, c.cs.handle());
+  ++c.work.op_calls;
+  ++c.work.transfers;
+}
+
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
                     const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
                     std::chrono::steady_clock::time_point t_start) {
@@ -335,6 +358,7 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     // 152k vocabulary) and sampling on the CPU costs more than the kernel.
     const size_t ub = size_t(n_out) * 4;
     c.xfer.upload(head(io.samp_u, ub), sampling->u, ub, c.cs, {&c.cs});
+    apply_bans(c, io, n_out, n_vocab, *sampling);
     note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
     ops::sample(io.logits.as<const float>(), n_out, n_vocab,
                 ops::SampleParams{sampling->temperature, sampling->top_k, sampling->top_p, sampling->min_p},

@@ -64,6 +64,8 @@ struct PoolIo {
   DeviceBuffer samp_u;   // [n_tok] f32 draws of device sampling (ForwardOptions::sampling)
   DeviceBuffer samp_ids; // [n_tok] int32 its picks
   PinnedBuffer samp_ids_h;  // [n_tok] int32
+  DeviceBuffer samp_ban;    // [kMaxDeviceBans] int32 banned ids, then [n_tok] uint8 row flags (DeviceSampling::ban)
+  std::vector<uint8_t> samp_ban_h;  // its host image, uploaded through the transfer module
   // pinned host
   PinnedBuffer ids_h;      // [n_layer][n][k] int32, as ids
   PinnedBuffer wts_h;      // [n_tok][k]

@@ -4,6 +4,7 @@
 
 #include "common/env_switch.h"
 #include "common/error.h"
+#include "cpu/ops.h"
 #include "quant/q4k_repack.h"
 
 namespace strata {
@@ -94,12 +95,19 @@ void Engine::decode(std::span<SequenceState* const> seqs, std::span<const int32_
 }
 
 void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                           std::span<Sampler* const> samplers, int32_t* out) {
+                           std::span<Sampler* const> samplers, int32_t* out, const SampleBans& bans) {
   STRATA_REQUIRE(samplers.size() == seqs.size(), "decode: {} sequences but {} samplers", seqs.size(),
                  samplers.size());
+  STRATA_REQUIRE(bans.rows.empty() || bans.rows.size() == seqs.size(),
+                 "decode: {} sequences but {} ban flags", seqs.size(), bans.rows.size());
+  STRATA_REQUIRE(bans.ids.size() <= size_t(INT32_MAX), "decode: {} banned ids", bans.ids.size());
+  for (int32_t t : bans.ids)
+    STRATA_REQUIRE(t >= 0 && t < n_vocab(), "decode: banned token id {} is out of range (vocabulary {})", t,
+                   n_vocab());
+  const bool banning = !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r; });
   // On the device when it can: every sampler without penalties and with the same parameters (one rule
-  // per pass).
-  bool device = model_->samples_on_device();
+  // per pass), and no more banned ids than the device takes.
+  bool device = model_->samples_on_device() && (!banning || bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans));
   for (Sampler* s : samplers) {
     const SamplingParams &p = s->params(), &p0 = samplers[0]->params();
     device = device && s->penalties_off() && p.temperature == p0.temperature && p.top_k == p0.top_k &&
@@ -116,11 +124,21 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
     ds.min_p = p.min_p;
     ds.u = draws_.data();
     ds.out = out;
+    if (banning) {
+      ds.ban = bans.ids.data();
+      ds.n_ban = int32_t(bans.ids.size());
+      ds.ban_rows = bans.rows.data();
+    }
     decode_impl(seqs, tokens, nullptr, &ds);
     return;
   }
   const size_t V = size_t(n_vocab());
-  const float* logits = decode_logits(seqs, tokens).data();
+  // The engine's (or the model's) own memory: the banned rows are edited in place before their pick.
+  float* logits = logits_memory(seqs.size(), seqs.size() <= size_t(opt_.n_batch));
+  decode_impl(seqs, tokens, logits, nullptr);
+  if (banning)
+    cpu::ban_tokens(logits, int64_t(seqs.size()), int64_t(V), bans.ids.data(), int32_t(bans.ids.size()),
+                    bans.rows.data());
   for (size_t i = 0; i < samplers.size(); ++i) out[i] = samplers[i]->sample(logits + i * V);
 }
 
@@ -145,10 +163,11 @@ void Engine::decode_impl(std::span<SequenceState* const> seqs, std::span<const i
     for (size_t i = b; i < e; ++i)
       batch_.push_back({tokens[i], seqs[i]->n_past(), int32_t(i - b), true});
     DeviceSampling part;
-    if (sampling) {  // this chunk's draws and picks
+    if (sampling) {  // this chunk's draws, picks and ban flags
       part = *sampling;
       part.u = sampling->u + b;
       part.out = sampling->out + b;
+      if (sampling->ban_rows) part.ban_rows = sampling->ban_rows + b;
     }
     model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits ? logits + b * V : nullptr, pool_,
                     {opt_.mode, opt_.attn, opt_.usage, sampling ? &part : nullptr});

@@ -31,6 +31,13 @@ struct EngineOptions {
   bool logits_in_place = true;
 };
 
+// Tokens some sequences of a decode_sample call never pick: ids (each in [0, n_vocab)) for sequence i where
+// rows[i] is nonzero. rows empty: none; else one flag per sequence.
+struct SampleBans {
+  std::span<const int32_t> ids;
+  std::span<const uint8_t> rows;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<const Model> model, const EngineOptions& opt);
@@ -53,8 +60,9 @@ class Engine {
   // decode, then a pick for each sequence by samplers[i] into out[i] (the caller accept()s it). Where the
   // model samples on its device (a GPU) and every sampler is penalty-free with the same parameters, the
   // picks are made there from the same draws (Sampler::next_draw) and no logits come back; else on the CPU.
+  // bans: tokens the flagged sequences never pick (a request's ignore_eos), as if their logits were -inf.
   void decode_sample(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                     std::span<Sampler* const> samplers, int32_t* out);
+                     std::span<Sampler* const> samplers, int32_t* out, const SampleBans& bans = {});
   // decode() and prefill() with the logits in memory the engine picks: the model's own where it offers
   // room for them in one pass (EngineOptions::logits_in_place), else the engine's. Valid until the next
   // call on this engine. decode_logits: [seqs.size()][n_vocab]; prefill_logits: [n_vocab] of the last
