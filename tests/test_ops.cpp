@@ -84,7 +84,9 @@ TEST(Ops, RopeNeoxMatchesNaive) {
     // Position 0 is the identity and dims past n_rot are untouched.
     auto y = randn(size_t(n_tok) * n_head * hd, 4);
     for (int i = 0; i < n_head * hd; ++i) EXPECT_EQ(x[i], y[i]);
-    if (n_rot < hd) EXPECT_EQ(x[size_t(3) * n_head * hd + hd - 1], y[size_t(3) * n_head * hd + hd - 1]);
+    if (n_rot < hd) {
+      EXPECT_EQ(x[size_t(3) * n_head * hd + hd - 1], y[size_t(3) * n_head * hd + hd - 1]);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 // tokenize/render_chat/piece may be called from HTTP threads concurrently (they are const).
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ class TokenSampler {
 
 class Backend {
  public:
+  // row[t] = -inf for each t of ids inside the vocabulary (row: [info().n_vocab]): t is never sampled.
+  void ban_tokens(float* row, const std::vector<int32_t>& ids) const {
+    for (int32_t t : ids)
+      if (t >= 0 && t < info().n_vocab) row[t] = -std::numeric_limits<float>::infinity();
+  }
+
   virtual ~Backend() = default;
   virtual const BackendInfo& info() const = 0;
   virtual BackendStats stats() const { return {}; }
@@ -75,14 +82,20 @@ class Backend {
   virtual void decode(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
                       float* logits) = 0;
 
-  // decode, then a pick for each sequence by samplers[i] into out[i] (the caller accept()s it). A backend
-  // may pick where its logits are (EngineBackend on a GPU: Engine::decode_sample); by default the logits
-  // go to `logits` ([n][n_vocab]) and each sampler picks from its row.
+  // decode, then a pick for each sequence by samplers[i] into out[i] (the caller accept()s it); where
+  // ban_eog[i] is nonzero (a request's ignore_eos; ban_eog may be null) never an end-of-generation token.
+  // A backend may pick where its logits are (EngineBackend on a GPU: Engine::decode_sample); by default the
+  // logits go to `logits` ([n][n_vocab]) and each sampler picks from its row.
   virtual void decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
-                             TokenSampler* const* samplers, float* logits, int32_t* out) {
+                             TokenSampler* const* samplers, const uint8_t* ban_eog, float* logits, int32_t* out) {
     decode(seqs, tokens, n, logits);
     const size_t nv = size_t(info().n_vocab);
-    for (int32_t i = 0; i < n; ++i) out[i] = samplers[i]->sample(logits + size_t(i) * nv);
+    const std::vector<int32_t> eog = ban_eog ? end_of_generation_tokens() : std::vector<int32_t>();
+    for (int32_t i = 0; i < n; ++i) {
+      float* row = logits + size_t(i) * nv;
+      if (ban_eog && ban_eog[i]) ban_tokens(row, eog);
+      out[i] = samplers[i]->sample(row);
+    }
   }
 
   virtual std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) = 0;

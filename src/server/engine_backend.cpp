@@ -48,13 +48,16 @@ struct EngineBackend::Impl {
   std::unique_ptr<Engine> engine;
   std::optional<ChatTemplate> chat_template;
   std::vector<float> logits;  // [n_vocab] for prefill
+  std::vector<int32_t> eog;   // the end-of-generation ids inside the model's vocabulary (ignore_eos bans)
 };
 
 EngineBackend::EngineBackend(std::shared_ptr<const Model> model, const EngineOptions& eo,
                              const EngineBackendOptions& opt)
-    : impl_(new Impl{model, tokenizer::Tokenizer::from_gguf(model->file()), nullptr, std::nullopt, {}}) {
+    : impl_(new Impl{model, tokenizer::Tokenizer::from_gguf(model->file()), nullptr, std::nullopt, {}, {}}) {
   impl_->engine = std::make_unique<Engine>(model, eo);
   impl_->logits.resize(size_t(model->n_vocab()));
+  for (int32_t t : impl_->tok.eog_ids())
+    if (t >= 0 && t < model->n_vocab()) impl_->eog.push_back(t);
   const auto& tok = impl_->tok;
   if (!opt.chat_template_path.empty()) {
     std::string bos = tok.bos() != tokenizer::kNoToken ? tok.token_text(tok.bos()) : "";
@@ -150,16 +153,18 @@ void EngineBackend::decode(BackendSequence* const* seqs, const int32_t* tokens, 
 }
 
 void EngineBackend::decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
-                                  TokenSampler* const* samplers, float* logits, int32_t* out) {
+                                  TokenSampler* const* samplers, const uint8_t* ban_eog, float* logits, int32_t* out) {
   std::vector<SequenceState*> states(static_cast<size_t>(n));
   std::vector<Sampler*> ss(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
     states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
     auto* es = dynamic_cast<EngineSampler*>(samplers[i]);
-    if (!es) return Backend::decode_sample(seqs, tokens, n, samplers, logits, out);  // not ours: on the host
+    if (!es) return Backend::decode_sample(seqs, tokens, n, samplers, ban_eog, logits, out);  // not ours: on the host
     ss[size_t(i)] = &es->sampler();
   }
-  impl_->engine->decode_sample(states, std::span<const int32_t>(tokens, size_t(n)), ss, out);
+  SampleBans bans;
+  if (ban_eog) bans = {impl_->eog, std::span<const uint8_t>(ban_eog, size_t(n))};
+  impl_->engine->decode_sample(states, std::span<const int32_t>(tokens, size_t(n)), ss, out, bans);
 }
 
 std::unique_ptr<TokenSampler> EngineBackend::new_sampler(const SamplingOptions& o, uint64_t seed) {

@@ -34,7 +34,7 @@ class EngineBackend : public Backend {
   float* prefill(BackendSequence& seq, const int32_t* tokens, int32_t n) override;
   void decode(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, float* logits) override;
   void decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
-                     float* logits, int32_t* out) override;
+                     const uint8_t* ban_eog, float* logits, int32_t* out) override;
   std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) override;
 
  private:

@@ -33,9 +33,7 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics& metrics)
 }
 
 int32_t Scheduler::sample(Slot& s, float* logits) {
-  if (s.job->ignore_eos)
-    for (int32_t t : eog_tokens_)
-      if (t >= 0 && t < info_.n_vocab) logits[t] = -std::numeric_limits<float>::infinity();
+  if (s.job->ignore_eos) backend_.ban_tokens(logits, eog_tokens_);
   return s.sampler->sample(logits);
 }
 
@@ -321,20 +319,15 @@ void Scheduler::decode_all() {
     seqs.push_back(s->seq.get());
     toks.push_back(s->pending);
   }
-  const size_t nv = size_t(info_.n_vocab);
-  // ignore_eos edits the logits before the pick, so such a batch samples here; otherwise the backend
-  // picks (on its GPU where it can: no logits come back).
-  bool edit_logits = false;
-  for (Slot* s : batch) edit_logits |= s->job->ignore_eos;
+  // The backend picks (on its GPU where it can: no logits come back), never an end-of-generation token
+  // for a request with ignore_eos.
   std::vector<TokenSampler*> samplers;
-  for (Slot* s : batch) samplers.push_back(s->sampler.get());
+  std::vector<uint8_t> ban_eog;
+  for (Slot* s : batch) samplers.push_back(s->sampler.get()), ban_eog.push_back(s->job->ignore_eos ? 1 : 0);
   std::vector<int32_t> picks(batch.size(), -1);
   try {
-    if (edit_logits)
-      backend_.decode(seqs.data(), toks.data(), int32_t(batch.size()), logits_.data());
-    else
-      backend_.decode_sample(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), logits_.data(),
-                             picks.data());
+    backend_.decode_sample(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), ban_eog.data(),
+                           logits_.data(), picks.data());
   } catch (const std::exception& e) {
     for (Slot* s : batch) fail(*s, e.what());
     return;
@@ -345,7 +338,7 @@ void Scheduler::decode_all() {
     Slot& s = *batch[i];
     s.tokens.push_back(s.pending);
     s.pending = -1;
-    on_token(s, edit_logits ? sample(s, logits_.data() + i * nv) : picks[i]);
+    on_token(s, picks[i]);
   }
 }
 
