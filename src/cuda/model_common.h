@@ -71,8 +71,8 @@ bool q4_0_dense_x8();
 // experts, q and k Q4_K): in one-token decode two launches, q|k and v, each with the attention norm inside
 // (q8::norm_matvec), instead of the norm and three products. The same bits as the three products with the
 // early norm off (q8::set_norm_matvec_early), within its rounding with it (tests/cuda/test_qk_stack_gpu.cpp).
-// Default: the environment's STRATA_CUDA_QK_STACK (0 or 1), else off (not yet run on a GPU). set (tests,
-// benchmarks) wins.
+// Default: the environment's STRATA_CUDA_QK_STACK (0 or 1), else on (+1.9% tg at Q4_K_M, session 38). set
+// (tests, benchmarks) wins.
 void set_qk_stack(bool on);
 bool qk_stack();
 // A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped

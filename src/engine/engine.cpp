@@ -107,7 +107,10 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
   const bool banning = !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r; });
   // On the device when it can: every sampler without penalties and with the same parameters (one rule
   // per pass), and no more banned ids than the device takes.
-  bool device = model_->samples_on_device() && (!banning || bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans));
+  // STRATA_DEVICE_BANS=0 sends steps with bans to the CPU path (the A/B of README's table).
+  static const bool device_bans = env_on_unless_zero("STRATA_DEVICE_BANS");
+  bool device = model_->samples_on_device() &&
+                (!banning || (device_bans && bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans)));
   for (Sampler* s : samplers) {
     const SamplingParams &p = s->params(), &p0 = samplers[0]->params();
     device = device && s->penalties_off() && p.temperature == p0.temperature && p.top_k == p0.top_k &&

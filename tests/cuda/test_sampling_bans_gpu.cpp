@@ -41,7 +41,7 @@ Runs run(Engine& eng, float temp, const std::vector<int32_t>& ban, bool device, 
     sp.seed = 300 + uint64_t(s);
     samplers.emplace_back(sp, V);
     std::vector<int32_t> prompt;
-    for (int i = 0; i < 6 + 3 * s; ++i) prompt.push_back((i * 7919 + s * 104729) % 150000);
+    for (int i = 0; i < 6 + 3 * s; ++i) prompt.push_back((i * 7919 + s * 104729) % V);
     eng.prefill(*seqs.back(), prompt, logits.data());
     cur.push_back(samplers.back().sample(logits.data()));
   }
