@@ -4,6 +4,8 @@ For each arm (its environment) and round: starts `strata serve` on a free port, 
 /v1/completions requests (ignore_eos, max_tokens M, temperature 0.8, seeds 1..N), and prints the generated
 tokens a second over the wall time from the first request to the last answer. Arms alternate by round.
 Usage: serve-ignore-eos-ab.py STRATA MODEL "SERVE ARGS" N M ROUNDS NAME=VAR=VALUE[,VAR=VALUE] ...
+An arm's settings may also name request fields (req.FIELD=JSON, e.g. req.top_k=40, req.temperature=0) and
+its concurrency (n=K: K requests and --parallel K instead of N).
 """
 import json, os, re, subprocess, sys, threading, time, urllib.request
 
@@ -11,10 +13,13 @@ strata, model, serve_args, n, m, rounds = sys.argv[1], sys.argv[2], sys.argv[3],
 arms = []
 for a in sys.argv[7:]:
     name, _, sw = a.partition("=")
-    env = dict(kv.split("=", 1) for kv in sw.split(",") if kv)
-    arms.append((name, env))
+    env = dict(kv.split("=", 1) for kv in sw.split(",") if kv and kv != "-")
+    req = {k[4:]: json.loads(v) for k, v in env.items() if k.startswith("req.")}
+    k = int(env.get("n", n))
+    env = {key: v for key, v in env.items() if not key.startswith("req.") and key != "n"}
+    arms.append((name, env, req, k))
 
-def one_run(env):
+def one_run(env, req, n):
     e = dict(os.environ, **env)
     p = subprocess.Popen([strata, "serve", "-m", model, "--port", "0", "--parallel", str(n)] + serve_args.split(),
                          env=e, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -33,11 +38,12 @@ def one_run(env):
     threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
     tokens = [0] * n
     def ask(i):
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": m, "temperature": 0.8, "seed": i + 1,
-                           "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+        fields = {"prompt": "Once upon a time", "max_tokens": m, "temperature": 0.8, "seed": i + 1, "ignore_eos": True}
+        fields.update(req)
+        body = json.dumps(fields).encode()
+        rq = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                      {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
+        with urllib.request.urlopen(rq, timeout=300) as r:
             tokens[i] = json.load(r)["usage"]["completion_tokens"]
     # one warm-up request (graph capture, first-touch), then the timed batch
     ask(0)
@@ -50,12 +56,12 @@ def one_run(env):
     p.wait(timeout=30)
     return sum(tokens) / wall, sum(tokens)
 
-results = {name: [] for name, _ in arms}
+results = {a[0]: [] for a in arms}
 for r in range(rounds):
-    for name, env in arms:
-        got = one_run(env)
+    for name, env, req, k in arms:
+        got = one_run(env, req, k)
         results[name].append(got[0] if got else float("nan"))
         print(f"round {r + 1} {name}: " + (f"{got[0]:.1f} tok/s ({got[1]} tokens)" if got else "failed"), flush=True)
-for name, _ in arms:
+for name, *_ in arms:
     v = sorted(x for x in results[name] if x == x)
     print(f"{name}: median {v[len(v) // 2]:.1f} tok/s of {', '.join(f'{x:.1f}' for x in results[name])}" if v else f"{name}: failed")
