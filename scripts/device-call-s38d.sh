@@ -13,6 +13,6 @@ st built
 f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file $f"
 timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/serve-ignore-eos-ab.py /tmp/b/strata "$f" \
-  "--backend cuda --expert-cache 100% --adapt-every 0 --ctx 1024" 8 128 2 \
+  "--backend cuda --expert-cache 100% --adapt-every 0 --ctx 1024" 8 128 ${ROUNDS:-2} \
   g1=n=1,req.temperature=0 g8=req.temperature=0 k8=req.top_k=40 full8=- 2>&1 | tee $OUT/serve_arms.txt
 st done
