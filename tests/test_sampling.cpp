@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 #include <vector>
 
 #include "common/error.h"
 #include "engine/sampling.h"
+#include "sampling_reference.h"
 
 using namespace strata;
 
@@ -192,66 +194,9 @@ TEST(StopStrings, FinishReleasesHeldTextAndEarliestMatchWins) {
 }
 
 // The sampler's candidate selection (a heap over the raw logits plus the history's penalized tokens)
-// against the direct rule: every logit penalized in a full copy, sorted (partial_sort for top-k), then
-// the same top-p / min-p / temperature / draw. Same seed, same picks, on logits with many ties, with and
+// against the direct rule (sampling_reference.h): every logit penalized in a full copy, sorted (partial_sort
+// for top-k), then the same top-p / min-p / temperature / draw. Same seed, same picks, on logits with many ties, with and
 // without penalties and top-k, histories with repeats and out-of-range ids.
-namespace {
-int32_t reference_pick(const SamplingParams& P, const std::vector<float>& logits, const std::vector<int32_t>& hist,
-                       Rng& rng) {
-  struct C {
-    int32_t id;
-    float logit;
-    double p;
-  };
-  const int32_t V = int32_t(logits.size());
-  std::vector<C> c(logits.size());
-  for (int32_t i = 0; i < V; ++i) c[size_t(i)] = {i, logits[size_t(i)], 0};
-  std::map<int32_t, int> counts;
-  for (int32_t t : hist)
-    if (t >= 0 && t < V) ++counts[t];
-  if (P.repeat_penalty != 1.0f || P.presence_penalty != 0.0f || P.frequency_penalty != 0.0f)
-    for (const auto& [t, k] : counts) {
-      float& l = c[size_t(t)].logit;
-      l = l > 0 ? l / P.repeat_penalty : l * P.repeat_penalty;
-      l -= float(k) * P.frequency_penalty + P.presence_penalty;
-    }
-  auto before = [](const C& a, const C& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
-  if (P.temperature <= 0) return std::min_element(c.begin(), c.end(), before)->id;
-  size_t n = c.size();
-  if (P.top_k > 0 && size_t(P.top_k) < n) {
-    n = size_t(P.top_k);
-    std::partial_sort(c.begin(), c.begin() + std::ptrdiff_t(n), c.end(), before);
-  } else {
-    std::sort(c.begin(), c.end(), before);
-  }
-  auto softmax_n = [&](size_t m, float temp) {
-    double sum = 0;
-    for (size_t i = 0; i < m; ++i) sum += (c[i].p = std::exp((c[i].logit - c[0].logit) / temp));
-    for (size_t i = 0; i < m; ++i) c[i].p = float(c[i].p / sum);
-  };
-  if (P.top_p < 1.0f) {
-    softmax_n(n, 1.0f);
-    double cum = 0;
-    for (size_t i = 0; i < n; ++i)
-      if ((cum += c[i].p) >= P.top_p) {
-        n = i + 1;
-        break;
-      }
-  }
-  if (P.min_p > 0.0f) {
-    const float th = c[0].logit + std::log(P.min_p);
-    size_t keep = 1;
-    while (keep < n && c[keep].logit >= th) ++keep;
-    n = keep;
-  }
-  softmax_n(n, P.temperature);
-  const double u = rng.uniform();
-  double cum = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (u < (cum += c[i].p)) return c[i].id;
-  return c[n - 1].id;
-}
-}  // namespace
 
 TEST(Sampling, CandidateSelectionMatchesFullSort) {
   Rng gen(7);
@@ -280,7 +225,7 @@ TEST(Sampling, CandidateSelectionMatchesFullSort) {
       std::vector<int32_t> window = hist;
       if (P.repeat_last_n > 0 && window.size() > size_t(P.repeat_last_n))
         window.erase(window.begin(), window.end() - P.repeat_last_n);
-      const int32_t want = reference_pick(P, logits, window, ref_rng);
+      const int32_t want = test::reference_pick(P, logits, window, ref_rng);
       ASSERT_EQ(got, want) << "trial " << trial << " step " << step;
       // Accept the pick, and now and then a token the model did not pick (a prompt token, an id the
       // vocabulary does not have: ignored by the penalties).
@@ -292,4 +237,37 @@ TEST(Sampling, CandidateSelectionMatchesFullSort) {
     }
   }
   EXPECT_EQ(checked, 60 * 40);
+}
+
+// Top-k off at the real vocabulary size: the sampler orders only the ranks its walks reach (a sorted prefix,
+// then halving by mass) and sums over positions; the picks equal the full sort's, for peaked and flat
+// logits, with top-p and min-p on and off, at several temperatures, and with -inf logits (a ban).
+TEST(Sampling, TopKOffMatchesFullSortAtVocabularySize) {
+  const int32_t V = 151936;
+  Rng gen(11);
+  int checked = 0;
+  for (int trial = 0; trial < 12; ++trial) {
+    SamplingParams P;
+    P.seed = 1000 + uint64_t(trial);
+    P.top_k = 0;
+    P.temperature = std::array<float, 3>{1.0f, 0.7f, 1.6f}[size_t(trial % 3)];
+    P.top_p = std::array<float, 4>{1.0f, 0.95f, 0.5f, 0.999f}[size_t(trial % 4)];
+    P.min_p = trial % 5 == 2 ? 0.01f : trial % 5 == 4 ? 1e-6f : 0.0f;
+    const float sd = std::array<float, 4>{0.5f, 1.0f, 3.0f, 6.0f}[size_t((trial / 3) % 4)];
+    Sampler s(P, V);
+    Rng ref_rng(P.seed);
+    std::vector<float> logits(static_cast<size_t>(V));
+    for (int step = 0; step < 6; ++step) {
+      for (float& l : logits) {  // a sum of uniforms: roughly normal with deviation sd
+        double x = 0;
+        for (int j = 0; j < 3; ++j) x += gen.uniform() - 0.5;
+        l = float(x * 2.0 * sd);
+      }
+      if (step % 2) logits[size_t(step * 7)] = -std::numeric_limits<float>::infinity();
+      const int32_t got = s.sample(logits.data());
+      ASSERT_EQ(got, test::reference_pick(P, logits, {}, ref_rng)) << "trial " << trial << " step " << step;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 12 * 6);
 }

@@ -104,10 +104,19 @@ int32_t Sampler::sample(const float* logits) {
   const bool greedy = P.temperature <= 0.0f;
   const size_t V = static_cast<size_t>(n_vocab_);
   size_t n = greedy ? 1 : (P.top_k > 0 ? std::min(static_cast<size_t>(P.top_k), V) : V);
+  // Positions [0, n) of cand_ hold the first n candidates of the order (as a set); [0, sorted) of them are
+  // in order.
+  size_t sorted = 0;
   if (n == V) {
+    // Top-k off: every token is a candidate. Why not sort them all (~12 ms a row at a 152k vocabulary): the
+    // walks below over ranks (top-p, the draw) go through the sorted prefix, then halve the rest by mass
+    // (select_by_mass) and sort only the last ~1k candidates; sums are taken over positions, in the array's
+    // order. They differ from sums in rank order in the double's last bits only, so the picks are a full
+    // sort's except where a cumulative sum falls within ~1e-16 of the target (tests/test_sampling.cpp).
     for (int32_t i = 0; i < n_vocab_; ++i) cand_[size_t(i)] = {i, logits[i], 0.0f};
     for (const Cand& c : pen_) cand_[size_t(c.id)].logit = c.logit;
-    std::sort(cand_.begin(), cand_.end(), before);
+    std::iter_swap(cand_.begin(), std::min_element(cand_.begin(), cand_.end(), before));  // the best first
+    sorted = 1;
   } else {
     const size_t m = std::min(V, n + pen_.size());
     // A heap of the m best raw logits so far, its worst on top. Ids come in increasing order, so a new
@@ -145,47 +154,90 @@ int32_t Sampler::sample(const float* logits) {
       if (!found) cand_[count++] = c;
     }
     std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(count), before);
+    sorted = count;
   }
   if (greedy) return cand_[0].id;
-
-  auto softmax_n = [&](size_t m, float temp) {
-    const float mx = cand_[0].logit;
+  const float mx = cand_[0].logit;
+  // Each candidate's weight exp((logit - max) / temp) (kept in Cand::w for the walk that follows) and
+  // their sum over positions [0, m).
+  const auto total = [&](size_t m, float temp) {
     double sum = 0.0;
     for (size_t i = 0; i < m; ++i) {
-      cand_[i].p = std::exp((cand_[i].logit - mx) / temp);
-      sum += cand_[i].p;
+      cand_[i].w = std::exp((cand_[i].logit - mx) / temp);
+      sum += cand_[i].w;
     }
-    for (size_t i = 0; i < m; ++i) cand_[i].p = static_cast<float>(cand_[i].p / sum);
+    return sum;
   };
-  // top-p: the smallest prefix whose probability reaches p (at least one token).
-  if (P.top_p < 1.0f) {
-    softmax_n(n, 1.0f);
+  // The first rank i < m whose cumulative probability (ranks 0..i) satisfies stop, or m when none does;
+  // on return positions [0, i] hold ranks [0, i], position i rank i. The sorted prefix is walked in order;
+  // the rest is split while more than ~1024 ranks remain, the better part's mass saying on which side the
+  // target is: first at the candidates within a factor 1e-3 of the best weight (one pass; the target is
+  // among them unless the distribution is flat), then at medians (nth_element).
+  // Cand::w must hold total's weights. A probability is the float w / sum, as a full sort's softmax stored.
+  const auto walk = [&](size_t m, double sum, float temp, auto stop) -> size_t {
+    const auto prob = [sum](const Cand& c) { return static_cast<float>(c.w / sum); };
     double cum = 0.0;
-    size_t keep = n;
-    for (size_t i = 0; i < n; ++i) {
-      cum += cand_[i].p;
-      if (cum >= P.top_p) {
-        keep = i + 1;
-        break;
+    size_t lo = 0, hi = m;
+    for (; lo < std::min(sorted, hi); ++lo) {
+      cum += prob(cand_[lo]);
+      if (stop(cum)) return lo;
+    }
+    const auto at = [&](size_t i) { return cand_.begin() + std::ptrdiff_t(i); };
+    for (bool first = true; hi - lo > 1024; first = false) {
+      size_t mid;
+      if (first) {
+        const float thresh = mx + temp * std::log(1e-3f);
+        mid = size_t(std::partition(at(lo), at(hi), [thresh](const Cand& c) { return c.logit >= thresh; }) -
+                     cand_.begin());
+        if (mid == lo || mid == hi) continue;  // nothing split off: on to the medians
+      } else {
+        mid = lo + (hi - lo) / 2;
+        std::nth_element(at(lo), at(mid), at(hi), before);
+      }
+      double left = 0.0;
+      for (size_t i = lo; i < mid; ++i) left += prob(cand_[i]);
+      if (stop(cum + left)) {
+        hi = mid;
+      } else {
+        cum += left;
+        lo = mid;
       }
     }
-    n = keep;
+    const bool extends_prefix = lo == sorted;
+    std::sort(at(lo), at(hi), before);
+    if (extends_prefix) sorted = hi;
+    for (; lo < hi; ++lo) {
+      cum += prob(cand_[lo]);
+      if (stop(cum)) return lo;
+    }
+    return m;
+  };
+  // top-p: the smallest prefix whose probability (softmax at temperature 1) reaches p (at least one token).
+  if (P.top_p < 1.0f) {
+    const double top_p = P.top_p;
+    const double sum = total(n, 1.0f);
+    const size_t at = walk(n, sum, 1.0f, [top_p](double cum) { return cum >= top_p; });
+    if (at < n) n = at + 1;
   }
-  // min-p: drop tokens less likely than min_p times the best one.
+  // min-p: drop tokens less likely than min_p times the best one. Those with logit >= thresh are a prefix
+  // of the order: counted, then moved to the front where they are not there yet.
   if (P.min_p > 0.0f) {
     const float thresh = cand_[0].logit + std::log(P.min_p);  // p_i >= min_p * p_0 in logit space
-    size_t keep = 1;
-    while (keep < n && cand_[keep].logit >= thresh) ++keep;
+    size_t keep = 0;
+    for (size_t i = 0; i < n; ++i) keep += cand_[i].logit >= thresh;
+    keep = std::max<size_t>(keep, 1);
+    if (keep > sorted && keep < n)
+      std::partition(cand_.begin() + std::ptrdiff_t(sorted), cand_.begin() + std::ptrdiff_t(n),
+                     [thresh](const Cand& c) { return c.logit >= thresh; });
     n = keep;
   }
-  // temperature, then draw.
-  softmax_n(n, P.temperature);
+  // temperature, then draw (u beyond the last cumulative sum: the last candidate).
   const double u = rng_.uniform();
-  double cum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    cum += cand_[i].p;
-    if (u < cum) return cand_[i].id;
-  }
+  const double sum = total(n, P.temperature);
+  const size_t at = walk(n, sum, P.temperature, [u](double cum) { return u < cum; });
+  if (at < n) return cand_[at].id;
+  if (n > sorted) std::nth_element(cand_.begin() + std::ptrdiff_t(sorted), cand_.begin() + std::ptrdiff_t(n - 1),
+                                   cand_.begin() + std::ptrdiff_t(n), before);
   return cand_[n - 1].id;
 }
 

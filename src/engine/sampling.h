@@ -55,7 +55,7 @@ class Sampler {
   struct Cand {
     int32_t id;
     float logit;
-    float p;
+    float w;  // exp((logit - max) / temperature) of the step being taken
   };
   SamplingParams params_;
   int32_t n_vocab_;
