@@ -97,7 +97,10 @@ std::pair<Runs, Runs> run_both(Engine& eng, Engine& ref, const SamplingParams& s
     Sampler* sm[3] = {&samplers[0], &samplers[1], &samplers[2]};
     out[mode].resize(3);
     for (int step = 0; step < steps; ++step) {
-      for (int s = 0; s < 3; ++s) samplers[size_t(s)].accept(cur[size_t(s)]), out[mode][size_t(s)].push_back(cur[size_t(s)]);
+      for (size_t s = 0; s < 3; ++s) {
+        samplers[s].accept(cur[s]);
+        out[mode][s].push_back(cur[s]);
+      }
       const std::vector<int32_t> in = cur;
       if (mode == 0) {
         e.decode(sq, in, logits.data());

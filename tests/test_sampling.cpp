@@ -195,8 +195,8 @@ TEST(StopStrings, FinishReleasesHeldTextAndEarliestMatchWins) {
 
 // The sampler's candidate selection (a heap over the raw logits plus the history's penalized tokens)
 // against the direct rule (sampling_reference.h): every logit penalized in a full copy, sorted (partial_sort
-// for top-k), then the same top-p / min-p / temperature / draw. Same seed, same picks, on logits with many ties, with and
-// without penalties and top-k, histories with repeats and out-of-range ids.
+// for top-k), then the same top-p / min-p / temperature / draw. Same seed, same picks, on logits with many
+// ties, with and without penalties and top-k, histories with repeats and out-of-range ids.
 
 TEST(Sampling, CandidateSelectionMatchesFullSort) {
   Rng gen(7);

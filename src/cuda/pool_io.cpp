@@ -46,7 +46,8 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_ban, &stage_row}) b += d->bytes();
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_ban, &stage_row})
+    b += d->bytes();
   for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
   return b;
 }
@@ -322,8 +323,8 @@ void check_logits_target(const PoolIo& io, const float* logits, int64_t n_out, i
 // to -inf on the device before the pick, as the CPU path edits its copy (cpu::ban_tokens). Nothing when no
 // row asks.
 static void apply_bans(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& s) {
-  if (s.n_ban <= 0 || s.ban_rows == nullptr || std::none_of(s.ban_rows, s.ban_rows + n_out, [](uint8_t r) { return r; }))
-    return;
+  if (s.n_ban <= 0 || s.ban_rows == nullptr) return;
+  if (std::none_of(s.ban_rows, s.ban_rows + n_out, [](uint8_t r) { return r != 0; })) return;
   STRATA_REQUIRE(s.n_ban <= DeviceSampling::kMaxDeviceBans && s.ban != nullptr,
                  "device sampling: {} banned ids (at most {})", s.n_ban, DeviceSampling::kMaxDeviceBans);
   const size_t ids_at = 0, rows_at = size_t(DeviceSampling::kMaxDeviceBans) * 4;

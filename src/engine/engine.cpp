@@ -104,7 +104,8 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
   for (int32_t t : bans.ids)
     STRATA_REQUIRE(t >= 0 && t < n_vocab(), "decode: banned token id {} is out of range (vocabulary {})", t,
                    n_vocab());
-  const bool banning = !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r; });
+  const bool banning =
+      !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
   // On the device when it can: every sampler without penalties and with the same parameters (one rule
   // per pass), and no more banned ids than the device takes.
   // STRATA_DEVICE_BANS=0 sends steps with bans to the CPU path (the A/B of README's table).
