@@ -2,7 +2,8 @@
 // sequences pick as their Sampler would from logits whose banned ids are -inf, the others as without bans;
 // on the CPU path (the logits edited in the engine's memory) and through a model that picks inside its pass
 // (DeviceSampling::ban, the GPU's path, here a CPU stand-in), across passes of n_batch sequences. Bad bans
-// are refused before anything is evaluated.
+// are refused before anything is evaluated. Also samplers with different parameters in one batch
+// (DeviceSampling::rules, EngineOptions::mixed_device_sampling).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,7 +22,8 @@ using namespace strata::test;
 namespace {
 
 // A model that runs another one and, asked to sample (greedy only), picks the argmax of each row after
-// cpu::ban_tokens on its flagged rows: what the CUDA models do on the device. Counts the rows it banned.
+// cpu::ban_tokens on its flagged rows: what the CUDA models do on the device. Counts the rows it banned and
+// records the rows' own rules (DeviceSampling::rules).
 class PickingModel final : public Model {
  public:
   PickingModel(gguf::File file, std::shared_ptr<const Model> inner)
@@ -38,8 +40,11 @@ class PickingModel final : public Model {
                const ForwardOptions& opt) const override {
     if (!opt.sampling) return inner_->forward(batch, ws, logits, pool, opt);
     const DeviceSampling& s = *opt.sampling;
-    EXPECT_LE(s.temperature, 0.0f) << "the stand-in picks greedily only";
     const int64_t n = int64_t(batch.tokens.size()), V = n_vocab();
+    for (int64_t t = 0; t < n; ++t) {  // the stand-in picks greedily only; it records each row's rule
+      EXPECT_LE(s.rules ? s.rules[t].temperature : s.temperature, 0.0f);
+      if (s.rules) rule_top_k.push_back(s.rules[t].top_k);
+    }
     std::vector<float> rows(size_t(n * V));
     ForwardOptions inner_opt = opt;
     inner_opt.sampling = nullptr;
@@ -57,6 +62,7 @@ class PickingModel final : public Model {
   size_t weight_bytes() const override { return inner_->weight_bytes(); }
 
   mutable int banned_rows = 0;
+  mutable std::vector<int32_t> rule_top_k;  // each row's DeviceSampling::rules top_k, in pass order
 
  private:
   std::shared_ptr<const Model> inner_;
@@ -201,4 +207,48 @@ TEST(EngineBans, BadBansEvaluateNothing) {
   eng.decode_sample(seqs, in, samplers, out, {{}, both});
   eng.decode_sample(seqs, in, samplers, out, {fine, {}});
   EXPECT_EQ(a->n_past(), 5);
+}
+
+// Samplers with different parameters in one batch (greedy, top-k 5 / 10 / 20): with mixed_device_sampling
+// the pass picks with a rule per row, read from each pass's own rows (n_batch 2: two passes a step); without
+// it, on the CPU. The same picks either way.
+TEST(EngineBans, MixedRulesPickInsideThePassWhenAllowed) {
+  Models m;
+  for (const bool mixed : {true, false}) {
+    EngineOptions o = exact_opts(64, 2);
+    o.mixed_device_sampling = mixed;
+    Engine dev(m.picking, o), ref(m.plain, exact_opts(64, 2));
+    const int V = dev.n_vocab();
+    m.picking->rule_top_k.clear();
+    std::vector<int32_t> got[3], want[3];
+    for (int mode = 0; mode < 2; ++mode) {
+      Engine& e = mode ? dev : ref;
+      std::vector<std::unique_ptr<SequenceState>> seqs;
+      std::vector<Sampler> samplers;
+      samplers.reserve(3);
+      std::vector<int32_t> cur;
+      std::vector<float> logits(static_cast<size_t>(V));
+      for (int s = 0; s < 3; ++s) {
+        SamplingParams p;
+        p.temperature = 0.0f;
+        p.top_k = 5 << s;
+        samplers.emplace_back(p, V);
+        seqs.push_back(e.new_sequence());
+        e.prefill(*seqs.back(), some_tokens(3 + s, V, s + 1), logits.data());
+        cur.push_back(samplers.back().sample(logits.data()));
+      }
+      SequenceState* sq[3] = {seqs[0].get(), seqs[1].get(), seqs[2].get()};
+      Sampler* sm[3] = {&samplers[0], &samplers[1], &samplers[2]};
+      for (int step = 0; step < 5; ++step) {
+        const std::vector<int32_t> in = cur;
+        e.decode_sample(sq, in, sm, cur.data());
+        for (size_t s = 0; s < 3; ++s) (mode ? got : want)[s].push_back(cur[s]);
+      }
+    }
+    for (size_t s = 0; s < 3; ++s) EXPECT_EQ(got[s], want[s]) << "mixed " << mixed << " sequence " << s;
+    std::vector<int32_t> expect;
+    if (mixed)
+      for (int step = 0; step < 5; ++step) expect.insert(expect.end(), {5, 10, 20});
+    EXPECT_EQ(m.picking->rule_top_k, expect) << "mixed " << mixed;
+  }
 }

@@ -1055,9 +1055,11 @@ __device__ double sum_top(const float* row, int64_t n_vocab, int64_t n, uint64_t
 // logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
 // Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
 // sorted once and every later step reads them from shared memory instead of the whole row.
-__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P,
-                                                             const float* u, int32_t* out) {
+// rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
+__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
+                                                             const SampleParams* rows, const float* u, int32_t* out) {
   __shared__ SampleShared sh;
+  const SampleParams P = rows != nullptr ? rows[blockIdx.x] : P0;  // block-uniform
   const float* row = logits + blockIdx.x * n_vocab;
   if (threadIdx.x == 0) sh.cached = 0;
   uint64_t kmax = 0;
@@ -1381,14 +1383,28 @@ size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
   return 0;  // the kernel re-reads the row (L2-resident) instead of sorting a copy
 }
 
-void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
-            void* /*scratch*/, int32_t* out, cudaStream_t stream) {
-  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+void check_sample_params(const SampleParams& p) {
   STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
   STRATA_REQUIRE(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: top-p must be in (0, 1], got {}", p.top_p);
   STRATA_REQUIRE(p.min_p >= 0.0f && p.min_p <= 1.0f, "sample: min-p must be in [0, 1], got {}", p.min_p);
+}
+
+void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
+            void* /*scratch*/, int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+  check_sample_params(p);
   if (n_tok <= 0) return;
-  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, u, out);
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, nullptr, u, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
+                 int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+  STRATA_REQUIRE(rows != nullptr || n_tok <= 0, "sample_rows: no rules");
+  if (n_tok <= 0) return;
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, SampleParams{}, rows, u,
+                                                                          out);
   CUDA_CHECK_LAUNCH();
 }
 

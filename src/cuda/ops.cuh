@@ -97,5 +97,11 @@ void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ba
                 const uint8_t* rows, cudaStream_t stream);
 void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
             void* scratch, int32_t* out, cudaStream_t stream);
+// strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).
+void check_sample_params(const SampleParams& p);
+// As sample, with row t's rule at rows[t] (device memory, [n_tok], each passing check_sample_params): a
+// batch of requests with different parameters picks in one launch.
+void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
+                 int32_t* out, cudaStream_t stream);
 
 }  // namespace strata::cuda::ops

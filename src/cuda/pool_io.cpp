@@ -29,6 +29,8 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   samp_ids_h = dev.alloc_pinned(size_t(n_tok) * 4, "ws.samp_ids_h");
   samp_ban = dev.alloc(size_t(DeviceSampling::kMaxDeviceBans) * 4 + size_t(n_tok), "ws.samp_ban");
   samp_ban_h.resize(samp_ban.bytes());
+  samp_rules = dev.alloc(size_t(n_tok) * sizeof(ops::SampleParams), "ws.samp_rules");
+  samp_rules_h.resize(size_t(n_tok));
   ids_h = dev.alloc_pinned(nk * size_t(n_layer) * 4, "ws.ids_h");
   wts_h = dev.alloc_pinned(nk * 4, "ws.wts_h");
   xn_h = dev.alloc_pinned(E * 4, "ws.xn_h");
@@ -46,7 +48,8 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_ban, &stage_row})
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_ban, &samp_rules,
+                                &stage_row})
     b += d->bytes();
   for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
   return b;
@@ -360,10 +363,24 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     const size_t ub = size_t(n_out) * 4;
     c.xfer.upload(head(io.samp_u, ub), sampling->u, ub, c.cs, {&c.cs});
     apply_bans(c, io, n_out, n_vocab, *sampling);
-    note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
-    ops::sample(io.logits.as<const float>(), n_out, n_vocab,
-                ops::SampleParams{sampling->temperature, sampling->top_k, sampling->top_p, sampling->min_p},
-                io.samp_u.as<const float>(), nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
+    if (sampling->rules) {  // a rule per row, checked here (the kernel reads them from device memory)
+      for (int64_t r = 0; r < n_out; ++r) {
+        const DeviceSampling::Rule& q = sampling->rules[r];
+        io.samp_rules_h[size_t(r)] = ops::SampleParams{q.temperature, std::max(q.top_k, 0), q.top_p, q.min_p};
+        ops::check_sample_params(io.samp_rules_h[size_t(r)]);
+      }
+      const size_t rb = size_t(n_out) * sizeof(ops::SampleParams);
+      c.xfer.upload(head(io.samp_rules, rb), io.samp_rules_h.data(), rb, c.cs, {&c.cs});
+      ++c.work.transfers;
+      note_launch(c.cs, {io.logits.span(), io.samp_u.span(), io.samp_rules.span()}, {io.samp_ids.span()});
+      ops::sample_rows(io.logits.as<const float>(), n_out, n_vocab, io.samp_rules.as<const ops::SampleParams>(),
+                       io.samp_u.as<const float>(), io.samp_ids.as<int32_t>(), c.cs.handle());
+    } else {
+      note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
+      ops::sample(io.logits.as<const float>(), n_out, n_vocab,
+                  ops::SampleParams{sampling->temperature, sampling->top_k, sampling->top_p, sampling->min_p},
+                  io.samp_u.as<const float>(), nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
+    }
     ++c.work.op_calls;
     c.xfer.download(head(io.samp_ids_h, ub), head(io.samp_ids, ub), c.cs).wait();
     c.work.transfers += 2;

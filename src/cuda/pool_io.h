@@ -20,6 +20,7 @@
 #include "cpu/matmul_batch.h"
 #include "cuda/device.h"
 #include "cuda/expert_cache.h"
+#include "cuda/ops.cuh"
 #include "cuda/transfer.h"
 #include "model/model.h"
 #include "model/moe_ffn.h"
@@ -66,6 +67,8 @@ struct PoolIo {
   PinnedBuffer samp_ids_h;  // [n_tok] int32
   DeviceBuffer samp_ban;    // [kMaxDeviceBans] int32 banned ids, then [n_tok] uint8 row flags (DeviceSampling::ban)
   std::vector<uint8_t> samp_ban_h;  // its host image, uploaded through the transfer module
+  DeviceBuffer samp_rules;  // [n_tok] ops::SampleParams: per-row rules (DeviceSampling::rules)
+  std::vector<ops::SampleParams> samp_rules_h;  // [n_tok] its host image
   // pinned host
   PinnedBuffer ids_h;      // [n_layer][n][k] int32, as ids
   PinnedBuffer wts_h;      // [n_tok][k]

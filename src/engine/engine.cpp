@@ -1,6 +1,8 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "common/env_switch.h"
 #include "common/error.h"
@@ -16,6 +18,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
   opt_.n_batch = std::min(opt_.n_batch, opt_.n_ctx);
   opt_.n_threads = pool_.size();
   opt_.logits_in_place = opt_.logits_in_place && env_on_unless_zero("STRATA_LOGITS_IN_PLACE");
+  if (const char* e = std::getenv("STRATA_DEVICE_MIXED_SAMPLING"); e != nullptr && *e != '\0')
+    opt_.mixed_device_sampling = std::string_view(e) == "1";
   ws_ = model_->new_workspace(opt_.n_batch, opt_.n_ctx, pool_.size());
   // Fast-mode prefill of Q4_K weights may use 8-row repacked copies, made lazily and bounded by this
   // budget (STRATA_Q4K_REPACK_MIB, off by default; bit-identical results; quant/q4k_repack.h).
@@ -106,17 +110,20 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
                    n_vocab());
   const bool banning =
       !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
-  // On the device when it can: every sampler without penalties and with the same parameters (one rule
-  // per pass), and no more banned ids than the device takes.
+  // On the device when it can: every sampler without penalties, with the same parameters (one rule per
+  // pass) or with mixed_device_sampling a rule per row, and no more banned ids than the device takes.
   // STRATA_DEVICE_BANS=0 sends steps with bans to the CPU path (the A/B of README's table).
   static const bool device_bans = env_on_unless_zero("STRATA_DEVICE_BANS");
   bool device = model_->samples_on_device() &&
                 (!banning || (device_bans && bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans)));
+  bool same = true;
   for (Sampler* s : samplers) {
     const SamplingParams &p = s->params(), &p0 = samplers[0]->params();
-    device = device && s->penalties_off() && p.temperature == p0.temperature && p.top_k == p0.top_k &&
-             p.top_p == p0.top_p && p.min_p == p0.min_p;
+    device = device && s->penalties_off();
+    same = same && p.temperature == p0.temperature && p.top_k == p0.top_k && p.top_p == p0.top_p &&
+           p.min_p == p0.min_p;
   }
+  device = device && (same || opt_.mixed_device_sampling);
   if (device) {
     const SamplingParams& p = samplers[0]->params();
     draws_.resize(samplers.size());
@@ -128,6 +135,14 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
     ds.min_p = p.min_p;
     ds.u = draws_.data();
     ds.out = out;
+    if (!same) {
+      rules_.resize(samplers.size());
+      for (size_t i = 0; i < samplers.size(); ++i) {
+        const SamplingParams& q = samplers[i]->params();
+        rules_[i] = {q.temperature, std::max(q.top_k, 0), q.top_p, q.min_p};
+      }
+      ds.rules = rules_.data();
+    }
     if (banning) {
       ds.ban = bans.ids.data();
       ds.n_ban = int32_t(bans.ids.size());
@@ -167,11 +182,12 @@ void Engine::decode_impl(std::span<SequenceState* const> seqs, std::span<const i
     for (size_t i = b; i < e; ++i)
       batch_.push_back({tokens[i], seqs[i]->n_past(), int32_t(i - b), true});
     DeviceSampling part;
-    if (sampling) {  // this chunk's draws, picks and ban flags
+    if (sampling) {  // this chunk's draws, picks, ban flags and rules
       part = *sampling;
       part.u = sampling->u + b;
       part.out = sampling->out + b;
       if (sampling->ban_rows) part.ban_rows = sampling->ban_rows + b;
+      if (sampling->rules) part.rules = sampling->rules + b;
     }
     model_->forward({batch_, seqs.subspan(b, e - b)}, *ws_, logits ? logits + b * V : nullptr, pool_,
                     {opt_.mode, opt_.attn, opt_.usage, sampling ? &part : nullptr});

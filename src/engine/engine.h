@@ -29,6 +29,10 @@ struct EngineOptions {
   // left them when it offers that (Model::logits_in_place): no copy of [rows][n_vocab] floats on the host
   // after each pass. The engine turns it off where the environment sets STRATA_LOGITS_IN_PLACE=0 (A/B).
   bool logits_in_place = true;
+  // decode_sample on the device also for a batch whose samplers' parameters differ (each row its own rule,
+  // DeviceSampling::rules); off: such a batch brings its logits back and picks on the CPU. Off by default
+  // until it has run on a GPU (session 38 built it without one); STRATA_DEVICE_MIXED_SAMPLING=1 turns it on.
+  bool mixed_device_sampling = false;
 };
 
 // Tokens some sequences of a decode_sample call never pick: ids (each in [0, n_vocab)) for sequence i where
@@ -88,6 +92,7 @@ class Engine {
   std::vector<BatchToken> batch_;  // [n_batch], reused
   std::vector<float> logits_;      // logits_memory's own rows ([rows][n_vocab], reused)
   std::vector<float> draws_;       // decode_sample's draws on the device path ([n_seqs])
+  std::vector<DeviceSampling::Rule> rules_;  // its per-row rules when the samplers differ ([n_seqs])
 };
 
 }  // namespace strata

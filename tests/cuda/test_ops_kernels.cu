@@ -673,6 +673,54 @@ TEST_F(GpuOps, SampleMatchesCpuSampler) {
   EXPECT_LE(near, n_rows / 50) << "too many boundary cases to be chance:\n" << report;
 }
 
+// sample_rows: a rule per row in one launch (a batch of requests with different parameters) against the CPU
+// Sampler with each row's own parameters, at the real vocabulary; the same boundary allowance as above.
+TEST_F(GpuOps, SampleRowsFollowsEachRowsRule) {
+  const int rows = 16;
+  const int64_t V = kVocab;
+  std::mt19937 rng(82);
+  const float temps[] = {0.0f, 0.5f, 0.8f, 1.0f, 1.6f};
+  const int32_t top_ks[] = {0, 1, 40, 500};
+  const float top_ps[] = {1.0f, 0.95f, 0.6f};
+  const float min_ps[] = {0.0f, 0.05f};
+  std::vector<ops::SampleParams> rules(rows);
+  for (auto& r : rules) r = {temps[rng() % 5], top_ks[rng() % 4], top_ps[rng() % 3], min_ps[rng() % 2]};
+  const auto logits = randn(size_t(rows) * size_t(V), 83, 2.0f);
+  std::vector<float> u(rows);
+  std::vector<double> ud(rows);
+  std::vector<int32_t> want(rows);
+  for (int r = 0; r < rows; ++r) {
+    SamplingParams sp;
+    sp.temperature = rules[size_t(r)].temperature;
+    sp.top_k = rules[size_t(r)].top_k;
+    sp.top_p = rules[size_t(r)].top_p;
+    sp.min_p = rules[size_t(r)].min_p;
+    sp.seed = 500 + uint64_t(r);
+    Sampler s(sp, int32_t(V));
+    want[size_t(r)] = s.sample(logits.data() + size_t(r) * size_t(V));
+    Rng draw(sp.seed);
+    ud[size_t(r)] = sp.temperature <= 0.0f ? 0.0 : draw.uniform();
+    u[size_t(r)] = float(ud[size_t(r)]);
+  }
+  auto dl = upload(logits, "logits");
+  auto du = upload(u, "u");
+  auto drules = upload(rules, "rules");
+  auto dout = alloc<int32_t>(size_t(rows), "out");
+  ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dout.as<int32_t>(),
+                   stream());
+  const auto got = download<int32_t>(dout, size_t(rows));
+  int differ = 0;
+  for (int r = 0; r < rows; ++r) {
+    if (got[size_t(r)] == want[size_t(r)]) continue;
+    ++differ;
+    EXPECT_TRUE(near_boundary(logits.data() + size_t(r) * size_t(V), V, rules[size_t(r)], ud[size_t(r)], 1e-6))
+        << "row " << r << ": gpu " << got[size_t(r)] << " cpu " << want[size_t(r)];
+  }
+  EXPECT_LE(differ, 1);
+  EXPECT_THROW(ops::sample_rows(dl.as<float>(), 1, V, nullptr, du.as<float>(), dout.as<int32_t>(), stream()),
+               strata::Error);
+}
+
 // Four equal logits: probabilities exactly 1/4, cumulative sums exactly 0.25, 0.5, 0.75, 1 in the id
 // order; the draw takes the first candidate whose cumulative sum is strictly above u (Sampler's u < cum).
 TEST_F(GpuOps, SampleDrawIsStrictlyBelowTheCumulativeSum) {

@@ -2,7 +2,9 @@
 // DeviceSampling::ban, ops::ban_tokens before the pick): the same picks as the CPU Sampler on the same
 // model's logits with the banned ids set to -inf (cpu::ban_tokens), greedy and random, fully resident and at
 // 25% (CPU-pool passes). Three sequences in one batch, bans on the last two, so the flags are read per row.
-// The banned ids are the unbanned greedy run's picks, so the bans change the run. Skipped without a GPU.
+// The banned ids are the unbanned greedy run's picks, so the bans change the run. Also three samplers with
+// different parameters in one batch (DeviceSampling::rules, EngineOptions::mixed_device_sampling): the
+// device's picks with a rule per row equal each CPU Sampler's. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,18 +28,19 @@ const std::vector<uint8_t> kFlags = {0, 1, 1};
 
 using Runs = std::vector<std::vector<int32_t>>;
 
-// [3][steps] picks; device: decode_sample with bans, else decode + cpu::ban_tokens + each Sampler.
-Runs run(Engine& eng, float temp, const std::vector<int32_t>& ban, bool device, int steps) {
+// [3][steps] picks; device: decode_sample with bans, else decode + cpu::ban_tokens + each Sampler. Sequence s
+// samples with params[s] (seeded 300 + s).
+Runs run(Engine& eng, const std::vector<SamplingParams>& params, const std::vector<int32_t>& ban, bool device,
+         int steps) {
   const int V = eng.n_vocab();
   std::vector<std::unique_ptr<SequenceState>> seqs;
   std::vector<Sampler> samplers;
   samplers.reserve(3);
   std::vector<int32_t> cur;
   std::vector<float> logits(size_t(V) * 3);
-  SamplingParams sp;
-  sp.temperature = temp;
   for (int s = 0; s < 3; ++s) {
     seqs.push_back(eng.new_sequence());
+    SamplingParams sp = params[size_t(s)];
     sp.seed = 300 + uint64_t(s);
     samplers.emplace_back(sp, V);
     std::vector<int32_t> prompt;
@@ -60,6 +63,12 @@ Runs run(Engine& eng, float temp, const std::vector<int32_t>& ban, bool device, 
     }
   }
   return out;
+}
+
+Runs run(Engine& eng, float temp, const std::vector<int32_t>& ban, bool device, int steps) {
+  SamplingParams sp;
+  sp.temperature = temp;
+  return run(eng, {sp, sp, sp}, ban, device, steps);
 }
 
 std::string str(const std::vector<int32_t>& g) {
@@ -103,5 +112,33 @@ TEST(SamplingBansGpu, DevicePicksWhatTheCpuSamplerPicksWithBannedIdsAtMinusInfin
         EXPECT_TRUE(got[1] != free[1] || got[2] != free[2]) << "the bans changed nothing";
       }
     }
+  }
+}
+
+TEST(SamplingBansGpu, MixedRulesPickWhatEachCpuSamplerPicks) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  std::vector<SamplingParams> params(3);
+  params[0].temperature = 0.0f;
+  params[1].temperature = 0.8f;  // top_k 40, top_p 0.95, min_p 0.05: the defaults
+  params[2].temperature = 1.2f;
+  params[2].top_k = 0;
+  params[2].top_p = 1.0f;
+  params[2].min_p = 0.0f;
+  const std::vector<int32_t> ban = {3, 17};
+  for (const char* cache : {"100%", "25%"}) {
+    cuda::CudaOptions o;
+    o.expert_cache = cache;
+    o.adapt_every = 0;
+    o.n_ctx = 128;
+    std::shared_ptr<const Model> model = cuda::load_model_cuda(kModel, o);
+    EngineOptions eo;
+    eo.n_ctx = 128;
+    eo.n_threads = 2;
+    eo.mixed_device_sampling = true;
+    Engine eng(model, eo);
+    ASSERT_TRUE(eng.options().mixed_device_sampling);
+    const Runs want = run(eng, params, ban, false, 16), got = run(eng, params, ban, true, 16);
+    std::printf("[ gpu mixed rules %4s ] seq 2: %s\n", cache, str(got[2]).c_str());
+    EXPECT_EQ(got, want) << cache;
   }
 }
