@@ -4,8 +4,9 @@ For each arm (its environment) and round: starts `strata serve` on a free port, 
 /v1/completions requests (ignore_eos, max_tokens M, temperature 0.8, seeds 1..N), and prints the generated
 tokens a second over the wall time from the first request to the last answer. Arms alternate by round.
 Usage: serve-ignore-eos-ab.py STRATA MODEL "SERVE ARGS" N M ROUNDS NAME=VAR=VALUE[,VAR=VALUE] ...
-An arm's settings may also name request fields (req.FIELD=JSON, e.g. req.top_k=40, req.temperature=0) and
-its concurrency (n=K: K requests and --parallel K instead of N).
+An arm's settings may also name request fields (req.FIELD=JSON, e.g. req.top_k=40, req.temperature=0), its
+concurrency (n=K: K requests and --parallel K instead of N), and mix=1: request i's temperature 0.5 + 0.1 i
+(samplers with different parameters in one batch).
 """
 import json, os, re, subprocess, sys, threading, time, urllib.request
 
@@ -16,7 +17,9 @@ for a in sys.argv[7:]:
     env = dict(kv.split("=", 1) for kv in sw.split(",") if kv and kv != "-")
     req = {k[4:]: json.loads(v) for k, v in env.items() if k.startswith("req.")}
     k = int(env.get("n", n))
-    env = {key: v for key, v in env.items() if not key.startswith("req.") and key != "n"}
+    if env.get("mix") == "1":
+        req["mix"] = True
+    env = {key: v for key, v in env.items() if not key.startswith("req.") and key not in ("n", "mix")}
     arms.append((name, env, req, k))
 
 def one_run(env, req, n):
@@ -39,7 +42,9 @@ def one_run(env, req, n):
     tokens = [0] * n
     def ask(i):
         fields = {"prompt": "Once upon a time", "max_tokens": m, "temperature": 0.8, "seed": i + 1, "ignore_eos": True}
-        fields.update(req)
+        fields.update({key: v for key, v in req.items() if key != "mix"})
+        if req.get("mix"):
+            fields["temperature"] = 0.5 + 0.1 * i
         body = json.dumps(fields).encode()
         rq = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
                                      {"Content-Type": "application/json"})
