@@ -213,8 +213,8 @@ bool Scheduler::check_cancelled(Slot& s) {
   bool disconnected = job.client_gone.load() || peer_closed(job.watch_fd);
   if (!job.cancel.load() && !disconnected) return false;
   if (disconnected) metrics_.disconnects++;
+  s.seq.reset();  // frees the KV now, before the waiter hears the request is done
   finish(s, FinishReason::Cancelled);
-  s.seq.reset();  // frees the KV now
   return true;
 }
 
