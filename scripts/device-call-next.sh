@@ -12,13 +12,8 @@
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"].
 set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-export STRATA_FIXTURES_DIR=$PWD/.carry/fix
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader; nproc; git log --oneline -1; git status --short | head; } > $OUT/env.txt 2>&1
-timeout 400 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -40 $OUT/build.log; exit 1; }
-st built
+bash scripts/device-call-suite.sh || exit 1  # the build, every GPU test with the stream checker (its lines)
 . /tmp/b/env.sh
-STRATA_STREAM_CHECK=1 timeout 300 /tmp/b/tests/strata_cuda_tests > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
-st "tests"; grep -E "^\[  FAILED|PASSED|rc=|tests from .* ran" $OUT/tests.txt | head -30
 grep -E "^\[ gpu (bans|mixed)|^\[sample\]" $OUT/tests.txt | head -12
 f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
 st "file $f"

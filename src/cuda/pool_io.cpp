@@ -366,7 +366,7 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     if (sampling->rules) {  // a rule per row, checked here (the kernel reads them from device memory)
       for (int64_t r = 0; r < n_out; ++r) {
         const DeviceSampling::Rule& q = sampling->rules[r];
-        io.samp_rules_h[size_t(r)] = ops::SampleParams{q.temperature, std::max(q.top_k, 0), q.top_p, q.min_p};
+        io.samp_rules_h[size_t(r)] = ops::SampleParams{q.temperature, q.top_k, q.top_p, q.min_p};
         ops::check_sample_params(io.samp_rules_h[size_t(r)]);
       }
       const size_t rb = size_t(n_out) * sizeof(ops::SampleParams);

@@ -1,8 +1,6 @@
 #include "engine/engine.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
 #include "common/env_switch.h"
 #include "common/error.h"
@@ -18,8 +16,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
   opt_.n_batch = std::min(opt_.n_batch, opt_.n_ctx);
   opt_.n_threads = pool_.size();
   opt_.logits_in_place = opt_.logits_in_place && env_on_unless_zero("STRATA_LOGITS_IN_PLACE");
-  if (const char* e = std::getenv("STRATA_DEVICE_MIXED_SAMPLING"); e != nullptr && *e != '\0')
-    opt_.mixed_device_sampling = std::string_view(e) == "1";
+  opt_.mixed_device_sampling = env_digit("STRATA_DEVICE_MIXED_SAMPLING", 0, 1, opt_.mixed_device_sampling) == 1;
+  opt_.device_bans = opt_.device_bans && env_on_unless_zero("STRATA_DEVICE_BANS");
   ws_ = model_->new_workspace(opt_.n_batch, opt_.n_ctx, pool_.size());
   // Fast-mode prefill of Q4_K weights may use 8-row repacked copies, made lazily and bounded by this
   // budget (STRATA_Q4K_REPACK_MIB, off by default; bit-identical results; quant/q4k_repack.h).
@@ -111,11 +109,10 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
   const bool banning =
       !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
   // On the device when it can: every sampler without penalties, with the same parameters (one rule per
-  // pass) or with mixed_device_sampling a rule per row, and no more banned ids than the device takes.
-  // STRATA_DEVICE_BANS=0 sends steps with bans to the CPU path (the A/B of README's table).
-  static const bool device_bans = env_on_unless_zero("STRATA_DEVICE_BANS");
+  // pass) or with mixed_device_sampling a rule per row, and no bans or (device_bans) no more banned ids than
+  // the device takes.
   bool device = model_->samples_on_device() &&
-                (!banning || (device_bans && bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans)));
+                (!banning || (opt_.device_bans && bans.ids.size() <= size_t(DeviceSampling::kMaxDeviceBans)));
   bool same = true;
   for (Sampler* s : samplers) {
     const SamplingParams &p = s->params(), &p0 = samplers[0]->params();

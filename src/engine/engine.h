@@ -33,6 +33,9 @@ struct EngineOptions {
   // DeviceSampling::rules); off: such a batch brings its logits back and picks on the CPU. Off by default
   // until it has run on a GPU (session 38 built it without one); STRATA_DEVICE_MIXED_SAMPLING=1 turns it on.
   bool mixed_device_sampling = false;
+  // decode_sample on the device also for a batch with banned tokens (SampleBans); off: such a batch brings
+  // its logits back and the CPU path edits them. STRATA_DEVICE_BANS=0 turns it off (A/B).
+  bool device_bans = true;
 };
 
 // Tokens some sequences of a decode_sample call never pick: ids (each in [0, n_vocab)) for sequence i where

@@ -109,9 +109,8 @@ int32_t Sampler::sample(const float* logits) {
   size_t sorted = 0;
   if (n == V) {
     // Top-k off: every token is a candidate. Why not sort them all (~12 ms a row at a 152k vocabulary): the
-    // walks below over ranks (top-p, the draw) go through the sorted prefix, then halve the rest by mass
-    // (select_by_mass) and sort only the last ~1k candidates; sums are taken over positions, in the array's
-    // order. They differ from sums in rank order in the double's last bits only, so the picks are a full
+    // walks below over ranks (top-p, the draw) go through the sorted prefix, then split the rest by mass
+    // (walk) and sort only the last ~1k candidates; sums are taken over positions, in the array's order. They differ from sums in rank order in the double's last bits only, so the picks are a full
     // sort's except where a cumulative sum falls within ~1e-16 of the target (tests/test_sampling.cpp).
     for (int32_t i = 0; i < n_vocab_; ++i) cand_[size_t(i)] = {i, logits[i], 0.0f};
     for (const Cand& c : pen_) cand_[size_t(c.id)].logit = c.logit;

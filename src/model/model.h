@@ -47,17 +47,17 @@ struct DeviceSampling {
   float min_p = 0.05f;   // 0: off
   const float* u = nullptr;  // [n_out] draws in [0, 1) (ignored when greedy)
   int32_t* out = nullptr;    // [n_out] the picked ids, in the order of the rows that want logits
-  // Tokens some rows never pick (a request's ignore_eos; cpu::ban_tokens): ban[0, n_ban) in [0, n_vocab),
-  // applied to row r where ban_rows[r] is nonzero (null: no row). n_ban <= kMaxDeviceBans.
   // Rows with rules of their own (a batch of requests with different parameters): rules[r] for row r,
   // the four fields above ignored (null: those fields for every row).
   struct Rule {
     float temperature;
-    int32_t top_k;
+    int32_t top_k;  // <= 0: off
     float top_p;
     float min_p;
   };
   const Rule* rules = nullptr;  // [n_out]
+  // Tokens some rows never pick (a request's ignore_eos; cpu::ban_tokens): ban[0, n_ban) in [0, n_vocab),
+  // applied to row r where ban_rows[r] is nonzero (null: no row). n_ban <= kMaxDeviceBans.
   static constexpr int32_t kMaxDeviceBans = 64;
   const int32_t* ban = nullptr;       // [n_ban]
   int32_t n_ban = 0;

@@ -6,11 +6,11 @@
 // tokenize/render_chat/piece may be called from HTTP threads concurrently (they are const).
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cpu/ops.h"
 #include "server/api_request.h"
 
 namespace strata::server {
@@ -50,12 +50,6 @@ class TokenSampler {
 
 class Backend {
  public:
-  // row[t] = -inf for each t of ids inside the vocabulary (row: [info().n_vocab]): t is never sampled.
-  void ban_tokens(float* row, const std::vector<int32_t>& ids) const {
-    for (int32_t t : ids)
-      if (t >= 0 && t < info().n_vocab) row[t] = -std::numeric_limits<float>::infinity();
-  }
-
   virtual ~Backend() = default;
   virtual const BackendInfo& info() const = 0;
   virtual BackendStats stats() const { return {}; }
@@ -90,12 +84,11 @@ class Backend {
                              TokenSampler* const* samplers, const uint8_t* ban_eog, float* logits, int32_t* out) {
     decode(seqs, tokens, n, logits);
     const size_t nv = size_t(info().n_vocab);
-    const std::vector<int32_t> eog = ban_eog ? end_of_generation_tokens() : std::vector<int32_t>();
-    for (int32_t i = 0; i < n; ++i) {
-      float* row = logits + size_t(i) * nv;
-      if (ban_eog && ban_eog[i]) ban_tokens(row, eog);
-      out[i] = samplers[i]->sample(row);
+    if (ban_eog) {
+      const std::vector<int32_t> eog = end_of_generation_tokens();
+      cpu::ban_tokens(logits, n, int64_t(nv), eog.data(), int32_t(eog.size()), ban_eog);
     }
+    for (int32_t i = 0; i < n; ++i) out[i] = samplers[i]->sample(logits + size_t(i) * nv);
   }
 
   virtual std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) = 0;

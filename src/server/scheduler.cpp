@@ -4,9 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "common/error.h"
+#include "cpu/ops.h"
 
 namespace strata::server {
 
@@ -33,7 +33,8 @@ Scheduler::Scheduler(Backend& backend, SchedulerConfig cfg, Metrics& metrics)
 }
 
 int32_t Scheduler::sample(Slot& s, float* logits) {
-  if (s.job->ignore_eos) backend_.ban_tokens(logits, eog_tokens_);
+  if (s.job->ignore_eos)
+    cpu::ban_tokens(logits, 1, info_.n_vocab, eog_tokens_.data(), int32_t(eog_tokens_.size()), nullptr);
   return s.sampler->sample(logits);
 }
 

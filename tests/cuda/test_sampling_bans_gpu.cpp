@@ -71,6 +71,22 @@ Runs run(Engine& eng, float temp, const std::vector<int32_t>& ban, bool device, 
   return run(eng, {sp, sp, sp}, ban, device, steps);
 }
 
+// The fixture model with `cache` of its experts resident, and an engine over it (2 threads, 128 positions).
+std::shared_ptr<const Model> load(const char* cache) {
+  cuda::CudaOptions o;
+  o.expert_cache = cache;
+  o.adapt_every = 0;
+  o.n_ctx = 128;
+  return cuda::load_model_cuda(kModel, o);
+}
+EngineOptions engine_options(bool mixed) {
+  EngineOptions eo;
+  eo.n_ctx = 128;
+  eo.n_threads = 2;
+  eo.mixed_device_sampling = mixed;
+  return eo;
+}
+
 std::string str(const std::vector<int32_t>& g) {
   std::string s;
   for (int32_t t : g) s += std::to_string(t) + " ";
@@ -82,16 +98,9 @@ std::string str(const std::vector<int32_t>& g) {
 TEST(SamplingBansGpu, DevicePicksWhatTheCpuSamplerPicksWithBannedIdsAtMinusInfinity) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   for (const char* cache : {"100%", "25%"}) {
-    cuda::CudaOptions o;
-    o.expert_cache = cache;
-    o.adapt_every = 0;
-    o.n_ctx = 128;
-    std::shared_ptr<const Model> model = cuda::load_model_cuda(kModel, o);
+    std::shared_ptr<const Model> model = load(cache);
     ASSERT_TRUE(model->samples_on_device());
-    EngineOptions eo;
-    eo.n_ctx = 128;
-    eo.n_threads = 2;
-    Engine eng(model, eo);
+    Engine eng(model, engine_options(false));
     // The banned ids: the first 4 distinct picks after the prompt's of the flagged sequences, unbanned.
     const Runs free = run(eng, 0.0f, {}, true, 12);
     std::vector<int32_t> ban;
@@ -126,16 +135,7 @@ TEST(SamplingBansGpu, MixedRulesPickWhatEachCpuSamplerPicks) {
   params[2].min_p = 0.0f;
   const std::vector<int32_t> ban = {3, 17};
   for (const char* cache : {"100%", "25%"}) {
-    cuda::CudaOptions o;
-    o.expert_cache = cache;
-    o.adapt_every = 0;
-    o.n_ctx = 128;
-    std::shared_ptr<const Model> model = cuda::load_model_cuda(kModel, o);
-    EngineOptions eo;
-    eo.n_ctx = 128;
-    eo.n_threads = 2;
-    eo.mixed_device_sampling = true;
-    Engine eng(model, eo);
+    Engine eng(load(cache), engine_options(true));
     ASSERT_TRUE(eng.options().mixed_device_sampling);
     const Runs want = run(eng, params, ban, false, 16), got = run(eng, params, ban, true, 16);
     std::printf("[ gpu mixed rules %4s ] seq 2: %s\n", cache, str(got[2]).c_str());
