@@ -46,6 +46,21 @@ TEST(CliBackend, BenchPrintsTheDecodeRoofline) {
   EXPECT_EQ(j.out.find("\"tg_roofline_tok_s\": 0.000"), std::string::npos) << j.out;
 }
 
+// --parallel P: every tg step decodes one token for each of P sequences in one pass; the line counts all
+// their tokens and says how many sequences; a bad P is a clear error.
+TEST(CliBackend, BenchParallelDecodesSeveralSequences) {
+  const Out o = sh("bench -m " + kModel + " -p 0 -n 3 -t 1 --backend cpu --parallel 4 --no-roofline");
+  ASSERT_EQ(o.rc, 0) << o.out;
+  EXPECT_NE(o.out.find("tok/s in all, 4 sequences"), std::string::npos) << o.out;
+  const Out j = sh("bench -m " + kModel + " -p 0 -n 3 -t 1 --backend cpu --parallel 4 --json");
+  ASSERT_EQ(j.rc, 0) << j.out;
+  EXPECT_NE(j.out.find("\"parallel\": 4,"), std::string::npos) << j.out;
+  EXPECT_NE(j.out.find("\"tg_roofline_tok_s\": 0.000"), std::string::npos) << j.out;  // a single sequence's only
+  const Out bad = sh("bench -m " + kModel + " -p 0 -n 3 -t 1 --backend cpu --parallel 0");
+  EXPECT_EQ(bad.rc, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--parallel must be in [1, 256], got 0"), std::string::npos) << bad.out;
+}
+
 TEST(CliBackend, CudaBackendWithoutGpuOrCudaIsAClearError) {
   // Where a GPU is present this runs the model on it instead (and must succeed); a malformed
   // --expert-cache is an error either way.

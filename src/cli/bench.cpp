@@ -17,6 +17,7 @@ namespace {
 
 struct BenchArgs {
   int n_prompt = 512, n_gen = 128, reps = 1;
+  int parallel = 1;  // sequences decoded together in tg (one token each a step, one forward pass)
   int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
                    // library handles, first touches) stay out of the numbers
   bool json = false;
@@ -61,10 +62,14 @@ Roofline measure_roofline(const Model& model, const ExpertCacheReport& tg_cache,
 int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1 && a.warmup >= 0,
                  "-p and -n must be >= 0, --reps >= 1 and --warmup >= 0");
+  STRATA_REQUIRE(a.parallel >= 1 && a.parallel <= 256, "--parallel must be in [1, 256], got {}", a.parallel);
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
-  Engine eng(model, ef.options(std::max(a.n_prompt, a.n_gen) + 1));
+  // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
+  Engine eng(model, ef.options(std::max({a.n_prompt, a.n_gen, a.parallel}) + 1));
   auto seq = eng.new_sequence();
+  std::vector<std::unique_ptr<SequenceState>> more;  // tg's other sequences (--parallel)
+  for (int i = 1; i < a.parallel; ++i) more.push_back(eng.new_sequence());
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load0).count();
   const size_t V = static_cast<size_t>(eng.n_vocab());
@@ -83,14 +88,17 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     eng.prefill_logits(*seq, prompt);  // (logits left where the engine reads them: no copy into ours)
     return seconds_since(t0);
   };
+  // tg: n steps, each one token for every sequence (--parallel of them) in one forward pass.
+  std::vector<SequenceState*> seqs{seq.get()};
+  for (auto& m : more) seqs.push_back(m.get());
+  std::vector<int32_t> toks(seqs.size());
   const auto run_tg = [&](int n) {
-    seq->reset();
-    SequenceState* sp = seq.get();
-    int32_t tok = rand_tok();
+    for (auto* s : seqs) s->reset();
+    for (auto& t : toks) t = rand_tok();
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
-      eng.decode_logits({&sp, 1}, {&tok, 1});
-      tok = rand_tok();
+      eng.decode_logits(seqs, toks);
+      for (auto& t : toks) t = rand_tok();
     }
     return seconds_since(t0);
   };
@@ -109,26 +117,27 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     }
     if (a.n_gen > 0) {
       model->reset_cache_stats();
-      tg_best = std::max(tg_best, a.n_gen / run_tg(a.n_gen));
+      tg_best = std::max(tg_best, double(a.n_gen) * a.parallel / run_tg(a.n_gen));
       tg_cache = model->cache_report();
     }
   }
   const double gib = 1024.0 * 1024.0 * 1024.0;
   const auto& hp = model->hparams();
   const unsigned long long peak_rss = peak_rss_bytes();  // before the roofline's probe buffer
-  const bool with_roofline = a.roofline && a.n_gen > 0;
+  // (The roofline is a single sequence's: a step of several reads shared weights once for all of them.)
+  const bool with_roofline = a.roofline && a.n_gen > 0 && a.parallel == 1;
   const Roofline rl = with_roofline ? measure_roofline(*model, tg_cache, eng.options().n_threads) : Roofline{};
   if (a.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
-        "\"pp\": %d, \"pp_tok_s\": %.3f, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
+        "\"pp\": %d, \"pp_tok_s\": %.3f, \"parallel\": %d, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
         "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f, "
         "\"backend\": \"%s\", \"pp_hit_rate\": %s, \"tg_hit_rate\": %s, \"slots_used\": %d, \"n_slots\": %d, "
         "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu, \"decode_bytes\": %llu, \"decode_bytes_routed\": %llu, "
         "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
-        eng.options().n_batch, a.n_prompt, pp_best, a.n_gen, tg_best, model->weight_bytes(),
-        seq->memory_bytes(), eng.workspace_bytes(), peak_rss, load_s,
+        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, tg_best, model->weight_bytes(),
+        seq->memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
         tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,
         tg_cache.n_slots, (unsigned long long)tg_cache.bytes_h2d, (unsigned long long)tg_cache.bytes_d2h,
@@ -141,11 +150,14 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d\n", eng.options().n_threads,
                 ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup);
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
-    if (a.n_gen > 0) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
+    if (a.n_gen > 0 && a.parallel == 1) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
+    if (a.n_gen > 0 && a.parallel > 1)
+      std::printf("tg%-5d    %10.2f tok/s in all, %d sequences (%.2f tok/s each)\n", a.n_gen, tg_best, a.parallel,
+                  tg_best / a.parallel);
     if (pp_cache.present && a.n_prompt > 0) print_cache_report(pp_cache, model->backend_name(), "pp");
     if (tg_cache.present && a.n_gen > 0) print_cache_report(tg_cache, model->backend_name(), "tg");
     std::printf("memory     weights %.3f GiB (mapped), KV %.3f GiB, workspace %.3f GiB, peak RSS %.3f GiB\n",
-                model->weight_bytes() / gib, seq->memory_bytes() / gib, eng.workspace_bytes() / gib,
+                model->weight_bytes() / gib, seq->memory_bytes() * double(a.parallel) / gib, eng.workspace_bytes() / gib,
                 peak_rss / gib);
     if (with_roofline) {
       const double mb = 1e6;
@@ -179,6 +191,10 @@ const CommandRegistrar reg(
       ef->add(app, 0);
       app.add_option("-p,--n-prompt", a->n_prompt, "prompt tokens to prefill (pp)")->capture_default_str();
       app.add_option("-n,--n-gen", a->n_gen, "tokens to decode one at a time (tg)")->capture_default_str();
+      app.add_option("--parallel", a->parallel,
+                     "sequences decoded together in tg: each step one token for every one of them in one pass "
+                     "(tok/s counts all their tokens)")
+          ->capture_default_str();
       app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
       app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")
           ->capture_default_str();
