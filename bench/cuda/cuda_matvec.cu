@@ -260,9 +260,11 @@ int main(int argc, char** argv) {
     // The shapes above plus Qwen3-30B-A3B's attention output (wo: 2048 rows of 4096 columns, 2 tasks per lane).
     std::vector<Shape> shapes_q8(std::begin(shapes), std::end(shapes));
     shapes_q8.push_back({"attn out (wo)", 2048, 4096});
+    // n >= 2 on the formats of the tensor-core kernel (q8::mma_matvec_takes): q8 is that kernel, and the
+    // dp4a kernel (q8::set_mma(false)) is timed in the same loop: its us/call and the dp4a/mma speed-up.
     std::printf("\n| type | rows x cols | n | q8 us/call | q8 weight GB/s | q8 %% of read | f32 us/call | f32 %% of read | "
-                "f32/q8 speed-up |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|\n");
+                "f32/q8 speed-up | dp4a us/call | dp4a/mma |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     // The low-bit formats (q8::low_bit_enabled, off in the models by default; the kernels take them either
     // way) at n = 1 and 2 only: their f32 path is the generic one (no fast_dot path).
     const GgmlType low_bit[] = {GgmlType::Q2_K,   GgmlType::Q3_K,    GgmlType::IQ4_XS, GgmlType::IQ4_NL,
@@ -300,10 +302,21 @@ int main(int argc, char** argv) {
             quant::matmul(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, x.as<float>(), n,
                           y.as<float>(), s);
           });
+          double ms_dp4a = 0;
+          if (n >= 2 && q8::mma_enabled() && q8::mma_matvec_takes(t)) {
+            q8::set_mma(false);
+            ms_dp4a = time_calls([&](int i) {
+              q8::matvec(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, rb, xq.as<int8_t>(),
+                         xds.as<float2>(), n, y.as<float>(), false, s);
+            });
+            q8::set_mma(true);
+          }
           const double gq = bytes / (ms_q8 * 1e6), gf = bytes / (ms_f32 * 1e6);
-          std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f | %.1f%% | %.2fx |\n",
+          std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f | %.1f%% | %.2fx | ",
                       std::string(tt.name).c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, (long long)n,
                       ms_q8 * 1e3, gq, 100.0 * gq / read_gbs, ms_f32 * 1e3, 100.0 * gf / read_gbs, ms_f32 / ms_q8);
+          if (ms_dp4a > 0) std::printf("%.1f | %.2fx |\n", ms_dp4a * 1e3, ms_dp4a / ms_q8);
+          else std::printf("- | - |\n");
         }
       }
     }

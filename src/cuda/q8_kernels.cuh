@@ -63,6 +63,16 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
 void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
 
+// matvec's tensor-core path for 2..8 tokens a tile (q8_mma_matvec.cu): formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
+// Q5_K, Q6_K (mma_matvec_takes). matvec takes it for n >= 2 while mma_enabled(): STRATA_CUDA_Q8_MMA=0/1
+// (read once; default 1) or set_mma. Same contract as matvec; the sums differ from the dp4a kernel's only
+// in the order of float additions. mma_matvec returns false (launching nothing) for another format.
+void set_mma(bool on);
+bool mma_enabled();
+bool mma_matvec_takes(GgmlType t);
+bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
+                const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
+
 // rmsnorm_quantize and matvec in one launch: xn = rmsnorm(x) * nw, (xq, xds) = its Q8 activations (the
 // same bits as rmsnorm_quantize; written by block 0), and y (+)= W . xn's Q8 activations (the same bits
 // as matvec on them). Every block computes the norm and its quantization into shared memory itself.
