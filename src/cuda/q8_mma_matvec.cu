@@ -8,13 +8,19 @@
 // weight reads. One mma.sync m16n8k32 multiplies 16 weight rows by 8 tokens over 32 values; the weights are
 // decoded to int8 once per step for all 8 tokens, and a lane holds only two words of activations.
 //
-// A block (8 warps) owns 16 weight rows and a tile of up to 8 tokens (blockIdx.y). It copies its rows into
-// shared memory (cp.async, 16-byte coalesced copies; chunks of whole blocks when a row is longer than the
-// budget), then warp w takes the steps w, w + 8, ... of the chunk: one mma (Q6_K: two m16n8k16, one per
-// 16-value scale) per step into fresh int32 sums, scaled into float sums per step (the weight scale times
-// the token's activation scale, minus the min through the activation block sums). The 8 warps' partial
-// sums meet in shared memory and are added in warp order (deterministic). The first chunk is copied before
-// the PDL wait (weights are never written by a kernel of the stream).
+// A block (8 warps) takes 16-row tiles of W (tile blockIdx.x, + gridDim.x, ...; a grid of a few blocks an
+// SM) for one tile of up to 8 tokens (blockIdx.y). It copies the tokens' activations into shared memory
+// once, then walks its tiles' row chunks (whole rows where they fit the stage budget) through two stage
+// buffers: cp.async copies chunk i + 1 (16-byte coalesced copies) while the warps multiply chunk i. Warp
+// w takes the chunk's steps w, w + 8, ...: one mma (Q6_K: two m16n8k16, one per 16-value scale) per step
+// into fresh int32 sums, scaled into float sums per step (the weight scale times the token's activation
+// scale, minus the min through the activation block sums). At a tile's end the 8 warps' partial sums meet
+// in shared memory and are added in warp order (deterministic). The first chunk is copied before the PDL
+// wait (weights are never written by a kernel of the stream).
+// Why persistent and staged: the first version (a block per tile, the activations read from global
+// memory in every step) ran the 151936 x 2048 Q4_0 output at 43% of the read roofline and small matrices
+// slower than dp4a at n = 2 (H100, session 39): each block waited for its copy, then for L2 loads in every
+// step, with nothing in flight between.
 #include <cuda_pipeline.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include "cuda/pdl.cuh"
 #include "cuda/q8_kernels.cuh"
 #include "cuda/q8_mma_formats.cuh"
+#include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
@@ -31,8 +38,7 @@ namespace {
 constexpr int kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kRows = 16;              // weight rows a block (one m16 tile)
 constexpr int kTok = 8;                // tokens a tile (one n8 tile)
-constexpr int64_t kStageBudget = 40 * 1024;  // staged weight bytes a block (with the 4 KB of partial sums:
-                                             // under the 48 KB a launch gets without opting in)
+constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two stages a block)
 
 DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec of 2..8 tokens", 0, 1, 1);
 
@@ -45,74 +51,98 @@ struct Copy16Async {
 // c = A (16 x 32, row) . B (32 x 8, col), s8 in, s32 out.
 __device__ __forceinline__ void mma_k32(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 // c = A (16 x 16, row) . B (16 x 8, col), s8 in, s32 out.
 __device__ __forceinline__ void mma_k16(int c[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
                : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-// The block's rows [row0, row0 + 16) of blocks [b0, b0 + nb) into the staged regions (row r at
-// tile + r * stride, as q8d::stage_dst places it); rows past the end copy row0's (valid, never written).
+// Chunk `c` (blocks [c * chunk, + nb)) of tile `tile`'s 16 rows into the stage at `buf` (row r at
+// buf + r * stride, as q8d::stage_dst places it); rows past the end copy row0's (valid, never written).
 template <typename M>
-__device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t row0, int64_t b0,
-                                           int64_t nb, uint8_t* tile, int64_t stride) {
+__device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t tile, int64_t c0,
+                                           int64_t nb, uint8_t* buf, int64_t stride) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t row0 = tile * kRows;
   for (int r = warp; r < kRows; r += kWarps) {
     const int64_t rr = row0 + r < rows ? row0 + r : row0;
-    const uint8_t* src = w + rr * row_bytes + b0 * M::kBytes;
-    q8d::warp_copy_with(q8d::stage_dst(tile + r * stride, src), src, nb * M::kBytes, lane, Copy16Async{});
+    const uint8_t* src = w + rr * row_bytes + c0 * M::kBytes;
+    q8d::warp_copy_with(q8d::stage_dst(buf + r * stride, src), src, nb * M::kBytes, lane, Copy16Async{});
   }
-  __pipeline_commit();
 }
 
-// y[t][r] (+)= W[r] . x[t] for the block's 16 rows and tokens [8 blockIdx.y, +8).
+struct Layout {         // the kernel's shared memory, in bytes from its start
+  int64_t xs_stride;    // bytes of a token's int8 row (cols + 16: rows 4 banks apart)
+  int64_t ds_stride;    // float2 of a token's block scales (cols / 32 + 1)
+  int64_t act, ds, stage0, stage1, part, total;
+  int64_t chunk, stride;  // format blocks a stage holds; bytes of a row's staged region
+};
+
+// y[t][r] (+)= W[r] . x[t] for the block's tiles and tokens [8 blockIdx.y, +8).
 //   w: [rows][row_bytes]  xq: [n][cols] int8  xds: [n][cols/32]  y: [n][rows]
-//   chunk: blocks of M a stage holds; stride: bytes of a row's staged region (q8d::stage_stride, padded)
 template <typename M>
-__global__ void __launch_bounds__(kThreads)
-    mma_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, int64_t chunk,
-                      int64_t stride, const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n,
-                      float* y, bool accumulate) {
-  extern __shared__ __align__(16) uint8_t smem[];  // [16][stride] staged rows, then [8 warps][16][8] f32
-  float* part = reinterpret_cast<float*>(smem + kRows * stride);
+__global__ void __launch_bounds__(kThreads, 2)
+    mma_matvec_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes, int64_t cols, Layout L,
+                      const int8_t* __restrict__ xq, const float2* __restrict__ xds, int64_t n, float* y,
+                      bool accumulate) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int8_t* xs = reinterpret_cast<const int8_t*>(smem + L.act);  // [nt][xs_stride]
+  float2* ds = reinterpret_cast<float2*>(smem + L.ds);                // [nt][ds_stride]
+  float* part = reinterpret_cast<float*>(smem + L.part);              // [8 warps][16 rows][8 tokens]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3, g = lane >> 2;
-  const int64_t row0 = int64_t(blockIdx.x) * kRows, t0 = int64_t(blockIdx.y) * kTok;
+  const int64_t t0 = int64_t(blockIdx.y) * kTok;
   const int nt = int(n - t0 < kTok ? n - t0 : kTok);
   constexpr int kSteps = M::kVals / 32;  // steps a format block
   const int64_t blocks = cols / M::kVals, dss = cols / 32;
-  // This lane's token for B (g) and its two tokens for C (2q, 2q + 1); tokens past n read token t0's
-  // activations (valid) and are never written.
-  const int8_t* xb = xq + (t0 + (g < nt ? g : 0)) * cols;
-  const float2* ds0 = xds + (t0 + (2 * q < nt ? 2 * q : 0)) * dss;
-  const float2* ds1 = xds + (t0 + (2 * q + 1 < nt ? 2 * q + 1 : 0)) * dss;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g, g+8, g+8 x tokens 2q, 2q+1, 2q, 2q+1
-  stage_rows<M>(w, rows, row_bytes, row0, 0, std::min(chunk, blocks), smem, stride);
+  const int64_t tiles = (rows + kRows - 1) / kRows, cpt = (blocks + L.chunk - 1) / L.chunk;  // chunks a tile
+  const int64_t my_tiles = (tiles - int64_t(blockIdx.x) + gridDim.x - 1) / gridDim.x, items = my_tiles * cpt;
+  const auto item_tile = [&](int64_t it) { return int64_t(blockIdx.x) + (it / cpt) * gridDim.x; };
+  const auto item_nb = [&](int64_t it) { return std::min(L.chunk, blocks - (it % cpt) * L.chunk); };
+  const auto stage = [&](int64_t it) { return smem + ((it & 1) ? L.stage1 : L.stage0); };  // chunk it's buffer
+  if (items > 0) stage_rows<M>(w, rows, row_bytes, item_tile(0), 0, item_nb(0), stage(0), L.stride);
+  __pipeline_commit();
   pdl_wait();
   pdl_launch_dependents();
-  for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
-    const int64_t nb = std::min(chunk, blocks - b0);
-    if (b0 > 0) {
-      __syncthreads();  // every warp is done with the previous chunk
-      stage_rows<M>(w, rows, row_bytes, row0, b0, nb, smem, stride);
-    }
-    __pipeline_wait_prior(0);
+  // The tile's tokens: int8 rows by 16-byte asynchronous copies, block scales by plain loads.
+  for (int64_t i = threadIdx.x; i < int64_t(nt) * (cols / 16); i += kThreads) {
+    const int64_t t = i / (cols / 16), c = i % (cols / 16);
+    __pipeline_memcpy_async(smem + L.act + t * L.xs_stride + 16 * c, xq + (t0 + t) * cols + 16 * c, 16);
+  }
+  __pipeline_commit();
+  for (int64_t i = threadIdx.x; i < int64_t(nt) * dss; i += kThreads)
+    ds[(i / dss) * L.ds_stride + i % dss] = xds[(t0 + i / dss) * dss + i % dss];
+  // This lane's token for B (g) and its two tokens for C (2q, 2q + 1); tokens past nt read token 0's
+  // values (valid) and are never written.
+  const int8_t* xb = xs + (g < nt ? g : 0) * L.xs_stride;
+  const float2* ds0 = ds + (2 * q < nt ? 2 * q : 0) * L.ds_stride;
+  const float2* ds1 = ds + (2 * q + 1 < nt ? 2 * q + 1 : 0) * L.ds_stride;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g, g+8, g+8 x tokens 2q, 2q+1, 2q, 2q+1
+  for (int64_t it = 0; it < items; ++it) {
+    if (it + 1 < items)
+      stage_rows<M>(w, rows, row_bytes, item_tile(it + 1), ((it + 1) % cpt) * L.chunk, item_nb(it + 1),
+                    stage(it + 1), L.stride);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);  // chunk it (and the activations) landed; chunk it + 1 may be in flight
     __syncthreads();
+    const int64_t tile = item_tile(it), row0 = tile * kRows, c0 = (it % cpt) * L.chunk, nb = item_nb(it);
     // Rows g and g + 8 where stage_rows put them (a row past the end: row0's copy).
     const int64_t ra = row0 + g < rows ? row0 + g : row0, rb = row0 + g + 8 < rows ? row0 + g + 8 : row0;
-    const uint8_t* rg = q8d::stage_dst(smem + g * stride, w + ra * row_bytes + b0 * M::kBytes);
-    const uint8_t* rg8 = q8d::stage_dst(smem + (g + 8) * stride, w + rb * row_bytes + b0 * M::kBytes);
+    uint8_t* buf = stage(it);
+    const uint8_t* rg = q8d::stage_dst(buf + g * L.stride, w + ra * row_bytes + c0 * M::kBytes);
+    const uint8_t* rg8 = q8d::stage_dst(buf + (g + 8) * L.stride, w + rb * row_bytes + c0 * M::kBytes);
+#pragma unroll 2
     for (int64_t s = warp; s < nb * kSteps; s += kWarps) {
       const int64_t bl = s / kSteps;
       const int j = int(s % kSteps);
       const q8mma::Step a = M::template step<q8d::kStaged>(rg + bl * M::kBytes, j, q);
       const q8mma::Step b = M::template step<q8d::kStaged>(rg8 + bl * M::kBytes, j, q);
-      const int64_t blk32 = (b0 + bl) * kSteps + j;  // the activation block
+      const int64_t blk32 = (c0 + bl) * kSteps + j;  // the activation block
       const uint32_t x_lo = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 4 * q);
       const uint32_t x_hi = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 16 + 4 * q);
       int c[4];
@@ -133,38 +163,60 @@ __global__ void __launch_bounds__(kThreads)
         acc[2] -= b.m * x0.y, acc[3] -= b.m * x1.y;
       }
     }
-  }
-  // The warps' partial sums, then row r / token t added over the warps in order by thread 16 t + r.
-  float* pw = part + warp * (kRows * kTok);
-  pw[g * kTok + 2 * q] = acc[0], pw[g * kTok + 2 * q + 1] = acc[1];
-  pw[(g + 8) * kTok + 2 * q] = acc[2], pw[(g + 8) * kTok + 2 * q + 1] = acc[3];
-  __syncthreads();
-  if (threadIdx.x < kRows * kTok) {
-    const int r = threadIdx.x & (kRows - 1), t = threadIdx.x / kRows;
-    float sum = part[r * kTok + t];
-    for (int v = 1; v < kWarps; ++v) sum += part[v * (kRows * kTok) + r * kTok + t];
-    if (row0 + r < rows && t < nt) {
-      float* out = y + (t0 + t) * rows + row0 + r;
-      *out = accumulate ? *out + sum : sum;
+    if (it % cpt == cpt - 1) {  // the tile's last chunk: the warps' sums, added in warp order by thread 16 t + r
+      float* pw = part + warp * (kRows * kTok);
+      pw[g * kTok + 2 * q] = acc[0], pw[g * kTok + 2 * q + 1] = acc[1];
+      pw[(g + 8) * kTok + 2 * q] = acc[2], pw[(g + 8) * kTok + 2 * q + 1] = acc[3];
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+      __syncthreads();
+      if (threadIdx.x < kRows * kTok) {
+        const int r = threadIdx.x & (kRows - 1), t = threadIdx.x / kRows;
+        float sum = part[r * kTok + t];
+        for (int v = 1; v < kWarps; ++v) sum += part[v * (kRows * kTok) + r * kTok + t];
+        if (row0 + r < rows && t < nt) {
+          float* out = y + (t0 + t) * rows + row0 + r;
+          *out = accumulate ? *out + sum : sum;
+        }
+      }
     }
+    __syncthreads();  // this stage (and the partial sums) may be rewritten from here
   }
   pdl_end();
 }
 
 template <typename M>
-void launch(const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq, const float2* xds,
-            int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+Layout layout(int64_t cols, int nt) {
+  Layout L;
   const int64_t blocks = cols / M::kVals;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, (kStageBudget / kRows - 64) / M::kBytes));
+  L.chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, (kStageBudget / kRows - 64) / M::kBytes));
   // A row region of 16 (mod 32) bytes: rows g and g + 8 of a lane group land 4 banks apart (why: the 8 rows a
   // load instruction reads at the same offset would otherwise share banks when the stride is 32-aligned).
-  int64_t stride = q8d::stage_stride(chunk * M::kBytes);
-  if (stride % 32 == 0) stride += 16;
-  const size_t smem = size_t(kRows * stride) + size_t(kWarps * kRows * kTok) * sizeof(float);
-  const int64_t grid_x = (rows + kRows - 1) / kRows, grid_y = (n + kTok - 1) / kTok;
-  STRATA_REQUIRE(grid_x <= 0x7FFFFFFF && grid_y <= 65535, "q8 mma matvec: {} rows x {} tokens is too many", rows, n);
-  pdl::launch(mma_matvec_kernel<M>, dim3(unsigned(grid_x), unsigned(grid_y)), kThreads, smem, stream, w, rows,
-              row_bytes, cols, chunk, stride, xq, xds, n, y, accumulate);
+  L.stride = q8d::stage_stride(L.chunk * M::kBytes);
+  if (L.stride % 32 == 0) L.stride += 16;
+  L.xs_stride = cols + 16;
+  L.ds_stride = cols / 32 + 1;
+  L.act = 0;
+  L.ds = (L.act + nt * L.xs_stride + 15) / 16 * 16;
+  L.stage0 = (L.ds + nt * L.ds_stride * 8 + 15) / 16 * 16;
+  L.stage1 = L.stage0 + kRows * L.stride;
+  L.part = L.stage1 + kRows * L.stride;
+  L.total = L.part + int64_t(kWarps * kRows * kTok) * 4;
+  return L;
+}
+
+template <typename M>
+bool launch(const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq, const float2* xds,
+            int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  const Layout L = layout<M>(cols, int(std::min<int64_t>(n, kTok)));
+  const void* kern = reinterpret_cast<const void*>(mma_matvec_kernel<M>);
+  if (L.total > dynamic_limit(kern)) return false;  // (very long rows: the dp4a kernel)
+  allow_dynamic_bytes(kern, L.total);
+  const int64_t tiles = (rows + kRows - 1) / kRows, grid_y = (n + kTok - 1) / kTok;
+  const int64_t grid_x = std::min<int64_t>(tiles, int64_t(sm_count()) * 2);  // (2 blocks an SM: launch bounds)
+  STRATA_REQUIRE(grid_y <= 65535, "q8 mma matvec: {} tokens is too many", n);
+  pdl::launch(mma_matvec_kernel<M>, dim3(unsigned(grid_x), unsigned(grid_y)), kThreads, size_t(L.total), stream, w,
+              rows, row_bytes, cols, L, xq, xds, n, y, accumulate);
+  return true;
 }
 
 }  // namespace
@@ -182,12 +234,12 @@ bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_
                 const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (type) {  // (the formats of mma_matvec_takes; the caller checked shapes and alignment)
-    case GgmlType::Q4_0: launch<q8mma::MQ40>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q4_0_X8: launch<q8mma::MQ40X8>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q8_0: launch<q8mma::MQ80>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q4_K: launch<q8mma::MQ4K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q5_K: launch<q8mma::MQ5K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q6_K: launch<q8mma::MQ6K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
+    case GgmlType::Q4_0: return launch<q8mma::MQ40>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+    case GgmlType::Q4_0_X8: return launch<q8mma::MQ40X8>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+    case GgmlType::Q8_0: return launch<q8mma::MQ80>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+    case GgmlType::Q4_K: return launch<q8mma::MQ4K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+    case GgmlType::Q5_K: return launch<q8mma::MQ5K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+    case GgmlType::Q6_K: return launch<q8mma::MQ6K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
     default: return false;
   }
 }
