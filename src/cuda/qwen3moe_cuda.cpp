@@ -849,7 +849,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
   const int64_t n = p.n;
   if (folded_router(p, il)) return;  // wo_router ran the router's product; gate_up routes
   // ffn_norm -> xn (the router and the CPU pool read it), and its Q8 activations for the q8 experts.
-  if (l.router.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens && ops::norm_router_route_enabled() &&
+  if (l.router.type == GgmlType::F32 && n <= ops::fused_router_max_tokens() && ops::norm_router_route_enabled() &&
       ops::norm_router_route_supported(hp.n_embd)) {
     // Decode: the norm, the router product and the top-k in one launch (same values as norm + router_route).
     const bool q8e = experts_q8(p, il);
@@ -870,7 +870,7 @@ void CudaQwen3Moe::route(const Pass& p, int il) const {
     return;
   }
   norm(p, ws.x, l.ffn_norm, n, experts_q8(p, il));
-  if (l.router.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens) {
+  if (l.router.type == GgmlType::F32 && n <= ops::fused_router_max_tokens()) {
     // Decode: the router product and the top-k in one launch (same values as the two below).
     note_launch(dev_->compute(), {l.router.buf.span(), ws.xn.span(), ws.route_counter.span()},
                 {ws.router.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});

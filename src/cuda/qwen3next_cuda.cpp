@@ -956,7 +956,7 @@ void CudaQwen3Next::route(const Pass& p, int il) const {
   norm(p, ws.x, l.post_norm, n, ffn_q8_input(p, il));
   const Proj::Part& rp = l.route.parts[0];
   const DevWeight& rw = l.route.stacks[size_t(rp.stack)];
-  if (rw.type == GgmlType::F32 && n <= ops::kFusedRouterMaxTokens) {
+  if (rw.type == GgmlType::F32 && n <= ops::fused_router_max_tokens()) {
     // Decode: the router product and the top-k in one launch (the values of the product + moe_route).
     note_launch(dev_->compute(), {rw.buf.span(), ws.xn.span(), ws.route_counter.span()},
                 {ws.rproj.span(), ws.ids.span(), ws.wts.span(), ws.route_counter.span()});

@@ -302,7 +302,9 @@ TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
 // weights bit for bit, both kernels (block per row, warp per row) twice each (the counter must come back to
 // zero), at Qwen3's router (128 experts of 2048, top 8, 1/3/8 tokens), a wider one, an odd width (vector
 // loads off, the tail loop on), and rows longer than the block kernel's 2048-float pass (4608: 2 full
-// passes + a part; 5003: odd, 3 passes and the tail).
+// passes + a part; 5003: odd, 3 passes and the tail). The block-per-row kernel routes a batch on its last
+// block's warps in parallel (ops::route_parallel, on by default; 512 experts do not fit its scratch and
+// route one token after the other): the same bits as moe_route's block per token.
 // Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
 TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
   struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
