@@ -42,11 +42,6 @@ constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two
 
 DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec of 2..8 tokens", 0, 1, 1);
 
-struct Copy16Async {
-  __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
-    __pipeline_memcpy_async(dst + 16 * i, src + 16 * i, 16);
-  }
-};
 
 // c = A (16 x 32, row) . B (32 x 8, col), s8 in, s32 out.
 __device__ __forceinline__ void mma_k32(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -73,7 +68,7 @@ __device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64
   for (int r = warp; r < kRows; r += kWarps) {
     const int64_t rr = row0 + r < rows ? row0 + r : row0;
     const uint8_t* src = w + rr * row_bytes + c0 * M::kBytes;
-    q8d::warp_copy_with(q8d::stage_dst(buf + r * stride, src), src, nb * M::kBytes, lane, Copy16Async{});
+    q8d::warp_copy_with(q8d::stage_dst(buf + r * stride, src), src, nb * M::kBytes, lane, q8d::Copy16Async{});
   }
 }
 

@@ -24,11 +24,6 @@ namespace {
 // start the copies of all k rows before it waits for any. One warp_copy after another waited for each row's
 // loads in turn: k = 8 dependent memory round trips (session 27's trace: Q4_0 down 10.46 us a layer against
 // Q4_K's 6.11, whose rows are read in place).
-struct Copy16Async {
-  __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
-    __pipeline_memcpy_async(dst + 16 * i, src + 16 * i, 16);
-  }
-};
 
 // Warp = output row r of n_embd (x: blocks of W rows, y: tokens, grid-stride). The lanes share
 // out the (j, task) pairs of all k experts of token t (why: a down row is short, 768 values = 12 K-quant
@@ -97,7 +92,7 @@ __global__ void __launch_bounds__(32 * W)
         else slot = slot_of(tb, ids, t * k + j);  // warp-uniform
         if (slot < 0) continue;
         const uint8_t* src = slots + int64_t(slot) * slot_bytes + down_off + r * drb;
-        if (async_stage) q8d::warp_copy_with(q8d::stage_dst(region + j * stride, src), src, drb, lane, Copy16Async{});
+        if (async_stage) q8d::warp_copy_with(q8d::stage_dst(region + j * stride, src), src, drb, lane, q8d::Copy16Async{});
         else q8d::warp_copy(q8d::stage_dst(region + j * stride, src), src, drb, lane);
       }
       if (async_stage) {

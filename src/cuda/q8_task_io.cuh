@@ -4,6 +4,7 @@
 // that stage 2-byte aligned rows in shared memory, int8 activation loads, and the IQ4 table lookup.
 // Everything is __host__ __device__ with the same integer results on the host, so that a CPU test runs the
 // format tasks without a GPU (tests/cuda/test_q8_host.cu).
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -153,6 +154,14 @@ struct Copy16InPlace {
 __host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t bytes, int lane) {
   warp_copy_with(dst, src, bytes, lane, Copy16InPlace{});
 }
+
+// warp_copy_with's 16-byte copies as asynchronous copies (cp.async; the caller commits and waits: the
+// staged down rows of q8_moe_down.cu, the weight tiles of q8_mma_matvec.cu).
+struct Copy16Async {
+  __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
+    __pipeline_memcpy_async(dst + 16 * i, src + 16 * i, 16);
+  }
+};
 
 // Bytes of one staged region for `bytes` bytes of rows: the front pad, up to 15 bytes of offset (dst =
 // src mod 16), the rows, 4 bytes of funnel over-read, rounded up to 16.
