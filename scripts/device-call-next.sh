@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
-# For the session after 38, first device call: every GPU test with the stream checker (session 38 built
-# GpuOps.SampleRowsFollowsEachRowsRule and SamplingBansGpu.MixedRulesPickWhatEachCpuSamplerPicks without a
-# GPU: per-row sampling rules, off by default behind STRATA_DEVICE_MIXED_SAMPLING), then `strata serve` on the
-# 48-layer Q4_0 file fully resident, 128 tokens a request (scripts/serve-ignore-eos-ab.py), arms:
-#   g1     one request, greedy             g8      8 requests, greedy (argmax on the device)
-#   k8     8 requests, top_k 40            full8   8 requests drawing over the whole vocabulary (top_k off)
-#   mix8-host / mix8-dev   8 requests with 8 different temperatures, STRATA_DEVICE_MIXED_SAMPLING 0 / 1
-# What it answers: how much of a decode step of 8 is the forward pass (g8 against g1) and how much the pick;
-# whether per-row rules pay (mix8-dev against mix8-host). Flip STRATA_DEVICE_MIXED_SAMPLING's default only
-# where its tests pass and mix8-dev wins.
+# For the session after 39, first device call: session 39 built two things after its last GPU call, both off
+# by default until they run here:
+#   * the persistent, double-buffered tensor-core q8 matvec (STRATA_CUDA_Q8_MMA=2; mode 1, the default, is
+#     the tile kernel for n >= 8, measured in session 39);
+#   * the fused routers' warp-parallel routing (STRATA_CUDA_ROUTE_PARALLEL=1), which may let batches of up to
+#     8 tokens take the fused router (STRATA_CUDA_FUSED_ROUTER_TOKENS=8; the default threshold is 2).
+# Steps: every GPU test with the stream checker (CudaQ8Matvec.TensorCoreModes runs modes 1 and 2 at n = 2..16;
+# GpuOpsFused.RouterRoute* / NormRouterRoute* run the routing both ways); bench/cuda_matvec with mode 2 (the
+# dp4a column is timed in the same loop) and mode 1; strata bench --parallel on the 48-layer Q4_0 file:
+# P = 8 / 4 / 2 with mode 0 / 1 / 2, and P = 8 with parallel routing + the fused router for 8 tokens.
+# Flip a default only where its tests pass and its arms win.
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"].
 set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 bash scripts/device-call-suite.sh || exit 1  # the build, every GPU test with the stream checker (its lines)
 . /tmp/b/env.sh
-grep -E "^\[ gpu (bans|mixed)|^\[sample\]" $OUT/tests.txt | head -12
+grep -E "TensorCoreModes|RouterRoute" $OUT/tests.txt | grep -E "OK|FAILED" | head -6
+(cd /tmp/b && ninja cuda_matvec > /dev/null 2>&1)
+for m in 2 1; do
+  STRATA_CUDA_Q8_MMA=$m timeout 60 /tmp/b/bench/cuda_matvec > $OUT/cuda_matvec-mode$m.txt 2>&1
+  echo "mode $m:"; grep -A200 "dp4a us/call" $OUT/cuda_matvec-mode$m.txt |
+    grep -E "^\| (q4_0|q6_K|q4_K) .* \| [248] \|" | cut -d'|' -f2-5,11-12 | head -40
+done
+st cuda_matvec
 f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
-st "file $f"
-timeout $(( 585 - ($(date +%s) - t0) )) python3 scripts/serve-ignore-eos-ab.py /tmp/b/strata "$f" \
-  "--backend cuda --expert-cache 100% --adapt-every 0 --ctx 1024" 8 128 ${ROUNDS:-1} \
-  g1=n=1,req.temperature=0 g8=req.temperature=0 k8=req.top_k=40 full8=- \
-  mix8-host=mix=1,STRATA_DEVICE_MIXED_SAMPLING=0 mix8-dev=mix=1,STRATA_DEVICE_MIXED_SAMPLING=1 2>&1 | tee $OUT/serve_arms.txt
+arm() {  # P MMA_MODE ROUTE_PARALLEL ROUTER_TOKENS
+  STRATA_CUDA_Q8_MMA=$2 STRATA_CUDA_ROUTE_PARALLEL=$3 STRATA_CUDA_FUSED_ROUTER_TOKENS=$4 /tmp/b/strata bench -m "$f" \
+    --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n 64 -r 2 --parallel $1 --no-roofline 2>&1 |
+    grep -E "^tg" | sed "s/^/P=$1 mma=$2 route_par=$3 router_tokens=$4 /"
+}
+timeout $(( 585 - ($(date +%s) - t0) )) bash -c "$(declare -f arm); f=$f
+  for r in 1 2; do arm 8 1 0 2; arm 8 2 0 2; arm 8 0 0 2; arm 8 1 1 8; arm 8 2 1 8; arm 2 0 0 2; arm 2 2 0 2; arm 4 1 0 2; arm 4 2 0 2; done" \
+  2>&1 | tee $OUT/parallel.txt
 st done

@@ -260,8 +260,9 @@ int main(int argc, char** argv) {
     // The shapes above plus Qwen3-30B-A3B's attention output (wo: 2048 rows of 4096 columns, 2 tasks per lane).
     std::vector<Shape> shapes_q8(std::begin(shapes), std::end(shapes));
     shapes_q8.push_back({"attn out (wo)", 2048, 4096});
-    // n >= 2 on the formats of the tensor-core kernel (q8::mma_matvec_takes): q8 is that kernel, and the
-    // dp4a kernel (q8::set_mma(false)) is timed in the same loop: its us/call and the dp4a/mma speed-up.
+    // n >= 2 on the formats of the tensor-core kernels (q8::mma_matvec_takes): q8 is the path of the mode
+    // (STRATA_CUDA_Q8_MMA: 1, the default, the tile kernel from n = 8; 2 the persistent kernel from n = 2),
+    // and the dp4a kernel (mode 0) is timed in the same loop: its us/call and the dp4a/q8 speed-up.
     std::printf("\n| type | rows x cols | n | q8 us/call | q8 weight GB/s | q8 %% of read | f32 us/call | f32 %% of read | "
                 "f32/q8 speed-up | dp4a us/call | dp4a/mma |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -303,13 +304,14 @@ int main(int argc, char** argv) {
                           y.as<float>(), s);
           });
           double ms_dp4a = 0;
-          if (n >= 2 && q8::mma_enabled() && q8::mma_matvec_takes(t)) {
-            q8::set_mma(false);
+          const int mode = q8::mma_mode();
+          if (n >= 2 && mode != 0 && q8::mma_matvec_takes(t)) {
+            q8::set_mma_mode(0);
             ms_dp4a = time_calls([&](int i) {
               q8::matvec(t, w.as<uint8_t>() + int64_t(i % copies) * bytes, sh.rows, sh.cols, rb, xq.as<int8_t>(),
                          xds.as<float2>(), n, y.as<float>(), false, s);
             });
-            q8::set_mma(true);
+            q8::set_mma_mode(mode);
           }
           const double gq = bytes / (ms_q8 * 1e6), gf = bytes / (ms_f32 * 1e6);
           std::printf("| %s | %s %lldx%lld | %lld | %.1f | %.0f | %.1f%% | %.1f | %.1f%% | %.2fx | ",

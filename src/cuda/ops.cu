@@ -1348,7 +1348,7 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
 
 // Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
 namespace {
-DigitSetting g_route_parallel("STRATA_CUDA_ROUTE_PARALLEL", "the fused routers' warp-parallel routing", 0, 1, 1);
+DigitSetting g_route_parallel("STRATA_CUDA_ROUTE_PARALLEL", "the fused routers' warp-parallel routing", 0, 1, 0);
 DigitSetting g_fused_router_tokens("STRATA_CUDA_FUSED_ROUTER_TOKENS", "tokens of the fused router launches", 1,
                                    int(kRouterRouteMaxTokens), int(kFusedRouterMaxTokens));
 }  // namespace

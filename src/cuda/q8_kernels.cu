@@ -197,8 +197,8 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
   STRATA_REQUIRE(rows >= 0 && n >= 0, "q8 matvec: bad shape rows {} n {}", rows, n);
   const q8d::Align al = q8mv::checked_alignment(type, w, row_bytes, xq, "q8 matvec");
   if (rows == 0 || n == 0) return;
-  // Two or more tokens: the tensor-core kernel where it has the format (q8_mma_matvec.cu says why).
-  if (n >= 2 && mma_enabled() && mma_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream)) return;
+  // Several tokens: a tensor-core kernel where the mode and the format say so (q8_mma_matvec.cu says why).
+  if (n >= 2 && mma_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream)) return;
   const auto* wb = static_cast<const uint8_t*>(w);
   const bool ran = q8d::dispatch(type, al, [&](auto f, auto a) {
     using F = decltype(f);

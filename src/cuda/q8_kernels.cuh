@@ -63,12 +63,16 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
 void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
 
-// matvec's tensor-core path for 2..8 tokens a tile (q8_mma_matvec.cu): formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
-// Q5_K, Q6_K (mma_matvec_takes). matvec takes it for n >= 2 while mma_enabled(): STRATA_CUDA_Q8_MMA=0/1
-// (read once; default 1) or set_mma. Same contract as matvec; the sums differ from the dp4a kernel's only
-// in the order of float additions. mma_matvec returns false (launching nothing) for another format.
-void set_mma(bool on);
-bool mma_enabled();
+// matvec's tensor-core paths (q8_mma_tile.cu, q8_mma_matvec.cu) for the formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
+// Q5_K, Q6_K (mma_matvec_takes), by mma_mode(): STRATA_CUDA_Q8_MMA (read once) or set_mma_mode:
+//   0: off (the dp4a kernel for every n);
+//   1 (default): the tile kernel for n >= 8 (tiles of 8 tokens, the last one partial; measured ahead of
+//      dp4a at n = 8, behind it at n = 2: bench/results/2026-12-06-gpu-session39-h100.md);
+//   2: the persistent, double-buffered kernel for n >= 2 (not yet run on a GPU).
+// Same contract as matvec; the sums differ from the dp4a kernel's only in the order of float additions.
+// mma_matvec returns false (launching nothing) where the mode or the format leaves it to dp4a.
+void set_mma_mode(int mode);
+int mma_mode();
 bool mma_matvec_takes(GgmlType t);
 bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
                 const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);

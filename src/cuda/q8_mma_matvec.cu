@@ -1,5 +1,6 @@
 // The dense int8-activation product of a few tokens (2..8 a tile) on tensor cores (contract: q8_kernels.cuh
-// matvec / mma_matvec_takes; formats: q8_mma_formats.cuh; CPU reference: host/q8_reference.h matvec).
+// matvec / mma_matvec; formats: q8_mma_formats.cuh; CPU reference: host/q8_reference.h matvec): the mode
+// switch, and the persistent kernel (mma_mode 2). The first kernel, mode 1 (the default): q8_mma_tile.cu.
 //
 // Why: the dp4a kernel (q8_matvec.cuh) multiplies each weight task by up to 8 tokens' activations with
 // dp4a, loading every token's 32-64 activation bytes per task: at n = 8 the 151936 x 2048 Q6_K output
@@ -17,10 +18,13 @@
 // scale, minus the min through the activation block sums). At a tile's end the 8 warps' partial sums meet
 // in shared memory and are added in warp order (deterministic). The first chunk is copied before the PDL
 // wait (weights are never written by a kernel of the stream).
-// Why persistent and staged: the first version (a block per tile, the activations read from global
-// memory in every step) ran the 151936 x 2048 Q4_0 output at 43% of the read roofline and small matrices
-// slower than dp4a at n = 2 (H100, session 39): each block waited for its copy, then for L2 loads in every
-// step, with nothing in flight between.
+// Why persistent and staged: the first kernel (q8_mma_tile.cu: a block per tile, the activations read from
+// global memory in every step) ran the 151936 x 2048 Q4_0 output at 43% of the read roofline and small
+// matrices slower than dp4a at n = 2 (H100, session 39): each block waited for its copy, then for L2 loads
+// in every step, with nothing in flight between.
+// Status: built in session 39 after its last GPU call; it has not run on a GPU (its fragments are tested on
+// the host: tests/cuda/test_q8_mma_host.cu). Off unless STRATA_CUDA_Q8_MMA=2 until its tests pass there and
+// bench/cuda_matvec shows it ahead of the tile kernel and dp4a.
 #include <cuda_pipeline.h>
 
 #include <algorithm>
@@ -29,34 +33,18 @@
 #include "common/error.h"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_kernels.cuh"
+#include "cuda/q8_mma_common.cuh"
 #include "cuda/q8_mma_formats.cuh"
 #include "cuda/smem_cap.cuh"
 
 namespace strata::cuda::q8 {
 namespace {
 
-constexpr int kWarps = 8, kThreads = 32 * kWarps;
-constexpr int kRows = 16;              // weight rows a block (one m16 tile)
-constexpr int kTok = 8;                // tokens a tile (one n8 tile)
+using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps, mma::mma_k16, mma::mma_k32;
 constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two stages a block)
 
-DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec of 2..8 tokens", 0, 1, 1);
-
-
-// c = A (16 x 32, row) . B (32 x 8, col), s8 in, s32 out.
-__device__ __forceinline__ void mma_k32(int c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
-      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
-// c = A (16 x 16, row) . B (16 x 8, col), s8 in, s32 out.
-__device__ __forceinline__ void mma_k16(int c[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
-               : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-               : "r"(a0), "r"(a1), "r"(b0), "r"(0));
-}
+DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec (0 off, 1 tiles of 8 tokens, 2 the persistent "
+                   "kernel from 2 tokens)", 0, 2, 1);
 
 // Chunk `c` (blocks [c * chunk, + nb)) of tile `tile`'s 16 rows into the stage at `buf` (row r at
 // buf + r * stride, as q8d::stage_dst places it); rows past the end copy row0's (valid, never written).
@@ -216,9 +204,9 @@ bool launch(const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, con
 
 }  // namespace
 
-void set_mma(bool on) { g_mma.set(on ? 1 : 0); }
+void set_mma_mode(int mode) { g_mma.set(mode); }
 
-bool mma_enabled() { return g_mma.get() == 1; }
+int mma_mode() { return g_mma.get(); }
 
 bool mma_matvec_takes(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_0_X8 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K ||
@@ -227,6 +215,9 @@ bool mma_matvec_takes(GgmlType t) {
 
 bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
                 const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
+  const int mode = mma_mode();
+  if (mode == 1) return n >= kTok && mma::tile_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+  if (mode != 2 || n < 2) return false;
   const auto* wb = static_cast<const uint8_t*>(w);
   switch (type) {  // (the formats of mma_matvec_takes; the caller checked shapes and alignment)
     case GgmlType::Q4_0: return launch<q8mma::MQ40>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
