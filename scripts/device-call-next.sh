@@ -4,7 +4,9 @@
 #   * the persistent, double-buffered tensor-core q8 matvec (STRATA_CUDA_Q8_MMA=2; mode 1, the default, is
 #     the tile kernel for n >= 8, measured in session 39);
 #   * the fused routers' warp-parallel routing (STRATA_CUDA_ROUTE_PARALLEL=1), which may let batches of up to
-#     8 tokens take the fused router (STRATA_CUDA_FUSED_ROUTER_TOKENS=8; the default threshold is 2).
+#     8 tokens take the fused router (STRATA_CUDA_FUSED_ROUTER_TOKENS=8; the default threshold is 2);
+#   * the device sampler's deep search by mass (STRATA_CUDA_SAMPLE_DEEP=1; its test runs in the suite, its
+#     serve arms in scripts/device-call-next2.sh on the warm machine after this call).
 # Steps: every GPU test with the stream checker (CudaQ8Matvec.TensorCoreModes runs modes 1 and 2 at n = 2..16;
 # GpuOpsFused.RouterRoute* / NormRouterRoute* run the routing both ways); bench/cuda_matvec with mode 2 (the
 # dp4a column is timed in the same loop) and mode 1; strata bench --parallel on the 48-layer Q4_0 file:
@@ -15,7 +17,7 @@ set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 bash scripts/device-call-suite.sh || exit 1  # the build, every GPU test with the stream checker (its lines)
 . /tmp/b/env.sh
-grep -E "TensorCoreModes|RouterRoute" $OUT/tests.txt | grep -E "OK|FAILED" | head -6
+grep -E "TensorCoreModes|RouterRoute|SampleDeep|SampleMatches" $OUT/tests.txt | grep -E "OK|FAILED" | head -8
 (cd /tmp/b && ninja cuda_matvec > /dev/null 2>&1)
 for m in 2 1; do
   STRATA_CUDA_Q8_MMA=$m timeout 60 /tmp/b/bench/cuda_matvec > $OUT/cuda_matvec-mode$m.txt 2>&1

@@ -956,6 +956,12 @@ struct SampleShared {
   int cached;  // ranks [0, cached) are in keys[], sorted (0: none)
   int count;
   int first;
+  // deep_walk's: the mass of each bucket (fixed point), and the block-uniform outcome of a level.
+  unsigned long long mass[256];
+  uint64_t deep_lo, deep_hi;
+  double deep_cum;
+  long long deep_above;
+  int deep_state;  // 0: descend, 1: gather the bucket [deep_lo, deep_hi], 2: no bucket reaches the target
 };
 
 __device__ __forceinline__ uint64_t row_key(const float* row, int64_t i) {
@@ -1056,16 +1062,100 @@ __device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bo
   }
 }
 
+// walk_ranks past its first chunk when the deep search is on (sample_deep; off by default: built in session
+// 39 without a GPU): the ranks [start, n) are the keys in [lo, hi] (hi: the key below the first chunk's last,
+// lo: the key of rank n - 1, 0 for the whole row); cum: the probability of ranks [0, start). Instead of
+// walking them in chunks of kChunk (each a full-row radix select, gather and sort: a draw over a flat
+// distribution went ~tens of thousands of ranks deep, ~1 ms a row), it descends the keys' bytes from the top:
+// one pass per level sums each 256-way bucket's probability in fixed point (2^-60 units, integer atomics:
+// the same sums whatever the order), the bucket where the target falls is kept, and once it holds at most
+// kChunk keys they are gathered, sorted and walked in double as in walk_ranks. The cumulative sums before
+// that bucket differ from rank-order double sums by ~1e-13 at most, so a pick differs from the CPU's only
+// where the target falls that close to a boundary (as the CPU's own split walk, engine/sampling.cpp).
+// Returns the rank (and *key_out) as walk_ranks, or -1 when the target is beyond every candidate.
+template <typename Prob, typename Stop>
+__device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, uint64_t lo, uint64_t hi, double cum,
+                             Prob prob, Stop stop, SampleShared& sh, uint64_t* key_out) {
+  constexpr double kFx = 1152921504606846976.0;  // 2^60
+  long long above = 0;  // candidates with keys above the current range
+  for (int shift = 56;; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0u, sh.mass[b] = 0ull;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint64_t key = row_key(row, i);
+      if (key < lo || key > hi) continue;
+      const int b = int((key >> shift) & 255u);
+      atomicAdd(&sh.hist[b], 1u);
+      atomicAdd(&sh.mass[b], static_cast<unsigned long long>(static_cast<double>(prob(row[i])) * kFx));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
+      const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
+      unsigned long long acc = 0;
+      int state = 2;
+      for (int b = 255; b >= 0; --b) {
+        if (sh.hist[b] == 0u) continue;
+        if (stop(cum + static_cast<double>(acc + sh.mass[b]) / kFx)) {
+          const uint64_t b_lo = base + (uint64_t(b) << shift), b_hi = b_lo + ((uint64_t(1) << shift) - 1);
+          sh.deep_lo = b_lo > lo ? b_lo : lo;
+          sh.deep_hi = b_hi < hi ? b_hi : hi;
+          sh.deep_cum = cum + static_cast<double>(acc) / kFx;
+          state = sh.hist[b] <= unsigned(kChunk) || shift == 0 ? 1 : 0;
+          break;
+        }
+        acc += sh.mass[b];
+        above += sh.hist[b];
+      }
+      sh.deep_state = state;
+      sh.deep_above = above;
+    }
+    __syncthreads();
+    const int state = sh.deep_state;
+    if (state == 2) return -1;
+    lo = sh.deep_lo, hi = sh.deep_hi, cum = sh.deep_cum, above = sh.deep_above;
+    __syncthreads();  // (sh.deep_* are rewritten by the next level)
+    if (state == 0) continue;
+    // The bucket's keys, sorted, walked in double.
+    gather_sorted(row, n_vocab, lo, hi != ~0ull, hi + 1, sh);
+    if (threadIdx.x == 0) sh.cached = 0, sh.first = kChunk;
+    __syncthreads();
+    const int c = sh.count < kChunk ? sh.count : kChunk;
+    double v[2];
+    for (int j = 0; j < 2; ++j) {
+      const int idx = 2 * threadIdx.x + j;
+      v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
+    }
+    double total;
+    cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, total);
+    for (int j = 0; j < 2; ++j) {
+      const int idx = 2 * threadIdx.x + j;
+      if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
+    }
+    __syncthreads();
+    // (The fixed-point sums put the target in this bucket; where the double walk falls short of it by
+    // their rounding, the bucket's last key.)
+    const int first = sh.first < c ? sh.first : c - 1;
+    *key_out = sh.keys[first];
+    __syncthreads();
+    return start + above + first;
+  }
+}
+
 // Walks ranks [0, n) in the CPU's order accumulating cum += prob(logit) in double; returns the first
 // rank whose cumulative value satisfies stop(cum) and its key in *key_out, or -1 when none does.
 // Chunk 0 comes from sh.keys when they already hold it (sh.cached).
 template <typename Prob, typename Stop>
 __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob prob, Stop stop, RankCache& rc,
-                              SampleShared& sh, uint64_t* key_out) {
+                              SampleShared& sh, uint64_t* key_out, bool deep) {
   double cum = 0.0;
   uint64_t upper = 0;  // keys of earlier chunks are >= upper (exclusive bound), once has_upper
   bool has_upper = false;
   for (int64_t start = 0; start < n; start += kChunk) {
+    if (deep && has_upper && upper > 0) {  // past the first chunk: the byte descent by mass
+      const uint64_t floor_key = n < n_vocab ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
+      return deep_walk(row, n_vocab, start, floor_key, upper - 1, cum, prob, stop, sh, key_out);
+    }
     const int64_t end = start + kChunk < n ? start + kChunk : n;
     const int c = static_cast<int>(end - start);
     uint64_t lo;  // the key of rank end-1 (0 for the row's last chunk when gathering)
@@ -1123,7 +1213,8 @@ __device__ double sum_top(const float* row, int64_t n_vocab, int64_t n, uint64_t
 // sorted once and every later step reads them from shared memory instead of the whole row.
 // rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
 __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
-                                                             const SampleParams* rows, const float* u, int32_t* out) {
+                                                             const SampleParams* rows, const float* u, int32_t* out,
+                                                             bool deep) {
   __shared__ SampleShared sh;
   const SampleParams P = rows != nullptr ? rows[blockIdx.x] : P0;  // block-uniform
   const float* row = logits + blockIdx.x * n_vocab;
@@ -1154,7 +1245,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
     const double top_p = P.top_p;
     const int64_t at = walk_ranks(
         row, n_vocab, m, [=](float l) { return static_cast<float>(exp_cr((l - mx) / 1.0f) / s1); },
-        [=](double cum) { return cum >= top_p; }, rc, sh, &key_unused);
+        [=](double cum) { return cum >= top_p; }, rc, sh, &key_unused, deep);
     if (at >= 0) n = at + 1;
   }
   // min-p: the candidates with logit >= max + log(min_p) are a prefix of the order (at least one).
@@ -1178,7 +1269,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   uint64_t key = 0;
   const int64_t at = walk_ranks(
       row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
-      [=](double cum) { return ud < cum; }, rc, sh, &key);
+      [=](double cum) { return ud < cum; }, rc, sh, &key, deep);
   if (at < 0) {  // u beyond the last cumulative sum: the last candidate, as the CPU
     if (n <= sh.cached) {
       key = sh.keys[n - 1];
@@ -1358,6 +1449,12 @@ bool route_parallel() { return g_route_parallel.get() == 1; }
 void set_fused_router_max_tokens(int n) { g_fused_router_tokens.set(n); }
 int64_t fused_router_max_tokens() { return g_fused_router_tokens.get(); }
 
+namespace {
+DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 0);
+}  // namespace
+void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
+bool sample_deep() { return g_sample_deep.get() == 1; }
+
 RouterRouteKernel router_route_default() {
   static const RouterRouteKernel kern = [] {
     const char* e = std::getenv("STRATA_CUDA_ROUTER");
@@ -1472,7 +1569,8 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
   STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
   check_sample_params(p);
   if (n_tok <= 0) return;
-  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, nullptr, u, out);
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, nullptr, u, out,
+                                                                          sample_deep());
   CUDA_CHECK_LAUNCH();
 }
 
@@ -1482,7 +1580,7 @@ void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const Samp
   STRATA_REQUIRE(rows != nullptr || n_tok <= 0, "sample_rows: no rules");
   if (n_tok <= 0) return;
   sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, SampleParams{}, rows, u,
-                                                                          out);
+                                                                          out, sample_deep());
   CUDA_CHECK_LAUNCH();
 }
 

@@ -97,6 +97,13 @@ void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ba
                 const uint8_t* rows, cudaStream_t stream);
 void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
             void* scratch, int32_t* out, cudaStream_t stream);
+// sample / sample_rows past the first 2048 ranks (a draw or a top-p over a flat distribution): with
+// sample_deep() a descent of the keys' bytes by probability mass (ops.cu deep_walk; picks as the CPU's except
+// within ~1e-13 of a cumulative boundary) instead of walking the ranks in chunks (~1 ms a row at 151936
+// tokens when the target is deep). STRATA_CUDA_SAMPLE_DEEP=0/1 (read once) or set_sample_deep. Off by
+// default: built in session 39 without a GPU (GpuOps.SampleMatchesCpuSampler runs it both ways).
+void set_sample_deep(bool on);
+bool sample_deep();
 // strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).
 void check_sample_params(const SampleParams& p);
 // As sample, with row t's rule at rows[t] (device memory, [n_tok], each passing check_sample_params): a

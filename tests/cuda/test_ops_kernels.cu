@@ -639,7 +639,7 @@ void sample_case(GpuOps& f, int64_t n_vocab, int rows, float logit_sd, bool quan
   }
 }
 
-TEST_F(GpuOps, SampleMatchesCpuSampler) {
+void sample_matches_cpu_sampler(GpuOps& f) {
   int n_rows = 0, near = 0, far = 0;
   std::string report;
   std::mt19937 rng(81);
@@ -655,22 +655,33 @@ TEST_F(GpuOps, SampleMatchesCpuSampler) {
     p.top_k = top_ks[rng() % 5];
     p.top_p = top_ps[rng() % 4];
     p.min_p = min_ps[rng() % 3];
-    sample_case(*this, kVocab, 6, sds[rng() % 4], i % 5 == 4, p, seed++, &n_rows, &near, &far, &report);
+    sample_case(f, kVocab, 6, sds[rng() % 4], i % 5 == 4, p, seed++, &n_rows, &near, &far, &report);
   }
   // The defaults, the everything-off case (the draw over the whole sorted vocabulary), small vocabularies.
-  sample_case(*this, kVocab, 8, 1.0f, false, ops::SampleParams{}, seed++, &n_rows, &near, &far, &report);
-  sample_case(*this, kVocab, 4, 0.5f, false, ops::SampleParams{1.0f, 0, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
+  sample_case(f, kVocab, 8, 1.0f, false, ops::SampleParams{}, seed++, &n_rows, &near, &far, &report);
+  sample_case(f, kVocab, 4, 0.5f, false, ops::SampleParams{1.0f, 0, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
               &report);
-  sample_case(*this, kVocab, 4, 2.0f, false, ops::SampleParams{0.7f, 0, 0.9f, 0.0f}, seed++, &n_rows, &near, &far,
+  sample_case(f, kVocab, 4, 2.0f, false, ops::SampleParams{0.7f, 0, 0.9f, 0.0f}, seed++, &n_rows, &near, &far,
               &report);
-  sample_case(*this, 5, 16, 1.0f, false, ops::SampleParams{1.0f, 40, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
+  sample_case(f, 5, 16, 1.0f, false, ops::SampleParams{1.0f, 40, 1.0f, 0.0f}, seed++, &n_rows, &near, &far,
               &report);
-  sample_case(*this, 3000, 16, 1.0f, true, ops::SampleParams{1.2f, 0, 0.97f, 0.01f}, seed++, &n_rows, &near, &far,
+  sample_case(f, 3000, 16, 1.0f, true, ops::SampleParams{1.2f, 0, 0.97f, 0.01f}, seed++, &n_rows, &near, &far,
               &report);
   std::printf("[sample] %d rows: %d identical, %d differ near a 1e-6 boundary (allowed), %d differ otherwise\n%s",
               n_rows, n_rows - near - far, near, far, report.c_str());
   EXPECT_EQ(far, 0) << "GPU and CPU sampler picked different tokens away from any boundary:\n" << report;
   EXPECT_LE(near, n_rows / 50) << "too many boundary cases to be chance:\n" << report;
+}
+
+TEST_F(GpuOps, SampleMatchesCpuSampler) { sample_matches_cpu_sampler(*this); }
+
+// The same with the deep search by mass past the first 2048 ranks (ops::sample_deep; the everything-off and
+// flat cases above walk tens of thousands of ranks deep, the top-p ones too).
+TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
+  const bool was = ops::sample_deep();
+  ops::set_sample_deep(true);
+  sample_matches_cpu_sampler(*this);
+  ops::set_sample_deep(was);
 }
 
 // sample_rows: a rule per row in one launch (a batch of requests with different parameters) against the CPU
