@@ -1062,6 +1062,27 @@ __device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bo
   }
 }
 
+// The first of the sorted keys sh.keys[0, c) whose cumulative probability (cum + prob of keys 0..idx, summed
+// in double by a block scan) satisfies stop, or kChunk when none does; *total: the c keys' probability. All
+// threads; sh.first and sh.scan are the scratch (the caller syncs before reusing them).
+template <typename Prob, typename Stop>
+__device__ int scan_sorted(const float* row, int c, double cum, Prob prob, Stop stop, SampleShared& sh, double* total) {
+  if (threadIdx.x == 0) sh.first = kChunk;
+  __syncthreads();
+  double v[2];
+  for (int j = 0; j < 2; ++j) {
+    const int idx = 2 * threadIdx.x + j;
+    v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
+  }
+  cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, *total);
+  for (int j = 0; j < 2; ++j) {
+    const int idx = 2 * threadIdx.x + j;
+    if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
+  }
+  __syncthreads();
+  return sh.first;
+}
+
 // walk_ranks past its first chunk when the deep search is on (sample_deep; off by default: built in session
 // 39 without a GPU): the ranks [start, n) are the keys in [lo, hi] (hi: the key below the first chunk's last,
 // lo: the key of rank n - 1, 0 for the whole row); cum: the probability of ranks [0, start). Instead of
@@ -1118,24 +1139,14 @@ __device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, u
     if (state == 0) continue;
     // The bucket's keys, sorted, walked in double.
     gather_sorted(row, n_vocab, lo, hi != ~0ull, hi + 1, sh);
-    if (threadIdx.x == 0) sh.cached = 0, sh.first = kChunk;
+    if (threadIdx.x == 0) sh.cached = 0;
     __syncthreads();
     const int c = sh.count < kChunk ? sh.count : kChunk;
-    double v[2];
-    for (int j = 0; j < 2; ++j) {
-      const int idx = 2 * threadIdx.x + j;
-      v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
-    }
     double total;
-    cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, total);
-    for (int j = 0; j < 2; ++j) {
-      const int idx = 2 * threadIdx.x + j;
-      if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
-    }
-    __syncthreads();
+    const int found = scan_sorted(row, c, cum, prob, stop, sh, &total);
     // (The fixed-point sums put the target in this bucket; where the double walk falls short of it by
     // their rounding, the bucket's last key.)
-    const int first = sh.first < c ? sh.first : c - 1;
+    const int first = found < c ? found : c - 1;
     *key_out = sh.keys[first];
     __syncthreads();
     return start + above + first;
@@ -1166,21 +1177,8 @@ __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob
       gather_sorted(row, n_vocab, lo, has_upper, upper, sh);
       if (threadIdx.x == 0) sh.cached = start == 0 ? c : 0;
     }
-    if (threadIdx.x == 0) sh.first = kChunk;
-    __syncthreads();
-    double v[2];
-    for (int j = 0; j < 2; ++j) {
-      const int idx = 2 * threadIdx.x + j;
-      v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
-    }
     double total;
-    cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, total);
-    for (int j = 0; j < 2; ++j) {
-      const int idx = 2 * threadIdx.x + j;
-      if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
-    }
-    __syncthreads();
-    const int first = sh.first;
+    const int first = scan_sorted(row, c, cum, prob, stop, sh, &total);
     if (first < c) {
       *key_out = sh.keys[first];
       __syncthreads();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "cuda/q8_mma_formats.cuh"
 #include "quant/types.h"
 
 namespace strata::cuda::q8::mma {
@@ -25,6 +26,60 @@ __device__ __forceinline__ void mma_k16(int c[4], uint32_t a0, uint32_t a1, uint
   asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// One 32-value step s of a chunk into the lane's sums: rows g and g + 8 staged at rg / rg8 (chunk-relative
+// block bl = s / kSteps, step j = s % kSteps in it), activation block blk32 of the lane's B token (xb: its int8
+// row) and of its C tokens 2q, 2q + 1 (ds0, ds1: their block scales). acc: rows g, g, g+8, g+8 x tokens 2q,
+// 2q+1, 2q, 2q+1. One mma (Q6_K: two m16n8k16, one per 16-value scale) into fresh int32 sums, then the
+// weight scale times the token's activation scale, minus the min through the activation block sums.
+template <typename M>
+__device__ __forceinline__ void mma_step(const uint8_t* rg, const uint8_t* rg8, int64_t bl, int j, int q,
+                                         const int8_t* xb, const float2* ds0, const float2* ds1, int64_t blk32,
+                                         float acc[4]) {
+  const q8mma::Step a = M::template step<q8d::kStaged>(rg + bl * M::kBytes, j, q);
+  const q8mma::Step b = M::template step<q8d::kStaged>(rg8 + bl * M::kBytes, j, q);
+  const uint32_t x_lo = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 4 * q);
+  const uint32_t x_hi = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 16 + 4 * q);
+  int c[4];
+  if constexpr (M::kSplit16) {
+    int c1[4];
+    mma_k16(c, a.lo, b.lo, x_lo);
+    mma_k16(c1, a.hi, b.hi, x_hi);
+    c[0] = c[0] * a.sa + c1[0] * a.sb, c[1] = c[1] * a.sa + c1[1] * a.sb;
+    c[2] = c[2] * b.sa + c1[2] * b.sb, c[3] = c[3] * b.sa + c1[3] * b.sb;
+  } else {
+    mma_k32(c, a.lo, b.lo, a.hi, b.hi, x_lo, x_hi);
+  }
+  const float2 x0 = ds0[blk32], x1 = ds1[blk32];
+  acc[0] += float(c[0]) * (a.d * x0.x), acc[1] += float(c[1]) * (a.d * x1.x);
+  acc[2] += float(c[2]) * (b.d * x0.x), acc[3] += float(c[3]) * (b.d * x1.x);
+  if constexpr (M::kMin) {
+    acc[0] -= a.m * x0.y, acc[1] -= a.m * x1.y;
+    acc[2] -= b.m * x0.y, acc[3] -= b.m * x1.y;
+  }
+}
+
+// A tile's end: the 8 warps' sums into part ([8 warps][16 rows][8 tokens] f32, shared), then row r / token
+// t added over the warps in order by thread 16 t + r and written (y: [n][rows], tokens from t0, nt of them;
+// rows from row0). Has a barrier inside (every thread of the block calls it); the caller syncs before
+// part is rewritten.
+__device__ __forceinline__ void write_tile(float* part, const float acc[4], int64_t row0, int64_t rows, int64_t t0,
+                                           int nt, float* y, bool accumulate) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, q = lane & 3, g = lane >> 2;
+  float* pw = part + warp * (kRows * kTok);
+  pw[g * kTok + 2 * q] = acc[0], pw[g * kTok + 2 * q + 1] = acc[1];
+  pw[(g + 8) * kTok + 2 * q] = acc[2], pw[(g + 8) * kTok + 2 * q + 1] = acc[3];
+  __syncthreads();
+  if (threadIdx.x < kRows * kTok) {
+    const int r = threadIdx.x & (kRows - 1), t = threadIdx.x / kRows;
+    float sum = part[r * kTok + t];
+    for (int v = 1; v < kWarps; ++v) sum += part[v * (kRows * kTok) + r * kTok + t];
+    if (row0 + r < rows && t < nt) {
+      float* out = y + (t0 + t) * rows + row0 + r;
+      *out = accumulate ? *out + sum : sum;
+    }
+  }
 }
 
 // The tile kernel (q8_mma_tile.cu): a block per 16-row tile and 8-token tile, the activations read from

@@ -40,7 +40,7 @@
 namespace strata::cuda::q8 {
 namespace {
 
-using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps, mma::mma_k16, mma::mma_k32;
+using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps;
 constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two stages a block)
 
 DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec (0 off, 1 tiles of 8 tokens, 2 the persistent "
@@ -120,47 +120,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     const uint8_t* rg = q8d::stage_dst(buf + g * L.stride, w + ra * row_bytes + c0 * M::kBytes);
     const uint8_t* rg8 = q8d::stage_dst(buf + (g + 8) * L.stride, w + rb * row_bytes + c0 * M::kBytes);
 #pragma unroll 2
-    for (int64_t s = warp; s < nb * kSteps; s += kWarps) {
-      const int64_t bl = s / kSteps;
-      const int j = int(s % kSteps);
-      const q8mma::Step a = M::template step<q8d::kStaged>(rg + bl * M::kBytes, j, q);
-      const q8mma::Step b = M::template step<q8d::kStaged>(rg8 + bl * M::kBytes, j, q);
-      const int64_t blk32 = (c0 + bl) * kSteps + j;  // the activation block
-      const uint32_t x_lo = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 4 * q);
-      const uint32_t x_hi = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 16 + 4 * q);
-      int c[4];
-      if constexpr (M::kSplit16) {
-        int c1[4];
-        mma_k16(c, a.lo, b.lo, x_lo);
-        mma_k16(c1, a.hi, b.hi, x_hi);
-        c[0] = c[0] * a.sa + c1[0] * a.sb, c[1] = c[1] * a.sa + c1[1] * a.sb;
-        c[2] = c[2] * b.sa + c1[2] * b.sb, c[3] = c[3] * b.sa + c1[3] * b.sb;
-      } else {
-        mma_k32(c, a.lo, b.lo, a.hi, b.hi, x_lo, x_hi);
-      }
-      const float2 x0 = ds0[blk32], x1 = ds1[blk32];
-      acc[0] += float(c[0]) * (a.d * x0.x), acc[1] += float(c[1]) * (a.d * x1.x);
-      acc[2] += float(c[2]) * (b.d * x0.x), acc[3] += float(c[3]) * (b.d * x1.x);
-      if constexpr (M::kMin) {
-        acc[0] -= a.m * x0.y, acc[1] -= a.m * x1.y;
-        acc[2] -= b.m * x0.y, acc[3] -= b.m * x1.y;
-      }
-    }
-    if (it % cpt == cpt - 1) {  // the tile's last chunk: the warps' sums, added in warp order by thread 16 t + r
-      float* pw = part + warp * (kRows * kTok);
-      pw[g * kTok + 2 * q] = acc[0], pw[g * kTok + 2 * q + 1] = acc[1];
-      pw[(g + 8) * kTok + 2 * q] = acc[2], pw[(g + 8) * kTok + 2 * q + 1] = acc[3];
+    for (int64_t s = warp; s < nb * kSteps; s += kWarps)
+      mma::mma_step<M>(rg, rg8, s / kSteps, int(s % kSteps), q, xb, ds0, ds1, (c0 + s / kSteps) * kSteps + s % kSteps,
+                       acc);
+    if (it % cpt == cpt - 1) {  // the tile's last chunk
+      mma::write_tile(part, acc, row0, rows, t0, nt, y, accumulate);
       acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
-      __syncthreads();
-      if (threadIdx.x < kRows * kTok) {
-        const int r = threadIdx.x & (kRows - 1), t = threadIdx.x / kRows;
-        float sum = part[r * kTok + t];
-        for (int v = 1; v < kWarps; ++v) sum += part[v * (kRows * kTok) + r * kTok + t];
-        if (row0 + r < rows && t < nt) {
-          float* out = y + (t0 + t) * rows + row0 + r;
-          *out = accumulate ? *out + sum : sum;
-        }
-      }
     }
     __syncthreads();  // this stage (and the partial sums) may be rewritten from here
   }

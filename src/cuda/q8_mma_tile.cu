@@ -72,47 +72,10 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t ra = row0 + g < rows ? row0 + g : row0, rb = row0 + g + 8 < rows ? row0 + g + 8 : row0;
     const uint8_t* rg = q8d::stage_dst(smem + g * stride, w + ra * row_bytes + b0 * M::kBytes);
     const uint8_t* rg8 = q8d::stage_dst(smem + (g + 8) * stride, w + rb * row_bytes + b0 * M::kBytes);
-    for (int64_t s = warp; s < nb * kSteps; s += kWarps) {
-      const int64_t bl = s / kSteps;
-      const int j = int(s % kSteps);
-      const q8mma::Step a = M::template step<q8d::kStaged>(rg + bl * M::kBytes, j, q);
-      const q8mma::Step b = M::template step<q8d::kStaged>(rg8 + bl * M::kBytes, j, q);
-      const int64_t blk32 = (b0 + bl) * kSteps + j;  // the activation block
-      const uint32_t x_lo = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 4 * q);
-      const uint32_t x_hi = *reinterpret_cast<const uint32_t*>(xb + 32 * blk32 + 16 + 4 * q);
-      int c[4];
-      if constexpr (M::kSplit16) {
-        int c1[4];
-        mma_k16(c, a.lo, b.lo, x_lo);
-        mma_k16(c1, a.hi, b.hi, x_hi);
-        c[0] = c[0] * a.sa + c1[0] * a.sb, c[1] = c[1] * a.sa + c1[1] * a.sb;
-        c[2] = c[2] * b.sa + c1[2] * b.sb, c[3] = c[3] * b.sa + c1[3] * b.sb;
-      } else {
-        mma_k32(c, a.lo, b.lo, a.hi, b.hi, x_lo, x_hi);
-      }
-      const float2 x0 = ds0[blk32], x1 = ds1[blk32];
-      acc[0] += float(c[0]) * (a.d * x0.x), acc[1] += float(c[1]) * (a.d * x1.x);
-      acc[2] += float(c[2]) * (b.d * x0.x), acc[3] += float(c[3]) * (b.d * x1.x);
-      if constexpr (M::kMin) {
-        acc[0] -= a.m * x0.y, acc[1] -= a.m * x1.y;
-        acc[2] -= b.m * x0.y, acc[3] -= b.m * x1.y;
-      }
-    }
+    for (int64_t s = warp; s < nb * kSteps; s += kWarps)
+      mma_step<M>(rg, rg8, s / kSteps, int(s % kSteps), q, xb, ds0, ds1, (b0 + s / kSteps) * kSteps + s % kSteps, acc);
   }
-  // The warps' partial sums, then row r / token t added over the warps in order by thread 16 t + r.
-  float* pw = part + warp * (kRows * kTok);
-  pw[g * kTok + 2 * q] = acc[0], pw[g * kTok + 2 * q + 1] = acc[1];
-  pw[(g + 8) * kTok + 2 * q] = acc[2], pw[(g + 8) * kTok + 2 * q + 1] = acc[3];
-  __syncthreads();
-  if (threadIdx.x < kRows * kTok) {
-    const int r = threadIdx.x & (kRows - 1), t = threadIdx.x / kRows;
-    float sum = part[r * kTok + t];
-    for (int v = 1; v < kWarps; ++v) sum += part[v * (kRows * kTok) + r * kTok + t];
-    if (row0 + r < rows && t < nt) {
-      float* out = y + (t0 + t) * rows + row0 + r;
-      *out = accumulate ? *out + sum : sum;
-    }
-  }
+  write_tile(part, acc, row0, rows, t0, nt, y, accumulate);
   pdl_end();
 }
 
