@@ -3,6 +3,7 @@
 // q8_kernels.cuh mma_matvec): launch shape constants and the int8 mma.sync wrappers.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/q8_mma_formats.cuh"
@@ -26,6 +27,36 @@ __device__ __forceinline__ void mma_k16(int c[4], uint32_t a0, uint32_t a1, uint
   asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+// Blocks [b0, b0 + nb) of the 16 rows from row0 into the staged regions at buf (row r at buf + r * stride,
+// as q8d::stage_dst places it) by asynchronous 16-byte copies (the caller commits and waits); rows past the
+// end copy row0's (valid, never written).
+template <typename M>
+__device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t row0, int64_t b0,
+                                           int64_t nb, uint8_t* buf, int64_t stride) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int r = warp; r < kRows; r += kWarps) {
+    const int64_t rr = row0 + r < rows ? row0 + r : row0;
+    const uint8_t* src = w + rr * row_bytes + b0 * M::kBytes;
+    q8d::warp_copy_with(q8d::stage_dst(buf + r * stride, src), src, nb * M::kBytes, lane, q8d::Copy16Async{});
+  }
+}
+
+// A stage of at most `budget` bytes for rows of `cols` values of M: the format blocks a row's chunk holds
+// (at least 1, at most the row) and the bytes of a row's staged region. The region is 16 (mod 32) bytes:
+// rows g and g + 8 of a lane group land 4 banks apart (why: the 8 rows a load instruction reads at the same
+// offset would otherwise share banks when the stride is 32-aligned).
+struct Staging {
+  int64_t chunk, stride;
+};
+template <typename M>
+Staging staging(int64_t cols, int64_t budget) {
+  Staging st;
+  st.chunk = std::max<int64_t>(1, std::min<int64_t>(cols / M::kVals, (budget / kRows - 64) / M::kBytes));
+  st.stride = q8d::stage_stride(st.chunk * M::kBytes);
+  if (st.stride % 32 == 0) st.stride += 16;
+  return st;
 }
 
 // One 32-value step s of a chunk into the lane's sums: rows g and g + 8 staged at rg / rg8 (chunk-relative

@@ -21,6 +21,7 @@
 #include "cuda/dequant_device.cuh"
 #include "cuda/fast_dot.cuh"
 #include "cuda/q8_task_io.cuh"
+#include "quant/types.h"
 
 namespace strata::cuda::q8mma {
 
@@ -145,5 +146,20 @@ struct MQ6K {
     return s;
   }
 };
+
+// The one list of the tensor-core matvec's formats: calls f(M{}) with the format struct of `t` and returns
+// true, or returns false for any other type (host code: the kernels' launchers and mma_matvec_takes).
+template <typename F>
+bool with_format(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::Q4_0: f(MQ40{}); return true;
+    case GgmlType::Q4_0_X8: f(MQ40X8{}); return true;
+    case GgmlType::Q8_0: f(MQ80{}); return true;
+    case GgmlType::Q4_K: f(MQ4K{}); return true;
+    case GgmlType::Q5_K: f(MQ5K{}); return true;
+    case GgmlType::Q6_K: f(MQ6K{}); return true;
+    default: return false;
+  }
+}
 
 }  // namespace strata::cuda::q8mma

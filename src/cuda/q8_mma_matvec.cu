@@ -40,25 +40,11 @@
 namespace strata::cuda::q8 {
 namespace {
 
-using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps;
+using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps, mma::stage_rows;
 constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two stages a block)
 
 DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec (0 off, 1 tiles of 8 tokens, 2 the persistent "
                    "kernel from 2 tokens)", 0, 2, 1);
-
-// Chunk `c` (blocks [c * chunk, + nb)) of tile `tile`'s 16 rows into the stage at `buf` (row r at
-// buf + r * stride, as q8d::stage_dst places it); rows past the end copy row0's (valid, never written).
-template <typename M>
-__device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t tile, int64_t c0,
-                                           int64_t nb, uint8_t* buf, int64_t stride) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t row0 = tile * kRows;
-  for (int r = warp; r < kRows; r += kWarps) {
-    const int64_t rr = row0 + r < rows ? row0 + r : row0;
-    const uint8_t* src = w + rr * row_bytes + c0 * M::kBytes;
-    q8d::warp_copy_with(q8d::stage_dst(buf + r * stride, src), src, nb * M::kBytes, lane, q8d::Copy16Async{});
-  }
-}
 
 struct Layout {         // the kernel's shared memory, in bytes from its start
   int64_t xs_stride;    // bytes of a token's int8 row (cols + 16: rows 4 banks apart)
@@ -88,7 +74,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const auto item_tile = [&](int64_t it) { return int64_t(blockIdx.x) + (it / cpt) * gridDim.x; };
   const auto item_nb = [&](int64_t it) { return std::min(L.chunk, blocks - (it % cpt) * L.chunk); };
   const auto stage = [&](int64_t it) { return smem + ((it & 1) ? L.stage1 : L.stage0); };  // chunk it's buffer
-  if (items > 0) stage_rows<M>(w, rows, row_bytes, item_tile(0), 0, item_nb(0), stage(0), L.stride);
+  if (items > 0) stage_rows<M>(w, rows, row_bytes, item_tile(0) * kRows, 0, item_nb(0), stage(0), L.stride);
   __pipeline_commit();
   pdl_wait();
   pdl_launch_dependents();
@@ -108,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g, g+8, g+8 x tokens 2q, 2q+1, 2q, 2q+1
   for (int64_t it = 0; it < items; ++it) {
     if (it + 1 < items)
-      stage_rows<M>(w, rows, row_bytes, item_tile(it + 1), ((it + 1) % cpt) * L.chunk, item_nb(it + 1),
+      stage_rows<M>(w, rows, row_bytes, item_tile(it + 1) * kRows, ((it + 1) % cpt) * L.chunk, item_nb(it + 1),
                     stage(it + 1), L.stride);
     __pipeline_commit();
     __pipeline_wait_prior(1);  // chunk it (and the activations) landed; chunk it + 1 may be in flight
@@ -135,12 +121,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <typename M>
 Layout layout(int64_t cols, int nt) {
   Layout L;
-  const int64_t blocks = cols / M::kVals;
-  L.chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, (kStageBudget / kRows - 64) / M::kBytes));
-  // A row region of 16 (mod 32) bytes: rows g and g + 8 of a lane group land 4 banks apart (why: the 8 rows a
-  // load instruction reads at the same offset would otherwise share banks when the stride is 32-aligned).
-  L.stride = q8d::stage_stride(L.chunk * M::kBytes);
-  if (L.stride % 32 == 0) L.stride += 16;
+  const mma::Staging st = mma::staging<M>(cols, kStageBudget);
+  L.chunk = st.chunk, L.stride = st.stride;
   L.xs_stride = cols + 16;
   L.ds_stride = cols / 32 + 1;
   L.act = 0;
@@ -174,8 +156,7 @@ void set_mma_mode(int mode) { g_mma.set(mode); }
 int mma_mode() { return g_mma.get(); }
 
 bool mma_matvec_takes(GgmlType t) {
-  return t == GgmlType::Q4_0 || t == GgmlType::Q4_0_X8 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K ||
-         t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+  return q8mma::with_format(t, [](auto) {});
 }
 
 bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
@@ -183,16 +164,11 @@ bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_
   const int mode = mma_mode();
   if (mode == 1) return n >= kTok && mma::tile_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
   if (mode != 2 || n < 2) return false;
-  const auto* wb = static_cast<const uint8_t*>(w);
-  switch (type) {  // (the formats of mma_matvec_takes; the caller checked shapes and alignment)
-    case GgmlType::Q4_0: return launch<q8mma::MQ40>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    case GgmlType::Q4_0_X8: return launch<q8mma::MQ40X8>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    case GgmlType::Q8_0: return launch<q8mma::MQ80>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    case GgmlType::Q4_K: return launch<q8mma::MQ4K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    case GgmlType::Q5_K: return launch<q8mma::MQ5K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    case GgmlType::Q6_K: return launch<q8mma::MQ6K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-    default: return false;
-  }
+  bool ran = false;
+  q8mma::with_format(type, [&](auto m) {
+    ran = launch<decltype(m)>(static_cast<const uint8_t*>(w), rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+  });
+  return ran;
 }
 
 }  // namespace strata::cuda::q8

@@ -22,20 +22,6 @@ namespace {
 constexpr int64_t kStageBudget = 40 * 1024;  // staged weight bytes a block (with the 4 KB of partial sums:
                                              // under the 48 KB a launch gets without opting in)
 
-// The block's rows [row0, row0 + 16) of blocks [b0, b0 + nb) into the staged regions (row r at
-// tile + r * stride, as q8d::stage_dst places it); rows past the end copy row0's (valid, never written).
-template <typename M>
-__device__ __forceinline__ void stage_rows(const uint8_t* w, int64_t rows, int64_t row_bytes, int64_t row0, int64_t b0,
-                                           int64_t nb, uint8_t* tile, int64_t stride) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = warp; r < kRows; r += kWarps) {
-    const int64_t rr = row0 + r < rows ? row0 + r : row0;
-    const uint8_t* src = w + rr * row_bytes + b0 * M::kBytes;
-    q8d::warp_copy_with(q8d::stage_dst(tile + r * stride, src), src, nb * M::kBytes, lane, q8d::Copy16Async{});
-  }
-  __pipeline_commit();
-}
-
 // y[t][r] (+)= W[r] . x[t] for the block's 16 rows and tokens [8 blockIdx.y, +8).
 //   w: [rows][row_bytes]  xq: [n][cols] int8  xds: [n][cols/32]  y: [n][rows]
 //   chunk: blocks of M a stage holds; stride: bytes of a row's staged region (q8d::stage_stride, padded)
@@ -58,6 +44,7 @@ __global__ void __launch_bounds__(kThreads)
   const float2* ds1 = xds + (t0 + (2 * q + 1 < nt ? 2 * q + 1 : 0)) * dss;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};  // rows g, g, g+8, g+8 x tokens 2q, 2q+1, 2q, 2q+1
   stage_rows<M>(w, rows, row_bytes, row0, 0, std::min(chunk, blocks), smem, stride);
+  __pipeline_commit();
   pdl_wait();
   pdl_launch_dependents();
   for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
@@ -65,6 +52,7 @@ __global__ void __launch_bounds__(kThreads)
     if (b0 > 0) {
       __syncthreads();  // every warp is done with the previous chunk
       stage_rows<M>(w, rows, row_bytes, row0, b0, nb, smem, stride);
+      __pipeline_commit();
     }
     __pipeline_wait_prior(0);
     __syncthreads();
@@ -82,12 +70,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename M>
 void launch(const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq, const float2* xds,
             int64_t n, float* y, bool accumulate, cudaStream_t stream) {
-  const int64_t blocks = cols / M::kVals;
-  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(blocks, (kStageBudget / kRows - 64) / M::kBytes));
-  // A row region of 16 (mod 32) bytes: rows g and g + 8 of a lane group land 4 banks apart (why: the 8 rows a
-  // load instruction reads at the same offset would otherwise share banks when the stride is 32-aligned).
-  int64_t stride = q8d::stage_stride(chunk * M::kBytes);
-  if (stride % 32 == 0) stride += 16;
+  const Staging st = staging<M>(cols, kStageBudget);
+  const int64_t chunk = st.chunk, stride = st.stride;
   const size_t smem = size_t(kRows * stride) + size_t(kWarps * kRows * kTok) * sizeof(float);
   const int64_t grid_x = (rows + kRows - 1) / kRows, grid_y = (n + kTok - 1) / kTok;
   STRATA_REQUIRE(grid_x <= 0x7FFFFFFF && grid_y <= 65535, "q8 mma matvec: {} rows x {} tokens is too many", rows, n);
@@ -99,16 +83,9 @@ void launch(const uint8_t* w, int64_t rows, int64_t cols, int64_t row_bytes, con
 
 bool tile_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
                  const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
-  const auto* wb = static_cast<const uint8_t*>(w);
-  switch (type) {  // (the formats of mma_matvec_takes; the caller checked shapes and alignment)
-    case GgmlType::Q4_0: launch<q8mma::MQ40>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q4_0_X8: launch<q8mma::MQ40X8>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q8_0: launch<q8mma::MQ80>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q4_K: launch<q8mma::MQ4K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q5_K: launch<q8mma::MQ5K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    case GgmlType::Q6_K: launch<q8mma::MQ6K>(wb, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream); return true;
-    default: return false;
-  }
+  return q8mma::with_format(type, [&](auto m) {
+    launch<decltype(m)>(static_cast<const uint8_t*>(w), rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+  });
 }
 
 }  // namespace strata::cuda::q8::mma

@@ -55,15 +55,14 @@ void check_format(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
   EXPECT_EQ(checked, rows * cols);
 }
 
+// Every format of the one list (q8mma::with_format, which the kernels' launchers dispatch through).
 TEST(Q8MmaHost, FragmentsGiveGgmlValues) {
-  for (const int64_t cols : {int64_t(256), int64_t(2048)}) {
-    check_format<q8mma::MQ40>(GgmlType::Q4_0, 5, cols, 1);
-    check_format<q8mma::MQ40X8>(GgmlType::Q4_0_X8, 5, cols, 2);
-    check_format<q8mma::MQ80>(GgmlType::Q8_0, 5, cols, 3);
-    check_format<q8mma::MQ4K>(GgmlType::Q4_K, 5, cols, 4);
-    check_format<q8mma::MQ5K>(GgmlType::Q5_K, 5, cols, 5);
-    check_format<q8mma::MQ6K>(GgmlType::Q6_K, 5, cols, 6);
-  }
+  for (const int64_t cols : {int64_t(256), int64_t(2048)})
+    for (const GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
+                             GgmlType::Q6_K})
+      EXPECT_TRUE(q8mma::with_format(t, [&](auto m) { check_format<decltype(m)>(t, 5, cols, uint32_t(t) + 1); }))
+          << type_name(t);
+  EXPECT_FALSE(q8mma::with_format(GgmlType::Q2_K, [](auto) {}));  // (the dp4a kernel's only)
 }
 
 }  // namespace
