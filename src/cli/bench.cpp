@@ -67,9 +67,11 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   std::shared_ptr<const Model> model = load_model_for(ef);
   // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
   Engine eng(model, ef.options(std::max({a.n_prompt, a.n_gen, a.parallel}) + 1));
-  auto seq = eng.new_sequence();
-  std::vector<std::unique_ptr<SequenceState>> more;  // tg's other sequences (--parallel)
-  for (int i = 1; i < a.parallel; ++i) more.push_back(eng.new_sequence());
+  // --parallel sequences, all decoded together in tg; the first also takes pp.
+  std::vector<std::unique_ptr<SequenceState>> owned;
+  std::vector<SequenceState*> seqs;
+  for (int i = 0; i < a.parallel; ++i) seqs.push_back(owned.emplace_back(eng.new_sequence()).get());
+  SequenceState& seq = *seqs[0];
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load0).count();
   const size_t V = static_cast<size_t>(eng.n_vocab());
@@ -83,14 +85,12 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   };
   const auto run_pp = [&] {
     for (auto& t : prompt) t = rand_tok();
-    seq->reset();
+    seq.reset();
     const auto t0 = std::chrono::steady_clock::now();
-    eng.prefill_logits(*seq, prompt);  // (logits left where the engine reads them: no copy into ours)
+    eng.prefill_logits(seq, prompt);  // (logits left where the engine reads them: no copy into ours)
     return seconds_since(t0);
   };
   // tg: n steps, each one token for every sequence (--parallel of them) in one forward pass.
-  std::vector<SequenceState*> seqs{seq.get()};
-  for (auto& m : more) seqs.push_back(m.get());
   std::vector<int32_t> toks(seqs.size());
   const auto run_tg = [&](int n) {
     for (auto* s : seqs) s->reset();
@@ -137,7 +137,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
         "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
         eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, tg_best, model->weight_bytes(),
-        seq->memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
+        seq.memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
         tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,
         tg_cache.n_slots, (unsigned long long)tg_cache.bytes_h2d, (unsigned long long)tg_cache.bytes_d2h,
@@ -157,7 +157,7 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     if (pp_cache.present && a.n_prompt > 0) print_cache_report(pp_cache, model->backend_name(), "pp");
     if (tg_cache.present && a.n_gen > 0) print_cache_report(tg_cache, model->backend_name(), "tg");
     std::printf("memory     weights %.3f GiB (mapped), KV %.3f GiB, workspace %.3f GiB, peak RSS %.3f GiB\n",
-                model->weight_bytes() / gib, seq->memory_bytes() * double(a.parallel) / gib, eng.workspace_bytes() / gib,
+                model->weight_bytes() / gib, seq.memory_bytes() * double(a.parallel) / gib, eng.workspace_bytes() / gib,
                 peak_rss / gib);
     if (with_roofline) {
       const double mb = 1e6;
