@@ -1447,12 +1447,6 @@ bool route_parallel() { return g_route_parallel.get() == 1; }
 void set_fused_router_max_tokens(int n) { g_fused_router_tokens.set(n); }
 int64_t fused_router_max_tokens() { return g_fused_router_tokens.get(); }
 
-namespace {
-DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 0);
-}  // namespace
-void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
-bool sample_deep() { return g_sample_deep.get() == 1; }
-
 RouterRouteKernel router_route_default() {
   static const RouterRouteKernel kern = [] {
     const char* e = std::getenv("STRATA_CUDA_ROUTER");
@@ -1555,6 +1549,12 @@ void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ba
 size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
   return 0;  // the kernel re-reads the row (L2-resident) instead of sorting a copy
 }
+
+namespace {
+DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 0);
+}  // namespace
+void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
+bool sample_deep() { return g_sample_deep.get() == 1; }
 
 void check_sample_params(const SampleParams& p) {
   STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
