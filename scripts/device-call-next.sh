@@ -17,7 +17,7 @@ set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 bash scripts/device-call-suite.sh || exit 1  # the build, every GPU test with the stream checker (its lines)
 . /tmp/b/env.sh
-grep -E "TensorCoreModes|RouterRoute|SampleDeep|SampleMatches" $OUT/tests.txt | grep -E "OK|FAILED" | head -8
+grep -E "TensorCoreModes|RouterRoute|SampleDeep|SampleMatches|CudaQ8Moe|grouped gate_up" $OUT/tests.txt | grep -E "OK|FAILED" | head -40
 (cd /tmp/b && ninja cuda_matvec > /dev/null 2>&1)
 for m in 2 1; do
   STRATA_CUDA_Q8_MMA=$m timeout 60 /tmp/b/bench/cuda_matvec > $OUT/cuda_matvec-mode$m.txt 2>&1
@@ -26,12 +26,13 @@ for m in 2 1; do
 done
 st cuda_matvec
 f=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf $OUT/mkmodel.txt)
-arm() {  # P MMA_MODE ROUTE_PARALLEL ROUTER_TOKENS
-  STRATA_CUDA_Q8_MMA=$2 STRATA_CUDA_ROUTE_PARALLEL=$3 STRATA_CUDA_FUSED_ROUTER_TOKENS=$4 /tmp/b/strata bench -m "$f" \
+arm() {  # P MMA_MODE ROUTE_PARALLEL ROUTER_TOKENS [GATE_UP_GROUPED]
+  STRATA_CUDA_Q8_MMA=$2 STRATA_CUDA_ROUTE_PARALLEL=$3 STRATA_CUDA_FUSED_ROUTER_TOKENS=$4 \
+  STRATA_CUDA_GATE_UP_GROUPED=${5:-0} /tmp/b/strata bench -m "$f" \
     --backend cuda --expert-cache 100% --adapt-every 0 -p 0 -n 64 -r 2 --parallel $1 --no-roofline 2>&1 |
-    grep -E "^tg" | sed "s/^/P=$1 mma=$2 route_par=$3 router_tokens=$4 /"
+    grep -E "^tg" | sed "s/^/P=$1 mma=$2 route_par=$3 router_tokens=$4 grouped=${5:-0} /"
 }
 timeout $(( 585 - ($(date +%s) - t0) )) bash -c "$(declare -f arm); f=$f
-  for r in 1 2; do arm 8 1 0 2; arm 8 2 0 2; arm 8 0 0 2; arm 8 1 1 8; arm 8 2 1 8; arm 2 0 0 2; arm 2 2 0 2; arm 4 1 0 2; arm 4 2 0 2; done" \
+  for r in 1 2; do arm 8 1 0 2; arm 8 1 0 2 1; arm 8 2 0 2; arm 8 0 0 2; arm 8 1 1 8; arm 8 2 1 8; arm 2 0 0 2; arm 2 0 0 2 1; arm 2 2 0 2; arm 4 1 0 2; arm 4 2 0 2; done" \
   2>&1 | tee $OUT/parallel.txt
 st done
