@@ -1,6 +1,7 @@
 #pragma once
 // The dense int8-activation matvec's block work and launch geometry (private to q8_kernels.cu and
 // q8_norm_matvec.cu; contract: q8_kernels.cuh matvec / norm_matvec).
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -92,6 +93,9 @@ __device__ __forceinline__ void prefetch_warp_rows(const uint8_t* w, int64_t row
 // reduces): wo_router's sum of squares of the residual stream (q8_folded_router.cu).
 // Scaled: each dot is multiplied by `scale` (rounded on its own, then the residual added: no fused
 // multiply-add) before it is written: norm_matvec's early norm, whose activations lack the norm's scale.
+// async_stage (A == kStaged): the rows copied by cp.async, every 16-byte piece of the lane in flight at once
+// (why: the plain copy's loop stores each load to shared memory before the next load issues, so a lane's
+// ~7 pieces of the Q6_K output product's two 1680-byte rows were ~7 dependent round trips; the same bytes).
 // staged (A == 16 only; else null): the warp's rows already copied there by the caller (shared memory,
 // 16-byte aligned, landed and visible to the warp), read instead of w's (norm_matvec's prestaged rows).
 //   w: [rows][row_bytes] (row starts A-aligned)   xq: [n][cols] int8 (global or shared)   xds: [n][cols/32]
@@ -100,7 +104,8 @@ template <typename F, int A, int NT, int R, bool Scaled = false>
 __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int64_t rows, int64_t row_bytes,
                                              int64_t cols, int lpr_log2, int64_t stride, uint8_t* stage,
                                              const int8_t* xq, const float2* xds, int64_t n, float* y,
-                                             const float* add, float scale = 1.f, const uint8_t* staged = nullptr) {
+                                             const float* add, float scale = 1.f, const uint8_t* staged = nullptr,
+                                             bool async_stage = false) {
   const int lane = threadIdx.x & 31, lpr = 1 << lpr_log2, sub = lane & (lpr - 1);
   const int64_t rows_per_warp = int64_t(R) << (5 - lpr_log2);
   const int64_t row0 = warp_row0<R>(lpr_log2);
@@ -113,7 +118,13 @@ __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int6
   if constexpr (A == q8d::kStaged) {
     const int64_t nrows = rows - row0 < rows_per_warp ? rows - row0 : rows_per_warp;
     uint8_t* dst = q8d::stage_dst(stage + (threadIdx.x >> 5) * stride, first);
-    q8d::warp_copy(dst, first, nrows * row_bytes, lane);
+    if (async_stage) {
+      q8d::warp_copy_with(dst, first, nrows * row_bytes, lane, q8d::Copy16Async{});
+      __pipeline_commit();
+      __pipeline_wait_prior(0);
+    } else {
+      q8d::warp_copy(dst, first, nrows * row_bytes, lane);
+    }
     __syncwarp();
     first = dst;
   }

@@ -290,6 +290,41 @@ TEST_F(CudaQ8Matvec, OddRowsAndTwoByteAlignedWeights) {
   }
 }
 
+// The staged formats' rows copied by cp.async (q8::set_matvec_async_stage(1)): the same bits as the plain copy,
+// at the output product's shape, 2-byte aligned rows, a partial last warp, and several tokens.
+TEST_F(CudaQ8Matvec, AsyncStageSameBits) {
+  const int was = q8::matvec_async_stage();
+  const int mma_was = q8::mma_mode();
+  q8::set_mma_mode(0);  // (the dp4a kernels at every n: the tensor-core ones stage their own way)
+  struct Shape { int64_t rows, cols; size_t offset; std::vector<int64_t> ns; };
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q8_0})
+    for (const Shape& sh : {Shape{151936, 2048, 0, {1}}, Shape{4097, 2048, 2, {1, 2}}, Shape{768, 2048, 2, {3, 8}},
+                            Shape{37, 768, 0, {1, 5}}}) {
+      const MatvecCase mc = make_case(t, sh.rows, sh.cols, 11);
+      const int64_t rb = int64_t(row_bytes(t, sh.cols));
+      auto d_w = upload(mc.w.data(), mc.w.size(), sh.offset);
+      std::mt19937 rng(5);
+      for (int64_t n : sh.ns) {
+        const Q8Host xq = quantize_host(make_acts(n, sh.cols, rng), n, sh.cols);
+        auto d_q = upload_vec(xq.q);
+        auto d_ds = upload_vec(xq.ds);
+        auto run = [&](int async) {
+          q8::set_matvec_async_stage(async);
+          auto d_y = output(n * sh.rows * sizeof(float), 0xFF);
+          q8::matvec(t, d_w.ptr(), sh.rows, sh.cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n, d_y.ptr<float>(),
+                     false, stream());
+          cuda::note_launch(dev->compute(), {d_w.span(), d_q.span(), d_ds.span()}, {d_y.span()});
+          return download<float>(d_y, n * sh.rows);
+        };
+        const auto plain = run(0), async = run(1);
+        EXPECT_EQ(std::memcmp(plain.data(), async.data(), plain.size() * 4), 0)
+            << type_name(t) << " " << sh.rows << "x" << sh.cols << " +" << sh.offset << " n " << n;
+      }
+    }
+  q8::set_matvec_async_stage(was);
+  q8::set_mma_mode(mma_was);
+}
+
 // The tensor-core paths on their own (q8::mma_mode; the tests above run the default, mode 1: the tile
 // kernel for n >= 8): the tile kernel from n = 2 is not what the models take below 8 tokens but must be right
 // there too (a partial tile), and mode 2 (the persistent kernel) at every n from 2, at the real shapes, odd
