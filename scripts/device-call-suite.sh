@@ -16,6 +16,10 @@ else build=(scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests);
 timeout 450 "${build[@]}" > $OUT/build.log 2>&1 || { st "BUILD FAILED"; tail -50 $OUT/build.log; exit 1; }
 st built
 . /tmp/b/env.sh
-STRATA_STREAM_CHECK=1 timeout 330 /tmp/b/tests/strata_cuda_tests > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
-st "tests"; grep -E "^\[  FAILED|PASSED|rc=|tests from .* ran" $OUT/tests.txt | head -30
-grep -E "^\[ gpu fast (chunked|one-token)[^]]*, all \]|qwen3next fast decode-sized|^  mean" $OUT/tests.txt | head -40
+# TESTS=FILTER: only those tests (a gtest filter; '-A:B' all but those); TESTS_OUT=NAME: their output in
+# $OUT/NAME (default tests.txt).
+[ -n "${TESTS:-}" ] && export GTEST_FILTER=$TESTS
+tests_out=$OUT/${TESTS_OUT:-tests.txt}
+STRATA_STREAM_CHECK=1 timeout 330 /tmp/b/tests/strata_cuda_tests > $tests_out 2>&1; echo "rc=$?" >> $tests_out
+st "tests"; grep -E "^\[  FAILED|PASSED|rc=|tests from .* ran" $tests_out | head -30
+grep -E "^\[ gpu fast (chunked|one-token)[^]]*, all \]|qwen3next fast decode-sized|^  mean" $tests_out | head -40
