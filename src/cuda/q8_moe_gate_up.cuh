@@ -82,6 +82,29 @@ STRATA_FD_UNROLL
   }
 }
 
+// The warp's 4 gate rows and 4 up rows (each 4 consecutive rows of memory) of the expert at `base`: gsrc / usrc
+// point at them, in place or (AG == kStaged) at their copy in the warp's shared-memory region (gstride +
+// ustride bytes), coalesced, as matvec_kernel does. The warp's reads of the previous copy must have ended (the
+// callers' __syncthreads closing the previous pair or group).
+template <int AG>
+__device__ __forceinline__ void warp_rows(const uint8_t* base, int64_t gate_off, int64_t up_off, int64_t rw,
+                                          int64_t grb, int64_t urb, int64_t gstride, int64_t ustride,
+                                          const uint8_t*& gsrc, const uint8_t*& usrc) {
+  gsrc = base + gate_off + rw * grb;
+  usrc = base + up_off + rw * urb;
+  if constexpr (AG == q8d::kStaged) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
+    uint8_t* region = stage + warp * (gstride + ustride);
+    uint8_t* gdst = q8d::stage_dst(region, gsrc);
+    uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
+    q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
+    q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
+    __syncwarp();
+    gsrc = gdst, usrc = udst;
+  }
+}
+
 // The grouped kernel's body (gate_up_kernel with grouped; after the wait, tb published): as the per-pair loop
 // below, per group, the rows staged once (kStaged) and the pairs taken two at a time.
 template <typename G, int AG, typename U, int AU>
@@ -100,19 +123,9 @@ __device__ __forceinline__ void gate_up_groups(const uint8_t* __restrict__ slots
   for (int g = blockIdx.y; g < pg.groups; g += gridDim.y) {
     const int lead = pg.lead[g];
     const int slot = tb[ids[lead]];  // resident: group_pairs' leads are
-    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
-    const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
-    const uint8_t* usrc = base + up_off + rw * urb;
-    if constexpr (AG == q8d::kStaged) {
-      extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
-      uint8_t* region = stage + warp * (gstride + ustride);
-      uint8_t* gdst = q8d::stage_dst(region, gsrc);
-      uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
-      q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
-      q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
-      __syncwarp();  // (the previous group's reads ended before the __syncthreads closing its last pass)
-      gsrc = gdst, usrc = udst;
-    }
+    const uint8_t* gsrc;
+    const uint8_t* usrc;
+    warp_rows<AG>(slots + int64_t(slot) * slot_bytes, gate_off, up_off, rw, grb, urb, gstride, ustride, gsrc, usrc);
     const uint8_t* wr[2 * kRowsPerWarp];  // gate rows, then up rows
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) wr[i] = gsrc + i * grb, wr[kRowsPerWarp + i] = usrc + i * urb;
@@ -217,19 +230,9 @@ __global__ void __launch_bounds__(kThreads)
     const int slot = slot_of(tb, ids, p);  // block-uniform
     if (p == 0 && slot != -2) pdl_mark();  // (traced builds: the first pair's slot known; the test waits for it)
     if (slot < 0) continue;
-    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
-    const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
-    const uint8_t* usrc = base + up_off + rw * urb;
-    if constexpr (AG == q8d::kStaged) {
-      extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
-      uint8_t* region = stage + warp * (gstride + ustride);
-      uint8_t* gdst = q8d::stage_dst(region, gsrc);
-      uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
-      q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
-      q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
-      __syncwarp();  // (the previous pair's reads ended before the __syncthreads closing its iteration)
-      gsrc = gdst, usrc = udst;
-    }
+    const uint8_t* gsrc;
+    const uint8_t* usrc;
+    warp_rows<AG>(slots + int64_t(slot) * slot_bytes, gate_off, up_off, rw, grb, urb, gstride, ustride, gsrc, usrc);
     const int8_t* xt = xq + (p / k) * n_embd;
     const float2* dt = xds + (p / k) * (n_embd / 32);
     float acc[2 * kRowsPerWarp];  // gate rows, then up rows

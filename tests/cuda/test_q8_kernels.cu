@@ -896,37 +896,36 @@ class CudaQ8Moe : public test::GpuKernelTest {
       auto d_ids = upload_vec(ids);
       auto d_xq = upload_vec(xq.q);
       auto d_xds = upload_vec(xq.ds);
-      auto d_hq = output(n * k * n_ff, 0x5A);
-      auto d_hds = output(n * k * (n_ff / 32) * sizeof(float2), 0x5A);
-      const int was = q8::gate_up_grouped();
-      q8::set_gate_up_grouped(0);
-      q8::moe_gate_up(v, d_table.ptr<int32_t>(), d_xq.ptr<int8_t>(), d_xds.ptr<float2>(), d_ids.ptr<int32_t>(), n, k,
-                      d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), stream());
-      cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids.span()},
-                        {d_hq.span(), d_hds.span()});
-      q8::set_gate_up_grouped(was);
-      EXPECT_TRUE(grouped_same_bits(v, d_slots, d_table, d_xq, d_xds, d_ids, n, download<int8_t>(d_hq, n * k * n_ff),
-                                    download<Q8Ds>(d_hds, n * k * (n_ff / 32))))
+      const auto [hq, hds] = gate_up_on_gpu(v, d_slots, d_table, d_xq, d_xds, d_ids, n, /*grouped=*/0);
+      EXPECT_TRUE(grouped_same_bits(v, d_slots, d_table, d_xq, d_xds, d_ids, n, hq, hds))
           << type_name(mc.gate) << " random routing of 8 tokens, round " << round;
     }
   }
 
-  // moe_gate_up with the pairs grouped by expert (set_gate_up_grouped(1)) on fresh sentinel-filled outputs:
-  // true when hq / hds are the same bytes as the per-pair kernel's (hq, hds), untouched pairs included.
-  bool grouped_same_bits(const cuda::moe::ExpertLayerView& v, const Buf& d_slots, const Buf& d_table, const Buf& d_xq,
-                         const Buf& d_xds, const Buf& d_ids, int64_t n, const std::vector<int8_t>& hq,
-                         const std::vector<Q8Ds>& hds) {
+  // moe_gate_up per pair (grouped 0) or with the pairs grouped by expert (1) on fresh sentinel-filled outputs:
+  // hq, hds.
+  std::pair<std::vector<int8_t>, std::vector<Q8Ds>> gate_up_on_gpu(const cuda::moe::ExpertLayerView& v,
+                                                                   const Buf& d_slots, const Buf& d_table,
+                                                                   const Buf& d_xq, const Buf& d_xds,
+                                                                   const Buf& d_ids, int64_t n, int grouped) {
     auto d_hq = output(n * k * n_ff, 0x5A);
     auto d_hds = output(n * k * (n_ff / 32) * sizeof(float2), 0x5A);
     const int was = q8::gate_up_grouped();
-    q8::set_gate_up_grouped(1);
+    q8::set_gate_up_grouped(grouped);
     q8::moe_gate_up(v, d_table.ptr<int32_t>(), d_xq.ptr<int8_t>(), d_xds.ptr<float2>(), d_ids.ptr<int32_t>(), n, k,
                     d_hq.ptr<int8_t>(), d_hds.ptr<float2>(), stream());
     cuda::note_launch(dev->compute(), {d_slots.span(), d_table.span(), d_xq.span(), d_xds.span(), d_ids.span()},
                       {d_hq.span(), d_hds.span()});
     q8::set_gate_up_grouped(was);
-    const auto gq = download<int8_t>(d_hq, n * k * n_ff);
-    const auto gds = download<Q8Ds>(d_hds, n * k * (n_ff / 32));
+    return {download<int8_t>(d_hq, n * k * n_ff), download<Q8Ds>(d_hds, n * k * (n_ff / 32))};
+  }
+
+  // True when moe_gate_up with the pairs grouped by expert gives the same bytes as the per-pair kernel's (hq,
+  // hds), untouched pairs included.
+  bool grouped_same_bits(const cuda::moe::ExpertLayerView& v, const Buf& d_slots, const Buf& d_table, const Buf& d_xq,
+                         const Buf& d_xds, const Buf& d_ids, int64_t n, const std::vector<int8_t>& hq,
+                         const std::vector<Q8Ds>& hds) {
+    const auto [gq, gds] = gate_up_on_gpu(v, d_slots, d_table, d_xq, d_xds, d_ids, n, /*grouped=*/1);
     const bool same = gq == hq && std::memcmp(gds.data(), hds.data(), hds.size() * sizeof(Q8Ds)) == 0;
     if (!same) {
       int64_t diff = 0;
