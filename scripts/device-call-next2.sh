@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For the session after 39, second device call (the warm machine after scripts/device-call-next.sh built
+# For the session after 40 (written in session 39), second device call (the warm machine after scripts/device-call-next.sh built
 # /tmp/b): the device sampler's deep search (STRATA_CUDA_SAMPLE_DEEP, session 39, off by default; its test
 # GpuOps.SampleDeepMatchesCpuSampler ran in the first call's suite) on `strata serve` with the 48-layer Q4_0
 # file: 8 requests at 8 temperatures drawing over the whole vocabulary (top_k off: the random-weight file's
