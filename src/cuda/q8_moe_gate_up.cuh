@@ -66,22 +66,6 @@ __device__ __forceinline__ void group_pairs(const int32_t* tb, const int32_t* id
   __syncthreads();
 }
 
-// Lane `lane` of 32 of R rows (wr[r], cols in F, A-aligned) against nt <= 2 tokens whose activations are
-// xs / dss apart (xs may be 0): acc[r][t] += the lane's tasks in order, each token's sum the same float
-// expression and order as rows_lane_partial's one token (the dot's per-token terms do not depend on NT).
-template <typename F, int A, int R>
-__device__ __forceinline__ void rows_two_tokens(const uint8_t* const wr[R], int64_t cols, int lane, const int8_t* xt,
-                                                int64_t xs, const float2* dt, int64_t dss, int nt, float acc[R][2]) {
-  const int tasks = int(cols / F::kVals) * F::kTasks;
-  for (int task = lane; task < tasks; task += 32) {
-    const int b = task / F::kTasks;
-STRATA_FD_UNROLL
-    for (int r = 0; r < R; ++r)
-      F::template dot<A, 2>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, xs,
-                            dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
-  }
-}
-
 // The warp's 4 gate rows and 4 up rows (each 4 consecutive rows of memory) of the expert at `base`: gsrc / usrc
 // point at them, in place or (AG == kStaged) at their copy in the warp's shared-memory region (gstride +
 // ustride bytes), coalesced, as matvec_kernel does. The warp's reads of the previous copy must have ended (the
@@ -122,7 +106,7 @@ __device__ __forceinline__ void gate_up_groups(const uint8_t* __restrict__ slots
   const int64_t dss = n_embd / 32;
   for (int g = blockIdx.y; g < pg.groups; g += gridDim.y) {
     const int lead = pg.lead[g];
-    const int slot = tb[ids[lead]];  // resident: group_pairs' leads are
+    const int slot = tb[pg.key[lead]];  // a lead's key is its expert, resident
     const uint8_t* gsrc;
     const uint8_t* usrc;
     warp_rows<AG>(slots + int64_t(slot) * slot_bytes, gate_off, up_off, rw, grb, urb, gstride, ustride, gsrc, usrc);
@@ -135,16 +119,16 @@ __device__ __forceinline__ void gate_up_groups(const uint8_t* __restrict__ slots
       const int64_t t0 = p / k, t1 = p1 >= 0 ? p1 / k : t0;  // t1 >= t0 (pairs in order; equal: xs 0)
       const int8_t* xt = xq + t0 * n_embd;
       const float2* dt = xds + t0 * dss;
+      const int64_t xs = (t1 - t0) * n_embd, ds = (t1 - t0) * dss;  // the second token's activations, apart
       float acc[2 * kRowsPerWarp][2];
 #pragma unroll
       for (int i = 0; i < 2 * kRowsPerWarp; ++i) acc[i][0] = 0.f, acc[i][1] = 0.f;
       if constexpr (std::is_same_v<G, U> && AG == AU) {
-        rows_two_tokens<G, AG, 2 * kRowsPerWarp>(wr, n_embd, lane, xt, (t1 - t0) * n_embd, dt, (t1 - t0) * dss, nt,
-                                                 acc);
+        q8d::rows_tokens_lane_partial<G, AG, 2 * kRowsPerWarp, 2>(wr, n_embd, lane, 32, xt, xs, dt, ds, nt, acc);
       } else {
-        rows_two_tokens<G, AG, kRowsPerWarp>(wr, n_embd, lane, xt, (t1 - t0) * n_embd, dt, (t1 - t0) * dss, nt, acc);
-        rows_two_tokens<U, AU, kRowsPerWarp>(wr + kRowsPerWarp, n_embd, lane, xt, (t1 - t0) * n_embd, dt,
-                                             (t1 - t0) * dss, nt, acc + kRowsPerWarp);
+        q8d::rows_tokens_lane_partial<G, AG, kRowsPerWarp, 2>(wr, n_embd, lane, 32, xt, xs, dt, ds, nt, acc);
+        q8d::rows_tokens_lane_partial<U, AU, kRowsPerWarp, 2>(wr + kRowsPerWarp, n_embd, lane, 32, xt, xs, dt, ds, nt,
+                                                              acc + kRowsPerWarp);
       }
 #pragma unroll
       for (int i = 0; i < 2 * kRowsPerWarp; ++i)
