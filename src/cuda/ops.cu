@@ -1083,8 +1083,7 @@ __device__ int scan_sorted(const float* row, int c, double cum, Prob prob, Stop 
   return sh.first;
 }
 
-// walk_ranks past its first chunk when the deep search is on (sample_deep; off by default: built in session
-// 39 without a GPU): the ranks [start, n) are the keys in [lo, hi] (hi: the key below the first chunk's last,
+// walk_ranks past its first chunk when the deep search is on (sample_deep; off by default until measured): the ranks [start, n) are the keys in [lo, hi] (hi: the key below the first chunk's last,
 // lo: the key of rank n - 1, 0 for the whole row); cum: the probability of ranks [0, start). Instead of
 // walking them in chunks of kChunk (each a full-row radix select, gather and sort: a draw over a flat
 // distribution went ~tens of thousands of ranks deep, ~1 ms a row), it descends the keys' bytes from the top:

@@ -101,7 +101,8 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 // sample_deep() a descent of the keys' bytes by probability mass (ops.cu deep_walk; picks as the CPU's except
 // within ~1e-13 of a cumulative boundary) instead of walking the ranks in chunks (~1 ms a row at 151936
 // tokens when the target is deep). STRATA_CUDA_SAMPLE_DEEP=0/1 (read once) or set_sample_deep. Off by
-// default: built in session 39 without a GPU (GpuOps.SampleMatchesCpuSampler runs it both ways).
+// default until its serve arms are measured (GpuOps.SampleDeepMatchesCpuSampler, the CPU-sampler comparison
+// with it on, passed on an H100 in session 40).
 void set_sample_deep(bool on);
 bool sample_deep();
 // strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).

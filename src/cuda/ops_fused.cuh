@@ -132,8 +132,8 @@ int64_t fused_router_max_tokens();
 // The last block of router_route / norm_router_route routes a batch's tokens one per warp (the same bits
 // as one after the other with the whole block, which it does with 1 token, or where the warps' scratch
 // does not fit: more than ~170 experts). STRATA_CUDA_ROUTE_PARALLEL=0/1 (read once) or set_route_parallel.
-// Off by default: built in session 39 after its last GPU call, not yet run on a GPU (its bit tests,
-// GpuOpsFused.RouterRoute* / NormRouterRoute*, run it on and off).
+// Off by default until its arms are measured (built in session 39; its bit tests, GpuOpsFused.RouterRoute* /
+// NormRouterRoute*, run it on and off and passed on an H100 in session 40).
 void set_route_parallel(bool on);
 bool route_parallel();
 

@@ -63,6 +63,12 @@ void rmsnorm_quantize(const float* x, const float* w, int64_t n, int64_t cols, f
 void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
 
+// How matvec copies the 2-byte aligned formats' rows (Q6_K, Q4_0, Q8_0, ...) into shared memory: by cp.async,
+// all of a lane's pieces in flight (1), or loads and stores (0, the default). The same bytes, the same bits.
+// Process-wide; the first call reads STRATA_CUDA_MATVEC_ASYNC_STAGE unless set_matvec_async_stage ran before.
+void set_matvec_async_stage(int on);
+int matvec_async_stage();
+
 // matvec's tensor-core paths (q8_mma_tile.cu, q8_mma_matvec.cu) for the formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
 // Q5_K, Q6_K (mma_matvec_takes), by mma_mode(): STRATA_CUDA_Q8_MMA (read once) or set_mma_mode:
 //   0: off (the dp4a kernel for every n);
@@ -120,12 +126,6 @@ bool norm_matvec_lanes();
 //   where the geometry's choice is 2, else the geometry's. STRATA_CUDA_QKV_ROWS=0..5.
 // - per SM: the grid's blocks an SM at most, by shared-memory padding where the grid fits on the GPU at
 //   once under it (smem_cap.cuh), 0 no cap. STRATA_CUDA_QKV_PER_SM=0..8, default 2.
-// How matvec copies the 2-byte aligned formats' rows (Q6_K, Q4_0, Q8_0, ...) into shared memory: by cp.async,
-// all of a lane's pieces in flight (1), or loads and stores (0, the default). The same bytes, the same bits.
-// Process-wide; the first call reads STRATA_CUDA_MATVEC_ASYNC_STAGE unless set_matvec_async_stage ran before.
-void set_matvec_async_stage(int on);
-int matvec_async_stage();
-
 void set_norm_matvec_rows(int rows);
 int norm_matvec_rows();
 void set_norm_matvec_per_sm(int cap);

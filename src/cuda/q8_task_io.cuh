@@ -156,7 +156,8 @@ __host__ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* 
 }
 
 // warp_copy_with's 16-byte copies as asynchronous copies (cp.async; the caller commits and waits: the
-// staged down rows of q8_moe_down.cu, the weight tiles of q8_mma_matvec.cu).
+// staged down rows of q8_moe_down.cu, the tensor-core kernels' weight tiles (q8_mma_common.cuh stage_rows),
+// matvec's staged rows with async_stage (q8_matvec.cuh)).
 struct Copy16Async {
   __device__ __forceinline__ void operator()(uint8_t* dst, const uint8_t* src, int64_t i) const {
     __pipeline_memcpy_async(dst + 16 * i, src + 16 * i, 16);
