@@ -23,3 +23,4 @@ tests_out=$OUT/${TESTS_OUT:-tests.txt}
 STRATA_STREAM_CHECK=1 timeout 330 /tmp/b/tests/strata_cuda_tests > $tests_out 2>&1; echo "rc=$?" >> $tests_out
 st "tests"; grep -E "^\[  FAILED|PASSED|rc=|tests from .* ran" $tests_out | head -30
 grep -E "^\[ gpu fast (chunked|one-token)[^]]*, all \]|qwen3next fast decode-sized|^  mean" $tests_out | head -40
+true  # the greps above find nothing on a filtered run
