@@ -1550,7 +1550,7 @@ size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
 }
 
 namespace {
-DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 0);
+DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 1);
 }  // namespace
 void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
 bool sample_deep() { return g_sample_deep.get() == 1; }

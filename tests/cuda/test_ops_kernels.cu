@@ -675,11 +675,18 @@ void sample_matches_cpu_sampler(GpuOps& f) {
 
 TEST_F(GpuOps, SampleMatchesCpuSampler) { sample_matches_cpu_sampler(*this); }
 
-// The same with the deep search by mass past the first 2048 ranks (ops::sample_deep; the everything-off and
-// flat cases above walk tens of thousands of ranks deep, the top-p ones too).
+// The same with each way past the first 2048 ranks: the deep search by mass (ops::sample_deep, the default)
+// and the walk over the ranks in chunks (the everything-off and flat cases above go tens of thousands of
+// ranks deep, the top-p ones too).
 TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
   const bool was = ops::sample_deep();
   ops::set_sample_deep(true);
+  sample_matches_cpu_sampler(*this);
+  ops::set_sample_deep(was);
+}
+TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
+  const bool was = ops::sample_deep();
+  ops::set_sample_deep(false);
   sample_matches_cpu_sampler(*this);
   ops::set_sample_deep(was);
 }
