@@ -64,7 +64,7 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
             const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream);
 
 // How matvec copies the 2-byte aligned formats' rows (Q6_K, Q4_0, Q8_0, ...) into shared memory: by cp.async,
-// all of a lane's pieces in flight (1), or loads and stores (0, the default). The same bytes, the same bits.
+// all of a lane's pieces in flight (1, the default), or loads and stores (0). The same bytes, the same bits.
 // Process-wide; the first call reads STRATA_CUDA_MATVEC_ASYNC_STAGE unless set_matvec_async_stage ran before.
 void set_matvec_async_stage(int on);
 int matvec_async_stage();
