@@ -256,12 +256,6 @@ int gate_up_per_sm();
 // set_gate_up_warp_topk ran before.
 void set_gate_up_warp_topk(int on);
 int gate_up_warp_topk();
-// Whether moe_gate_up (not the routed one) takes a batch's pairs grouped by expert, each block reading its rows
-// of an expert once for all pairs that picked it (n >= 2, n * k <= 64; the same bits either way): 1, or per
-// pair (0, the default). Process-wide; the first call reads STRATA_CUDA_GATE_UP_GROUPED unless
-// set_gate_up_grouped ran before.
-void set_gate_up_grouped(int on);
-int gate_up_grouped();
 
 // True when the three expert tensors' types are supported and n_ff, n_embd are multiples of 32 and of
 // their types' block sizes (else the caller keeps moe::moe_gate_up / moe::moe_down).

@@ -8,7 +8,6 @@ namespace {
 
 DigitSetting g_gate_up_per_sm("STRATA_CUDA_GATE_UP_PER_SM", "gate_up blocks per SM", 0, 8, 2);
 DigitSetting g_gate_up_topk("STRATA_CUDA_GATE_UP_TOPK", "gate_up's warp top-k", 0, 1, 1);
-DigitSetting g_gate_up_grouped("STRATA_CUDA_GATE_UP_GROUPED", "gate_up's pairs grouped by expert", 0, 1, 0);
 
 }  // namespace
 
@@ -27,12 +26,6 @@ void set_gate_up_warp_topk(int on) { g_gate_up_topk.set(on); }
 // pairs won), 596.2 against 586.3 (3 of 3), 616.5 against 615.6 (2 of 3); traced, the experts are chosen
 // 0.29 us sooner and gate_up's step is 11.72 -> 11.44 us.
 int gate_up_warp_topk() { return g_gate_up_topk.get(); }
-
-void set_gate_up_grouped(int on) { g_gate_up_grouped.set(on); }
-
-// Off until measured (session 40 built it without a GPU): a step of 8 sequences reads ~52 distinct experts for
-// its 64 pairs; whether L2 already served the repeats inside one launch decides what grouping saves.
-int gate_up_grouped() { return g_gate_up_grouped.get(); }
 
 void moe_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const int8_t* xq, const float2* xds,
                  const int32_t* ids, int64_t n, int k, int8_t* hq, float2* hds, cudaStream_t stream) {

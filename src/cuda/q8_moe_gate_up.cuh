@@ -15,61 +15,11 @@ namespace strata::cuda::q8::moe_detail {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kRowsPerWarp = 4;  // gate_up: 8 warps x 4 rows = the 32 rows of one quantization block
-constexpr int kGroupMaxPairs = 64;  // grouped gate_up: n * k at most (one thread a pair in the grouping)
-
-// The pairs of a batch grouped by expert (grouped gate_up, n * k <= kGroupMaxPairs): pair i is a group's
-// lead if its expert is resident and no earlier pair has it; next[i] is the next pair with i's expert (or
-// -1); lead[g] the g-th lead in pair order; groups their count. Every thread of the block calls it; it ends
-// with a barrier. Deterministic: groups in the order of their first pair, members in pair order.
-//   ids: [n_pairs]  table: the layer's row (tb)
-struct PairGroups {
-  int32_t key[kGroupMaxPairs];  // the pair's expert, or -1 - i where it has no slot (matches no other pair)
-  int8_t next[kGroupMaxPairs];
-  int8_t lead[kGroupMaxPairs];
-  int warp_leads[kGroupMaxPairs / 32];
-  int groups;
-};
-
-__device__ __forceinline__ void group_pairs(const int32_t* tb, const int32_t* ids, int n_pairs, PairGroups& g) {
-  const int i = threadIdx.x;
-  int32_t key = -1 - i;
-  if (i < n_pairs) {
-    const int32_t e = ids[i];
-    if (e >= 0 && tb[e] >= 0) key = e;
-    g.key[i] = key;
-  }
-  __syncthreads();
-  bool is_lead = false;
-  if (i < n_pairs) {
-    int next = -1;
-    is_lead = key >= 0;
-    for (int j = 0; j < n_pairs; ++j) {
-      if (g.key[j] != key || j == i) continue;
-      if (j < i) is_lead = false;
-      else if (next < 0) next = j;
-    }
-    g.next[i] = int8_t(next);
-  }
-  const unsigned ballot = __ballot_sync(0xffffffffu, is_lead);
-  if (i < kGroupMaxPairs && (i & 31) == 0) g.warp_leads[i >> 5] = __popc(ballot);
-  __syncthreads();
-  if (is_lead) {
-    int before = __popc(ballot & ((1u << (i & 31)) - 1u));
-    for (int w = 0; w < (i >> 5); ++w) before += g.warp_leads[w];
-    g.lead[before] = int8_t(i);
-  }
-  if (i == 0) {
-    int total = 0;
-    for (int w = 0; w < kGroupMaxPairs / 32; ++w) total += g.warp_leads[w];
-    g.groups = total;
-  }
-  __syncthreads();
-}
 
 // The warp's 4 gate rows and 4 up rows (each 4 consecutive rows of memory) of the expert at `base`: gsrc / usrc
 // point at them, in place or (AG == kStaged) at their copy in the warp's shared-memory region (gstride +
 // ustride bytes), coalesced, as matvec_kernel does. The warp's reads of the previous copy must have ended (the
-// callers' __syncthreads closing the previous pair or group).
+// caller's __syncthreads closing the previous pair).
 template <int AG>
 __device__ __forceinline__ void warp_rows(const uint8_t* base, int64_t gate_off, int64_t up_off, int64_t rw,
                                           int64_t grb, int64_t urb, int64_t gstride, int64_t ustride,
@@ -89,69 +39,6 @@ __device__ __forceinline__ void warp_rows(const uint8_t* base, int64_t gate_off,
   }
 }
 
-// The grouped kernel's body (gate_up_kernel with grouped; after the wait, tb published): as the per-pair loop
-// below, per group, the rows staged once (kStaged) and the pairs taken two at a time.
-template <typename G, int AG, typename U, int AU>
-__device__ __forceinline__ void gate_up_groups(const uint8_t* __restrict__ slots, int64_t slot_bytes,
-                                               int64_t gate_off, int64_t up_off, int64_t grb, int64_t urb,
-                                               int64_t n_embd, int64_t n_ff, const int32_t* tb, const int8_t* xq,
-                                               const float2* xds, const int32_t* ids, int n_pairs, int k,
-                                               int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride,
-                                               int64_t ustride) {
-  __shared__ PairGroups pg;
-  __shared__ float hs[2][32];
-  group_pairs(tb, ids, n_pairs, pg);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
-  const int64_t dss = n_embd / 32;
-  for (int g = blockIdx.y; g < pg.groups; g += gridDim.y) {
-    const int lead = pg.lead[g];
-    const int slot = tb[pg.key[lead]];  // a lead's key is its expert, resident
-    const uint8_t* gsrc;
-    const uint8_t* usrc;
-    warp_rows<AG>(slots + int64_t(slot) * slot_bytes, gate_off, up_off, rw, grb, urb, gstride, ustride, gsrc, usrc);
-    const uint8_t* wr[2 * kRowsPerWarp];  // gate rows, then up rows
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) wr[i] = gsrc + i * grb, wr[kRowsPerWarp + i] = usrc + i * urb;
-    for (int p = lead; p >= 0;) {
-      const int p1 = pg.next[p];
-      const int nt = p1 >= 0 ? 2 : 1;
-      const int64_t t0 = p / k, t1 = p1 >= 0 ? p1 / k : t0;  // t1 >= t0 (pairs in order; equal: xs 0)
-      const int8_t* xt = xq + t0 * n_embd;
-      const float2* dt = xds + t0 * dss;
-      const int64_t xs = (t1 - t0) * n_embd, ds = (t1 - t0) * dss;  // the second token's activations, apart
-      float acc[2 * kRowsPerWarp][2];
-#pragma unroll
-      for (int i = 0; i < 2 * kRowsPerWarp; ++i) acc[i][0] = 0.f, acc[i][1] = 0.f;
-      if constexpr (std::is_same_v<G, U> && AG == AU) {
-        q8d::rows_tokens_lane_partial<G, AG, 2 * kRowsPerWarp, 2>(wr, n_embd, lane, 32, xt, xs, dt, ds, nt, acc);
-      } else {
-        q8d::rows_tokens_lane_partial<G, AG, kRowsPerWarp, 2>(wr, n_embd, lane, 32, xt, xs, dt, ds, nt, acc);
-        q8d::rows_tokens_lane_partial<U, AU, kRowsPerWarp, 2>(wr + kRowsPerWarp, n_embd, lane, 32, xt, xs, dt, ds, nt,
-                                                              acc + kRowsPerWarp);
-      }
-#pragma unroll
-      for (int i = 0; i < 2 * kRowsPerWarp; ++i)
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) acc[i][t] += __shfl_xor_sync(0xffffffffu, acc[i][t], o);
-      if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-          for (int i = 0; i < kRowsPerWarp; ++i) hs[t][kRowsPerWarp * warp + i] = silu(acc[i][t]) * acc[kRowsPerWarp + i][t];
-      __syncthreads();
-      if (warp < nt) {
-        const int64_t q = warp == 0 ? p : p1;
-        q8c::quantize_warp(hs[warp][lane], hq + q * n_ff + r0, hds + q * (n_ff / 32) + r0 / 32);
-      }
-      __syncthreads();  // hs is rewritten by the next pass
-      p = p1 >= 0 ? pg.next[p1] : -1;
-    }
-  }
-}
-
 // Block (x: 32 rows r0.. of n_ff, y: pairs p = t*k + j, grid-stride): warp w computes gate and up rows
 // r0 + 4w .. r0 + 4w + 3 against x[t] (a whole warp per row: lane = task), h = silu(g) * u into shared
 // memory, then warp 0 quantizes the 32 values into hq[p][r0..r0+32) and hds[p][r0/32].
@@ -160,11 +47,6 @@ __device__ __forceinline__ void gate_up_groups(const uint8_t* __restrict__ slots
 // (gstride + ustride bytes), coalesced, as matvec_kernel does.
 // Routed (moe_gate_up_routed, one token): xq, xds and ids are not read; every block first routes the token
 // and quantizes x itself from `fr` (q8_folded_route.cuh), into shared memory.
-// grouped (not Routed; n_pairs <= kGroupMaxPairs): block y takes the groups y, y + gridDim.y, ... of the
-// pairs grouped by expert (group_pairs) instead of pairs: its 32 rows are loaded (staged) once for all the
-// group's pairs, two tokens a pass (why: a decode step of 8 sequences picks ~52 distinct experts of 128 for
-// its 64 pairs with random routing; per pair, each repeated expert's rows were read again). Every pair's h
-// is the same bits either way.
 //   slots: [n_slots][slot_bytes]  table: [n_expert]  xq: [n][n_embd]  xds: [n][n_embd/32]  ids: [n*k]
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]
 template <typename G, int AG, typename U, int AU, bool Routed>
@@ -173,7 +55,7 @@ __global__ void __launch_bounds__(kThreads)
                    int64_t grb, int64_t urb, int64_t n_embd, int64_t n_ff, const int32_t* __restrict__ table,
                    const int8_t* xq, const float2* xds, const int32_t* ids, int64_t n_pairs, int k,
                    int8_t* __restrict__ hq, float2* __restrict__ hds, int64_t gstride, int64_t ustride, int n_table,
-                   FoldedRoute fr, bool grouped) {
+                   FoldedRoute fr) {
   static_assert((AG == q8d::kStaged) == (AU == q8d::kStaged), "gate and up are staged together");
   __shared__ float hs[32];
   __shared__ int32_t tab[moe::kViewTableMax];
@@ -202,14 +84,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * 32, rw = r0 + kRowsPerWarp * warp;
-  if constexpr (!Routed) {
-    if (grouped) {
-      gate_up_groups<G, AG, U, AU>(slots, slot_bytes, gate_off, up_off, grb, urb, n_embd, n_ff, tb, xq, xds, ids,
-                                   int(n_pairs), k, hq, hds, gstride, ustride);
-      pdl_end();
-      return;
-    }
-  }
   for (int64_t p = blockIdx.y; p < n_pairs; p += gridDim.y) {
     const int slot = slot_of(tb, ids, p);  // block-uniform
     if (p == 0 && slot != -2) pdl_mark();  // (traced builds: the first pair's slot known; the test waits for it)
@@ -262,7 +136,6 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
   FoldedRoute route = Routed ? *fr : FoldedRoute{};
   route.warp_topk = Routed && gate_up_warp_topk() != 0;
   const int64_t pairs = n * k;
-  const bool grouped = !Routed && n >= 2 && pairs <= kGroupMaxPairs && gate_up_grouped() != 0;
   const int64_t grb = int64_t(row_bytes(v.gate_type, uint64_t(v.n_embd)));
   const int64_t urb = int64_t(row_bytes(v.up_type, uint64_t(v.n_embd)));
   // (routed: one more column of blocks, whose block y = 0 writes moe_down's weights: q8_folded_route.cuh)
@@ -281,8 +154,7 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
         allow_dynamic_bytes(reinterpret_cast<const void*>(kern), stage_bytes);
         const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), size_t(stage_bytes), cap, kThreads);
         pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
-                    v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route,
-                    grouped);
+                    v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, gstride, ustride, v.n_expert, route);
         return;
       }
     }
@@ -290,7 +162,7 @@ void launch_gate_up(const moe::ExpertLayerView& v, const int32_t* table, const i
     const size_t smem = smem_for_cap(reinterpret_cast<const void*>(kern), 0, cap, kThreads);
     pdl::launch(kern, grid, kThreads, smem, stream, v.slots, v.slot_bytes, v.gate_off, v.up_off, grb, urb,
                 v.n_embd, v.n_ff, table, xq, xds, ids, pairs, k, hq, hds, int64_t(0), int64_t(0), v.n_expert,
-                route, grouped);
+                route);
   });
   STRATA_REQUIRE(ran, "q8 moe_gate_up: no kernel for gate {} / up {} rows", type_name(v.gate_type),
                  type_name(v.up_type));
