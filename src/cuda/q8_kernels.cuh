@@ -72,9 +72,12 @@ int matvec_async_stage();
 // matvec's tensor-core paths (q8_mma_tile.cu, q8_mma_matvec.cu) for the formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
 // Q5_K, Q6_K (mma_matvec_takes), by mma_mode(): STRATA_CUDA_Q8_MMA (read once) or set_mma_mode:
 //   0: off (the dp4a kernel for every n);
-//   1 (default): the tile kernel for n >= 8 (tiles of 8 tokens, the last one partial; measured ahead of
-//      dp4a at n = 8, behind it at n = 2: bench/results/2026-12-06-gpu-session39-h100.md);
-//   2: the persistent, double-buffered kernel for n >= 2 (not yet run on a GPU).
+//   1: the tile kernel for n >= 8 (tiles of 8 tokens, the last one partial; measured ahead of dp4a at
+//      n = 8, behind it at n = 2: bench/results/2026-12-06-gpu-session39-h100.md);
+//   2: the persistent, double-buffered kernel for n >= 2 (behind dp4a at n = 2, ahead at 4, behind the tile
+//      kernel at 8: bench/results/2026-12-06-gpu-session41-h100.md);
+//   3 (default): the persistent kernel for 4 <= n < 8, the tile kernel from 8 (session 41: +2.3% at 4
+//      sequences, +7.8% at 6 against mode 1).
 // Same contract as matvec; the sums differ from the dp4a kernel's only in the order of float additions.
 // mma_matvec returns false (launching nothing) where the mode or the format leaves it to dp4a.
 void set_mma_mode(int mode);

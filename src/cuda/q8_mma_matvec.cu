@@ -1,6 +1,7 @@
 // The dense int8-activation product of a few tokens (2..8 a tile) on tensor cores (contract: q8_kernels.cuh
 // matvec / mma_matvec; formats: q8_mma_formats.cuh; CPU reference: host/q8_reference.h matvec): the mode
-// switch, and the persistent kernel (mma_mode 2). The first kernel, mode 1 (the default): q8_mma_tile.cu.
+// switch, and the persistent kernel (mma_mode 2; 3, the default, for 4..7 tokens). The first kernel, the
+// tile kernel (mode 1; modes 3 from 8 tokens): q8_mma_tile.cu.
 //
 // Why: the dp4a kernel (q8_matvec.cuh) multiplies each weight task by up to 8 tokens' activations with
 // dp4a, loading every token's 32-64 activation bytes per task: at n = 8 the 151936 x 2048 Q6_K output
@@ -22,9 +23,12 @@
 // global memory in every step) ran the 151936 x 2048 Q4_0 output at 43% of the read roofline and small
 // matrices slower than dp4a at n = 2 (H100, session 39): each block waited for its copy, then for L2 loads
 // in every step, with nothing in flight between.
-// Status: built in session 39 after its last GPU call; it has not run on a GPU (its fragments are tested on
-// the host: tests/cuda/test_q8_mma_host.cu). Off unless STRATA_CUDA_Q8_MMA=2 until its tests pass there and
-// bench/cuda_matvec shows it ahead of the tile kernel and dp4a.
+// Measured (session 41, H100, bench/results/2026-12-06-gpu-session41-h100.md): its tests pass; it reads the
+// output product at ~44% of the read roofline for every n (Q4_0: 124.6 us at n = 2 against dp4a's 92.5,
+// 124.4 at n = 4 against 152.5); a decode step of 4 sequences (48-layer Q4_0) 903 / 911 against 893 / 894
+// tok/s with dp4a, of 8 1188 / 1197 against the tile kernel's 1203 / 1214, of 2 591 / 589 against 636 / 637.
+// So it is used, in mode 3 (the default), for 4..7 tokens only: steps of 4 and 6 sequences 879.4 and
+// 1110.2 / 1112.4 tok/s against 859.7 and 1030.7 / 1029.4 with dp4a (the same call).
 #include <cuda_pipeline.h>
 
 #include <algorithm>
@@ -44,7 +48,7 @@ using mma::kRows, mma::kThreads, mma::kTok, mma::kWarps, mma::stage_rows;
 constexpr int64_t kStageBudget = 20 * 1024;  // staged weight bytes a stage (two stages a block)
 
 DigitSetting g_mma("STRATA_CUDA_Q8_MMA", "the tensor-core matvec (0 off, 1 tiles of 8 tokens, 2 the persistent "
-                   "kernel from 2 tokens)", 0, 2, 1);
+                   "kernel from 2 tokens, 3 the persistent kernel for 4-7 tokens and tiles from 8)", 0, 3, 3);
 
 struct Layout {         // the kernel's shared memory, in bytes from its start
   int64_t xs_stride;    // bytes of a token's int8 row (cols + 16: rows 4 banks apart)
@@ -162,8 +166,9 @@ bool mma_matvec_takes(GgmlType t) {
 bool mma_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t row_bytes, const int8_t* xq,
                 const float2* xds, int64_t n, float* y, bool accumulate, cudaStream_t stream) {
   const int mode = mma_mode();
-  if (mode == 1) return n >= kTok && mma::tile_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
-  if (mode != 2 || n < 2) return false;
+  if ((mode == 1 || mode == 3) && n >= kTok)
+    return mma::tile_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);
+  if (!(mode == 2 && n >= 2) && !(mode == 3 && n >= 4)) return false;
   bool ran = false;
   q8mma::with_format(type, [&](auto m) {
     ran = launch<decltype(m)>(static_cast<const uint8_t*>(w), rows, cols, row_bytes, xq, xds, n, y, accumulate, stream);

@@ -6,7 +6,8 @@
 // float sums per step; the 8 warps' partial sums meet in shared memory and are added in warp order.
 // Measured (H100, session 39, bench/results/2026-12-06-gpu-session39-h100.md): at n = 8 2.2x dp4a on the
 // 151936 x 2048 outputs and 1.7x on q; slower than dp4a at n = 2 (0.4-0.8x); a decode step of 8 sequences
-// +9.4% on the 48-layer Q4_0 file. So the models take it for tiles of 8 tokens (mma_mode 1).
+// +9.4% on the 48-layer Q4_0 file. So the models take it for tiles of 8 tokens (mma_mode 1, and 3, the
+// default, which takes q8_mma_matvec.cu's persistent kernel for 4..7 tokens).
 #include <cuda_pipeline.h>
 
 #include <algorithm>

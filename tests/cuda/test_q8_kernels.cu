@@ -327,19 +327,20 @@ TEST_F(CudaQ8Matvec, AsyncStageSameBits) {
   q8::set_mma_mode(mma_was);
 }
 
-// The tensor-core paths on their own (q8::mma_mode; the tests above run the default, mode 1: the tile
-// kernel for n >= 8): the tile kernel from n = 2 is not what the models take below 8 tokens but must be right
-// there too (a partial tile), and mode 2 (the persistent kernel) at every n from 2, at the real shapes, odd
-// row counts, 2-byte aligned rows and rows longer than a stage (12288 columns: several chunks a tile).
+// The tensor-core paths on their own (q8::mma_mode; the tests above run the default, mode 3: the persistent
+// kernel for 4..7 tokens, the tile kernel from 8): mode 1 (the tile kernel from 8; its partial tiles at 11),
+// mode 2 (the persistent kernel at every n from 2) and mode 3 at 3 (dp4a), 4, 7 and 8, at the real shapes,
+// odd row counts, 2-byte aligned rows and rows longer than a stage (12288 columns: several chunks a tile).
 TEST_F(CudaQ8Matvec, TensorCoreModes) {
   const int was = q8::mma_mode();
-  for (const int mode : {1, 2}) {
+  for (const int mode : {1, 2, 3}) {
     q8::set_mma_mode(mode);
     SCOPED_TRACE("mma mode " + std::to_string(mode));
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
                        GgmlType::Q6_K}) {
-      check(make_case(t, 4096, 2048, 21), mode == 1 ? std::initializer_list<int64_t>{8, 11, 16}
-                                                    : std::initializer_list<int64_t>{2, 3, 5, 8, 9, 16});
+      check(make_case(t, 4096, 2048, 21), mode == 1   ? std::initializer_list<int64_t>{8, 11, 16}
+                                          : mode == 2 ? std::initializer_list<int64_t>{2, 3, 5, 8, 9, 16}
+                                                      : std::initializer_list<int64_t>{3, 4, 7, 8});
       check(make_case(t, 2048, 4096, 22), {2, 8});
       check(make_case(t, 37, 2048, 23), {3, 8}, 2);
       check(make_case(t, 13, 12288, 24), {2, 8});
