@@ -325,8 +325,8 @@ int main(int argc, char** argv) {
     // One MoE layer as above (Q4_K gate/up, Q6_K down, 128 experts, k 8, n 1, random expert sets), q8
     // (moe_gate_up + moe_down on the quantized x; the x quantization itself is the line printed above)
     // against the f32 moe::moe_gate_up + moe::moe_down; then the same with Q4_K down (the all-Q4_K files).
-    // Then moe_down alone with each of its kernels (q8::set_moe_down_slots: slots looked up once per warp,
-    // the default, or per term, the first kernel).
+    // Then moe_down alone with each of its kernels (q8::set_moe_down_kernel: slots looked up once per warp,
+    // the default for one token, or per term, the first kernel).
     for (const GgmlType down_t : {GgmlType::Q6_K, GgmlType::Q4_K}) {
     const int64_t n_embd = 2048, n_ff = 768;
     const int n_expert = 128, k = 8, n_sets = 64;
@@ -383,19 +383,19 @@ int main(int argc, char** argv) {
                 "%.1f%% | %.1f | %.1f%% | %.2fx |\n",
                 std::string(type_name(down_t)).c_str(), ms_q8 * 1e3, ms_gu * 1e3, gq, 100.0 * gq / read_gbs,
                 ms_f32 * 1e3, 100.0 * gf / read_gbs, ms_f32 / ms_q8);
-    const bool slots_was = q8::moe_down_slots();
+    const int kernel_was = q8::moe_down_kernel();
     double ms_down[2];
     for (int slots_on = 0; slots_on < 2; ++slots_on) {
-      q8::set_moe_down_slots(slots_on != 0);
+      q8::set_moe_down_kernel(slots_on);
       ms_down[slots_on] = time_layers([&](int i) {
         const int q = i % n_sets;
         q8::moe_down(v, d_table.as<int32_t>(), d_hq.as<int8_t>(), d_hds.as<float2>(), d_ids.as<int32_t>() + q * k,
                      d_wts.as<float>() + q * k, 1, k, d_out.as<float>(), s);
       });
     }
-    q8::set_moe_down_slots(slots_was);
+    q8::set_moe_down_kernel(kernel_was);
     std::printf("q8 moe_down alone (%s down, k 8, n 1): slots once per warp (default) %.2f us, per term "
-                "(STRATA_CUDA_Q8_DOWN=loop) %.2f us, %.2fx\n",
+                "(STRATA_CUDA_Q8_DOWN=term) %.2f us, %.2fx\n",
                 std::string(type_name(down_t)).c_str(), ms_down[1] * 1e3, ms_down[0] * 1e3, ms_down[0] / ms_down[1]);
     }
   }

@@ -38,8 +38,10 @@ namespace {
 //   hq: [n*k][n_ff]  hds: [n*k][n_ff/32]  wts: [n*k]  x: [n][n_embd]
 constexpr int kDownWarps = 4;
 constexpr int kDownMaxK = 32;  // Slots: at most this many experts per token (the slot list is one per lane)
-constexpr int kDownUnroll = 4; // Slots: terms per lane unrolled with all loads in flight (k 8 x 768-column
-                               // K-quant rows: 96 terms = 3 per lane)
+// Slots: terms per lane unrolled with all loads in flight: 4 (k 8 x 768-column K-quant rows: 96 terms = 3 per
+// lane), 8 for the formats of 8 tasks a block (Q4_0_X8, the IQ formats: 192 terms = 6 per lane).
+template <typename F>
+constexpr int kDownUnroll = F::kTasks >= 8 ? 8 : 4;
 // Slots (the default; k <= kDownMaxK): the warp first looks up the k slots of token t in parallel (lane j:
 // ids[t*k+j], then table[e]) into shared memory, and the lanes run down_lane_partial_slots (same sum).
 // !Slots: the first kernel, every term looks its slot up itself (down_lane_partial).
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(32 * W)
     }
     float acc;
     if constexpr (Slots)
-      acc = q8d::down_lane_partial_slots<F, A, kDownUnroll>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq, hds,
+      acc = q8d::down_lane_partial_slots<F, A, kDownUnroll<F>>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq, hds,
                                                             wts, t, k, lane, 32, region, stride);
     else
       acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, tb, hq, hds, ids, wts, t, k,
@@ -124,10 +126,13 @@ bool down_prefetch() {
 }  // namespace
 
 namespace {
-EnvSwitch g_down_slots;
+EnvInt g_down_kernel;
 }  // namespace
 
-void set_moe_down_slots(bool on) { g_down_slots.set(on); }
+void set_moe_down_kernel(int mode) {
+  STRATA_REQUIRE(mode >= 0 && mode <= 2, "moe_down kernel: {} (0 per term, 1 slots, 2 slots for one token)", mode);
+  g_down_kernel.set(mode);
+}
 
 namespace {
 EnvInt g_down_warps;
@@ -179,14 +184,21 @@ int moe_down_launch_warps(const moe::ExpertLayerView& v, int k) {
   return warps;
 }
 
-bool moe_down_slots() {
-  return g_down_slots.get([] {
+// (Session 4 had measured the slots kernel slower, on an H200 in bench/cuda_matvec: Q4_K down 8.68 against
+// 6.57 us at n = 1. Since then it unrolls 8 terms a lane for Q4_0_X8, and moe_down's rows are prefetched
+// into L2 while gate_up runs; see moe_down_kernel's comment for what won in session 41.)
+int moe_down_kernel() {
+  return g_down_kernel.get([] {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
-    // Default: the per-term kernel. On the H200 (bench/results/2026-11-29-gpu-session4-h200.md, call 3,
-    // cuda_matvec, k 8, n 1) the slots-once kernel took 8.68 vs 6.57 us (Q4_K down) and 20.8 vs 17.3 us
-    // (Q6_K down). STRATA_CUDA_Q8_DOWN=slots selects it.
-    return e != nullptr && std::string(e) == "slots";
+    if (e != nullptr && std::string(e) == "slots") return 1;
+    if (e != nullptr && std::string(e) == "term") return 0;
+    return 2;
   });
+}
+
+bool moe_down_slots(int64_t n) {
+  const int mode = moe_down_kernel();
+  return mode == 1 || (mode == 2 && n == 1);
 }
 
 
@@ -196,7 +208,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   moe_detail::check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
-  const bool pre = k <= kDownMaxK && moe_down_slots();
+  const bool pre = k <= kDownMaxK && moe_down_slots(n);
   const int64_t stride = q8d::stage_stride(drb);
   const int warps = moe_down_launch_warps(v, k);
   auto go = [&](auto warps_c) {

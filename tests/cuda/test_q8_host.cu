@@ -232,7 +232,8 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
                   reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
           }
           // down_lane_partial_slots (the kernel's default: slots looked up once) gives the same bits per
-          // lane, with 2 terms unrolled (3 per lane here: the loop takes the third) and with 4.
+          // lane, with 2 terms unrolled (3 per lane here: the loop takes the third), with 4 and with 8 (the
+          // formats of 8 tasks a block: 6 per lane here).
           {
             int jslot[8];
             for (int j = 0; j < k; ++j) {
@@ -249,12 +250,15 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
             }
             auto* stage = staged ? reinterpret_cast<uint8_t*>(region.data()) : nullptr;
             for (int l = 0; l < 32; ++l) {
-              float a2, a4;
+              float a2, a4, a8;
               if (staged) {
                 a2 = q8d::down_lane_partial_slots<decltype(f), q8d::kStaged, 2>(
                     slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
                     reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32, stage, stride);
                 a4 = q8d::down_lane_partial_slots<decltype(f), q8d::kStaged, 4>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32, stage, stride);
+                a8 = q8d::down_lane_partial_slots<decltype(f), q8d::kStaged, 8>(
                     slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
                     reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32, stage, stride);
               } else {
@@ -264,8 +268,12 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
                 a4 = q8d::down_lane_partial_slots<decltype(f), decltype(a)::value, 4>(
                     slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
                     reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32);
+                a8 = q8d::down_lane_partial_slots<decltype(f), decltype(a)::value, 8>(
+                    slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, jslot, hq.data(),
+                    reinterpret_cast<const float2*>(hds.data()), wts.data(), tk, k, l, 32);
               }
-              slots_diff += !test::same_bits(a2, part[l]) || !test::same_bits(a4, part[l]);
+              slots_diff += !test::same_bits(a2, part[l]) || !test::same_bits(a4, part[l]) ||
+                            !test::same_bits(a8, part[l]);
             }
           }
           for (int o = 16; o > 0; o >>= 1) {

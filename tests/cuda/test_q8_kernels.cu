@@ -853,13 +853,15 @@ class CudaQ8Moe : public test::GpuKernelTest {
             << what << ": moe_down after gate_up (rows prefetched) differs";
       }
       // The other moe_down kernel (slots looked up per term / once per warp) gives the same bits.
-      const bool slots_on = q8::moe_down_slots();
-      q8::set_moe_down_slots(!slots_on);
+      const int kernel_was = q8::moe_down_kernel();
+      const bool slots_on = q8::moe_down_slots(n);
+      q8::set_moe_down_kernel(slots_on ? 0 : 1);
       const auto x_other = down_on_x0();
-      q8::set_moe_down_slots(slots_on);
+      q8::set_moe_down_kernel(kernel_was);
       EXPECT_TRUE(same_bits_as_xo(x_other))
           << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
           << " differs from the other kernel";
+      EXPECT_THROW(q8::set_moe_down_kernel(3), Error);
       // The other launch shapes (4 or 8 warps a block; blocks an SM capped or not) give the same bits.
       const int warps_was = q8::moe_down_warps(), cap_was = q8::moe_down_per_sm();
       for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 0}, std::pair{4, 4}}) {
