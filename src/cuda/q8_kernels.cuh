@@ -225,14 +225,15 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 // moe_down's two kernels (same results, tests compare both): with the k slots of a token looked up once
 // per warp, in parallel, and the lanes' weight loads all in flight ("slots"), or the first kernel, where each
 // term looks up its own slot ("per term"). moe_down_kernel(): 0 per term, 1 slots, 2 (the default) slots for
-// one token and per term for more. Why (session 41, H100, 48-layer Q4_0 decode): one token 615.9 / 616.7 /
-// 618.3 tok/s with slots against 593.9 / 615.3 / 606.1 per term; steps of 2 and 8 tokens 641.0 and 1072.6
-// with slots against 659.6 and 1197.6. Process-wide; the first call reads the environment
-// (STRATA_CUDA_Q8_DOWN=slots: 1, =term: 0) unless set_moe_down_kernel ran before.
+// one token of Q4_0_X8 experts (Q4_0 files), per term otherwise. Why (session 41, H100, 48-layer Q4_0 decode):
+// one token 615.9 / 616.7 / 618.3 tok/s with slots against 593.9 / 615.3 / 606.1 per term; steps of 2 and 8
+// tokens 641.0 and 1072.6 with slots against 659.6 and 1197.6. The other formats were not measured since
+// session 4 (H200: slots slower for Q4_K and Q6_K down at one token). Process-wide; the first call reads the
+// environment (STRATA_CUDA_Q8_DOWN=slots: 1, =term: 0) unless set_moe_down_kernel ran before.
 void set_moe_down_kernel(int mode);
 int moe_down_kernel();
-// Whether a moe_down call of n tokens takes the slots kernel under moe_down_kernel().
-bool moe_down_slots(int64_t n);
+// Whether a moe_down call of n tokens of down type `down` takes the slots kernel under moe_down_kernel().
+bool moe_down_slots(int64_t n, GgmlType down);
 // moe_down's launch shape (the same bits; process-wide, the first call reads the environment unless the
 // setter ran before): warps a block, 8 (the default) or 4 (STRATA_CUDA_DOWN_WARPS=4); its blocks an SM at
 // most, by shared-memory padding where the grid fits on the GPU at once under it (smem_cap.cuh), 0 no cap

@@ -196,9 +196,9 @@ int moe_down_kernel() {
   });
 }
 
-bool moe_down_slots(int64_t n) {
+bool moe_down_slots(int64_t n, GgmlType down) {
   const int mode = moe_down_kernel();
-  return mode == 1 || (mode == 2 && n == 1);
+  return mode == 1 || (mode == 2 && n == 1 && down == GgmlType::Q4_0_X8);
 }
 
 
@@ -208,7 +208,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
   moe_detail::check(v, "q8 moe_down", n, k, hq, hq);
   if (n == 0) return;
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff)));
-  const bool pre = k <= kDownMaxK && moe_down_slots(n);
+  const bool pre = k <= kDownMaxK && moe_down_slots(n, v.down_type);
   const int64_t stride = q8d::stage_stride(drb);
   const int warps = moe_down_launch_warps(v, k);
   auto go = [&](auto warps_c) {

@@ -854,7 +854,7 @@ class CudaQ8Moe : public test::GpuKernelTest {
       }
       // The other moe_down kernel (slots looked up per term / once per warp) gives the same bits.
       const int kernel_was = q8::moe_down_kernel();
-      const bool slots_on = q8::moe_down_slots(n);
+      const bool slots_on = q8::moe_down_slots(n, mc.down);
       q8::set_moe_down_kernel(slots_on ? 0 : 1);
       const auto x_other = down_on_x0();
       q8::set_moe_down_kernel(kernel_was);
