@@ -223,21 +223,20 @@ STRATA_Q8_UNROLL2
 
 // row_lane_partial for R rows at once: acc[r][t] += the lane's tasks of row wr[r] against token t (why: a
 // lane with one 2048-column task per row has a single load chain in flight; two rows per warp double it,
-// for the big matrices where every SM has enough rows). Token t's activations are at xt + t * xs and
-// dt + t * dss (matvec: cols and cols / 32; grouped gate_up: two tokens of a batch, xs may be 0).
+// for the big matrices where every SM has enough rows).
 template <typename F, int A, int R, int NT>
 __host__ __device__ __forceinline__ void rows_tokens_lane_partial(const uint8_t* const wr[R], int64_t cols, int sub,
-                                                                  int lpr, const int8_t* xt, int64_t xs,
-                                                                  const float2* dt, int64_t dss, int nt,
+                                                                  int lpr, const int8_t* xt, const float2* dt, int nt,
                                                                   float acc[R][NT]) {
   const int tasks = int(cols / F::kVals) * F::kTasks;
+  const int64_t dss = cols / 32;
   if constexpr (R == 1) {
     // Two tasks per step: a 4096-column K-quant row (wo) gives each lane 2 tasks, both loads in flight.
     // (Not for R = 2: the output product's 1-task rows gain nothing and ptxas gives them more registers.)
 STRATA_Q8_UNROLL2
     for (int task = sub; task < tasks; task += lpr) {
       const int b = task / F::kTasks;
-      F::template dot<A, NT>(wr[0] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, xs,
+      F::template dot<A, NT>(wr[0] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
                              dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[0]);
     }
   } else {
@@ -245,7 +244,7 @@ STRATA_Q8_UNROLL2
       const int b = task / F::kTasks;
 STRATA_FD_UNROLL
       for (int r = 0; r < R; ++r)
-        F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, xs,
+        F::template dot<A, NT>(wr[r] + int64_t(b) * F::kBytes, task % F::kTasks, xt + int64_t(b) * F::kVals, cols,
                                dt + int64_t(b) * (F::kVals / 32), dss, nt, acc[r]);
     }
   }

@@ -143,8 +143,7 @@ __device__ __forceinline__ float matvec_warp(const uint8_t* __restrict__ w, int6
         base[i][t] = add != nullptr && sub == 0 && rowg + i < rows && t < nt ? add[(t0 + t) * rows + rowg + i] : 0.f;
       }
     if (rowg < rows)
-      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, cols, xds + t0 * dss, dss,
-                                                 nt, acc);
+      q8d::rows_tokens_lane_partial<F, A, R, NT>(wr, cols, sub, lpr, xq + t0 * cols, xds + t0 * dss, nt, acc);
 #pragma unroll
     for (int i = 0; i < R; ++i)
 #pragma unroll

@@ -16,29 +16,6 @@ namespace strata::cuda::q8::moe_detail {
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kRowsPerWarp = 4;  // gate_up: 8 warps x 4 rows = the 32 rows of one quantization block
 
-// The warp's 4 gate rows and 4 up rows (each 4 consecutive rows of memory) of the expert at `base`: gsrc / usrc
-// point at them, in place or (AG == kStaged) at their copy in the warp's shared-memory region (gstride +
-// ustride bytes), coalesced, as matvec_kernel does. The warp's reads of the previous copy must have ended (the
-// caller's __syncthreads closing the previous pair).
-template <int AG>
-__device__ __forceinline__ void warp_rows(const uint8_t* base, int64_t gate_off, int64_t up_off, int64_t rw,
-                                          int64_t grb, int64_t urb, int64_t gstride, int64_t ustride,
-                                          const uint8_t*& gsrc, const uint8_t*& usrc) {
-  gsrc = base + gate_off + rw * grb;
-  usrc = base + up_off + rw * urb;
-  if constexpr (AG == q8d::kStaged) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
-    uint8_t* region = stage + warp * (gstride + ustride);
-    uint8_t* gdst = q8d::stage_dst(region, gsrc);
-    uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
-    q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
-    q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
-    __syncwarp();
-    gsrc = gdst, usrc = udst;
-  }
-}
-
 // Block (x: 32 rows r0.. of n_ff, y: pairs p = t*k + j, grid-stride): warp w computes gate and up rows
 // r0 + 4w .. r0 + 4w + 3 against x[t] (a whole warp per row: lane = task), h = silu(g) * u into shared
 // memory, then warp 0 quantizes the 32 values into hq[p][r0..r0+32) and hds[p][r0/32].
@@ -88,9 +65,19 @@ __global__ void __launch_bounds__(kThreads)
     const int slot = slot_of(tb, ids, p);  // block-uniform
     if (p == 0 && slot != -2) pdl_mark();  // (traced builds: the first pair's slot known; the test waits for it)
     if (slot < 0) continue;
-    const uint8_t* gsrc;
-    const uint8_t* usrc;
-    warp_rows<AG>(slots + int64_t(slot) * slot_bytes, gate_off, up_off, rw, grb, urb, gstride, ustride, gsrc, usrc);
+    const uint8_t* base = slots + int64_t(slot) * slot_bytes;
+    const uint8_t* gsrc = base + gate_off + rw * grb;  // the warp's 4 gate rows, consecutive
+    const uint8_t* usrc = base + up_off + rw * urb;
+    if constexpr (AG == q8d::kStaged) {
+      extern __shared__ __align__(16) uint8_t stage[];  // [warps][gstride + ustride]
+      uint8_t* region = stage + warp * (gstride + ustride);
+      uint8_t* gdst = q8d::stage_dst(region, gsrc);
+      uint8_t* udst = q8d::stage_dst(region + gstride, usrc);
+      q8d::warp_copy(gdst, gsrc, kRowsPerWarp * grb, lane);
+      q8d::warp_copy(udst, usrc, kRowsPerWarp * urb, lane);
+      __syncwarp();  // (the previous pair's reads ended before the __syncthreads closing its iteration)
+      gsrc = gdst, usrc = udst;
+    }
     const int8_t* xt = xq + (p / k) * n_embd;
     const float2* dt = xds + (p / k) * (n_embd / 32);
     float acc[2 * kRowsPerWarp];  // gate rows, then up rows

@@ -161,7 +161,7 @@ TEST(Q8Host, MoeGateUpRowsMatchRowDot) {
                                                                  reinterpret_cast<const float2*>(xds.data()), acc);
       const uint8_t* w2[2] = {wr[3], wr[6]};
       q8d::rows_tokens_lane_partial<decltype(f), decltype(a)::value, 2, 1>(
-          w2, cols, 0, 1, xq.data(), cols, reinterpret_cast<const float2*>(xds.data()), cols / 32, 1, acc2);
+          w2, cols, 0, 1, xq.data(), reinterpret_cast<const float2*>(xds.data()), 1, acc2);
     });
     for (int r = 0; r < 8; ++r)
       EXPECT_TRUE(test::same_bits(acc[r], q8ref::row_dot(t, w.data() + r * rb, cols, xq.data(), xds.data())))
@@ -231,7 +231,7 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
                   slots.data(), v.slot_bytes, v.down_off, drb, r, n_ff, table.data(), hq.data(),
                   reinterpret_cast<const float2*>(hds.data()), ids.data(), wts.data(), tk, k, l, 32);
           }
-          // down_lane_partial_slots (the kernel's default: slots looked up once) gives the same bits per
+          // down_lane_partial_slots (the slots kernel's: slots looked up once) gives the same bits per
           // lane, with 2 terms unrolled (3 per lane here: the loop takes the third), with 4 and with 8 (the
           // formats of 8 tasks a block: 6 per lane here).
           {
