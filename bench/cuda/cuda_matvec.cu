@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
     // (moe_gate_up + moe_down on the quantized x; the x quantization itself is the line printed above)
     // against the f32 moe::moe_gate_up + moe::moe_down; then the same with Q4_K down (the all-Q4_K files).
     // Then moe_down alone with each of its kernels (q8::set_moe_down_kernel: slots looked up once per warp,
-    // the default for one token, or per term, the first kernel).
+    // or per term, the first kernel and the default for these formats).
     for (const GgmlType down_t : {GgmlType::Q6_K, GgmlType::Q4_K}) {
     const int64_t n_embd = 2048, n_ff = 768;
     const int n_expert = 128, k = 8, n_sets = 64;
@@ -394,8 +394,8 @@ int main(int argc, char** argv) {
       });
     }
     q8::set_moe_down_kernel(kernel_was);
-    std::printf("q8 moe_down alone (%s down, k 8, n 1): slots once per warp (default) %.2f us, per term "
-                "(STRATA_CUDA_Q8_DOWN=term) %.2f us, %.2fx\n",
+    std::printf("q8 moe_down alone (%s down, k 8, n 1): slots once per warp (STRATA_CUDA_Q8_DOWN=slots) %.2f us, "
+                "per term (default) %.2f us, %.2fx\n",
                 std::string(type_name(down_t)).c_str(), ms_down[1] * 1e3, ms_down[0] * 1e3, ms_down[0] / ms_down[1]);
     }
   }

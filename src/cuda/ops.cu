@@ -1083,10 +1083,11 @@ __device__ int scan_sorted(const float* row, int c, double cum, Prob prob, Stop 
   return sh.first;
 }
 
-// walk_ranks past its first chunk when the deep search is on (sample_deep; off by default until measured): the ranks [start, n) are the keys in [lo, hi] (hi: the key below the first chunk's last,
-// lo: the key of rank n - 1, 0 for the whole row); cum: the probability of ranks [0, start). Instead of
-// walking them in chunks of kChunk (each a full-row radix select, gather and sort: a draw over a flat
-// distribution went ~tens of thousands of ranks deep, ~1 ms a row), it descends the keys' bytes from the top:
+// walk_ranks past its first chunk when the deep search is on (sample_deep, the default): the ranks [start, n)
+// are the keys in [lo, hi] (hi: the key below the first chunk's last, lo: the key of rank n - 1, 0 for the
+// whole row); cum: the probability of ranks [0, start). Instead of walking them in chunks of kChunk (each a
+// full-row radix select, gather and sort: a draw over a flat distribution went ~tens of thousands of ranks
+// deep, ~1 ms a row), it descends the keys' bytes from the top:
 // one pass per level sums each 256-way bucket's probability in fixed point (2^-60 units, integer atomics:
 // the same sums whatever the order), the bucket where the target falls is kept, and once it holds at most
 // kChunk keys they are gathered, sorted and walked in double as in walk_ranks. The cumulative sums before

@@ -42,8 +42,9 @@ constexpr int kDownMaxK = 32;  // Slots: at most this many experts per token (th
 // lane), 8 for the formats of 8 tasks a block (Q4_0_X8, the IQ formats: 192 terms = 6 per lane).
 template <typename F>
 constexpr int kDownUnroll = F::kTasks >= 8 ? 8 : 4;
-// Slots (the default; k <= kDownMaxK): the warp first looks up the k slots of token t in parallel (lane j:
-// ids[t*k+j], then table[e]) into shared memory, and the lanes run down_lane_partial_slots (same sum).
+// Slots (k <= kDownMaxK; by default one-token calls of Q4_0_X8 experts, moe_down_slots): the warp first looks
+// up the k slots of token t in parallel (lane j: ids[t*k+j], then table[e]) into shared memory, and the lanes
+// run down_lane_partial_slots (same sum).
 // !Slots: the first kernel, every term looks its slot up itself (down_lane_partial).
 // W: warps (rows) a block (moe_down_warps(): 8, or kDownWarps).
 template <typename F, int A, bool Slots, int W>
@@ -105,8 +106,8 @@ __global__ void __launch_bounds__(32 * W)
     }
     float acc;
     if constexpr (Slots)
-      acc = q8d::down_lane_partial_slots<F, A, kDownUnroll<F>>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq, hds,
-                                                            wts, t, k, lane, 32, region, stride);
+      acc = q8d::down_lane_partial_slots<F, A, kDownUnroll<F>>(slots, slot_bytes, down_off, drb, r, n_ff, jslot, hq,
+                                                               hds, wts, t, k, lane, 32, region, stride);
     else
       acc = q8d::down_lane_partial<F, A>(slots, slot_bytes, down_off, drb, r, n_ff, tb, hq, hds, ids, wts, t, k,
                                          lane, 32, region, stride);
