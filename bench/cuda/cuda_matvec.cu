@@ -18,6 +18,8 @@
 // again in the same loop: us, GB/s, % of the read roofline and the f32/q8 speed-up. The activation
 // quantization (once per token, shared by every matrix reading the same x) is timed on its own. The low-bit
 // formats (Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ2_*, IQ3_*, IQ1_*; session 33) at n = 1 and 2 against their f32 path.
+// Q6_K_X8 (Q6_K regrouped for dense products, quant/q6_k_x8.h; session 42) on the shapes of whole 2048-value
+// rows, its scales random bytes (the values do not change the time).
 //
 // Usage: cuda_matvec [--iters 200]      Prints a markdown table; runs in well under 20 s on an H200.
 #include <algorithm>
@@ -272,7 +274,8 @@ int main(int argc, char** argv) {
                                 GgmlType::IQ2_XXS, GgmlType::IQ2_XS,  GgmlType::IQ2_S,  GgmlType::IQ3_XXS,
                                 GgmlType::IQ3_S,  GgmlType::IQ1_S,   GgmlType::IQ1_M};
     std::vector<std::pair<GgmlType, std::vector<int64_t>>> q8_cases;
-    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q5_K})
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::Q6_K_X8,
+                       GgmlType::Q5_K})
       q8_cases.push_back({t, {1, 2, 4, 8}});
     for (GgmlType t : low_bit) q8_cases.push_back({t, {1, 2}});
     for (const auto& q8_case : q8_cases) {
@@ -282,6 +285,7 @@ int main(int argc, char** argv) {
       int f0, f1;
       scale_fields(t, f0, f1);
       for (const Shape& sh : shapes_q8) {
+        if (sh.cols % int64_t(tt.block_size) != 0) continue;  // (Q6_K_X8: rows of whole 2048-value groups)
         const int64_t rb = int64_t(row_bytes(t, sh.cols)), bytes = rb * sh.rows;
         const int copies = int(std::max<int64_t>(1, (int64_t(512) << 20) / bytes));
         DeviceBuffer w = dev.alloc(size_t(bytes) * copies, "weights");

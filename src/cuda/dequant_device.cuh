@@ -364,8 +364,12 @@ struct Fmt<GgmlType::Q6_K> {  // ql[128] | qh[64] | scales[16] int8 | d f16
   static constexpr bool kFloat = false;
   template <int A>
   __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    body<A>(b, h2f(ld16<A>(b + 208)), i8, v);
+  }
+  // Unit i8 of the block whose ql | qh | scales start at b (aligned as A) and whose scale is d.
+  template <int A>
+  __host__ __device__ static void body(const uint8_t* b, float d, int i8, float v[8]) {
     const int p = 8 * i8, half = p >> 7, r = p & 127, quarter = r >> 5, l0 = r & 31;
-    const float d = h2f(ld16<A>(b + 208));
     const int is = (l0 >> 4) + 2 * quarter;
     const float ds = fmul(d, float(int(int8_t(b[192 + half * 8 + is]))));
     uint32_t ql[2], qh[2];
@@ -376,6 +380,18 @@ struct Fmt<GgmlType::Q6_K> {  // ql[128] | qh[64] | scales[16] int8 | d f16
       const int qv = int(((byte_of(ql, k) >> lsh) & 0xF) | (((byte_of(qh, k) >> hsh) & 3) << 4)) - 32;
       v[k] = fmul(ds, float(qv));
     }
+  }
+};
+template <>
+struct Fmt<GgmlType::Q6_K_X8> {  // Q6_K regrouped (quant/q6_k_x8.h): d[8] f16 | body[8][208]
+  static constexpr int kVals = 2048, kBytes = 1680, kAlign = 16;
+  static constexpr bool kFloat = false;
+  // Unit i8 is unit i8 % 32 of super-block i8 / 32, with Q6_K's arithmetic: Q6_K's values, and (the units in
+  // the same order) every sum.
+  template <int A>
+  __host__ __device__ static void deq8(const uint8_t* b, int i8, float v[8]) {
+    const int sb = i8 >> 5;
+    Fmt<GgmlType::Q6_K>::body<cmin(A, 16)>(b + 16 + 208 * sb, h2f(ld16<cmin(A, 2)>(b + 2 * sb)), i8 & 31, v);
   }
 };
 template <>
@@ -557,6 +573,7 @@ bool dispatch(GgmlType t, F&& f) {
     case GgmlType::Q4_K: f(Fmt<GgmlType::Q4_K>{}); return true;
     case GgmlType::Q5_K: f(Fmt<GgmlType::Q5_K>{}); return true;
     case GgmlType::Q6_K: f(Fmt<GgmlType::Q6_K>{}); return true;
+    case GgmlType::Q6_K_X8: f(Fmt<GgmlType::Q6_K_X8>{}); return true;
     case GgmlType::IQ4_NL: f(Fmt<GgmlType::IQ4_NL>{}); return true;
     case GgmlType::IQ4_XS: f(Fmt<GgmlType::IQ4_XS>{}); return true;
     case GgmlType::IQ2_XXS: f(Fmt<GgmlType::IQ2_XXS>{}); return true;

@@ -1,6 +1,6 @@
 #pragma once
 // Fast dot products for decode (private to src/cuda: quant_kernels.cu, moe_kernels.cu) for the formats
-// that carry MoE decode: Q4_K, Q5_K, Q6_K, Q4_0 (and its regrouped Q4_0_X8), Q8_0. Every other format keeps the generic unit-of-8
+// that carry MoE decode: Q4_K, Q5_K, Q6_K (and its regrouped Q6_K_X8), Q4_0 (and its regrouped Q4_0_X8), Q8_0. Every other format keeps the generic unit-of-8
 // path of dequant_device.cuh. __host__ __device__ so a CPU test checks the layouts without a GPU
 // (tests/cuda/test_fast_dot_host.cu).
 //
@@ -156,12 +156,15 @@ struct FQ6K {  // ql[128] | qh[64] | scales[16] int8 | d f16; chunk (half, l0 = 
     uint32_t a[2], b[2], h[2];
     float s[4];
   };
-  __host__ __device__ static void load(const uint8_t* blk, int ch, Chunk& c) {
+  __host__ __device__ static void load(const uint8_t* blk, int ch, Chunk& c) { body<2>(blk, dq::ld16<2>(blk + 208), ch, c); }
+  // Chunk ch of the block whose ql | qh | scales start at blk (aligned to A) and whose f16 scale is d_bits.
+  template <int A>
+  __host__ __device__ static void body(const uint8_t* blk, uint32_t d_bits, int ch, Chunk& c) {
     const int half = ch >> 2, l0 = 8 * (ch & 3);
-    dq::ld64<2>(blk + 64 * half + l0, c.a);
-    dq::ld64<2>(blk + 64 * half + 32 + l0, c.b);
-    dq::ld64<2>(blk + 128 + 32 * half + l0, c.h);
-    const float d = dq::h2f(dq::ld16<2>(blk + 208));
+    dq::ld64<A>(blk + 64 * half + l0, c.a);
+    dq::ld64<A>(blk + 64 * half + 32 + l0, c.b);
+    dq::ld64<A>(blk + 128 + 32 * half + l0, c.h);
+    const float d = dq::h2f(d_bits);
     const uint8_t* sc = blk + 192 + 8 * half + (l0 >> 4);
 STRATA_FD_UNROLL
     for (int q = 0; q < 4; ++q) c.s[q] = dq::fmul(d, float(int(int8_t(sc[2 * q]))));
@@ -176,6 +179,17 @@ STRATA_FD_UNROLL
   }
   __host__ __device__ static float finish(const Chunk& c, int p, float s, float, float acc) { return fmaf(c.s[p], s, acc); }
   __host__ __device__ static float deq(const Chunk& c, int p, float q) { return dq::fmul(c.s[p], q); }
+};
+
+// Q6_K regrouped (quant/q6_k_x8.h): chunk ch = chunk ch % 8 of super-block ch / 8, its codes 8-byte loads.
+// FQ6K's arithmetic on the same values in the same chunk order: the same sums bit for bit.
+struct FQ6KX8 : FQ6K {
+  static constexpr int kVals = 2048, kBytes = 1680, kAlign = 16, kChunks = 64;
+  __host__ __device__ static void load(const uint8_t* b, int ch, Chunk& c) {
+    const int sb = ch >> 3;
+    FQ6K::body<8>(b + 16 + 208 * sb, dq::ld16<2>(b + 2 * sb), ch & 7, c);
+  }
+  __host__ __device__ static int col(int ch, int g) { return 256 * (ch >> 3) + FQ6K::col(ch & 7, g); }
 };
 
 struct FQ40 {  // d f16 | qs[16]; one chunk = the block (low nibbles: columns 0..15, high: 16..31)
@@ -236,6 +250,7 @@ bool dispatch(GgmlType t, Fn&& f) {
     case GgmlType::Q4_K: f(FQ4K{}); return true;
     case GgmlType::Q5_K: f(FQ5K{}); return true;
     case GgmlType::Q6_K: f(FQ6K{}); return true;
+    case GgmlType::Q6_K_X8: f(FQ6KX8{}); return true;
     case GgmlType::Q4_0: f(FQ40{}); return true;
     case GgmlType::Q4_0_X8: f(FQ40X8{}); return true;
     case GgmlType::Q8_0: f(FQ80{}); return true;

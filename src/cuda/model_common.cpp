@@ -15,6 +15,7 @@
 #include "cuda/quant_kernels.cuh"
 #include "quant/dequant.h"
 #include "quant/q4_0_x8.h"
+#include "quant/q6_k_x8.h"
 
 namespace strata::cuda {
 
@@ -70,6 +71,12 @@ namespace {
 // products read Q4_0_X8's codes with aligned 16-byte loads in place, where Q4_0's 18-byte blocks make them
 // stage rows in shared memory or take 2-byte loads.
 DigitSetting g_dense_x8("STRATA_CUDA_Q4_0_X8_DENSE", "Q4_0 dense products as q4_0x8", 0, 1, 1);
+// STRATA_CUDA_Q6_K_X8_DENSE: 1 keeps Q6_K dense matrices that only products read, with rows of whole
+// 2048-value groups (the output of llama.cpp's Q4_0 / Q4_K_M / IQ4_XS files, a Q4_K_M file's attn_v), as
+// Q6_K_X8 (quant/q6_k_x8.h), 0 as the file's Q6_K. The same values, bytes and sums; why: Q6_K's 210-byte
+// blocks make the int8 decode products stage their rows in shared memory (the output at 66-70% of the read
+// roofline, sessions 38-41), Q6_K_X8's bodies are read in place with 16-byte loads.
+DigitSetting g_dense_q6x8("STRATA_CUDA_Q6_K_X8_DENSE", "Q6_K dense products as q6_kx8", 0, 1, 1);
 // STRATA_CUDA_QK_STACK: 1 stacks q and k into one product where v's type differs from theirs (model_common.h
 // qk_stack), 0 keeps the three products. On by default since session 38 ran it on an H100: its test with the
 // stream checker, and tg64 on a 48-layer Q4_K_M file 509.4 against 499.8 tok/s, 3 of 3 alternating rounds
@@ -79,6 +86,8 @@ DigitSetting g_qk_stack("STRATA_CUDA_QK_STACK", "q|k stacked apart from v", 0, 1
 
 void set_q4_0_dense_x8(bool on) { g_dense_x8.set(on ? 1 : 0); }
 bool q4_0_dense_x8() { return g_dense_x8.get() == 1; }
+void set_q6_k_dense_x8(bool on) { g_dense_q6x8.set(on ? 1 : 0); }
+bool q6_k_dense_x8() { return g_dense_q6x8.get() == 1; }
 void set_qk_stack(bool on) { g_qk_stack.set(on ? 1 : 0); }
 bool qk_stack() { return g_qk_stack.get() == 1; }
 
@@ -86,6 +95,7 @@ GgmlType device_type(GgmlType file_type, bool exact) { return exact ? GgmlType::
 
 GgmlType product_type(GgmlType file_type, int64_t cols, bool exact) {
   if (!exact && file_type == GgmlType::Q4_0 && cols % kQ4_0X8Values == 0 && q4_0_dense_x8()) return GgmlType::Q4_0_X8;
+  if (!exact && file_type == GgmlType::Q6_K && cols % kQ6_KX8Values == 0 && q6_k_dense_x8()) return GgmlType::Q6_K_X8;
   return device_type(file_type, exact);
 }
 
@@ -96,9 +106,10 @@ HostMatrix host_matrix(const Weight& w, const std::string& name, bool exact, Rep
   const int64_t n_values = m.rows * m.cols;
   const size_t file_bytes = row_bytes(w.type, m.cols) * size_t(m.rows);
   m.type = use == Use::products ? product_type(w.type, m.cols, exact) : device_type(w.type, exact);
-  if (m.type == GgmlType::Q4_0_X8) {  // the same bytes regrouped (product_type checked the columns); not a
-    m.owned.resize(file_bytes);        // repack that `log` reports (it loses no kernel and no byte)
-    repack_q4_0_x8(w.data, m.owned.data(), n_values);
+  if (m.type == GgmlType::Q4_0_X8 || m.type == GgmlType::Q6_K_X8) {  // the same bytes regrouped (product_type
+    m.owned.resize(file_bytes);  // checked the columns); not a repack that `log` reports (no kernel or byte lost)
+    if (m.type == GgmlType::Q4_0_X8) repack_q4_0_x8(w.data, m.owned.data(), n_values);
+    else repack_q6_k_x8(w.data, m.owned.data(), n_values);
     m.data = m.owned.data();
     m.bytes = m.owned.size();
     return m;

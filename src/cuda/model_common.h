@@ -44,7 +44,7 @@ struct RepackLog {
 
 // Who reads a dense matrix on the GPU: any kernel (get_rows too: the file's type or its storage type), or
 // only the products (quant::matmul, q8::matvec / norm_matvec / wo_router, the prefill GEMM), which also
-// read Q4_0_X8: product_type below.
+// read Q4_0_X8 and Q6_K_X8: product_type below.
 enum class Use { any, products };
 
 // A matrix (or stack: rows = ne[1]*ne[2]*ne[3]) of the mapped file onto the GPU, on dev.compute()
@@ -59,13 +59,17 @@ DevWeight upload_stacked(Device& dev, Transfer& xfer, std::initializer_list<cons
 // type where it has kernels, F16 otherwise).
 GgmlType device_type(GgmlType file_type, bool exact);
 // The type of a matrix of `cols` columns that only products read (Use::products): Q4_0_X8 for Q4_0 rows of
-// whole 256-value groups in fast mode while q4_0_dense_x8() (the same values and sums as Q4_0; 16-byte
-// loads in place for the int8 decode products), else device_type.
+// whole 256-value groups in fast mode while q4_0_dense_x8(), Q6_K_X8 for Q6_K rows of whole 2048-value
+// groups in fast mode while q6_k_dense_x8() (the same values and sums as the file's type; 16-byte loads in
+// place for the int8 decode products), else device_type.
 GgmlType product_type(GgmlType file_type, int64_t cols, bool exact);
 // Whether models loaded from now on keep Q4_0 product matrices as Q4_0_X8 (product_type). Default: the
 // environment's STRATA_CUDA_Q4_0_X8_DENSE (0 or 1), else on. set (tests, benchmarks) wins.
 void set_q4_0_dense_x8(bool on);
 bool q4_0_dense_x8();
+// The same for Q6_K product matrices as Q6_K_X8: STRATA_CUDA_Q6_K_X8_DENSE (0 or 1), else on.
+void set_q6_k_dense_x8(bool on);
+bool q6_k_dense_x8();
 // Whether models loaded from now on stack q and k into one product (one matrix of their type) where v has
 // another type (llama.cpp's Q4_K_M gives v Q6_K in about half the layers of a model with more than 8
 // experts, q and k Q4_K): in one-token decode two launches, q|k and v, each with the attention norm inside
@@ -77,8 +81,8 @@ void set_qk_stack(bool on);
 bool qk_stack();
 // A matrix as it goes to the GPU ([rows][cols] of `type`, rows = every dim above ne[0]): the mapped
 // file's bytes, or a copy repacked on the CPU when the GPU's type differs (dequantized bit-exactly as ggml,
-// stored as F32 or F16, logged in `log`; or, for Use::products, Q4_0 regrouped as Q4_0_X8: the same bytes,
-// not logged). Throws strata::Error for a type that can be neither run nor repacked.
+// stored as F32 or F16, logged in `log`; or, for Use::products, Q4_0 / Q6_K regrouped as Q4_0_X8 / Q6_K_X8:
+// the same bytes, not logged). Throws strata::Error for a type that can be neither run nor repacked.
 struct HostMatrix {
   GgmlType type = GgmlType::F32;
   int64_t rows = 0, cols = 0;

@@ -143,7 +143,7 @@ void fold_router(const float* router, const float* norm_w, const float* wo, int 
 
 int64_t wo_router_ss_count(GgmlType type, int64_t n_embd, int64_t n_att, int64_t row_bytes) {
   int64_t blocks = 0;
-  q8d::dispatch(type, q8d::Align{16}, [&](auto f, auto) {  // (any A: only F matters here)
+  q8d::dispatch_dense(type, q8d::Align{16}, [&](auto f, auto) {  // (any A: only F matters here)
     blocks = wo_geometry<decltype(f), 2>(n_embd, n_att, row_bytes).blocks;
   });
   return blocks;
@@ -161,7 +161,7 @@ void wo_router(GgmlType type, const void* wo, int64_t n_embd, int64_t n_att, int
                  reinterpret_cast<uintptr_t>(att) % 16 == 0, "wo_router: fold, x and att must be 16-byte aligned");
   STRATA_REQUIRE(mid + n_embd <= x || x + n_embd <= mid, "wo_router: mid must not overlap x");
   const auto* wb = static_cast<const uint8_t*>(wo);
-  const bool ran = q8d::dispatch(type, al, [&](auto f, auto a) {
+  const bool ran = q8d::dispatch_dense(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     const q8mv::Geometry g = wo_geometry<F, A>(n_embd, n_att, row_bytes);

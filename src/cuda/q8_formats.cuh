@@ -11,10 +11,10 @@
 // applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
 // Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
 //
-// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 with 16-byte aligned rows); 8: 8-byte
+// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 with 16-byte aligned rows); 8: 8-byte
 // loads (IQ4_XS, IQ1_M); 4: 4-byte loads (Q2_K); 2: two 16-bit loads per word, straight from global memory;
 // kStaged: from rows a warp staged in shared memory (the kernels' path for 2-byte aligned rows: Q4_0 / Q8_0 /
-// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, Q4_K / Q5_K / Q4_0_X8 when their rows are
+// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 when their rows are
 // not 16-byte aligned; Q2_K, IQ4_XS and IQ1_M rows must have their A: q8ref::min_row_align).
 //
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
@@ -158,20 +158,25 @@ struct DQ6K {
   template <int A, int NT>
   __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
                                              const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    body<A, NT>(blk, dq::h2f(dq::ld16<2>(blk + 208)), tt, xq, xs, xds, dss, nt, acc);
+  }
+  // Task tt of the block whose ql | qh | scales start at b (aligned to A) and whose scale is d.
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void body(const uint8_t* b, float d, int tt, const int8_t* xq, int64_t xs,
+                                                       const float2* xds, int64_t dss, int nt, float acc[NT]) {
     const int half = tt >> 1, par = tt & 1;
     uint32_t ql[8], qh[8];
-    ldw<A, 8>(blk + 64 * half + 32 * par, ql);
-    ldw<A, 8>(blk + 128 + 32 * half, qh);
+    ldw<A, 8>(b + 64 * half + 32 * par, ql);
+    ldw<A, 8>(b + 128 + 32 * half, qh);
     int lo[8], hi[8];
 STRATA_FD_UNROLL
     for (int i = 0; i < 8; ++i) {
       lo[i] = sub32((ql[i] & kLo4) | (((qh[i] >> (2 * par)) & 0x03030303u) << 4));
       hi[i] = sub32(((ql[i] >> 4) & kLo4) | (((qh[i] >> (4 + 2 * par)) & 0x03030303u) << 4));
     }
-    const uint32_t sa = dq::ld16<2>(blk + 192 + 8 * half + 2 * par), sb = dq::ld16<2>(blk + 196 + 8 * half + 2 * par);
+    const uint32_t sa = dq::ld16<2>(b + 192 + 8 * half + 2 * par), sb = dq::ld16<2>(b + 196 + 8 * half + 2 * par);
     const int sa0 = int(int8_t(sa & 0xFF)), sa1 = int(int8_t(sa >> 8));
     const int sb0 = int(int8_t(sb & 0xFF)), sb1 = int(int8_t(sb >> 8));
-    const float d = dq::h2f(dq::ld16<2>(blk + 208));
     const int ba = 4 * half + par, bb = ba + 2;  // activation blocks of the two groups
 STRATA_FD_UNROLL
     for (int t = 0; t < NT; ++t) {
@@ -187,6 +192,20 @@ STRATA_FD_UNROLL
       }
       acc[t] += d * (xds[t * dss + ba].x * float(sa0 * a0 + sa1 * a1) + xds[t * dss + bb].x * float(sb0 * b0 + sb1 * b1));
     }
+  }
+};
+
+// Q6_K regrouped (quant/q6_k_x8.h): d[8] f16 | body[8][208] (ql | qh | scales). Task tt = task tt % 4 of
+// super-block tt / 4, its codes 16-byte loads (A = 16), with DQ6K's integer sums and float expression: the
+// same values bit for bit, and the tasks of a row in Q6_K's order.
+struct DQ6KX8 {
+  static constexpr int kVals = 2048, kBytes = 1680, kTasks = 32;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    const int sb = tt >> 2;
+    DQ6K::body<A, NT>(blk + 16 + 208 * sb, dq::h2f(dq::ld16<2>(blk + 2 * sb)), tt & 3, xq + 256 * sb, xs,
+                      xds + 8 * sb, dss, nt, acc);
   }
 };
 
@@ -448,6 +467,23 @@ bool dispatch_low(GgmlType t, Align al, Fn&& f) {
 template <typename Fn>
 bool dispatch(GgmlType t, Align al, Fn&& f) {
   return dispatch_core(t, al, f) || dispatch_low(t, al, f);
+}
+
+// dispatch for the formats only dense products take (model_common.h product_type), never experts: Q6_K_X8,
+// A = 16 when the rows are 16-byte aligned, else A = 2. Why apart: gate_up's pairs and moe_down instantiate
+// their kernels per format of dispatch_core / dispatch, and no expert is stored in them.
+template <typename Fn>
+bool dispatch_dense_only(GgmlType t, Align al, Fn&& f) {
+  if (t != GgmlType::Q6_K_X8) return false;
+  if (al.bytes >= 16) f(DQ6KX8{}, IntC<16>{});
+  else f(DQ6KX8{}, IntC<2>{});
+  return true;
+}
+
+// dispatch for the dense products (matvec, wo_router): every format of dispatch and the regrouped dense ones.
+template <typename Fn>
+bool dispatch_dense(GgmlType t, Align al, Fn&& f) {
+  return dispatch(t, al, f) || dispatch_dense_only(t, al, f);
 }
 
 // gate_up's (gate, up) pairs: any two of the first six formats; a low-bit format only with itself (both

@@ -210,7 +210,7 @@ void matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64_t ro
   // Several tokens: a tensor-core kernel where the mode and the format say so (q8_mma_matvec.cu says why).
   if (n >= 2 && mma_matvec(type, w, rows, cols, row_bytes, xq, xds, n, y, accumulate, stream)) return;
   const auto* wb = static_cast<const uint8_t*>(w);
-  const bool ran = q8d::dispatch(type, al, [&](auto f, auto a) {
+  const bool ran = q8d::dispatch_dense(type, al, [&](auto f, auto a) {
     using F = decltype(f);
     constexpr int A = decltype(a)::value;
     // Token tile: the smallest of 1, 2, 4, 8 that holds n (more tokens: tiles of 8).

@@ -28,9 +28,10 @@ namespace strata::cuda::q8 {
 // The kernels below work either way.
 bool enabled();
 
-// True when `t` has int8-activation kernels (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K, and the low-bit Q2_K,
-// Q3_K, IQ4_XS, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). Any other type (Q4_1, Q5_0,
-// Q5_1, the float types) keeps the f32 path of quant_kernels.cuh / moe_kernels.cuh.
+// True when `t` has int8-activation kernels (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K, Q6_K_X8 (dense products
+// only: no expert is stored in it), and the low-bit Q2_K, Q3_K, IQ4_XS, IQ4_NL, IQ2_XXS, IQ2_XS, IQ2_S,
+// IQ3_XXS, IQ3_S, IQ1_S, IQ1_M). Any other type (Q4_1, Q5_0, Q5_1, the float types) keeps the f32 path of
+// quant_kernels.cuh / moe_kernels.cuh.
 bool supported(GgmlType t);
 
 // Whether the models take the low-bit formats' int8 kernels (q8ref::low_bit):
@@ -70,7 +71,7 @@ void set_matvec_async_stage(int on);
 int matvec_async_stage();
 
 // matvec's tensor-core paths (q8_mma_tile.cu, q8_mma_matvec.cu) for the formats Q4_0, Q4_0_X8, Q8_0, Q4_K,
-// Q5_K, Q6_K (mma_matvec_takes), by mma_mode(): STRATA_CUDA_Q8_MMA (read once) or set_mma_mode:
+// Q5_K, Q6_K, Q6_K_X8 (mma_matvec_takes), by mma_mode(): STRATA_CUDA_Q8_MMA (read once) or set_mma_mode:
 //   0: off (the dp4a kernel for every n);
 //   1: the tile kernel for n >= 8 (tiles of 8 tokens, the last one partial; measured ahead of dp4a at
 //      n = 8, behind it at n = 2: bench/results/2026-12-06-gpu-session39-h100.md);
@@ -101,10 +102,10 @@ void norm_matvec(GgmlType type, const void* w, int64_t rows, int64_t cols, int64
                  bool accumulate, cudaStream_t stream);
 // n == 1 (decode of one sequence) and cols 256 (the test models), 1024, 2048 or 4096 (the norm's values
 // stay in registers).
-// Whether norm_matvec takes `t`: the first six int8 formats (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K). Why not
-// the low-bit ones: its launch variants per format made it the longest file to compile (394 s with them),
-// and a low-bit file's q, k and v rarely share one type (llama.cpp raises attn_v's), which the fused q|k|v
-// product needs; their q|k|v run rmsnorm_quantize + matvec.
+// Whether norm_matvec takes `t`: the first six int8 formats (Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K) and Q6_K_X8
+// (rows of 2048 or 4096 columns). Why not the low-bit ones: its launch variants per format made it the
+// longest file to compile (394 s with them), and a low-bit file's q, k and v rarely share one type
+// (llama.cpp raises attn_v's), which the fused q|k|v product needs; their q|k|v run rmsnorm_quantize + matvec.
 bool norm_matvec_takes(GgmlType t);
 bool norm_matvec_supported(int64_t cols, int64_t n);
 // Whether the models use norm_matvec where it applies: on unless STRATA_CUDA_NORM_MATVEC=0 (read once).

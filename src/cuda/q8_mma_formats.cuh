@@ -130,6 +130,11 @@ struct MQ6K {
   static constexpr bool kSplit16 = true, kMin = false;
   template <int A>
   __host__ __device__ __forceinline__ static Step step(const uint8_t* blk, int j, int q) {
+    return body<A>(blk, dq::h2f(dq::ld16<2>(blk + 208)), j, q);
+  }
+  // Step j of the block whose ql | qh | scales start at blk (aligned as A) and whose scale is d.
+  template <int A>
+  __host__ __device__ __forceinline__ static Step body(const uint8_t* blk, float d, int j, int q) {
     const int h = j >> 2, g = j & 3;
     const uint8_t* ql = blk + 64 * h + 32 * (g & 1);
     const uint8_t* qh = blk + 128 + 32 * h;
@@ -142,8 +147,19 @@ struct MQ6K {
                      0x20202020u);
     const uint32_t sc = dq::ld16<2>(blk + 192 + 8 * h + 2 * g);
     s.sa = int(int8_t(sc & 0xFF)), s.sb = int(int8_t(sc >> 8));
-    s.d = dq::h2f(dq::ld16<2>(blk + 208));
+    s.d = d;
     return s;
+  }
+};
+
+// Q6_K regrouped (quant/q6_k_x8.h): d[8] f16 | body[8][208]; step j = step j % 8 of super-block j / 8.
+struct MQ6KX8 {
+  static constexpr int kVals = 2048, kBytes = 1680;
+  static constexpr bool kSplit16 = true, kMin = false;
+  template <int A>
+  __host__ __device__ __forceinline__ static Step step(const uint8_t* blk, int j, int q) {
+    const int sb = j >> 3;
+    return MQ6K::body<A>(blk + 16 + 208 * sb, dq::h2f(dq::ld16<2>(blk + 2 * sb)), j & 7, q);
   }
 };
 
@@ -158,6 +174,7 @@ bool with_format(GgmlType t, F&& f) {
     case GgmlType::Q4_K: f(MQ4K{}); return true;
     case GgmlType::Q5_K: f(MQ5K{}); return true;
     case GgmlType::Q6_K: f(MQ6K{}); return true;
+    case GgmlType::Q6_K_X8: f(MQ6KX8{}); return true;
     default: return false;
   }
 }

@@ -332,14 +332,19 @@ void launch_per(const uint8_t* w, int64_t rows, int64_t row_bytes, const float* 
 
 
 // norm_matvec for rows of PER * kThreads values (PER: 1, 4, 8, 16 = 256, 1024, 2048, 4096 columns) over the
-// formats of q8d::dispatch_core; false where none took type at alignment al.
+// formats of q8d::dispatch_core, and from 2048 columns (whole groups) the regrouped dense ones
+// (q8d::dispatch_dense_only: a Q4_K_M file's Q6_K v); false where none took type at alignment al.
 template <int PER>
 bool dispatch_per(GgmlType type, q8d::Align al, const uint8_t* w, int64_t rows, int64_t row_bytes, const float* x, const float* nw,
                   float eps, float* xn, int8_t* xq, float2* xds, float* y, bool accumulate, cudaStream_t stream) {
-  return q8d::dispatch_core(type, al, [&](auto f, auto a) {
+  auto go = [&](auto f, auto a) {
     launch_per<decltype(f), decltype(a)::value, PER>(w, rows, row_bytes, x, nw, eps, xn, xq, xds, y, accumulate,
                                                       stream);
-  });
+  };
+  if constexpr (PER * kThreads % 2048 == 0) {
+    if (q8d::dispatch_dense_only(type, al, go)) return true;
+  }
+  return q8d::dispatch_core(type, al, go);
 }
 
 #define STRATA_NORM_MATVEC_PER(EXTERN, PER)                                                             \

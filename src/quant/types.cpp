@@ -29,6 +29,7 @@ constexpr TypeTraits kTypes[] = {
 // strata's own storage types (types.h): not in the id index, not found by name.
 constexpr TypeTraits kInternalTypes[] = {
     {GgmlType::Q4_0_X8, "q4_0x8", 256, 144, true},
+    {GgmlType::Q6_K_X8, "q6_kx8", 2048, 1680, true},
 };
 
 constexpr uint32_t kMaxId = 40;

@@ -21,6 +21,10 @@ enum class GgmlType : uint32_t {
   // aligned. The same values and bytes per row as Q4_0; the GPU keeps Q4_0 experts in it (why:
   // docs/gpu.md, "Q4_0 experts").
   Q4_0_X8 = 4096,
+  // Q6_K_X8: 8 Q6_K super-blocks as one 2048-value group, the 8 f16 scales d first, then the 8 blocks'
+  // 208-byte bodies (ql | qh | scales, unchanged): 1680 bytes, every body 16-byte aligned. The same values
+  // and bytes per row as Q6_K; the GPU keeps Q6_K dense products in it (quant/q6_k_x8.h says why).
+  Q6_K_X8 = 4097,
 };
 
 struct TypeTraits {

@@ -130,4 +130,25 @@ TEST(CudaFastDotOnHost, Q4_0X8SameBitsAsQ4_0) {
   }
 }
 
+// Q6_K_X8 (Q6_K regrouped, the GPU's storage for Q6_K dense products): its chunks decode to Q6_K's values,
+// and the chunk sums in the kernels' chunk order have the same bits as Q6_K's (chunk c is Q6_K's chunk c).
+TEST(CudaFastDotOnHost, Q6_KX8SameBitsAsQ6_K) {
+  std::mt19937 rng(79);
+  for (int64_t cols : {2048, 4096}) {
+    const int64_t rows = 16;
+    const int64_t rb = static_cast<int64_t>(row_bytes(GgmlType::Q6_K, cols));
+    const auto w0 = test::random_weights(GgmlType::Q6_K, rows, cols, rng);
+    std::vector<uint8_t> w8(w0.size());
+    for (int64_t r = 0; r < rows; ++r) repack_q6_k_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
+    const std::string what = "q6_kx8 " + std::to_string(cols);
+    EXPECT_EQ(layout_mismatches(GgmlType::Q6_K_X8, w8.data(), rows, cols, what), 0) << what;
+    const auto x = test::random_acts(cols, rng);
+    int64_t differ = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      differ += !test::same_bits(fd::row_dot_serial<fd::FQ6KX8>(w8.data() + r * rb, cols, x.data()),
+                                 fd::row_dot_serial<fd::FQ6K>(w0.data() + r * rb, cols, x.data()));
+    EXPECT_EQ(differ, 0) << what;
+  }
+}
+
 }  // namespace

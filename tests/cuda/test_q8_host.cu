@@ -10,7 +10,8 @@
 //    q8ref::moe_down within 1e-5 of sum|wts * w * h|, with non-resident and negative ids;
 //  * the same from rows staged by warp_copy (the shared-memory path of the 2-byte aligned formats);
 //  * Q4_0_X8 (Q4_0 regrouped, the GPU's storage for Q4_0 experts): every lane's partial, at every lanes-per-row
-//    split and in moe_down's lane loop, has the same bits as Q4_0's on the same blocks.
+//    split and in moe_down's lane loop, has the same bits as Q4_0's on the same blocks; Q6_K_X8 (Q6_K
+//    regrouped, for dense products) the same against Q6_K.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -300,13 +301,17 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
   }
 }
 
-TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
-  std::mt19937 rng(25);
-  const int64_t cols = 2048, rows = 6, n = 3;
-  const int64_t rb = int64_t(row_bytes(GgmlType::Q4_0, cols));
-  const auto w0 = test::random_weights(GgmlType::Q4_0, rows, cols, rng);
+// Every lane's partial of a regrouped format FX (type tx, rows regrouped by `repack`) at A = 16 and A = 2,
+// at every lanes-per-row split, against the file format F0's (type t0) on the same blocks; and q8ref's
+// row_dot of both.
+template <typename F0, typename FX, typename Repack>
+void expect_regrouped_lanes_same_bits(GgmlType t0, GgmlType tx, int64_t cols, Repack repack, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t rows = 6, n = 3;
+  const int64_t rb = int64_t(row_bytes(t0, cols));
+  const auto w0 = test::random_weights(t0, rows, cols, rng);
   std::vector<uint8_t> w8(w0.size());
-  for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
+  for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rb, cols);
   std::vector<float> x(n * cols);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (auto& v : x) v = nd(rng);
@@ -319,17 +324,33 @@ TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
     for (int lpr : {1, 2, 4, 8, 16, 32})
       for (int sub = 0; sub < lpr; ++sub) {
         float a[4] = {}, b16[4] = {}, b2[4] = {};
-        q8d::row_lane_partial<q8d::DQ40, 2, 4>(w0.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), a);
-        q8d::row_lane_partial<q8d::DQ40X8, 16, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b16);
-        q8d::row_lane_partial<q8d::DQ40X8, 2, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b2);
+        q8d::row_lane_partial<F0, 2, 4>(w0.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), a);
+        q8d::row_lane_partial<FX, 16, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b16);
+        q8d::row_lane_partial<FX, 2, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b2);
         for (int t = 0; t < n; ++t, ++compared)
           differ += !test::same_bits(a[t], b16[t]) || !test::same_bits(a[t], b2[t]);
       }
   EXPECT_EQ(differ, 0) << "of " << compared << " lane partials";
+  EXPECT_GT(compared, 0);
   for (int64_t r = 0; r < rows; ++r)
-    EXPECT_TRUE(test::same_bits(q8ref::row_dot(GgmlType::Q4_0_X8, w8.data() + r * rb, cols, xq.data(), xds.data()),
-                                q8ref::row_dot(GgmlType::Q4_0, w0.data() + r * rb, cols, xq.data(), xds.data())))
+    EXPECT_TRUE(test::same_bits(q8ref::row_dot(tx, w8.data() + r * rb, cols, xq.data(), xds.data()),
+                                q8ref::row_dot(t0, w0.data() + r * rb, cols, xq.data(), xds.data())))
         << "row " << r;
+}
+
+TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
+  expect_regrouped_lanes_same_bits<q8d::DQ40, q8d::DQ40X8>(GgmlType::Q4_0, GgmlType::Q4_0_X8, 2048,
+                                                          repack_q4_0_x8, 25);
+}
+
+// Q6_K_X8 (Q6_K regrouped, the GPU's storage for Q6_K dense products): the tasks of a row in Q6_K's order
+// with Q6_K's sums, at 2048 and 4096 columns (one and two groups a row).
+TEST(Q8Host, Q6_KX8LanesSameBitsAsQ6_K) {
+  for (int64_t cols : {2048, 4096}) {
+    SCOPED_TRACE(cols);
+    expect_regrouped_lanes_same_bits<q8d::DQ6K, q8d::DQ6KX8>(GgmlType::Q6_K, GgmlType::Q6_K_X8, cols,
+                                                            repack_q6_k_x8, uint32_t(26 + cols));
+  }
 }
 
 // The low-bit formats' byte helpers: iq4nl4 (the IQ4 table by byte_perm, the device's code path run with the

@@ -169,8 +169,18 @@ struct MatvecCase {
   std::vector<uint8_t> w;
 };
 
+// A dense product's shape and the token counts it is run at.
+struct DenseShape {
+  int64_t rows, cols;
+  std::initializer_list<int64_t> ns;
+};
+
 class CudaQ8Matvec : public test::GpuKernelTest {
  protected:
+  // A regrouped type tx (rows of the file's type t0 regrouped by `repack`) against t0 in every product that
+  // reads dense matrices, at each shape: the same bits (defined below, beside its tests).
+  template <typename Repack>
+  void expect_regrouped_same_bits(GgmlType t0, GgmlType tx, Repack repack, std::initializer_list<DenseShape> shapes);
   // One norm_matvec case on the device: W (t, rows x cols, at byte offset w_offset, from seed), a norm
   // weight nw and one token x (from rng); the host copies of nw and x.
   struct NormCase {
@@ -337,35 +347,37 @@ TEST_F(CudaQ8Matvec, TensorCoreModes) {
     q8::set_mma_mode(mode);
     SCOPED_TRACE("mma mode " + std::to_string(mode));
     for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_0_X8, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K,
-                       GgmlType::Q6_K}) {
+                       GgmlType::Q6_K, GgmlType::Q6_K_X8}) {
       check(make_case(t, 4096, 2048, 21), mode == 1   ? std::initializer_list<int64_t>{8, 11, 16}
                                           : mode == 2 ? std::initializer_list<int64_t>{2, 3, 5, 8, 9, 16}
                                                       : std::initializer_list<int64_t>{3, 4, 7, 8});
       check(make_case(t, 2048, 4096, 22), {2, 8});
       check(make_case(t, 37, 2048, 23), {3, 8}, 2);
       check(make_case(t, 13, 12288, 24), {2, 8});
-      if (t == GgmlType::Q6_K || t == GgmlType::Q4_0) check(make_case(t, 151936, 2048, 25), {8});  // outputs
+      if (t == GgmlType::Q6_K || t == GgmlType::Q6_K_X8 || t == GgmlType::Q4_0)
+        check(make_case(t, 151936, 2048, 25), {8});  // outputs
     }
   }
   q8::set_mma_mode(was);
 }
 
-// Q4_0 dense matrices regrouped as Q4_0_X8 (model_common.h product_type, STRATA_CUDA_Q4_0_X8_DENSE) give the
-// bits of the file's Q4_0 in the products that read them: q8::matvec (n = 1, 3, 8; accumulate off and
-// on), q8::norm_matvec (one token; the q|k|v product) and the f32 decode kernels of CPU-pool passes
-// (quant::matmul; wo_router and the prefill GEMM: Q4_0X8Gpu's model test), at the 30B-A3B geometry's
-// dense shapes (q|k|v 5120 x 2048, wo 2048 x 4096, the output 151936 x 2048) and odd row counts.
-TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
-  struct Shape { int64_t rows, cols; std::initializer_list<int64_t> ns; };
-  const Shape shapes[] = {{5120, 2048, {1, 3, 8}}, {2048, 4096, {1, 3}}, {151936, 2048, {1}}, {37, 256, {1, 5}}};
+// Dense matrices regrouped (model_common.h product_type: Q4_0 as Q4_0_X8, STRATA_CUDA_Q4_0_X8_DENSE; Q6_K as
+// Q6_K_X8, STRATA_CUDA_Q6_K_X8_DENSE) give the bits of the file's type in the products that read them:
+// q8::matvec (n = 1 and 3: dp4a; 5: the persistent tensor-core kernel; 8: the tile kernel; accumulate off
+// and on), q8::norm_matvec (one token; the q|k|v product) and the f32 decode kernels of CPU-pool passes
+// (quant::matmul; wo_router and the prefill GEMM: the model tests Q4_0X8Gpu / Q6_KX8Gpu), at the 30B-A3B
+// geometry's dense shapes (q|k|v 5120 x 2048, wo 2048 x 4096, the output 151936 x 2048) and odd row counts.
+template <typename Repack>
+void CudaQ8Matvec::expect_regrouped_same_bits(GgmlType t0, GgmlType tx, Repack repack,
+                                              std::initializer_list<DenseShape> shapes) {
   std::mt19937 rng(77);
-  for (const Shape& sh : shapes) {
-    const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(GgmlType::Q4_0, cols));
-    const auto mc = make_case(GgmlType::Q4_0, rows, cols, uint32_t(rows + cols));
+  for (const DenseShape& sh : shapes) {
+    const int64_t rows = sh.rows, cols = sh.cols, rb = int64_t(row_bytes(t0, cols));
+    const auto mc = make_case(t0, rows, cols, uint32_t(rows + cols));
     std::vector<uint8_t> x8(mc.w.size());
-    for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(mc.w.data() + r * rb, x8.data() + r * rb, cols);
+    for (int64_t r = 0; r < rows; ++r) repack(mc.w.data() + r * rb, x8.data() + r * rb, cols);
     auto d_w0 = upload(mc.w.data(), mc.w.size()), d_w8 = upload(x8.data(), x8.size());
-    const std::string shape = std::to_string(rows) + "x" + std::to_string(cols);
+    const std::string shape = std::string(type_name(tx)) + " " + std::to_string(rows) + "x" + std::to_string(cols);
     auto differ = [&](const Buf& a, const Buf& b, int64_t count) {
       const auto ya = download<float>(a, size_t(count)), yb = download<float>(b, size_t(count));
       int64_t bad = 0;
@@ -381,17 +393,15 @@ TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
       for (bool acc : {false, true}) {
         const std::string what = shape + " n " + std::to_string(n) + (acc ? " accumulate" : "");
         auto y_0 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4), y_8 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4);
-        q8::matvec(GgmlType::Q4_0, d_w0.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n,
-                   y_0.ptr<float>(), acc, stream());
-        q8::matvec(GgmlType::Q4_0_X8, d_w8.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n,
-                   y_8.ptr<float>(), acc, stream());
+        q8::matvec(t0, d_w0.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n, y_0.ptr<float>(), acc,
+                   stream());
+        q8::matvec(tx, d_w8.ptr(), rows, cols, rb, d_q.ptr<int8_t>(), d_ds.ptr<float2>(), n, y_8.ptr<float>(), acc,
+                   stream());
         cuda::note_launch(dev->compute(), {d_w0.span(), d_w8.span(), d_q.span(), d_ds.span()}, {y_0.span(), y_8.span()});
         EXPECT_EQ(differ(y_0, y_8, n * rows), 0) << "q8 matvec " << what;
         auto f_0 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4), f_8 = acc ? upload_vec(y0) : output(size_t(n * rows) * 4);
-        cuda::quant::matmul(GgmlType::Q4_0, d_w0.ptr(), rows, cols, d_x.ptr<float>(), n, f_0.ptr<float>(), stream(),
-                            nullptr, acc);
-        cuda::quant::matmul(GgmlType::Q4_0_X8, d_w8.ptr(), rows, cols, d_x.ptr<float>(), n, f_8.ptr<float>(),
-                            stream(), nullptr, acc);
+        cuda::quant::matmul(t0, d_w0.ptr(), rows, cols, d_x.ptr<float>(), n, f_0.ptr<float>(), stream(), nullptr, acc);
+        cuda::quant::matmul(tx, d_w8.ptr(), rows, cols, d_x.ptr<float>(), n, f_8.ptr<float>(), stream(), nullptr, acc);
         cuda::note_launch(dev->compute(), {d_w0.span(), d_w8.span(), d_x.span()}, {f_0.span(), f_8.span()});
         EXPECT_EQ(differ(f_0, f_8, n * rows), 0) << "f32 matmul " << what;
       }
@@ -407,12 +417,23 @@ TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
              yn0 = output(size_t(rows) * 4);
         auto xn8 = output(size_t(cols) * 4), q8b = output(size_t(cols)), ds8 = output(size_t(cols / 32) * 8),
              yn8 = output(size_t(rows) * 4);
-        run(GgmlType::Q4_0, d_w0, xn0, q0, ds0, yn0);
-        run(GgmlType::Q4_0_X8, d_w8, xn8, q8b, ds8, yn8);
+        run(t0, d_w0, xn0, q0, ds0, yn0);
+        run(tx, d_w8, xn8, q8b, ds8, yn8);
         EXPECT_EQ(differ(yn0, yn8, rows), 0) << "norm_matvec " << shape;
       }
     }
   }
+}
+
+TEST_F(CudaQ8Matvec, DenseQ40X8SameBitsAsQ4_0) {
+  expect_regrouped_same_bits(GgmlType::Q4_0, GgmlType::Q4_0_X8, repack_q4_0_x8,
+                             {{5120, 2048, {1, 3, 8}}, {2048, 4096, {1, 3}}, {151936, 2048, {1}}, {37, 256, {1, 5}}});
+}
+
+TEST_F(CudaQ8Matvec, DenseQ6KX8SameBitsAsQ6_K) {
+  expect_regrouped_same_bits(GgmlType::Q6_K, GgmlType::Q6_K_X8, repack_q6_k_x8,
+                             {{5120, 2048, {1, 3, 5, 8}}, {2048, 4096, {1, 3, 5}}, {151936, 2048, {1, 4, 8}},
+                              {37, 2048, {1, 5}}, {13, 12288, {1, 8}}});
 }
 
 // The low-bit formats at the decode shapes, with weights at +0 and at the smallest offset each allows

@@ -62,6 +62,11 @@ TEST(Q8MmaHost, FragmentsGiveGgmlValues) {
                              GgmlType::Q6_K})
       EXPECT_TRUE(q8mma::with_format(t, [&](auto m) { check_format<decltype(m)>(t, 5, cols, uint32_t(t) + 1); }))
           << type_name(t);
+  // Q6_K_X8 (Q6_K regrouped for dense products): rows of whole 2048-value groups only.
+  for (const int64_t cols : {int64_t(2048), int64_t(4096)})
+    EXPECT_TRUE(q8mma::with_format(GgmlType::Q6_K_X8, [&](auto m) {
+      check_format<decltype(m)>(GgmlType::Q6_K_X8, 5, cols, 77);
+    }));
   EXPECT_FALSE(q8mma::with_format(GgmlType::Q2_K, [](auto) {}));  // (the dp4a kernel's only)
 }
 

@@ -82,12 +82,13 @@ float task_k45(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
 // Q6_K task tt < 4 (half = tt/2, par = tt%2): ql[64half + 32par + l], qh[32half + l], l < 32, give
 // the values of group par (low nibble, qh bits 2par..) and par + 2 (high nibble, qh bits 4+2par..) of the
 // half, each minus 32; 16-value scales sc[8half + 2par + {0,1}] and sc[8half + 2par + 4 + {0,1}].
-float task_q6_k(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
+// (b: the block's ql | qh | scales; d_bits: its f16 scale.)
+float task_q6_k_parts(const uint8_t* b, uint16_t d_bits, int tt, const int8_t* xq, const Q8Ds* xds) {
   const int half = tt >> 1, par = tt & 1;
   const uint8_t* ql = b + 64 * half + 32 * par;
   const uint8_t* qh = b + 128 + 32 * half;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * half + 2 * par;
-  const float d = fp16_to_fp32(rd16(b + 208));
+  const float d = fp16_to_fp32(d_bits);
   const int ba = 4 * half + par, bb = ba + 2;  // activation blocks of the two groups
   int sa[2] = {0, 0}, sb[2] = {0, 0};
   for (int l = 0; l < 32; ++l) {
@@ -97,6 +98,16 @@ float task_q6_k(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
     sb[l >> 4] += hi * xq[32 * bb + l];
   }
   return d * (xds[ba].d * float(sc[0] * sa[0] + sc[1] * sa[1]) + xds[bb].d * float(sc[4] * sb[0] + sc[5] * sb[1]));
+}
+float task_q6_k(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
+  return task_q6_k_parts(b, rd16(b + 208), tt, xq, xds);
+}
+
+// Q6_K_X8 task tt < 32 (quant/q6_k_x8.h): task tt % 4 of super-block sb = tt / 4, its body at 16 + 208sb and
+// d at 2sb, its activations the group's 256 values from 256sb. task_q6_k's arithmetic.
+float task_q6_k_x8(const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* xds) {
+  const int sb = tt >> 2;
+  return task_q6_k_parts(b + 16 + 208 * sb, rd16(b + 2 * sb), tt & 3, xq + 256 * sb, xds + 8 * sb);
 }
 
 using low::Format;
@@ -110,6 +121,7 @@ Format format_of(GgmlType t) {
     case GgmlType::Q4_K: return {256, 144, 4};
     case GgmlType::Q5_K: return {256, 176, 4};
     case GgmlType::Q6_K: return {256, 210, 4};
+    case GgmlType::Q6_K_X8: return {2048, 1680, 32};
     default: throw Error("q8: type " + std::string(type_name(t)) + " has no int8-activation kernel");
   }
 }
@@ -122,6 +134,7 @@ float task(GgmlType t, const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* x
     case GgmlType::Q4_K: return task_k45<false>(b, tt, xq, xds);
     case GgmlType::Q5_K: return task_k45<true>(b, tt, xq, xds);
     case GgmlType::Q6_K: return task_q6_k(b, tt, xq, xds);
+    case GgmlType::Q6_K_X8: return task_q6_k_x8(b, tt, xq, xds);
     default: return low::task(t, b, tt, xq, xds);
   }
 }
@@ -140,7 +153,8 @@ bool supported(GgmlType t) {
     case GgmlType::Q8_0:
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
-    case GgmlType::Q6_K: return true;
+    case GgmlType::Q6_K:
+    case GgmlType::Q6_K_X8: return true;
     default: return low_bit(t);
   }
 }
