@@ -3,7 +3,8 @@
 # STRATA_CUDA_Q6_K_X8_DENSE). Steps: the build (strata, the GPU tests, cuda_matvec); the tests of the changed
 # paths with the stream checker (the Q6_K_X8 bit tests, the model tests, the host twins); tg64 on the 48-layer
 # Q4_0 file (its output is Q6_K) with the regrouping off / on, alternating (P = 1 three rounds, P = 4 and 8
-# two); cuda_matvec's int8 table (Q6_K against Q6_K_X8 at the output's shape). LIMIT=S (default 585) bounds
+# two); cuda_matvec's int8 table (Q6_K against Q6_K_X8 at the output's shape). (The session also ran
+# STRATA_CUDA_ROUTE_PARALLEL's arms at P = 2 by hand; that setting is gone since.) LIMIT=S (default 585) bounds
 # every step. STAGE=2 skips the build and tests (a warm machine's second call: the arms and cuda_matvec).
 # The device tool: run "bash scripts/device-call-s42.sh", carry [".carry/deps", ".carry/fix"].
 set -uo pipefail
@@ -32,11 +33,6 @@ for p in 1 4 8; do
     q6k=STRATA_CUDA_Q6_K_X8_DENSE=0 q6kx8=STRATA_CUDA_Q6_K_X8_DENSE=1 2>&1 | tee -a $OUT/arms.txt
   st "P=$p"
 done
-# The fused router's warp-parallel routing (STRATA_CUDA_ROUTE_PARALLEL, off) at its default threshold (2
-# tokens); session 41 measured it only with 8-token fused routers (-2%).
-[ $(left) -gt 90 ] && ROUNDS=2 ARM_TIMEOUT=60 timeout $(( $(left) - 30 )) scripts/bench-arms /tmp/b/strata \
-  "$args --parallel 2" default=- route-parallel=STRATA_CUDA_ROUTE_PARALLEL=1 2>&1 | tee -a $OUT/arms.txt
-st "route parallel"
 [ $(left) -gt 40 ] && timeout $(( $(left) - 10 )) /tmp/b/bench/cuda_matvec --iters 100 > $OUT/cuda_matvec.txt 2>&1
 grep -E "^\| q6_K|^\| q6_kx8|rooflines" $OUT/cuda_matvec.txt | head -40
 st done

@@ -608,57 +608,6 @@ __device__ void route_token(const float* lr, int n_expert, int k, bool norm, int
   __syncthreads();
 }
 
-// route_token of one token by one warp, in a warp's scratch of route_warp_bytes(n_expert) bytes (16-byte
-// aligned): the same bits (max is exact; the probability sum is route_token's own, by one warp lane by lane
-// then the xor butterfly; the ranks, the chosen weights' sum in rank order by lane 0 and the divisions are
-// the same operations). Why: the last block of a fused router routed a batch's tokens one after the other
-// with the whole block, ~3 us a token (session 4); its warps take one token each.
-__host__ __device__ constexpr int64_t route_warp_bytes(int n_expert) {
-  return int64_t(n_expert + 31) / 32 * 32 * 12 + 64 * 4;  // p, keys (padded to 32), sel[64]
-}
-
-__device__ void route_token_warp(const float* lr, int n_expert, int k, bool norm, int32_t* ids, float* weights,
-                                 uint8_t* scratch) {
-  const int lane = threadIdx.x & 31, n_keys = (n_expert + 31) / 32 * 32;
-  uint64_t* key = reinterpret_cast<uint64_t*>(scratch);  // [n_keys]
-  float* p = reinterpret_cast<float*>(scratch + int64_t(n_keys) * 8);  // [n_keys]
-  float* sel = p + n_keys;  // [64]
-  float mx = -INFINITY;
-  for (int e = lane; e < n_expert; e += 32) {
-    const float l = __ldcg(lr + e);
-    p[e] = l;
-    mx = fmaxf(mx, l);
-  }
-  mx = warp_reduce(mx, MaxOp{});
-  double sum = 0.0;
-  for (int e = lane; e < n_expert; e += 32) {
-    p[e] = exp_cr(p[e] - mx);
-    sum += p[e];
-  }
-  sum = warp_reduce(sum, SumOp{});
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int e = lane; e < n_keys; e += 32) {
-    const bool on = e < n_expert;
-    const float pe = on ? p[e] * inv : 0.0f;
-    if (on) p[e] = pe;
-    key[e] = on && pe >= 0.0f ? order_key(pe, static_cast<uint32_t>(e)) : bottom_key(uint32_t(e));
-  }
-  __syncwarp();
-  for (int e = lane; e < n_expert; e += 32) {
-    const int rank = key_rank(key, n_keys, key[e]);
-    if (rank < k) {
-      ids[rank] = static_cast<int32_t>(e);
-      sel[rank] = p[e];
-    }
-  }
-  __syncwarp();
-  float wsum = 0.0f;  // the chosen weights summed in rank order, as the CPU (every lane the same sum)
-  for (int j = 0; j < k; ++j) wsum += sel[j];
-  wsum = fmaxf(wsum, 6.103515625e-5f);
-  for (int j = lane; j < k; j += 32) weights[j] = norm ? sel[j] / wsum : sel[j];
-  __syncwarp();  // (the scratch may be reused at once)
-}
-
 // logits: [n_tok][n_expert]; ids, weights: [n_tok][k]. One block per token.
 __global__ void moe_route_kernel(const float* logits, int n_expert, int k, bool norm, int32_t* ids,
                                  float* weights) {
@@ -694,13 +643,11 @@ __device__ __forceinline__ float router_row_dot(const uint8_t* wr, int64_t cols,
 
 // The end of a router kernel whose blocks each wrote part of logits ([n_tok][n_expert]): the last block to
 // finish (a ticket taken after a fence, as CUDA's threadFenceReduction sample) routes every token into ids
-// and weights ([n_tok][k]), then zeroes the counter for the next launch (graph replays included). Every
-// thread of every block calls it, after its block's last logits write.
-// scratch: scratch_bytes of the block's shared memory it no longer needs (16-byte aligned), or null: with
-// several tokens and room for each warp's route_warp_bytes, the warps route one token each (same bits).
+// and weights ([n_tok][k]), one after the other, then zeroes the counter for the next launch (graph replays
+// included). Every thread of every block calls it, after its block's last logits write. (Routing a token a
+// warp instead, built in session 39, gained nothing at 2 tokens and lost 2% at 8: sessions 41-42.)
 __device__ void route_in_last_block(const float* logits, int n_tok, int n_expert, int k, bool norm, int32_t* ids,
-                                    float* weights, unsigned* counter, RouteShared& sh, uint8_t* scratch = nullptr,
-                                    int64_t scratch_bytes = 0) {
+                                    float* weights, unsigned* counter, RouteShared& sh) {
   __shared__ bool last;
   __threadfence();  // this block's logits visible to the whole device before its ticket
   __syncthreads();
@@ -708,19 +655,8 @@ __device__ void route_in_last_block(const float* logits, int n_tok, int n_expert
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const int warps = int(blockDim.x >> 5);
-  const int64_t per_warp = route_warp_bytes(n_expert);
-  if (n_tok > 1 && scratch != nullptr && per_warp * warps <= scratch_bytes) {
-    __syncthreads();  // every warp is done with the kernel's use of the scratch
-    uint8_t* mine = scratch + (threadIdx.x >> 5) * per_warp;
-    for (int t = int(threadIdx.x >> 5); t < n_tok; t += warps)
-      route_token_warp(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k,
-                       weights + int64_t(t) * k, mine);
-  } else {
-    for (int t = 0; t < n_tok; ++t)
-      route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k,
-                  sh);
-  }
+  for (int t = 0; t < n_tok; ++t)
+    route_token(logits + int64_t(t) * n_expert, n_expert, k, norm, ids + int64_t(t) * k, weights + int64_t(t) * k, sh);
   if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -765,7 +701,7 @@ template <int A>
 __global__ void __launch_bounds__(kRouterRowThreads)
     router_route_row_kernel(const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb,
                             const float* __restrict__ x, int n_tok, bool xvec, int k, bool norm, float* logits,
-                            int32_t* ids, float* weights, unsigned* counter, bool par_route) {
+                            int32_t* ids, float* weights, unsigned* counter) {
   using F = dq::Fmt<GgmlType::F32>;
   __shared__ __align__(16) float row[kRouterStage];
   __shared__ RouteShared sh;
@@ -819,8 +755,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     a = dq::warp_sum(a);
     if (lane == 0) logits[int64_t(t) * n_expert + r] = a;
   }
-  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh,
-                      par_route ? reinterpret_cast<uint8_t*>(row) : nullptr, int64_t(sizeof(row)));
+  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
 }
 
 // ---- norm_router_route: ffn_norm (+ its Q8 activations) and the router in one launch.
@@ -841,7 +776,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     norm_router_route_kernel(const float* __restrict__ x, const float* __restrict__ nw, float eps,
                              const uint8_t* __restrict__ w, int n_expert, int64_t cols, int64_t rb, int n_tok, int k,
                              bool norm, float* __restrict__ xn, int8_t* __restrict__ xq, float2* __restrict__ xds,
-                             float* logits, int32_t* ids, float* weights, unsigned* counter, bool par_route) {
+                             float* logits, int32_t* ids, float* weights, unsigned* counter) {
   using F = dq::Fmt<GgmlType::F32>;
   static_assert(kRouterRowThreads == 128, "the 256-thread sum order is emulated with 2 values per thread");
   static_assert(kNormRouterPer % 2 == 0, "even / odd values are the two virtual threads");
@@ -918,8 +853,7 @@ __global__ void __launch_bounds__(kRouterRowThreads)
     __syncthreads();  // red and ys are rewritten for the next token
   }
   pdl_mark();  // (traced builds: the product done)
-  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh,
-                      par_route ? reinterpret_cast<uint8_t*>(row) : nullptr, int64_t(sizeof(row)));
+  route_in_last_block(logits, n_tok, n_expert, k, norm, ids, weights, counter, sh);
   pdl_end();  // (traced builds: the block's end, every block's in a histogram; the last block to finish routes)
 }
 
@@ -1437,13 +1371,10 @@ void moe_route(const float* logits, int64_t n_tok, int n_expert, int k, bool nor
 
 // Declared in cuda/ops_fused.cuh; here beside moe_route, whose per-token code (route_token) it shares.
 namespace {
-DigitSetting g_route_parallel("STRATA_CUDA_ROUTE_PARALLEL", "the fused routers' warp-parallel routing", 0, 1, 0);
 DigitSetting g_fused_router_tokens("STRATA_CUDA_FUSED_ROUTER_TOKENS", "tokens of the fused router launches", 1,
                                    int(kRouterRouteMaxTokens), int(kFusedRouterMaxTokens));
 }  // namespace
 
-void set_route_parallel(bool on) { g_route_parallel.set(on ? 1 : 0); }
-bool route_parallel() { return g_route_parallel.get() == 1; }
 void set_fused_router_max_tokens(int n) { g_fused_router_tokens.set(n); }
 int64_t fused_router_max_tokens() { return g_fused_router_tokens.get(); }
 
@@ -1476,8 +1407,7 @@ void router_route(const float* w, int n_expert, int64_t cols, const float* x, in
   if (kern == RouterRouteKernel::kBlockPerRow) {
     const unsigned rows = static_cast<unsigned>(n_expert);
     pdl::launch(aligned ? router_route_row_kernel<16> : router_route_row_kernel<1>, rows, kRouterRowThreads, 0, stream,
-                wb, n_expert, cols, rb, x, int(n_tok), xvec, k, norm, logits, ids, weights, counter,
-                route_parallel());
+                wb, n_expert, cols, rb, x, int(n_tok), xvec, k, norm, logits, ids, weights, counter);
     return;
   }
   const unsigned blocks = static_cast<unsigned>((n_expert + kRouterWarps - 1) / kRouterWarps);
@@ -1514,7 +1444,7 @@ void norm_router_route(const float* x, const float* norm_w, float eps, const flo
   const bool aligned = dq::aligned_for<dq::Fmt<GgmlType::F32>>(w, rb);
   pdl::launch(aligned ? norm_router_route_kernel<16> : norm_router_route_kernel<1>, static_cast<unsigned>(n_expert),
               kRouterRowThreads, 0, stream, x, norm_w, eps, wb, n_expert, cols, rb, int(n_tok), k, norm, xn, xq, xds,
-              logits, ids, weights, counter, route_parallel());
+              logits, ids, weights, counter);
 }
 
 void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream) {

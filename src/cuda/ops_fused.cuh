@@ -125,17 +125,10 @@ constexpr int64_t kRouterRouteMaxTokens = 8;
 constexpr int64_t kFusedRouterMaxTokens = 2;
 // The models' threshold: fused_router_max_tokens() tokens at most take the fused launches; the environment's
 // STRATA_CUDA_FUSED_ROUTER_TOKENS (1..kRouterRouteMaxTokens, read once) or set_fused_router_max_tokens, else
-// kFusedRouterMaxTokens. (Session 39 routes a batch's tokens on the last block's warps in parallel, the
-// growth per token the crossing above came from, off by default until measured; the threshold stays.)
+// kFusedRouterMaxTokens. (8 with the last block's warps routing a token each, the growth per token the
+// crossing above came from, measured 2% slower at 8 sequences: session 41.)
 void set_fused_router_max_tokens(int n);
 int64_t fused_router_max_tokens();
-// The last block of router_route / norm_router_route routes a batch's tokens one per warp (the same bits
-// as one after the other with the whole block, which it does with 1 token, or where the warps' scratch
-// does not fit: more than ~170 experts). STRATA_CUDA_ROUTE_PARALLEL=0/1 (read once) or set_route_parallel.
-// Off by default until its arms are measured (built in session 39; its bit tests, GpuOpsFused.RouterRoute* /
-// NormRouterRoute*, run it on and off and passed on an H100 in session 40).
-void set_route_parallel(bool on);
-bool route_parallel();
 
 // The ffn norm and the router of a decode batch in one launch: the same values as
 //   q8::rmsnorm_quantize(x, norm_w, n_tok, cols, eps, xn, xq, xds)   (ops::rmsnorm(...) when xq is null)

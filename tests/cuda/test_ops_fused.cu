@@ -302,9 +302,7 @@ TEST(OpsFusedReference, EqualsTheCpuOpSequence) {
 // weights bit for bit, both kernels (block per row, warp per row) twice each (the counter must come back to
 // zero), at Qwen3's router (128 experts of 2048, top 8, 1/3/8 tokens), a wider one, an odd width (vector
 // loads off, the tail loop on), and rows longer than the block kernel's 2048-float pass (4608: 2 full
-// passes + a part; 5003: odd, 3 passes and the tail). The block-per-row kernel also with its last block's
-// warps routing a batch in parallel (ops::route_parallel; 512 experts do not fit its scratch and route one
-// token after the other): the same bits as moe_route's block per token.
+// passes + a part; 5003: odd, 3 passes and the tail).
 // Then against the CPU reference on values whose dot products are exact in f32 (so the ids must agree).
 TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
   struct RCase { int64_t n_tok; int n_expert; int64_t cols; int k; bool norm; };
@@ -328,13 +326,9 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
       const auto ei = download<int32_t>(i0, ni);
       const auto ew = download<float>(w0, ni);
       Buf counter = output(4, 0);
-      const bool par_was = ops::route_parallel();
-      for (int rep = 0; rep < 6; ++rep) {  // each kernel twice (block per row: also with parallel routing),
-                                           // the calls interleaved on one counter
+      for (int rep = 0; rep < 4; ++rep) {  // each kernel twice, the calls interleaved on one counter
         const auto kern = rep % 2 ? ops::RouterRouteKernel::kWarpPerRow : ops::RouterRouteKernel::kBlockPerRow;
-        ops::set_route_parallel(rep >= 4);
-        SCOPED_TRACE(std::string(rep % 2 ? "warp-per-row kernel" : "block-per-row kernel") +
-                     (rep >= 4 ? ", parallel routing" : ""));
+        SCOPED_TRACE(rep % 2 ? "warp-per-row kernel" : "block-per-row kernel");
         Buf l1 = output(nl * 4), i1 = output(ni * 4), w1 = output(ni * 4);
         ops::router_route(dw.ptr<float>(), c.n_expert, c.cols, dx.ptr<float>(), c.n_tok, c.k, c.norm, l1.ptr<float>(),
                           i1.ptr<int32_t>(), w1.ptr<float>(), counter.ptr<uint32_t>(), stream(), kern);
@@ -344,7 +338,6 @@ TEST_F(GpuOpsFused, RouterRouteEqualsMatmulThenRoute) {
         EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights, call " << rep << ": " << first;
         EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
       }
-      ops::set_route_parallel(par_was);
       if (!exact_values) continue;
       std::vector<float> rl(nl), rw(ni);
       std::vector<int32_t> ri(ni);
@@ -623,9 +616,8 @@ TEST_F(GpuOpsFused, PrepAttentionWithExpertPrefetch) {
 }
 
 // norm_router_route against the launches it replaces (q8::rmsnorm_quantize, or ops::rmsnorm without Q8
-// output, then router_route): xn, xq, xds, logits, ids and weights bit for bit, twice in a row and twice
-// more with the last block's warps routing in parallel (ops::route_parallel) (the counter
-// comes back to zero), at Qwen3's shapes (2048 columns, 128 experts, top 8, 1/3/8 tokens), a narrower and an
+// output, then router_route): xn, xq, xds, logits, ids and weights bit for bit, three times in a row (the
+// counter comes back to zero), at Qwen3's shapes (2048 columns, 128 experts, top 8, 1/3/8 tokens), a narrower and an
 // odd expert count, and misaligned router rows (scalar loads). Then against the CPU reference within
 // tolerance (its sums run in another order).
 TEST_F(GpuOpsFused, NormRouterRouteEqualsNormThenRouter) {
@@ -657,12 +649,9 @@ TEST_F(GpuOpsFused, NormRouterRouteEqualsNormThenRouter) {
     const auto ei = download<int32_t>(i0, ni);
     const auto ew = download<float>(w0, ni);
     Buf counter = output(16, 0);
-    const bool par_was = ops::route_parallel();
-    for (int rep = 0; rep < 5; ++rep) {  // rep 2: without the Q8 output; reps 3, 4: parallel routing
+    for (int rep = 0; rep < 3; ++rep) {  // rep 2: without the Q8 output
       const bool with_q8 = rep != 2;
-      ops::set_route_parallel(rep >= 3);
-      SCOPED_TRACE("call " + std::to_string(rep) + (with_q8 ? " with Q8 output" : " without Q8 output") +
-                   (rep >= 3 ? ", parallel routing" : ""));
+      SCOPED_TRACE("call " + std::to_string(rep) + (with_q8 ? " with Q8 output" : " without Q8 output"));
       Buf y1 = output(nx * 4), q1 = output(nx), d1 = output(ng * 8), l1 = output(nl * 4), i1 = output(ni * 4),
           w1 = output(ni * 4);
       ops::norm_router_route(dx.ptr<float>(), dnw.ptr<float>(), eps, dw.ptr<float>(), c.n_expert, E, n, c.k, c.norm,
@@ -688,7 +677,6 @@ TEST_F(GpuOpsFused, NormRouterRouteEqualsNormThenRouter) {
       EXPECT_EQ(count_bit_diffs(download<float>(w1, ni), ew, &first), 0u) << "weights: " << first;
       EXPECT_EQ(download<uint32_t>(counter, 1)[0], 0u) << "the counter was not reset";
     }
-    ops::set_route_parallel(par_was);
     // The CPU reference (cpu::rmsnorm, q8ref::quantize, serial dot products): within tolerance.
     std::vector<float> ry(nx), rl(nl), rw(ni);
     std::vector<int8_t> rq(nx);
