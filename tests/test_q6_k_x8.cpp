@@ -16,21 +16,15 @@
 #include "quant/matmul.h"
 #include "quant/q6_k_x8.h"
 #include "quant/types.h"
+#include "bits_test_util.h"
 #include "sdq_reader.h"
 
 using namespace strata;
+using test::expect_same_bits;
 
 namespace {
 
 const std::string kFixtures = STRATA_FIXTURES_DIR;
-
-void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  size_t bad = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], 4) != 0 && bad++ < 3) ADD_FAILURE() << what << "[" << i << "] " << a[i] << " vs " << b[i];
-  EXPECT_EQ(bad, 0u) << what;
-}
 
 std::vector<q::BlockQ6_K> random_blocks(size_t n, std::mt19937& rng, bool small_scales) {
   std::vector<q::BlockQ6_K> v(n);

@@ -59,8 +59,13 @@ inline std::vector<float> decode_one_then_two(std::shared_ptr<const Model> model
 // 256, expert FFN 256, 16 experts (2 a token; with 8, llama.cpp's rules would give k and v Q8_0), a vocabulary
 // of 512, written in `format` (a mkmodel scheme) with `seed` to a temporary file named after `tag`. Returns
 // its path; the caller removes it.
-inline std::string write_small_synthetic(const char* format, uint64_t seed, const char* tag) {
+inline std::string write_synthetic(const SyntheticSpec& spec, const char* tag) {
   const std::string path = ::testing::TempDir() + "strata-" + tag + "-" + std::to_string(::getpid()) + ".gguf";
+  ThreadPool pool(2);
+  write_synthetic_model(spec, path, pool);
+  return path;
+}
+inline std::string write_small_synthetic(const char* format, uint64_t seed, const char* tag) {
   SyntheticSpec spec;
   spec.format = format;
   spec.n_layer = 2;
@@ -70,9 +75,7 @@ inline std::string write_small_synthetic(const char* format, uint64_t seed, cons
   spec.n_expert_used = 2;
   spec.n_vocab = 512;
   spec.seed = seed;
-  ThreadPool pool(2);
-  write_synthetic_model(spec, path, pool);
-  return path;
+  return write_synthetic(spec, tag);
 }
 constexpr uint32_t kSmallSyntheticVocab = 512;
 

@@ -109,46 +109,39 @@ TEST(CudaFastDotOnHost, RandomLayoutAndDotMatchCpuExact) {
     }
 }
 
-// Q4_0_X8 (Q4_0 regrouped, the GPU's storage for Q4_0 experts): its chunks decode to Q4_0's values, and the
-// chunk sums in the kernels' chunk order have the same bits as Q4_0's (chunk c is Q4_0 block c in both).
-TEST(CudaFastDotOnHost, Q4_0X8SameBitsAsQ4_0) {
-  std::mt19937 rng(78);
-  for (int64_t cols : {768, 2048}) {
+// A regrouped format KX (type tx; rows of the file's type t0 regrouped by `repack`): its chunks decode to
+// t0's values, and the chunk sums in the kernels' chunk order have the same bits as K0's.
+template <typename K0, typename KX, typename Repack>
+void expect_regrouped_chunks_same_bits(GgmlType t0, GgmlType tx, Repack repack, std::initializer_list<int64_t> widths,
+                                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (int64_t cols : widths) {
     const int64_t rows = 16;
-    const int64_t rb = static_cast<int64_t>(row_bytes(GgmlType::Q4_0, cols));
-    const auto w0 = test::random_weights(GgmlType::Q4_0, rows, cols, rng);
+    const int64_t rb = static_cast<int64_t>(row_bytes(t0, cols));
+    const auto w0 = test::random_weights(t0, rows, cols, rng);
     std::vector<uint8_t> w8(w0.size());
-    for (int64_t r = 0; r < rows; ++r) repack_q4_0_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
-    const std::string what = "q4_0x8 " + std::to_string(cols);
-    EXPECT_EQ(layout_mismatches(GgmlType::Q4_0_X8, w8.data(), rows, cols, what), 0) << what;
+    for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rb, cols);
+    const std::string what = std::string(type_name(tx)) + " " + std::to_string(cols);
+    EXPECT_EQ(layout_mismatches(tx, w8.data(), rows, cols, what), 0) << what;
     const auto x = test::random_acts(cols, rng);
     int64_t differ = 0;
     for (int64_t r = 0; r < rows; ++r)
-      differ += !test::same_bits(fd::row_dot_serial<fd::FQ40X8>(w8.data() + r * rb, cols, x.data()),
-                                 fd::row_dot_serial<fd::FQ40>(w0.data() + r * rb, cols, x.data()));
+      differ += !test::same_bits(fd::row_dot_serial<KX>(w8.data() + r * rb, cols, x.data()),
+                                 fd::row_dot_serial<K0>(w0.data() + r * rb, cols, x.data()));
     EXPECT_EQ(differ, 0) << what;
   }
 }
 
-// Q6_K_X8 (Q6_K regrouped, the GPU's storage for Q6_K dense products): its chunks decode to Q6_K's values,
-// and the chunk sums in the kernels' chunk order have the same bits as Q6_K's (chunk c is Q6_K's chunk c).
+// Q4_0_X8 (Q4_0 regrouped, the GPU's storage for Q4_0 experts): chunk c is Q4_0 block c in both.
+TEST(CudaFastDotOnHost, Q4_0X8SameBitsAsQ4_0) {
+  expect_regrouped_chunks_same_bits<fd::FQ40, fd::FQ40X8>(GgmlType::Q4_0, GgmlType::Q4_0_X8, repack_q4_0_x8,
+                                                          {768, 2048}, 78);
+}
+
+// Q6_K_X8 (Q6_K regrouped, the GPU's storage for Q6_K dense products): chunk c is Q6_K's chunk c.
 TEST(CudaFastDotOnHost, Q6_KX8SameBitsAsQ6_K) {
-  std::mt19937 rng(79);
-  for (int64_t cols : {2048, 4096}) {
-    const int64_t rows = 16;
-    const int64_t rb = static_cast<int64_t>(row_bytes(GgmlType::Q6_K, cols));
-    const auto w0 = test::random_weights(GgmlType::Q6_K, rows, cols, rng);
-    std::vector<uint8_t> w8(w0.size());
-    for (int64_t r = 0; r < rows; ++r) repack_q6_k_x8(w0.data() + r * rb, w8.data() + r * rb, cols);
-    const std::string what = "q6_kx8 " + std::to_string(cols);
-    EXPECT_EQ(layout_mismatches(GgmlType::Q6_K_X8, w8.data(), rows, cols, what), 0) << what;
-    const auto x = test::random_acts(cols, rng);
-    int64_t differ = 0;
-    for (int64_t r = 0; r < rows; ++r)
-      differ += !test::same_bits(fd::row_dot_serial<fd::FQ6KX8>(w8.data() + r * rb, cols, x.data()),
-                                 fd::row_dot_serial<fd::FQ6K>(w0.data() + r * rb, cols, x.data()));
-    EXPECT_EQ(differ, 0) << what;
-  }
+  expect_regrouped_chunks_same_bits<fd::FQ6K, fd::FQ6KX8>(GgmlType::Q6_K, GgmlType::Q6_K_X8, repack_q6_k_x8,
+                                                          {2048, 4096}, 79);
 }
 
 }  // namespace

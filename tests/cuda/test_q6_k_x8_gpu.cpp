@@ -10,10 +10,8 @@
 
 #include <cstdio>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
-#include "cpu/thread_pool.h"
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "cuda/model_common.h"
@@ -24,8 +22,8 @@ using namespace strata;
 
 namespace {
 
+// (The small synthetic model of decode_test_util.h, 2048 wide with 16 heads of 128.)
 std::string write_wide_synthetic(const char* format, uint64_t seed) {
-  const std::string path = ::testing::TempDir() + "strata-q6kx8-" + format + "-" + std::to_string(::getpid()) + ".gguf";
   SyntheticSpec spec;
   spec.format = format;
   spec.n_layer = 2;
@@ -38,9 +36,7 @@ std::string write_wide_synthetic(const char* format, uint64_t seed) {
   spec.n_expert_used = 2;
   spec.n_vocab = test::kSmallSyntheticVocab;
   spec.seed = seed;
-  ThreadPool pool(2);
-  write_synthetic_model(spec, path, pool);
-  return path;
+  return test::write_synthetic(spec, (std::string("q6kx8-") + format).c_str());
 }
 
 }  // namespace
