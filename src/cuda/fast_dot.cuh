@@ -1,8 +1,8 @@
 #pragma once
 // Fast dot products for decode (private to src/cuda: quant_kernels.cu, moe_kernels.cu) for the formats
-// that carry MoE decode: Q4_K, Q5_K, Q6_K (and its regrouped Q6_K_X8), Q4_0 (and its regrouped Q4_0_X8), Q8_0. Every other format keeps the generic unit-of-8
-// path of dequant_device.cuh. __host__ __device__ so a CPU test checks the layouts without a GPU
-// (tests/cuda/test_fast_dot_host.cu).
+// that carry MoE decode: Q4_K, Q5_K, Q6_K (and its regrouped Q6_K_X8), Q4_0 (and its regrouped Q4_0_X8),
+// Q8_0. Every other format keeps the generic unit-of-8 path of dequant_device.cuh. __host__ __device__ so a
+// CPU test checks the layouts without a GPU (tests/cuda/test_fast_dot_host.cu).
 //
 // Why a second path: the generic one decodes 8 values per lane step with the block's scales re-read and
 // re-converted per 8 values and one int->float conversion (I2F, quarter rate on sm_90) per weight; at HBM
@@ -156,7 +156,9 @@ struct FQ6K {  // ql[128] | qh[64] | scales[16] int8 | d f16; chunk (half, l0 = 
     uint32_t a[2], b[2], h[2];
     float s[4];
   };
-  __host__ __device__ static void load(const uint8_t* blk, int ch, Chunk& c) { body<2>(blk, dq::ld16<2>(blk + 208), ch, c); }
+  __host__ __device__ static void load(const uint8_t* blk, int ch, Chunk& c) {
+    body<2>(blk, dq::ld16<2>(blk + 208), ch, c);
+  }
   // Chunk ch of the block whose ql | qh | scales start at blk (aligned to A) and whose f16 scale is d_bits.
   template <int A>
   __host__ __device__ static void body(const uint8_t* blk, uint32_t d_bits, int ch, Chunk& c) {

@@ -11,11 +11,11 @@
 // applied once per 32 (Q6_K: 16) values, not per weight, so a weight costs ~1/2 instruction instead of ~4.
 // Each task loads its weight bytes once and serves up to NT tokens (dot<A, NT>: acc[t] += task . x[t]).
 //
-// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 with 16-byte aligned rows); 8: 8-byte
-// loads (IQ4_XS, IQ1_M); 4: 4-byte loads (Q2_K); 2: two 16-bit loads per word, straight from global memory;
-// kStaged: from rows a warp staged in shared memory (the kernels' path for 2-byte aligned rows: Q4_0 / Q8_0 /
-// Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 when their rows are
-// not 16-byte aligned; Q2_K, IQ4_XS and IQ1_M rows must have their A: q8ref::min_row_align).
+// Weight loads by A: 16: 16-byte vector loads (Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 with 16-byte aligned rows);
+// 8: 8-byte loads (IQ4_XS, IQ1_M); 4: 4-byte loads (Q2_K); 2: two 16-bit loads per word, straight from global
+// memory; kStaged: from rows a warp staged in shared memory (the kernels' path for 2-byte aligned rows: Q4_0 /
+// Q8_0 / Q6_K / Q3_K / IQ4_NL and the IQ2 / IQ3 / IQ1_S formats always, Q4_K / Q5_K / Q4_0_X8 / Q6_K_X8 when
+// their rows are not 16-byte aligned; Q2_K, IQ4_XS and IQ1_M rows must have their A: q8ref::min_row_align).
 //
 // Arguments of dot: blk: the (super-)block of the task, aligned to A bytes; tt: task inside it;
 // xq: int8 activations at the block's first column of token 0 (16-byte aligned), xs: int8 per token row;
