@@ -328,10 +328,11 @@ int main(int argc, char** argv) {
     }
     // One MoE layer as above (Q4_K gate/up, Q6_K down, 128 experts, k 8, n 1, random expert sets), q8
     // (moe_gate_up + moe_down on the quantized x; the x quantization itself is the line printed above)
-    // against the f32 moe::moe_gate_up + moe::moe_down; then the same with Q4_K down (the all-Q4_K files).
+    // against the f32 moe::moe_gate_up + moe::moe_down; then the same with Q6_K down padded as Q6_K_P
+    // (STRATA_CUDA_Q6_K_P_DOWN, session 42) and with Q4_K down (the all-Q4_K files).
     // Then moe_down alone with each of its kernels (q8::set_moe_down_kernel: slots looked up once per warp,
     // or per term, the first kernel and the default for these formats).
-    for (const GgmlType down_t : {GgmlType::Q6_K, GgmlType::Q4_K}) {
+    for (const GgmlType down_t : {GgmlType::Q6_K, GgmlType::Q6_K_P, GgmlType::Q4_K}) {
     const int64_t n_embd = 2048, n_ff = 768;
     const int n_expert = 128, k = 8, n_sets = 64;
     moe::ExpertLayerView v;

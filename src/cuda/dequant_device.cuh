@@ -395,6 +395,10 @@ struct Fmt<GgmlType::Q6_K_X8> {  // Q6_K regrouped (quant/q6_k_x8.h): d[8] f16 |
   }
 };
 template <>
+struct Fmt<GgmlType::Q6_K_P> : Fmt<GgmlType::Q6_K> {  // Q6_K padded (quant/q6_k_p.h): the block | zero[14]
+  static constexpr int kBytes = 224, kAlign = 16;  // (Q6_K's deq8 and arithmetic on the block)
+};
+template <>
 struct Fmt<GgmlType::IQ4_XS> {  // d f16 | scales_h u16 | scales_l[4] | qs[128]
   static constexpr int kVals = 256, kBytes = 136, kAlign = 8;
   static constexpr bool kFloat = false;
@@ -574,6 +578,7 @@ bool dispatch(GgmlType t, F&& f) {
     case GgmlType::Q5_K: f(Fmt<GgmlType::Q5_K>{}); return true;
     case GgmlType::Q6_K: f(Fmt<GgmlType::Q6_K>{}); return true;
     case GgmlType::Q6_K_X8: f(Fmt<GgmlType::Q6_K_X8>{}); return true;
+    case GgmlType::Q6_K_P: f(Fmt<GgmlType::Q6_K_P>{}); return true;
     case GgmlType::IQ4_NL: f(Fmt<GgmlType::IQ4_NL>{}); return true;
     case GgmlType::IQ4_XS: f(Fmt<GgmlType::IQ4_XS>{}); return true;
     case GgmlType::IQ2_XXS: f(Fmt<GgmlType::IQ2_XXS>{}); return true;

@@ -18,6 +18,7 @@
 #include "quant/blocks.h"
 #include "quant/dequant.h"
 #include "quant/q4_0_x8.h"
+#include "quant/q6_k_p.h"
 
 namespace strata::cuda {
 
@@ -52,10 +53,18 @@ GgmlType checked_type(GgmlType t, int layer, const char* what) {
 // bench/results/2026-12-05-gpu-session34-h200.md). pp512 and 25% resident were not measured with it.
 DigitSetting g_q4_0_x8("STRATA_CUDA_Q4_0_X8", "Q4_0 experts as q4_0x8", 0, 1, 1);
 
-// The type a file type is kept in inside a slot, for a matrix of `cols` columns.
-GgmlType slot_type(GgmlType t, bool exact, int64_t cols) {
+// STRATA_CUDA_Q6_K_P_DOWN: 1 keeps Q6_K expert down matrices padded as Q6_K_P (quant/q6_k_p.h: every block
+// 16-byte aligned, 1.067x the bytes), 0 as the file's Q6_K. The same values and sums (the kernels do Q6_K's
+// arithmetic in Q6_K's order); why: moe_down stages Q6_K's 2-byte aligned rows in shared memory, 13.3 us a
+// layer against Q4_K down's 6.6 on 1.46x the bytes (bench/cuda_matvec, H100, session 42). Off by default:
+// built in session 42 after its device time was spent, not yet run on a GPU.
+DigitSetting g_q6_k_p("STRATA_CUDA_Q6_K_P_DOWN", "Q6_K expert down matrices as q6_kp", 0, 1, 0);
+
+// The type a file type is kept in inside a slot, for a matrix of `cols` columns (down: an ffn_down_exps one).
+GgmlType slot_type(GgmlType t, bool exact, int64_t cols, bool down) {
   if (exact) return GgmlType::F32;
   if (t == GgmlType::Q4_0 && cols % kQ4_0X8Values == 0 && g_q4_0_x8.get() == 1) return GgmlType::Q4_0_X8;
+  if (down && t == GgmlType::Q6_K && g_q6_k_p.get() == 1) return GgmlType::Q6_K_P;
   return quant::storage_type(t);
 }
 
@@ -78,9 +87,9 @@ Layout layout_of(int64_t n_embd, int64_t n_ff, const LayerExperts& le, int layer
   matrix_bytes(fg, n_ff, n_embd, layer, "ffn_gate_exps");
   matrix_bytes(fu, n_ff, n_embd, layer, "ffn_up_exps");
   matrix_bytes(fd, n_embd, n_ff, layer, "ffn_down_exps");
-  L.gate = slot_type(fg, exact, n_embd);
-  L.up = slot_type(fu, exact, n_embd);
-  L.down = slot_type(fd, exact, n_ff);
+  L.gate = slot_type(fg, exact, n_embd, false);
+  L.up = slot_type(fu, exact, n_embd, false);
+  L.down = slot_type(fd, exact, n_ff, true);
   for (auto [t, st] : {std::pair{fg, L.gate}, std::pair{fu, L.up}, std::pair{fd, L.down}})
     STRATA_REQUIRE(st == t || can_dequantize(t), "expert cache: layer {}: {} experts cannot be converted to {}",
                    layer, type_name(t), type_name(st));
@@ -105,6 +114,8 @@ void convert_expert(const ExpertTensor& t, int64_t e, int64_t rows, int64_t cols
     dequantize_row(t.type, src, reinterpret_cast<float*>(dst), rows * cols);
   } else if (to == GgmlType::Q4_0_X8 && t.type == GgmlType::Q4_0) {
     repack_q4_0_x8(src, dst, rows * cols);  // (rows are whole groups: slot_type checked cols)
+  } else if (to == GgmlType::Q6_K_P && t.type == GgmlType::Q6_K) {
+    repack_q6_k_p(src, dst, rows * cols);  // (dst: rows * cols / 256 blocks of 224 bytes)
   } else if (to == GgmlType::F16) {
     // Why F16: the type has no GPU kernel; F16 keeps every value of the common formats' grids.
     tmp.resize(size_t(cols));
@@ -142,6 +153,8 @@ constexpr double kMinGain = 1.0;      // ... and used at least once more (no chu
 
 void set_q4_0_experts_x8(bool on) { g_q4_0_x8.set(on ? 1 : 0); }
 bool q4_0_experts_x8() { return g_q4_0_x8.get() == 1; }
+void set_q6_k_down_padded(bool on) { g_q6_k_p.set(on ? 1 : 0); }
+bool q6_k_down_padded() { return g_q6_k_p.get() == 1; }
 
 int64_t ExpertCache::slot_bytes_for(int64_t n_embd, int64_t n_ff, const std::vector<LayerExperts>& layers,
                                     bool exact) {

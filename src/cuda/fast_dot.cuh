@@ -1,7 +1,7 @@
 #pragma once
 // Fast dot products for decode (private to src/cuda: quant_kernels.cu, moe_kernels.cu) for the formats
-// that carry MoE decode: Q4_K, Q5_K, Q6_K (and its regrouped Q6_K_X8), Q4_0 (and its regrouped Q4_0_X8),
-// Q8_0. Every other format keeps the generic unit-of-8 path of dequant_device.cuh. __host__ __device__ so a
+// that carry MoE decode: Q4_K, Q5_K, Q6_K (and its regrouped Q6_K_X8, padded Q6_K_P), Q4_0 (and its regrouped
+// Q4_0_X8), Q8_0. Every other format keeps the generic unit-of-8 path of dequant_device.cuh. __host__ __device__ so a
 // CPU test checks the layouts without a GPU (tests/cuda/test_fast_dot_host.cu).
 //
 // Why a second path: the generic one decodes 8 values per lane step with the block's scales re-read and
@@ -194,6 +194,14 @@ struct FQ6KX8 : FQ6K {
   __host__ __device__ static int col(int ch, int g) { return 256 * (ch >> 3) + FQ6K::col(ch & 7, g); }
 };
 
+// Q6_K padded (quant/q6_k_p.h): FQ6K's chunks of the Q6_K block at the start of each 224 bytes, 8-byte loads.
+struct FQ6KP : FQ6K {
+  static constexpr int kBytes = 224, kAlign = 16;
+  __host__ __device__ static void load(const uint8_t* b, int ch, Chunk& c) {
+    FQ6K::body<8>(b, dq::ld16<2>(b + 208), ch, c);
+  }
+};
+
 struct FQ40 {  // d f16 | qs[16]; one chunk = the block (low nibbles: columns 0..15, high: 16..31)
   static constexpr int kVals = 32, kBytes = 18, kAlign = 2, kChunks = 1, kParts = 1;
   static constexpr bool kNeedSum = false;
@@ -253,6 +261,7 @@ bool dispatch(GgmlType t, Fn&& f) {
     case GgmlType::Q5_K: f(FQ5K{}); return true;
     case GgmlType::Q6_K: f(FQ6K{}); return true;
     case GgmlType::Q6_K_X8: f(FQ6KX8{}); return true;
+    case GgmlType::Q6_K_P: f(FQ6KP{}); return true;
     case GgmlType::Q4_0: f(FQ40{}); return true;
     case GgmlType::Q4_0_X8: f(FQ40X8{}); return true;
     case GgmlType::Q8_0: f(FQ80{}); return true;

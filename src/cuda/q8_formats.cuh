@@ -209,6 +209,17 @@ struct DQ6KX8 {
   }
 };
 
+// Q6_K padded (quant/q6_k_p.h): the Q6_K block, then 14 bytes of zeros (224 bytes); DQ6K's task on it, its
+// codes 16-byte loads (A = 16) where the rows are 16-byte aligned.
+struct DQ6KP {
+  static constexpr int kVals = 256, kBytes = 224, kTasks = 4;
+  template <int A, int NT>
+  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
+                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
+    DQ6K::dot<A, NT>(blk, tt, xq, xs, xds, dss, nt, acc);
+  }
+};
+
 #ifdef __CUDA_ARCH__
 #define STRATA_Q8_UNROLL2 _Pragma("unroll 2")
 #else
@@ -478,6 +489,22 @@ bool dispatch_dense_only(GgmlType t, Align al, Fn&& f) {
   if (al.bytes >= 16) f(DQ6KX8{}, IntC<16>{});
   else f(DQ6KX8{}, IntC<2>{});
   return true;
+}
+
+// dispatch for the formats only expert down matrices take (expert_cache.cpp slot types), never dense ones or
+// gate / up: Q6_K_P, A = 16 when the rows are 16-byte aligned, else A = 2.
+template <typename Fn>
+bool dispatch_down_only(GgmlType t, Align al, Fn&& f) {
+  if (t != GgmlType::Q6_K_P) return false;
+  if (al.bytes >= 16) f(DQ6KP{}, IntC<16>{});
+  else f(DQ6KP{}, IntC<2>{});
+  return true;
+}
+
+// dispatch for moe_down: every format of dispatch and the padded down ones.
+template <typename Fn>
+bool dispatch_down(GgmlType t, Align al, Fn&& f) {
+  return dispatch(t, al, f) || dispatch_down_only(t, al, f);
 }
 
 // dispatch for the dense products (matvec, wo_router): every format of dispatch and the regrouped dense ones.

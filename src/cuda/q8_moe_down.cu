@@ -174,7 +174,7 @@ bool down_stage_fits(int64_t stride, int k, int w) { return stride * k * w + kSt
 int moe_down_launch_warps(const moe::ExpertLayerView& v, int k) {
   const int64_t drb = int64_t(row_bytes(v.down_type, uint64_t(v.n_ff))), stride = q8d::stage_stride(drb);
   bool staged_format = false;
-  q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb),
+  q8d::dispatch_down(v.down_type, rows_align(v, v.down_off, drb),
                 [&](auto, auto a) { staged_format = decltype(a)::value == 2; });
   const int warps = moe_down_warps();
   // 8 warps only where the 4-warp block's path stays the same: where a staged format's rows fit at 4 warps
@@ -217,7 +217,7 @@ void moe_down(const moe::ExpertLayerView& v, const int32_t* table, const int8_t*
     const dim3 grid(unsigned((v.n_embd + W - 1) / W), grid_y(n));
     const int64_t stage_bytes = stride * k * W;
     const int cap = spreading_cap(int64_t(grid.x) * grid.y, moe_down_per_sm());
-    const bool ran = q8d::dispatch(v.down_type, rows_align(v, v.down_off, drb), [&](auto f, auto a) {
+    const bool ran = q8d::dispatch_down(v.down_type, rows_align(v, v.down_off, drb), [&](auto f, auto a) {
       using F = decltype(f);
       constexpr int A = decltype(a)::value;
       auto launch = [&](auto kern, int64_t bytes, int64_t st) {

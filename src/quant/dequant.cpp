@@ -9,6 +9,7 @@
 #include "quant/blocks.h"
 #include "quant/iq_tables.h"
 #include "quant/q4_0_x8.h"
+#include "quant/q6_k_p.h"
 #include "quant/q6_k_x8.h"
 
 namespace strata {
@@ -383,6 +384,7 @@ DequantFn dequant_fn(GgmlType t) {
     case GgmlType::IQ1_M: return deq_iq1_m;
     case GgmlType::Q4_0_X8: return dequantize_q4_0_x8;
     case GgmlType::Q6_K_X8: return dequantize_q6_k_x8;
+    case GgmlType::Q6_K_P: return dequantize_q6_k_p;
     default: return nullptr;
   }
 }

@@ -30,6 +30,7 @@ constexpr TypeTraits kTypes[] = {
 constexpr TypeTraits kInternalTypes[] = {
     {GgmlType::Q4_0_X8, "q4_0x8", 256, 144, true},
     {GgmlType::Q6_K_X8, "q6_kx8", 2048, 1680, true},
+    {GgmlType::Q6_K_P, "q6_kp", 256, 224, true},
 };
 
 constexpr uint32_t kMaxId = 40;

@@ -25,6 +25,9 @@ enum class GgmlType : uint32_t {
   // 208-byte bodies (ql | qh | scales, unchanged): 1680 bytes, every body 16-byte aligned. The same values
   // and bytes per row as Q6_K; the GPU keeps Q6_K dense products in it (quant/q6_k_x8.h says why).
   Q6_K_X8 = 4097,
+  // Q6_K_P: a Q6_K block padded with 14 zero bytes to 224, every block 16-byte aligned; the GPU keeps Q6_K
+  // expert down matrices in it (quant/q6_k_p.h says why).
+  Q6_K_P = 4098,
 };
 
 struct TypeTraits {

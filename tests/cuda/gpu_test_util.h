@@ -17,6 +17,7 @@
 #include "cuda/device.h"
 #include "cuda/transfer.h"
 #include "quant/q4_0_x8.h"
+#include "quant/q6_k_p.h"
 #include "quant/q6_k_x8.h"
 #include "quant/quantize.h"
 #include "quant/types.h"
@@ -104,6 +105,12 @@ inline std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t col
   if (t == GgmlType::Q6_K_X8) {  // strata's storage type: random Q6_K rows, regrouped
     const auto q = random_weights(GgmlType::Q6_K, rows, cols, rng);
     for (int64_t r = 0; r < rows; ++r) repack_q6_k_x8(q.data() + r * rb, w.data() + r * rb, cols);
+    return w;
+  }
+  if (t == GgmlType::Q6_K_P) {  // strata's storage type: random Q6_K rows, padded (224 bytes a block)
+    const auto q = random_weights(GgmlType::Q6_K, rows, cols, rng);
+    const int64_t qrb = static_cast<int64_t>(row_bytes(GgmlType::Q6_K, cols));
+    for (int64_t r = 0; r < rows; ++r) repack_q6_k_p(q.data() + r * qrb, w.data() + r * rb, cols);
     return w;
   }
   if (can_quantize(t)) {

@@ -16,6 +16,7 @@
 #include "quant/dequant.h"
 #include "quant/iq_tables.h"
 #include "quant/q4_0_x8.h"
+#include "quant/q6_k_p.h"
 #include "quant/q6_k_x8.h"
 
 namespace {
@@ -118,6 +119,29 @@ TEST(CudaDequantDecodersOnHost, ZooQ6_KRegroupedBitExact) {
   bool has = false;
   dq::dispatch(GgmlType::Q6_K_X8, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
   EXPECT_TRUE(has) << "the one dispatch knows q6_kx8";
+}
+
+// Q6_K_P (strata's padded Q6_K, quant/q6_k_p.h) is in no file: the zoo's Q6_K tensor padded must decode,
+// through both load paths, to ggml's Q6_K values.
+TEST(CudaDequantDecodersOnHost, ZooQ6_KPaddedBitExact) {
+  const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
+  const gguf::TensorInfo* t = f.find_tensor("zoo.q6_k");
+  ASSERT_NE(t, nullptr);
+  const int64_t n = static_cast<int64_t>(t->ne[0]) * static_cast<int64_t>(t->n_rows());
+  const int64_t bytes = static_cast<int64_t>(row_bytes(GgmlType::Q6_K_P, n));
+  using F = dq::Fmt<GgmlType::Q6_K_P>;
+  std::vector<uint64_t> aligned((bytes + 7) / 8 + 2);
+  auto* row = reinterpret_cast<uint8_t*>(aligned.data());
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u);
+  std::vector<float> ref(n);
+  dequantize_row(GgmlType::Q6_K, t->data, ref.data(), n);
+  repack_q6_k_p(t->data, row, n);
+  int64_t bad = count_mismatches<F, 1>(row, n, ref.data(), "zoo.q6_k as q6_kp");
+  bad += count_mismatches<F, F::kAlign>(row, n, ref.data(), "zoo.q6_k as q6_kp");
+  EXPECT_EQ(bad, 0);
+  bool has = false;
+  dq::dispatch(GgmlType::Q6_K_P, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
+  EXPECT_TRUE(has) << "the one dispatch knows q6_kp";
 }
 
 // The device grid tables (generated copies) hold exactly quant/iq_tables.cpp's values.

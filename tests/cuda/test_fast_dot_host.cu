@@ -109,24 +109,24 @@ TEST(CudaFastDotOnHost, RandomLayoutAndDotMatchCpuExact) {
     }
 }
 
-// A regrouped format KX (type tx; rows of the file's type t0 regrouped by `repack`): its chunks decode to
-// t0's values, and the chunk sums in the kernels' chunk order have the same bits as K0's.
+// A regrouped format KX (type tx; rows of the file's type t0 regrouped or padded by `repack`): its chunks
+// decode to t0's values, and the chunk sums in the kernels' chunk order have the same bits as K0's.
 template <typename K0, typename KX, typename Repack>
 void expect_regrouped_chunks_same_bits(GgmlType t0, GgmlType tx, Repack repack, std::initializer_list<int64_t> widths,
                                        uint32_t seed) {
   std::mt19937 rng(seed);
   for (int64_t cols : widths) {
     const int64_t rows = 16;
-    const int64_t rb = static_cast<int64_t>(row_bytes(t0, cols));
+    const int64_t rb = static_cast<int64_t>(row_bytes(t0, cols)), rbx = static_cast<int64_t>(row_bytes(tx, cols));
     const auto w0 = test::random_weights(t0, rows, cols, rng);
-    std::vector<uint8_t> w8(w0.size());
-    for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rb, cols);
+    std::vector<uint8_t> w8(static_cast<size_t>(rbx * rows));
+    for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rbx, cols);
     const std::string what = std::string(type_name(tx)) + " " + std::to_string(cols);
     EXPECT_EQ(layout_mismatches(tx, w8.data(), rows, cols, what), 0) << what;
     const auto x = test::random_acts(cols, rng);
     int64_t differ = 0;
     for (int64_t r = 0; r < rows; ++r)
-      differ += !test::same_bits(fd::row_dot_serial<KX>(w8.data() + r * rb, cols, x.data()),
+      differ += !test::same_bits(fd::row_dot_serial<KX>(w8.data() + r * rbx, cols, x.data()),
                                  fd::row_dot_serial<K0>(w0.data() + r * rb, cols, x.data()));
     EXPECT_EQ(differ, 0) << what;
   }
@@ -145,3 +145,9 @@ TEST(CudaFastDotOnHost, Q6_KX8SameBitsAsQ6_K) {
 }
 
 }  // namespace
+
+// Q6_K_P (Q6_K padded, the GPU's storage for Q6_K expert down matrices): FQ6K's chunks on the same blocks.
+TEST(CudaFastDotOnHost, Q6_KPSameBitsAsQ6_K) {
+  expect_regrouped_chunks_same_bits<fd::FQ6K, fd::FQ6KP>(GgmlType::Q6_K, GgmlType::Q6_K_P, repack_q6_k_p,
+                                                         {256, 768, 2048}, 80);
+}

@@ -301,17 +301,17 @@ TEST(Q8Host, MoeDownLanesMatchReference) {
   }
 }
 
-// Every lane's partial of a regrouped format FX (type tx, rows regrouped by `repack`) at A = 16 and A = 2,
-// at every lanes-per-row split, against the file format F0's (type t0) on the same blocks; and q8ref's
+// Every lane's partial of a regrouped format FX (type tx, rows regrouped or padded by `repack`) at A = 16 and
+// A = 2, at every lanes-per-row split, against the file format F0's (type t0) on the same blocks; and q8ref's
 // row_dot of both.
 template <typename F0, typename FX, typename Repack>
 void expect_regrouped_lanes_same_bits(GgmlType t0, GgmlType tx, int64_t cols, Repack repack, uint32_t seed) {
   std::mt19937 rng(seed);
   const int64_t rows = 6, n = 3;
-  const int64_t rb = int64_t(row_bytes(t0, cols));
+  const int64_t rb = int64_t(row_bytes(t0, cols)), rbx = int64_t(row_bytes(tx, cols));
   const auto w0 = test::random_weights(t0, rows, cols, rng);
-  std::vector<uint8_t> w8(w0.size());
-  for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rb, cols);
+  std::vector<uint8_t> w8(size_t(rbx * rows));
+  for (int64_t r = 0; r < rows; ++r) repack(w0.data() + r * rb, w8.data() + r * rbx, cols);
   std::vector<float> x(n * cols);
   std::normal_distribution<float> nd(0.f, 1.f);
   for (auto& v : x) v = nd(rng);
@@ -325,15 +325,15 @@ void expect_regrouped_lanes_same_bits(GgmlType t0, GgmlType tx, int64_t cols, Re
       for (int sub = 0; sub < lpr; ++sub) {
         float a[4] = {}, b16[4] = {}, b2[4] = {};
         q8d::row_lane_partial<F0, 2, 4>(w0.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), a);
-        q8d::row_lane_partial<FX, 16, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b16);
-        q8d::row_lane_partial<FX, 2, 4>(w8.data() + r * rb, cols, sub, lpr, xq.data(), ds2, int(n), b2);
+        q8d::row_lane_partial<FX, 16, 4>(w8.data() + r * rbx, cols, sub, lpr, xq.data(), ds2, int(n), b16);
+        q8d::row_lane_partial<FX, 2, 4>(w8.data() + r * rbx, cols, sub, lpr, xq.data(), ds2, int(n), b2);
         for (int t = 0; t < n; ++t, ++compared)
           differ += !test::same_bits(a[t], b16[t]) || !test::same_bits(a[t], b2[t]);
       }
   EXPECT_EQ(differ, 0) << "of " << compared << " lane partials";
   EXPECT_GT(compared, 0);
   for (int64_t r = 0; r < rows; ++r)
-    EXPECT_TRUE(test::same_bits(q8ref::row_dot(tx, w8.data() + r * rb, cols, xq.data(), xds.data()),
+    EXPECT_TRUE(test::same_bits(q8ref::row_dot(tx, w8.data() + r * rbx, cols, xq.data(), xds.data()),
                                 q8ref::row_dot(t0, w0.data() + r * rb, cols, xq.data(), xds.data())))
         << "row " << r;
 }
@@ -345,6 +345,16 @@ TEST(Q8Host, Q4_0X8LanesSameBitsAsQ4_0) {
 
 // Q6_K_X8 (Q6_K regrouped, the GPU's storage for Q6_K dense products): the tasks of a row in Q6_K's order
 // with Q6_K's sums, at 2048 and 4096 columns (one and two groups a row).
+// Q6_K_P (Q6_K padded to 224-byte blocks, the GPU's storage for Q6_K expert down matrices): Q6_K's tasks on
+// the same blocks, at an expert down row's 768 columns and at 256.
+TEST(Q8Host, Q6_KPLanesSameBitsAsQ6_K) {
+  for (int64_t cols : {256, 768}) {
+    SCOPED_TRACE(cols);
+    expect_regrouped_lanes_same_bits<q8d::DQ6K, q8d::DQ6KP>(GgmlType::Q6_K, GgmlType::Q6_K_P, cols, repack_q6_k_p,
+                                                           uint32_t(27 + cols));
+  }
+}
+
 TEST(Q8Host, Q6_KX8LanesSameBitsAsQ6_K) {
   for (int64_t cols : {2048, 4096}) {
     SCOPED_TRACE(cols);

@@ -907,6 +907,10 @@ class CudaQ8Moe : public test::GpuKernelTest {
 };
 
 TEST_F(CudaQ8Moe, Q4KGateUpQ6KDown) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0}); }
+// Q6_K down padded as the cache keeps it with STRATA_CUDA_Q6_K_P_DOWN (quant/q6_k_p.h): 16-byte loads in
+// place; and its rows 2 bytes off (staged).
+TEST_F(CudaQ8Moe, Q4KGateUpQ6KPDown) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K_P, 0}); }
+TEST_F(CudaQ8Moe, Q4KGateUpQ6KPDownTwoByteAligned) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K_P, 2}); }
 TEST_F(CudaQ8Moe, AllQ4K) { run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 0}); }
 // Different gate and up formats (two task loops), 2-byte aligned rows (the K-quants' non-vector loads).
 // (All rows 2-byte aligned: gate, up and down all take the shared-memory staged path.)

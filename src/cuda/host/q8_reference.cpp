@@ -122,6 +122,7 @@ Format format_of(GgmlType t) {
     case GgmlType::Q5_K: return {256, 176, 4};
     case GgmlType::Q6_K: return {256, 210, 4};
     case GgmlType::Q6_K_X8: return {2048, 1680, 32};
+    case GgmlType::Q6_K_P: return {256, 224, 4};
     default: throw Error("q8: type " + std::string(type_name(t)) + " has no int8-activation kernel");
   }
 }
@@ -135,6 +136,7 @@ float task(GgmlType t, const uint8_t* b, int tt, const int8_t* xq, const Q8Ds* x
     case GgmlType::Q5_K: return task_k45<true>(b, tt, xq, xds);
     case GgmlType::Q6_K: return task_q6_k(b, tt, xq, xds);
     case GgmlType::Q6_K_X8: return task_q6_k_x8(b, tt, xq, xds);
+    case GgmlType::Q6_K_P: return task_q6_k(b, tt, xq, xds);  // (the Q6_K block at the start of its 224 bytes)
     default: return low::task(t, b, tt, xq, xds);
   }
 }
@@ -154,7 +156,8 @@ bool supported(GgmlType t) {
     case GgmlType::Q4_K:
     case GgmlType::Q5_K:
     case GgmlType::Q6_K:
-    case GgmlType::Q6_K_X8: return true;
+    case GgmlType::Q6_K_X8:
+    case GgmlType::Q6_K_P: return true;
     default: return low_bit(t);
   }
 }
@@ -281,6 +284,10 @@ float silu_mul(float g, float u) { return g / (1.f + std::exp(-g)) * u; }
 
 bool moe_supported(const ExpertView& v) {
   if (!supported(v.gate_type) || !supported(v.up_type) || !supported(v.down_type)) return false;
+  // The regrouped storage types: Q6_K_X8 is for dense products only, Q6_K_P for down matrices only.
+  for (GgmlType t : {v.gate_type, v.up_type, v.down_type})
+    if (t == GgmlType::Q6_K_X8) return false;
+  if (v.gate_type == GgmlType::Q6_K_P || v.up_type == GgmlType::Q6_K_P) return false;
   // gate_up's pairs (q8d::dispatch_pair): a low-bit gate or up type only with the same type.
   if ((low_bit(v.gate_type) || low_bit(v.up_type)) && v.gate_type != v.up_type) return false;
   if (v.n_embd <= 0 || v.n_ff <= 0 || v.n_embd % 32 != 0 || v.n_ff % 32 != 0) return false;

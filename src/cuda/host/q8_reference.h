@@ -29,7 +29,7 @@ struct ExpertView {
   int64_t n_embd = 0, n_ff = 0;
 };
 
-// True for exactly Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K, Q6_K_X8 and the low-bit formats (the one list of types
+// True for exactly Q4_0, Q4_0_X8, Q8_0, Q4_K, Q5_K, Q6_K, Q6_K_X8, Q6_K_P and the low-bit formats (the one list of types
 // with int8-activation kernels; q8::supported uses it, q8d::dispatch has the same cases).
 bool supported(GgmlType t);
 
