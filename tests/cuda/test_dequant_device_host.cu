@@ -97,51 +97,38 @@ TEST(CudaDequantDecodersOnHost, ZooQ4_0RegroupedBitExact) {
   EXPECT_TRUE(has) << "the one dispatch knows q4_0x8";
 }
 
-// Q6_K_X8 (strata's regrouped Q6_K, quant/q6_k_x8.h) is in no file: the zoo's Q6_K tensor (32 rows of 256,
-// contiguous) regrouped as one 8192-value row must decode, through both load paths, to ggml's Q6_K values.
-TEST(CudaDequantDecodersOnHost, ZooQ6_KRegroupedBitExact) {
+// The zoo's Q6_K tensor (32 rows of 256, contiguous) stored as strata's type F (T), taken as one 8192-value
+// row and converted by `store`: it must decode, through both load paths, to ggml's Q6_K values; and the one
+// dispatch must know F.
+template <GgmlType T, typename Store>
+void expect_zoo_q6_k_as(Store store, const std::string& what) {
   const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
   const gguf::TensorInfo* t = f.find_tensor("zoo.q6_k");
   ASSERT_NE(t, nullptr);
   const int64_t n = static_cast<int64_t>(t->ne[0]) * static_cast<int64_t>(t->n_rows());
-  ASSERT_EQ(n % 2048, 0);
-  const int64_t bytes = static_cast<int64_t>(row_bytes(GgmlType::Q6_K, n));
-  using F = dq::Fmt<GgmlType::Q6_K_X8>;
+  const int64_t bytes = static_cast<int64_t>(row_bytes(T, n));
+  using F = dq::Fmt<T>;
   std::vector<uint64_t> aligned((bytes + 7) / 8 + 2);
   auto* row = reinterpret_cast<uint8_t*>(aligned.data());
   ASSERT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u);
   std::vector<float> ref(n);
   dequantize_row(GgmlType::Q6_K, t->data, ref.data(), n);
-  repack_q6_k_x8(t->data, row, n);
-  int64_t bad = count_mismatches<F, 1>(row, n, ref.data(), "zoo.q6_k as q6_kx8");
-  bad += count_mismatches<F, F::kAlign>(row, n, ref.data(), "zoo.q6_k as q6_kx8");
+  store(t->data, row, n);
+  int64_t bad = count_mismatches<F, 1>(row, n, ref.data(), what);
+  bad += count_mismatches<F, F::kAlign>(row, n, ref.data(), what);
   EXPECT_EQ(bad, 0);
   bool has = false;
-  dq::dispatch(GgmlType::Q6_K_X8, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
-  EXPECT_TRUE(has) << "the one dispatch knows q6_kx8";
+  dq::dispatch(T, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
+  EXPECT_TRUE(has) << "the one dispatch knows " << type_name(T);
 }
 
-// Q6_K_P (strata's padded Q6_K, quant/q6_k_p.h) is in no file: the zoo's Q6_K tensor padded must decode,
-// through both load paths, to ggml's Q6_K values.
+// Q6_K_X8 (strata's regrouped Q6_K, quant/q6_k_x8.h; the 8192 values are 4 whole groups) and Q6_K_P (padded,
+// quant/q6_k_p.h) are in no file.
+TEST(CudaDequantDecodersOnHost, ZooQ6_KRegroupedBitExact) {
+  expect_zoo_q6_k_as<GgmlType::Q6_K_X8>(repack_q6_k_x8, "zoo.q6_k as q6_kx8");
+}
 TEST(CudaDequantDecodersOnHost, ZooQ6_KPaddedBitExact) {
-  const auto f = gguf::File::open(std::string(STRATA_FIXTURES_DIR) + "/formats/zoo.gguf");
-  const gguf::TensorInfo* t = f.find_tensor("zoo.q6_k");
-  ASSERT_NE(t, nullptr);
-  const int64_t n = static_cast<int64_t>(t->ne[0]) * static_cast<int64_t>(t->n_rows());
-  const int64_t bytes = static_cast<int64_t>(row_bytes(GgmlType::Q6_K_P, n));
-  using F = dq::Fmt<GgmlType::Q6_K_P>;
-  std::vector<uint64_t> aligned((bytes + 7) / 8 + 2);
-  auto* row = reinterpret_cast<uint8_t*>(aligned.data());
-  ASSERT_EQ(reinterpret_cast<uintptr_t>(row) % 16, 0u);
-  std::vector<float> ref(n);
-  dequantize_row(GgmlType::Q6_K, t->data, ref.data(), n);
-  repack_q6_k_p(t->data, row, n);
-  int64_t bad = count_mismatches<F, 1>(row, n, ref.data(), "zoo.q6_k as q6_kp");
-  bad += count_mismatches<F, F::kAlign>(row, n, ref.data(), "zoo.q6_k as q6_kp");
-  EXPECT_EQ(bad, 0);
-  bool has = false;
-  dq::dispatch(GgmlType::Q6_K_P, [&](auto fmt) { has = std::is_same_v<decltype(fmt), F>; });
-  EXPECT_TRUE(has) << "the one dispatch knows q6_kp";
+  expect_zoo_q6_k_as<GgmlType::Q6_K_P>(repack_q6_k_p, "zoo.q6_k as q6_kp");
 }
 
 // The device grid tables (generated copies) hold exactly quant/iq_tables.cpp's values.
