@@ -209,15 +209,10 @@ struct DQ6KX8 {
   }
 };
 
-// Q6_K padded (quant/q6_k_p.h): the Q6_K block, then 14 bytes of zeros (224 bytes); DQ6K's task on it, its
-// codes 16-byte loads (A = 16) where the rows are 16-byte aligned.
-struct DQ6KP {
-  static constexpr int kVals = 256, kBytes = 224, kTasks = 4;
-  template <int A, int NT>
-  __host__ __device__ __forceinline__ static void dot(const uint8_t* blk, int tt, const int8_t* xq, int64_t xs,
-                                             const float2* xds, int64_t dss, int nt, float acc[NT]) {
-    DQ6K::dot<A, NT>(blk, tt, xq, xs, xds, dss, nt, acc);
-  }
+// Q6_K padded (quant/q6_k_p.h): the Q6_K block, then 14 bytes of zeros (224 bytes); DQ6K's task on it (its
+// dot, inherited), its codes 16-byte loads (A = 16) where the rows are 16-byte aligned.
+struct DQ6KP : DQ6K {
+  static constexpr int kBytes = 224;
 };
 
 #ifdef __CUDA_ARCH__
@@ -418,25 +413,23 @@ __host__ __device__ constexpr Align min_align(Align a, Align b) { return a.bytes
 
 // dispatch for the first six formats: Q4_K / Q5_K / Q4_0_X8 with A = 16 (144 / 176-byte blocks) when the
 // rows are 16-byte aligned, else A = 2; Q4_0 / Q8_0 / Q6_K always A = 2 (18 / 34 / 210-byte blocks).
+// f(F{}, IntC<16>{}) for rows 16-byte aligned, else f(F{}, IntC<2>{}) (staged): the formats whose blocks are
+// whole 16-byte multiples.
+template <typename F, typename Fn>
+void with_16_or_2(Align al, Fn&& f) {
+  if (al.bytes >= 16) f(F{}, IntC<16>{});
+  else f(F{}, IntC<2>{});
+}
+
 template <typename Fn>
 bool dispatch_core(GgmlType t, Align al, Fn&& f) {
-  const int a = al.bytes;
   switch (t) {
     case GgmlType::Q4_0: f(DQ40{}, IntC<2>{}); return true;
-    case GgmlType::Q4_0_X8:
-      if (a >= 16) f(DQ40X8{}, IntC<16>{});
-      else f(DQ40X8{}, IntC<2>{});
-      return true;
+    case GgmlType::Q4_0_X8: with_16_or_2<DQ40X8>(al, f); return true;
     case GgmlType::Q8_0: f(DQ80{}, IntC<2>{}); return true;
     case GgmlType::Q6_K: f(DQ6K{}, IntC<2>{}); return true;
-    case GgmlType::Q4_K:
-      if (a >= 16) f(DQ4K{}, IntC<16>{});
-      else f(DQ4K{}, IntC<2>{});
-      return true;
-    case GgmlType::Q5_K:
-      if (a >= 16) f(DQ5K{}, IntC<16>{});
-      else f(DQ5K{}, IntC<2>{});
-      return true;
+    case GgmlType::Q4_K: with_16_or_2<DQ4K>(al, f); return true;
+    case GgmlType::Q5_K: with_16_or_2<DQ5K>(al, f); return true;
     default: return false;
   }
 }
@@ -486,8 +479,7 @@ bool dispatch(GgmlType t, Align al, Fn&& f) {
 template <typename Fn>
 bool dispatch_dense_only(GgmlType t, Align al, Fn&& f) {
   if (t != GgmlType::Q6_K_X8) return false;
-  if (al.bytes >= 16) f(DQ6KX8{}, IntC<16>{});
-  else f(DQ6KX8{}, IntC<2>{});
+  with_16_or_2<DQ6KX8>(al, f);
   return true;
 }
 
@@ -496,8 +488,7 @@ bool dispatch_dense_only(GgmlType t, Align al, Fn&& f) {
 template <typename Fn>
 bool dispatch_down_only(GgmlType t, Align al, Fn&& f) {
   if (t != GgmlType::Q6_K_P) return false;
-  if (al.bytes >= 16) f(DQ6KP{}, IntC<16>{});
-  else f(DQ6KP{}, IntC<2>{});
+  with_16_or_2<DQ6KP>(al, f);
   return true;
 }
 

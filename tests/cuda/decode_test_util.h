@@ -55,17 +55,19 @@ inline std::vector<float> decode_one_then_two(std::shared_ptr<const Model> model
   return all;
 }
 
-// The small synthetic qwen3moe of the GPU model tests that need a format the fixtures lack: 2 layers, n_embd
-// 256, expert FFN 256, 16 experts (2 a token; with 8, llama.cpp's rules would give k and v Q8_0), a vocabulary
-// of 512, written in `format` (a mkmodel scheme) with `seed` to a temporary file named after `tag`. Returns
-// its path; the caller removes it.
+// The synthetic model of `spec` written to a temporary file named after `tag`. Returns its path; the caller
+// removes it.
 inline std::string write_synthetic(const SyntheticSpec& spec, const char* tag) {
   const std::string path = ::testing::TempDir() + "strata-" + tag + "-" + std::to_string(::getpid()) + ".gguf";
   ThreadPool pool(2);
   write_synthetic_model(spec, path, pool);
   return path;
 }
-inline std::string write_small_synthetic(const char* format, uint64_t seed, const char* tag) {
+constexpr uint32_t kSmallSyntheticVocab = 512;
+// The small synthetic qwen3moe of the GPU model tests that need a format the fixtures lack: 2 layers, n_embd
+// 256, expert FFN 256, 16 experts (2 a token; with 8, llama.cpp's rules would give k and v Q8_0), a vocabulary
+// of kSmallSyntheticVocab, in `format` (a mkmodel scheme) from `seed`; write_small_synthetic writes it.
+inline SyntheticSpec small_synthetic_spec(const char* format, uint64_t seed) {
   SyntheticSpec spec;
   spec.format = format;
   spec.n_layer = 2;
@@ -73,11 +75,13 @@ inline std::string write_small_synthetic(const char* format, uint64_t seed, cons
   spec.n_ff_exp = 256;
   spec.n_expert = 16;
   spec.n_expert_used = 2;
-  spec.n_vocab = 512;
+  spec.n_vocab = kSmallSyntheticVocab;
   spec.seed = seed;
-  return write_synthetic(spec, tag);
+  return spec;
 }
-constexpr uint32_t kSmallSyntheticVocab = 512;
+inline std::string write_small_synthetic(const char* format, uint64_t seed, const char* tag) {
+  return write_synthetic(small_synthetic_spec(format, seed), tag);
+}
 
 // n token ids drawn from [0, vocab) by mt19937(seed).
 inline std::vector<int32_t> random_prompt(size_t n, uint32_t vocab, uint32_t seed) {

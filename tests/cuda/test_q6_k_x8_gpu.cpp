@@ -22,20 +22,13 @@ using namespace strata;
 
 namespace {
 
-// (The small synthetic model of decode_test_util.h, 2048 wide with 16 heads of 128.)
+// The small synthetic model of decode_test_util.h, 2048 wide with 16 heads of 128.
 std::string write_wide_synthetic(const char* format, uint64_t seed) {
-  SyntheticSpec spec;
-  spec.format = format;
-  spec.n_layer = 2;
+  SyntheticSpec spec = test::small_synthetic_spec(format, seed);
   spec.n_embd = 2048;
   spec.n_head = 16;
   spec.n_head_kv = 2;
   spec.head_dim = 128;
-  spec.n_ff_exp = 256;
-  spec.n_expert = 16;
-  spec.n_expert_used = 2;
-  spec.n_vocab = test::kSmallSyntheticVocab;
-  spec.seed = seed;
   return test::write_synthetic(spec, (std::string("q6kx8-") + format).c_str());
 }
 
