@@ -55,10 +55,12 @@ DigitSetting g_q4_0_x8("STRATA_CUDA_Q4_0_X8", "Q4_0 experts as q4_0x8", 0, 1, 1)
 
 // STRATA_CUDA_Q6_K_P_DOWN: 1 keeps Q6_K expert down matrices padded as Q6_K_P (quant/q6_k_p.h: every block
 // 16-byte aligned, 1.067x the bytes), 0 as the file's Q6_K. The same values and sums (the kernels do Q6_K's
-// arithmetic in Q6_K's order); why: moe_down stages Q6_K's 2-byte aligned rows in shared memory, 13.3 us a
-// layer against Q4_K down's 6.6 on 1.46x the bytes (bench/cuda_matvec, H100, session 42). Off by default:
-// built in session 42 after its device time was spent, not yet run on a GPU.
-DigitSetting g_q6_k_p("STRATA_CUDA_Q6_K_P_DOWN", "Q6_K expert down matrices as q6_kp", 0, 1, 0);
+// arithmetic in Q6_K's order); why: moe_down stages Q6_K's 2-byte aligned rows in shared memory.
+// On by default since session 43 (H100, bench/cuda_matvec: moe_down with Q6_K down 13.37 -> 8.55 us a layer;
+// 48-layer 30B-A3B geometry at Q4_K_M, tg64 alternating: one sequence 555.4 against 523.1 tok/s (3 of 3
+// rounds), 4 sequences 789.2 against 739.1 (2 of 2), 25% resident even within its spread (81-93 either way);
+// the GPU tests give the same logits bit for bit; bench/results/2026-12-06-gpu-session43-h100.md).
+DigitSetting g_q6_k_p("STRATA_CUDA_Q6_K_P_DOWN", "Q6_K expert down matrices as q6_kp", 0, 1, 1);
 
 // The type a file type is kept in inside a slot, for a matrix of `cols` columns (down: an ffn_down_exps one).
 GgmlType slot_type(GgmlType t, bool exact, int64_t cols, bool down) {

@@ -52,7 +52,7 @@ void set_q4_0_experts_x8(bool on);
 bool q4_0_experts_x8();
 // Whether models loaded from now on keep Q6_K expert down matrices padded as Q6_K_P (quant/q6_k_p.h; the same
 // values and sums, every block 16-byte aligned for moe_down's loads, 1.067x the bytes). Default: the
-// environment's STRATA_CUDA_Q6_K_P_DOWN (0 or 1), else off (not yet measured on a GPU). set (tests) wins.
+// environment's STRATA_CUDA_Q6_K_P_DOWN (0 or 1), else on. set (tests) wins.
 void set_q6_k_down_padded(bool on);
 bool q6_k_down_padded();
 
