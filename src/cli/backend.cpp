@@ -45,11 +45,11 @@ void print_cache_report(const ExpertCacheReport& r, const std::string& backend, 
   if (r.direct > 0)
     std::fprintf(stderr, "strata: %s expert cache (%s): of the CPU pool's share above, %lld pairs were read by the GPU "
                  "straight from host memory instead (direct reads, %.1f MiB over PCIe)\n", what, backend.c_str(),
-                 (long long)r.direct, double(r.direct) * double(r.slot_bytes) / mib);
+                 (long long)r.direct, double(r.direct_bytes) / mib);
   if (r.streamed > 0)
     std::fprintf(stderr, "strata: %s expert cache (%s): %lld non-resident experts streamed to the GPU for a pass, "
                  "%.1f MiB\n", what, backend.c_str(), (long long)r.streamed,
-                 double(r.streamed) * double(r.slot_bytes) / mib);
+                 double(r.streamed_bytes) / mib);
   if (r.streamed > 0 && r.stream_copy_us > 0)
     std::fprintf(stderr, "strata: %s expert cache (%s): decode streaming split by the cost of one expert: copy %.1f us, "
                  "CPU pool %.1f us\n", what, backend.c_str(), r.stream_copy_us, r.stream_cpu_us);

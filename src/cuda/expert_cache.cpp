@@ -252,6 +252,7 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
     moe::ExpertLayerView v;
     v.slots = slots_.as<const uint8_t>();
     v.slot_bytes = slot_bytes_;
+    v.expert_bytes = L.bytes;
     v.gate_type = L.gate;
     v.up_type = L.up;
     v.down_type = L.down;
@@ -269,7 +270,7 @@ ExpertCache::ExpertCache(Device& dev, Transfer& xfer, int64_t n_embd, int64_t n_
     if (id.layer < 0) continue;
     const HostSpan src = host_expert_span(id.layer, id.expert);
     xfer_.upload(slot_regions_[size_t(s)].span(), src, dev_.compute(), {&dev_.compute()});
-    stats_.bytes_uploaded += uint64_t(slot_bytes_);
+    stats_.bytes_uploaded += src.bytes;
   }
   upload_table();
 
@@ -322,7 +323,7 @@ void ExpertCache::start_swaps(const std::vector<strata::moe::Swap>& plan) {
   for (const strata::moe::Swap& sw : live) {
     const HostSpan src = host_expert_span(sw.in.layer, sw.in.expert);
     Ticket t = xfer_.upload(slot_regions_[size_t(sw.slot)].span(), src, dev_.compute(), {});
-    stats_.bytes_uploaded += uint64_t(slot_bytes_);
+    stats_.bytes_uploaded += src.bytes;
     pending_.push_back({sw, std::move(t)});
   }
 }
@@ -442,7 +443,8 @@ int32_t ExpertCache::stage(int layer, int expert, int j) {
   const int32_t slot = int32_t(res_.n_slots() + j);
   const HostSpan src = host_expert_span(layer, expert);
   xfer_.upload(slot_regions_[size_t(slot)].span(), src, dev_.compute(), {&dev_.compute()});
-  stats_.bytes_uploaded += uint64_t(slot_bytes_);
+  stats_.bytes_uploaded += src.bytes;
+  stats_.bytes_streamed += src.bytes;
   ++stats_.streamed;
   return slot;
 }
@@ -455,8 +457,8 @@ double ExpertCache::time_stage_copy() {
   for (int round = 0; round < 2; ++round) {  // the first round pays for first-touch costs
     cs.synchronize();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int j = 0; j < n; ++j)
-      xfer_.upload(slot_regions_[size_t(res_.n_slots() + j)].span(), host_expert_span(0, j), cs, {&cs});
+    for (int j = 0; j < n; ++j)  // (whole slots: the largest layer's experts, the costliest copy)
+      xfer_.upload(slot_regions_[size_t(res_.n_slots() + j)].span(), host_slot_span(0, j), cs, {&cs});
     cs.synchronize();
     us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
   }
@@ -507,6 +509,11 @@ void ExpertCache::note_stage_access(const Stream& s, int count, bool write, Site
 }
 
 HostSpan ExpertCache::host_expert_span(int layer, int expert) const {
+  const uint8_t* p = host_expert(layer, expert);  // (validates layer and expert)
+  return HostSpan{const_cast<uint8_t*>(p), size_t(views_[size_t(layer)].expert_bytes), host_.span().check_id, true};
+}
+
+HostSpan ExpertCache::host_slot_span(int layer, int expert) const {
   return HostSpan{const_cast<uint8_t*>(host_expert(layer, expert)), size_t(slot_bytes_), host_.span().check_id, true};
 }
 

@@ -72,6 +72,7 @@ class ExpertCache {
     int64_t swaps = 0;             // admissions by adaptation
     int64_t streamed = 0;          // non-resident experts copied into a staging slot for one pass
     uint64_t bytes_uploaded = 0;   // host -> slots, including the first fill
+    uint64_t bytes_streamed = 0;   // of them, the staging copies (each the layer's expert_bytes)
     int slots_used = 0, n_slots = 0;
     double hit_rate() const { return hits + misses ? double(hits) / double(hits + misses) : 0.0; }
   };
@@ -160,8 +161,10 @@ class ExpertCache {
     Ticket copy;
   };
   void upload_table();
-  // The pinned host copy of one expert, as the source of a direct (DMA) upload into a slot.
+  // The pinned host copy of one expert, as the source of a direct (DMA) upload into a slot: the layer's
+  // expert_bytes (a slot's tail past them is never read). host_slot_span: the whole slot_bytes.
   HostSpan host_expert_span(int layer, int expert) const;
+  HostSpan host_slot_span(int layer, int expert) const;
   void start_swaps(const std::vector<strata::moe::Swap>& plan);
   void planner_loop();
 

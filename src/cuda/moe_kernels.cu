@@ -33,10 +33,12 @@ struct Src {
   int share;              // direct share of each token's misses (1/256ths)
   uint8_t* stage;         // device: [n][per_tok][slot_bytes] (moe_direct_fetch); null: read direct
   int per_tok;
+  int64_t expert_bytes;   // bytes moe_direct_fetch copies of a pair's expert (<= slot_bytes)
 };
 
 Src src_of(const ExpertLayerView& v) {
-  return {v.slots, v.slot_bytes, v.direct, v.direct ? v.direct_share : 0, v.stage, v.stage_per_token};
+  return {v.slots, v.slot_bytes, v.direct, v.direct ? v.direct_share : 0, v.stage, v.stage_per_token,
+          v.expert_bytes > 0 ? v.expert_bytes : v.slot_bytes};
 }
 
 // The weights of pair p = t*k + j: its slot when resident; when direct, its staging slot (or its host copy
@@ -54,8 +56,10 @@ __device__ __forceinline__ const uint8_t* pair_base(const Src& s, const int32_t*
   return s.stage ? s.stage + (t * s.per_tok + rank) * s.slot_bytes : s.direct + int64_t(e) * s.slot_bytes;
 }
 
-// moe_direct_fetch: grid x = slices of a slot, y = pairs (grid-stride). kVec: 16-byte copies (host copy,
-// staging and slot_bytes 16-byte aligned), each thread with 8 loads in flight before its stores (a PCIe
+// moe_direct_fetch: grid x = slices of an expert, y = pairs (grid-stride). Why only expert_bytes: in a file
+// whose layers differ in type (llama.cpp's Q4_K_M: Q6_K down in half of them) the smaller layers' experts
+// fill ~84% of a slot, and these copies are PCIe-bound. kVec: 16-byte copies (host copy, staging,
+// slot_bytes and expert_bytes 16-byte aligned), each thread with 8 loads in flight before its stores (a PCIe
 // read takes ~1-2 us; session 10's probe reached the copy engine's rate with 8 in flight and >= 64 blocks).
 constexpr int kFetchThreads = 256, kFetchSlices = 64, kFetchInFlight = 8;
 template <bool kVec>
@@ -72,7 +76,7 @@ __global__ void __launch_bounds__(kFetchThreads)
     if (rank < 0) continue;
     const uint8_t* from = src.direct + int64_t(e) * src.slot_bytes;
     uint8_t* to = src.stage + (t * src.per_tok + rank) * src.slot_bytes;
-    const int64_t units = kVec ? src.slot_bytes / 16 : src.slot_bytes;
+    const int64_t units = kVec ? src.expert_bytes / 16 : src.expert_bytes;
     const int64_t per = (units + gridDim.x - 1) / gridDim.x;
     const int64_t lo = int64_t(blockIdx.x) * per, hi = min(units, lo + per);
     constexpr int B = kFetchThreads;
@@ -351,6 +355,8 @@ bool slot_rows_aligned(const ExpertLayerView& v, int64_t off, int64_t row_bytes)
 
 void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
   STRATA_REQUIRE(v.slots != nullptr && v.slot_bytes > 0, "cuda {}: no expert slots", what);
+  STRATA_REQUIRE(v.expert_bytes >= 0 && v.expert_bytes <= v.slot_bytes, "cuda {}: {} expert bytes in a {}-byte slot",
+                 what, v.expert_bytes, v.slot_bytes);
   STRATA_REQUIRE(v.direct_share >= 0 && v.direct_share <= strata::moe::kDirectShareOne,
                  "cuda {}: direct share {} outside [0, {}]", what, v.direct_share, strata::moe::kDirectShareOne);
   STRATA_REQUIRE(v.stage == nullptr || (v.direct != nullptr && v.stage_per_token >= 0 &&
@@ -368,9 +374,10 @@ void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
                    tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(t)));
     STRATA_REQUIRE(cols % tt->block_size == 0, "cuda {}: {} columns is not a multiple of the {} block size {}",
                    what, cols, tt->name, tt->block_size);
-    STRATA_REQUIRE(off >= 0 && off + int64_t(row_bytes(t, cols)) * rows <= v.slot_bytes,
-                   "cuda {}: a {} tensor at offset {} does not fit in a slot of {} bytes", what, tt->name, off,
-                   v.slot_bytes);
+    const int64_t fits = v.expert_bytes > 0 ? v.expert_bytes : v.slot_bytes;  // (what a copy into a slot moves)
+    STRATA_REQUIRE(off >= 0 && off + int64_t(row_bytes(t, cols)) * rows <= fits,
+                   "cuda {}: a {} tensor at offset {} does not fit in the {} bytes of an expert", what, tt->name, off,
+                   fits);
   }
 }
 
@@ -385,7 +392,7 @@ void moe_direct_fetch(const ExpertLayerView& v, const int32_t* table, const int3
                  "cuda moe_direct_fetch: needs a direct view with staging slots");
   if (n == 0) return;
   const bool vec = reinterpret_cast<uintptr_t>(v.direct) % 16 == 0 && reinterpret_cast<uintptr_t>(v.stage) % 16 == 0 &&
-                   v.slot_bytes % 16 == 0;
+                   v.slot_bytes % 16 == 0 && v.expert_bytes % 16 == 0;
   const dim3 grid(kFetchSlices, grid_y(n * k));
   if (vec)
     pdl::launch(direct_fetch_kernel<true>, grid, kFetchThreads, 0, stream, src_of(v), table, ids, n * k, k);

@@ -19,6 +19,9 @@ constexpr int kViewTableMax = 1024;  // ExpertLayerView::n_expert staged in shar
 struct ExpertLayerView {
   const uint8_t* slots = nullptr;  // device: [n_slots][slot_bytes]
   int64_t slot_bytes = 0;
+  // Bytes of this layer's expert at the start of a slot (gate | up | down; <= slot_bytes, which is the
+  // largest layer's): what a copy into a slot moves. 0: slot_bytes.
+  int64_t expert_bytes = 0;
   GgmlType gate_type{}, up_type{}, down_type{};  // GPU storage types (cuda::quant::has_kernel)
   int64_t gate_off = 0, up_off = 0, down_off = 0;  // byte offsets inside a slot
   int64_t n_embd = 0, n_ff = 0;
@@ -55,10 +58,11 @@ void moe_down(const ExpertLayerView& v, const int32_t* table, const float* h, co
               const float* wts, int64_t n, int k, float* out, cudaStream_t stream);
 
 // With v.stage: copies the expert of every direct pair (moe/direct_rule.h) from v.direct to its staging
-// slot (slot_bytes each), for moe_gate_up / moe_down to read from device memory. Why not let those kernels
-// read host memory themselves: their loads are shaped for the formats (16-byte pieces, scales apart), and
-// over PCIe small scattered reads get a fraction of the link; this copy reads each expert as one
-// contiguous stream of 16-byte loads, several in flight per thread (bench_moe_direct measures both).
+// slot (the layer's expert_bytes of each, not the whole slot), for moe_gate_up / moe_down to read from
+// device memory. Why not let those kernels read host memory themselves: their loads are shaped for the
+// formats (16-byte pieces, scales apart), and over PCIe small scattered reads get a fraction of the link;
+// this copy reads each expert as one contiguous stream of 16-byte loads, several in flight per thread
+// (bench_moe_direct measures both).
 //   table: [n_expert]   ids: [n][k]   (device)
 void moe_direct_fetch(const ExpertLayerView& v, const int32_t* table, const int32_t* ids, int64_t n, int k,
                       cudaStream_t stream);

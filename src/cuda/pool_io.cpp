@@ -97,7 +97,7 @@ int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_exper
   const int64_t nk = n * io.k_used;
   const int32_t* hid = io.ids_h.as<const int32_t>() + size_t(il) * size_t(nk);
   const int32_t* row = c.cache.residency().layer_row(il);
-  int64_t n_cpu = 0;
+  int64_t n_cpu = 0, n_direct = 0;
   for (int64_t i = 0; i < nk; ++i)
     STRATA_REQUIRE(hid[i] >= 0 && hid[i] < n_expert, "cuda: router of layer {} gave expert id {}", il, hid[i]);
   const int k = io.k_used;
@@ -107,8 +107,10 @@ int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_exper
     const bool on_gpu = row[hid[i]] >= 0 || direct;
     io.ids_cpu[size_t(i)] = on_gpu ? -1 : hid[i];
     n_cpu += !on_gpu;
-    c.work.direct_pairs += direct;
+    n_direct += direct;
   }
+  c.work.direct_pairs += uint64_t(n_direct);
+  if (n_direct > 0) c.work.direct_bytes += uint64_t(n_direct) * uint64_t(c.cache.layer_view(il).expert_bytes);
   c.cache.record(il, hid, nk);
   if (usage) usage->add(il, hid, n);
   io.layer_recorded[size_t(il)] = 1;
@@ -434,6 +436,8 @@ ExpertCacheReport make_cache_report(const ExpertCache& cache, const Transfer& xf
   r.swaps = s.swaps;
   r.streamed = s.streamed;
   r.direct = int64_t(work.direct_pairs);
+  r.direct_bytes = work.direct_bytes;
+  r.streamed_bytes = s.bytes_streamed;
   r.slots_used = s.slots_used;
   r.n_slots = s.n_slots;
   r.n_experts_total = n_layer * n_expert;

@@ -33,6 +33,7 @@ struct HostWork {
   uint64_t forwards = 0, graph_forwards = 0, captures = 0;
   uint64_t gated_forwards = 0;  // CPU-pool passes run gated (one graph, HostGates)
   uint64_t direct_pairs = 0;    // non-resident pairs the GPU read from host memory (moe/direct_rule.h)
+  uint64_t direct_bytes = 0;    // their experts' bytes (each its layer's expert_bytes)
   uint64_t op_calls = 0;   // calls into kernel launchers (an op may launch more than one kernel)
   uint64_t transfers = 0;  // cuda::Transfer calls (each: events, waits and one copy)
   // Decode expert prediction (cuda/expert_predict.h): routed experts of the layers that predicted, and how

@@ -84,6 +84,7 @@ struct ExpertCacheReport {
   int slots_used = 0, n_slots = 0, n_experts_total = 0;  // n_experts_total = n_layer * n_expert
   uint64_t bytes_h2d = 0, bytes_d2h = 0;  // bytes moved by the transfer module
   uint64_t slot_bytes = 0;                // bytes of one slot (capacity = n_slots * slot_bytes)
+  uint64_t direct_bytes = 0, streamed_bytes = 0;  // host bytes of the direct pairs' / streamed experts' copies
   // Host work of the forward passes (counted, not timed): how many replayed a CUDA graph, and the calls
   // into kernel launchers and the transfer module the host made for them.
   bool graphs_enabled = false;

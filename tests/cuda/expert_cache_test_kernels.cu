@@ -28,7 +28,7 @@ __global__ void slow_byte_sum_kernel(const uint8_t* slot, int64_t bytes, long lo
   if (threadIdx.x == 0) *out = t;
 }
 
-__global__ void layer_slot_sums_kernel(const uint8_t* slots, int64_t slot_bytes, const int32_t* table,
+__global__ void layer_slot_sums_kernel(const uint8_t* slots, int64_t slot_bytes, int64_t bytes, const int32_t* table,
                                        long long cycles, unsigned long long* out) {
   const long long t0 = clock64();
   while (clock64() - t0 < cycles) {
@@ -37,7 +37,7 @@ __global__ void layer_slot_sums_kernel(const uint8_t* slots, int64_t slot_bytes,
   const int s = table[e];
   unsigned long long acc = 0;
   if (s >= 0)
-    for (int64_t i = threadIdx.x; i < slot_bytes; i += blockDim.x) acc += slots[int64_t(s) * slot_bytes + i];
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) acc += slots[int64_t(s) * slot_bytes + i];
   const unsigned long long t = block_sum(acc);
   if (threadIdx.x == 0) out[e] = s >= 0 ? t : ~0ull;
 }
@@ -50,9 +50,9 @@ void slow_byte_sum(const uint8_t* slot, int64_t bytes, long long cycles, unsigne
   CUDA_CHECK_LAUNCH();
 }
 
-void layer_slot_sums(const uint8_t* slots, int64_t slot_bytes, const int32_t* table, int n_expert,
+void layer_slot_sums(const uint8_t* slots, int64_t slot_bytes, int64_t bytes, const int32_t* table, int n_expert,
                      long long cycles, unsigned long long* out, StreamHandle stream) {
-  layer_slot_sums_kernel<<<n_expert, 256, 0, stream>>>(slots, slot_bytes, table, cycles, out);
+  layer_slot_sums_kernel<<<n_expert, 256, 0, stream>>>(slots, slot_bytes, bytes, table, cycles, out);
   CUDA_CHECK_LAUNCH();
 }
 

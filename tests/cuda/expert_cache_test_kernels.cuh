@@ -13,10 +13,10 @@ void slow_byte_sum(const uint8_t* slot, int64_t bytes, long long cycles, unsigne
                    StreamHandle stream);
 
 // What an MoE kernel does with the residency table: for each expert e < n_expert of one layer, look up
-// its slot in the device table row and read it. out[e] = byte sum of slot table[e], or ~0 when e is not
-// resident. Spins `cycles` first.
+// its slot in the device table row and read it. out[e] = byte sum of the first `bytes` of slot table[e]
+// (the layer's expert_bytes), or ~0 when e is not resident. Spins `cycles` first.
 //   slots [n_slots][slot_bytes]  table [n_expert] int32  out [n_expert]   (device)
-void layer_slot_sums(const uint8_t* slots, int64_t slot_bytes, const int32_t* table, int n_expert,
+void layer_slot_sums(const uint8_t* slots, int64_t slot_bytes, int64_t bytes, const int32_t* table, int n_expert,
                      long long cycles, unsigned long long* out, StreamHandle stream);
 
 }  // namespace strata::cuda::test

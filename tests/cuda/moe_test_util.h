@@ -13,7 +13,9 @@ namespace strata::test {
 
 // 16 experts (n_embd 2048, n_ff 768) with host weights; 10 of them resident in scattered slots of one host
 // slot buffer laid out as moe_kernels.cuh says (slots 4 and 8 stay empty: random bytes), the rest -1.
-// extra_offset is added to the tensors' offsets and the slot size (odd: unaligned rows).
+// extra_offset is added to the tensors' offsets and the slot size (odd: unaligned rows). slot_tail > 0:
+// slots that many bytes larger than the expert (view.expert_bytes, as a layer whose experts are smaller
+// than the largest layer's), the tail random like the rest.
 // view.slots is left null: the caller uploads `slots` and points it there.
 struct MoeTestLayer {
   static constexpr int64_t n_embd = 2048, n_ff = 768;
@@ -25,7 +27,7 @@ struct MoeTestLayer {
 };
 
 inline MoeTestLayer make_moe_test_layer(GgmlType gate, GgmlType up, GgmlType down, int64_t extra_offset,
-                                        std::mt19937& rng) {
+                                        std::mt19937& rng, int64_t slot_tail = 0) {
   MoeTestLayer L;
   const int64_t n_embd = L.n_embd, n_ff = L.n_ff;
   const int64_t gb = int64_t(row_bytes(gate, n_embd)) * n_ff, ub = int64_t(row_bytes(up, n_embd)) * n_ff,
@@ -34,6 +36,7 @@ inline MoeTestLayer make_moe_test_layer(GgmlType gate, GgmlType up, GgmlType dow
   v.gate_type = gate, v.up_type = up, v.down_type = down;
   v.gate_off = extra_offset, v.up_off = v.gate_off + gb + extra_offset, v.down_off = v.up_off + ub;
   v.slot_bytes = v.down_off + db + extra_offset;
+  if (slot_tail > 0) v.expert_bytes = v.slot_bytes, v.slot_bytes += slot_tail;
   v.n_embd = n_embd, v.n_ff = n_ff;
 
   L.G.resize(L.n_expert), L.U.resize(L.n_expert), L.D.resize(L.n_expert);

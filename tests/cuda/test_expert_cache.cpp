@@ -116,7 +116,8 @@ class ExpertCacheGpu : public ::testing::Test {
     return std::make_unique<ExpertCache>(*dev, *xfer, m.n_embd, m.n_ff, m.n_expert, m.layers, cfg, profile);
   }
 
-  // Device table == host table; every resident slot holds exactly host_expert(). Returns the number of
+  // Device table == host table; every resident slot holds exactly host_expert() for its layer's
+  // expert_bytes (copies into a slot move those; the tail past them is never read). Returns the number of
   // mismatching slots (each printed).
   int check_device_matches_host(ExpertCache& c) {
     const auto& r = c.residency();
@@ -138,8 +139,10 @@ class ExpertCacheGpu : public ::testing::Test {
       if (id.layer < 0) continue;
       xfer->download_sync(slot.data(), c.slot_span(s), slot.size(), dev->compute());
       const uint8_t* want = c.host_expert(id.layer, id.expert);
+      const size_t bytes = size_t(c.layer_view(id.layer).expert_bytes);
+      EXPECT_TRUE(bytes > 0 && bytes <= slot.size());
       size_t first = 0, diff = 0;
-      for (size_t i = 0; i < slot.size(); ++i)
+      for (size_t i = 0; i < bytes; ++i)
         if (slot[i] != want[i]) {
           if (!diff) first = i;
           ++diff;
@@ -167,7 +170,12 @@ TEST_F(ExpertCacheGpu, ConstructionFillsSlotsAndTable) {
   auto st = c->stats();
   EXPECT_EQ(st.slots_used, 10);
   EXPECT_EQ(st.n_slots, 10);
-  EXPECT_EQ(st.bytes_uploaded, uint64_t(10) * uint64_t(c->slot_bytes()));
+  // Each first fill copies its layer's expert only: the F16 layer's experts fill a slot, the others less.
+  uint64_t want_bytes = 0;
+  for (int32_t s = 0; s < 10; ++s) want_bytes += uint64_t(c->layer_view(c->residency().owner(s).layer).expert_bytes);
+  EXPECT_EQ(st.bytes_uploaded, want_bytes);
+  EXPECT_LT(c->layer_view(0).expert_bytes, c->slot_bytes());
+  EXPECT_EQ(c->layer_view(1).expert_bytes, c->slot_bytes());
   EXPECT_EQ(st.swaps, 0);
   EXPECT_EQ(c->slot_bytes(), ExpertCache::slot_bytes_for(m.n_embd, m.n_ff, m.layers, false));
   EXPECT_EQ(c->device_layer_row(1), c->table_span().as<const int32_t>() + m.n_expert);
@@ -345,7 +353,7 @@ TEST_F(ExpertCacheGpu, AdaptationBringsHotExpertsIn) {
   EXPECT_EQ(r.used_slots(), 6);
   auto st = c->stats();
   EXPECT_EQ(st.swaps, 3);
-  EXPECT_EQ(st.bytes_uploaded - bytes0, uint64_t(3) * uint64_t(c->slot_bytes()));
+  EXPECT_EQ(st.bytes_uploaded - bytes0, uint64_t(3) * uint64_t(c->layer_view(0).expert_bytes));
   EXPECT_EQ(check_device_matches_host(*c), 0);
   c->record(0, ids.data(), int64_t(ids.size()));
   EXPECT_EQ(c->stats().hits, 90);
@@ -376,8 +384,9 @@ SwapScenario make_hot(ExpertCache& c) {
       }
   std::vector<int32_t> hot(100, 7);
   c.record(0, hot.data(), 100);
-  s.old_sum = byte_sum(c.host_expert(0, 0), size_t(c.slot_bytes()));
-  s.new_sum = byte_sum(c.host_expert(0, 7), size_t(c.slot_bytes()));
+  const size_t bytes = size_t(c.layer_view(0).expert_bytes);  // (what a copy into the slot moves)
+  s.old_sum = byte_sum(c.host_expert(0, 0), bytes);
+  s.new_sum = byte_sum(c.host_expert(0, 7), bytes);
   return s;
 }
 
@@ -395,8 +404,8 @@ TEST_F(ExpertCacheGpu, SlotReadByALaunchedKernelIsNotOverwritten) {
 
   // A slow reader of slot s, launched and not waited for.
   note_launch(dev->compute(), {c->slot_span(sc0.slot)}, {out.span()});
-  test::slow_byte_sum(c->layer_view(0).slots + int64_t(sc0.slot) * c->slot_bytes(), c->slot_bytes(), kSpin50ms,
-                      out.as<unsigned long long>(), dev->compute().handle());
+  test::slow_byte_sum(c->layer_view(0).slots + int64_t(sc0.slot) * c->slot_bytes(), c->layer_view(0).expert_bytes,
+                      kSpin50ms, out.as<unsigned long long>(), dev->compute().handle());
   // At once: adaptation evicts (0, 0) and refills its slot with (0, 7).
   c->adapt_now();
   ASSERT_FALSE(c->residency().resident(0, 0)) << c->residency().summary();
@@ -426,10 +435,11 @@ TEST_F(ExpertCacheGpu, PlantedUnorderedRefillIsCaught) {
   Stream& idle = dev->add_stream("idle");
 
   note_launch(dev->compute(), {c->slot_span(sc0.slot)}, {out.span()});
-  test::slow_byte_sum(c->layer_view(0).slots + int64_t(sc0.slot) * c->slot_bytes(), c->slot_bytes(), kSpin50ms,
-                      out.as<unsigned long long>(), dev->compute().handle());
+  test::slow_byte_sum(c->layer_view(0).slots + int64_t(sc0.slot) * c->slot_bytes(), c->layer_view(0).expert_bytes,
+                      kSpin50ms, out.as<unsigned long long>(), dev->compute().handle());
+  const size_t bytes = size_t(c->layer_view(0).expert_bytes);
   const int plant_line = __LINE__ + 2;
-  const HostSpan src{const_cast<uint8_t*>(c->host_expert(0, 7)), size_t(c->slot_bytes()), sc::kNoBuffer, true};
+  const HostSpan src{const_cast<uint8_t*>(c->host_expert(0, 7)), bytes, sc::kNoBuffer, true};
   xfer->upload(c->slot_span(sc0.slot), src, idle, {&dev->compute()});
   unsigned long long got = 0;
   xfer->download_sync(&got, out.span(), sizeof(got), dev->compute());
@@ -464,7 +474,8 @@ TEST_F(ExpertCacheGpu, StepsWithAdaptationKeepDeviceAndHostInStep) {
   const int L = m.n_layer(), E = m.n_expert;
   std::vector<uint64_t> sums(size_t(L) * E);
   for (int l = 0; l < L; ++l)
-    for (int e = 0; e < E; ++e) sums[size_t(l) * E + e] = byte_sum(c->host_expert(l, e), size_t(c->slot_bytes()));
+    for (int e = 0; e < E; ++e)
+      sums[size_t(l) * E + e] = byte_sum(c->host_expert(l, e), size_t(c->layer_view(l).expert_bytes));
   auto out = dev->alloc(size_t(L) * E * sizeof(unsigned long long), "per-expert sums");
   std::vector<Region> out_rows;
   for (int l = 0; l < L; ++l)
@@ -486,7 +497,8 @@ TEST_F(ExpertCacheGpu, StepsWithAdaptationKeepDeviceAndHostInStep) {
       c->record(l, ids.data(), int64_t(ids.size()));
       c->note_expert_reads(dev->compute(), l);
       note_launch(dev->compute(), {}, {out_rows[size_t(l)].span()});
-      test::layer_slot_sums(c->layer_view(l).slots, c->slot_bytes(), c->device_layer_row(l), E,
+      test::layer_slot_sums(c->layer_view(l).slots, c->slot_bytes(), c->layer_view(l).expert_bytes,
+                            c->device_layer_row(l), E,
                             steps % 3 == 0 ? 2'000'000 : 0, out_rows[size_t(l)].span().as<unsigned long long>(),
                             dev->compute().handle());
     }

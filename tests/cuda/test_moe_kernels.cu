@@ -33,6 +33,7 @@ struct MoeCase {
   int64_t extra_offset;  // added to the tensors' offsets and the slot size (odd: the byte-load path)
   int direct_share = 0;  // moe/direct_rule.h share (1/256ths) of each token's misses read from host memory
   bool fetch = false;    // direct pairs fetched into staging slots first (moe_direct_fetch)
+  int64_t slot_tail = 0;  // slots this many bytes larger than the expert (moe_test_util.h)
 };
 
 class CudaMoe : public test::GpuKernelTest {
@@ -43,7 +44,7 @@ class CudaMoe : public test::GpuKernelTest {
     std::mt19937 rng(1234 + 7 * static_cast<int>(mc.down) + static_cast<int>(mc.extra_offset));
     ThreadPool& pool = test::test_pool();
     // Experts: weights on the host; 10 of 16 resident in scattered slots, the rest -1.
-    test::MoeTestLayer L = test::make_moe_test_layer(mc.gate, mc.up, mc.down, mc.extra_offset, rng);
+    test::MoeTestLayer L = test::make_moe_test_layer(mc.gate, mc.up, mc.down, mc.extra_offset, rng, mc.slot_tail);
     const int64_t n_embd = L.n_embd, n_ff = L.n_ff;
     cm::ExpertLayerView& v = L.view;
     const auto &G = L.G, &U = L.U, &D = L.D;
@@ -59,6 +60,7 @@ class CudaMoe : public test::GpuKernelTest {
     if (mc.direct_share > 0) {
       host = dev->alloc_pinned(size_t(L.n_expert) * size_t(v.slot_bytes), "direct expert copy");
       uint8_t* hb = host.as<uint8_t>();
+      std::fill(hb, hb + size_t(L.n_expert) * size_t(v.slot_bytes), uint8_t(0xC3));  // (a slot's tail: not copied)
       for (int e = 0; e < L.n_expert; ++e) {
         uint8_t* base = hb + int64_t(e) * v.slot_bytes;
         std::copy(G[e].begin(), G[e].end(), base + v.gate_off);
@@ -111,6 +113,14 @@ class CudaMoe : public test::GpuKernelTest {
         v.stage_per_token = per;
         cm::moe_direct_fetch(v, d_table.ptr<int32_t>(), d_ids.ptr<int32_t>(), n, k, stream());
         cuda::note_launch(dev->compute(), {d_table.span(), d_ids.span()}, {d_stage.span()});
+        if (v.expert_bytes > 0) {  // the fetch copies the expert only: every staging slot's tail keeps 0xA5
+          const auto staged = download<uint8_t>(d_stage, size_t(n) * size_t(per) * size_t(v.slot_bytes));
+          int64_t tail_written = 0;
+          for (int64_t i = 0; i < n * per; ++i)
+            for (int64_t b = v.expert_bytes; b < v.slot_bytes; ++b)
+              tail_written += staged[size_t(i * v.slot_bytes + b)] != 0xA5;
+          EXPECT_EQ(tail_written, 0) << "moe_direct_fetch wrote past the " << v.expert_bytes << " bytes of an expert";
+        }
       }
       auto d_h = output(n * k * n_ff * sizeof(float), 0xFF);  // NaN pattern: rows not written stay 0xFFFFFFFF
       auto d_out = output(n * n_embd * sizeof(float), 0xFF);
@@ -227,6 +237,13 @@ TEST_F(CudaMoe, DirectReadsFetchedIntoStagingSlots) {
   run({GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 0, 256, true}, {2});
   run({GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q4_0, 0, 128, true}, {2});
   run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 1, 128, true}, {3});
+}
+
+// Slots larger than the layer's experts (a file whose layers differ in type): the fetch copies expert_bytes
+// only (16-byte copies, then byte copies at an odd offset), and the kernels read nothing past them.
+TEST_F(CudaMoe, DirectFetchCopiesTheExpertNotTheSlot) {
+  run({GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, 0, 96, true, 160}, {1, 3});
+  run({GgmlType::Q5_K, GgmlType::Q5_K, GgmlType::IQ4_XS, 1, 128, true, 7}, {3});
 }
 
 TEST_F(CudaMoe, BadViewsAreErrors) {
