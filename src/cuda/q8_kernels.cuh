@@ -229,8 +229,10 @@ void moe_gate_up_routed(const moe::ExpertLayerView& v, const int32_t* table, con
 // one token of Q4_0_X8 experts (Q4_0 files), per term otherwise. Why (session 41, H100, 48-layer Q4_0 decode):
 // one token 615.9 / 616.7 / 618.3 tok/s with slots against 593.9 / 615.3 / 606.1 per term; steps of 2 and 8
 // tokens 641.0 and 1072.6 with slots against 659.6 and 1197.6. The other formats were not measured since
-// session 4 (H200: slots slower for Q4_K and Q6_K down at one token). Process-wide; the first call reads the
-// environment (STRATA_CUDA_Q8_DOWN=slots: 1, =term: 0) unless set_moe_down_kernel ran before.
+// session 4 (H200: slots slower for Q4_K and Q6_K down at one token). 3: the default's choice and one token of
+// Q6_K_P down too (bench/cuda_matvec, H100, session 43: 8.22 against 8.55 us per term; Q4_K down 6.87 against
+// 6.64), for an end-to-end comparison on a Q4_K_M file. Process-wide; the first call reads the environment
+// (STRATA_CUDA_Q8_DOWN=slots: 1, =term: 0, =one-q6kp: 3) unless set_moe_down_kernel ran before.
 void set_moe_down_kernel(int mode);
 int moe_down_kernel();
 // Whether a moe_down call of n tokens of down type `down` takes the slots kernel under moe_down_kernel().

@@ -131,7 +131,8 @@ EnvInt g_down_kernel;
 }  // namespace
 
 void set_moe_down_kernel(int mode) {
-  STRATA_REQUIRE(mode >= 0 && mode <= 2, "moe_down kernel: {} (0 per term, 1 slots, 2 slots for one token)", mode);
+  STRATA_REQUIRE(mode >= 0 && mode <= 3,
+                 "moe_down kernel: {} (0 per term, 1 slots, 2 slots for one token of Q4_0_X8, 3 and of Q6_K_P)", mode);
   g_down_kernel.set(mode);
 }
 
@@ -193,13 +194,15 @@ int moe_down_kernel() {
     const char* e = std::getenv("STRATA_CUDA_Q8_DOWN");
     if (e != nullptr && std::string(e) == "slots") return 1;
     if (e != nullptr && std::string(e) == "term") return 0;
+    if (e != nullptr && std::string(e) == "one-q6kp") return 3;
     return 2;
   });
 }
 
 bool moe_down_slots(int64_t n, GgmlType down) {
   const int mode = moe_down_kernel();
-  return mode == 1 || (mode == 2 && n == 1 && down == GgmlType::Q4_0_X8);
+  const bool one = n == 1 && (down == GgmlType::Q4_0_X8 || (mode == 3 && down == GgmlType::Q6_K_P));
+  return mode == 1 || (mode >= 2 && one);
 }
 
 

@@ -21,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "cuda/host/q8_reference.h"
 #include "cuda/q8_formats.cuh"
+#include "cuda/q8_kernels.cuh"
 #include "gguf/gguf.h"
 #include "gpu_test_util.h"
 #include "quant/dequant.h"
@@ -439,6 +441,29 @@ TEST(Q8Host, DispatchAlignmentAndPairs) {
       v.gate_type = g, v.up_type = u, v.down_type = GgmlType::Q6_K;
       EXPECT_EQ(q8ref::moe_supported(v), pair(g, 16, u, 16) >= 0) << type_name(g) << " / " << type_name(u);
     }
+}
+
+// moe_down's kernel choice by mode (q8_kernels.cuh moe_down_kernel): 2 (the default) slots for one token of
+// Q4_0_X8 down only; 3 also for one token of Q6_K_P down; 1 always; 0 never; anything else an error.
+TEST(Q8Host, MoeDownKernelChoice) {
+  namespace q8 = strata::cuda::q8;
+  const int was = q8::moe_down_kernel();
+  auto pick = [](int mode, int64_t n, GgmlType t) {
+    q8::set_moe_down_kernel(mode);
+    return q8::moe_down_slots(n, t);
+  };
+  for (GgmlType t : {GgmlType::Q4_0_X8, GgmlType::Q6_K_P, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    for (int64_t n : {1, 2}) {
+      const bool x8 = t == GgmlType::Q4_0_X8 && n == 1, kp = t == GgmlType::Q6_K_P && n == 1;
+      EXPECT_FALSE(pick(0, n, t)) << type_name(t) << " n " << n;
+      EXPECT_TRUE(pick(1, n, t)) << type_name(t) << " n " << n;
+      EXPECT_EQ(pick(2, n, t), x8) << type_name(t) << " n " << n;
+      EXPECT_EQ(pick(3, n, t), x8 || kp) << type_name(t) << " n " << n;
+    }
+  }
+  EXPECT_THROW(q8::set_moe_down_kernel(4), Error);
+  EXPECT_THROW(q8::set_moe_down_kernel(-1), Error);
+  q8::set_moe_down_kernel(was);
 }
 
 }  // namespace

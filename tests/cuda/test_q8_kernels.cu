@@ -882,7 +882,7 @@ class CudaQ8Moe : public test::GpuKernelTest {
       EXPECT_TRUE(same_bits_as_xo(x_other))
           << what << ": moe_down with slots looked up " << (slots_on ? "per term" : "once per warp")
           << " differs from the other kernel";
-      EXPECT_THROW(q8::set_moe_down_kernel(3), Error);
+      EXPECT_THROW(q8::set_moe_down_kernel(4), Error);
       // The other launch shapes (4 or 8 warps a block; blocks an SM capped or not) give the same bits.
       const int warps_was = q8::moe_down_warps(), cap_was = q8::moe_down_per_sm();
       for (const auto& [warps, cap] : {std::pair{8, 0}, std::pair{8, 2}, std::pair{4, 0}, std::pair{4, 4}}) {
