@@ -38,7 +38,7 @@ struct Src {
 
 Src src_of(const ExpertLayerView& v) {
   return {v.slots, v.slot_bytes, v.direct, v.direct ? v.direct_share : 0, v.stage, v.stage_per_token,
-          v.expert_bytes > 0 ? v.expert_bytes : v.slot_bytes};
+          v.copy_bytes()};
 }
 
 // The weights of pair p = t*k + j: its slot when resident; when direct, its staging slot (or its host copy
@@ -374,10 +374,9 @@ void check_view(const ExpertLayerView& v, const char* what, int64_t n, int k) {
                    tt ? std::string(tt->name) : std::to_string(static_cast<uint32_t>(t)));
     STRATA_REQUIRE(cols % tt->block_size == 0, "cuda {}: {} columns is not a multiple of the {} block size {}",
                    what, cols, tt->name, tt->block_size);
-    const int64_t fits = v.expert_bytes > 0 ? v.expert_bytes : v.slot_bytes;  // (what a copy into a slot moves)
-    STRATA_REQUIRE(off >= 0 && off + int64_t(row_bytes(t, cols)) * rows <= fits,
+    STRATA_REQUIRE(off >= 0 && off + int64_t(row_bytes(t, cols)) * rows <= v.copy_bytes(),
                    "cuda {}: a {} tensor at offset {} does not fit in the {} bytes of an expert", what, tt->name, off,
-                   fits);
+                   v.copy_bytes());
   }
 }
 
@@ -392,7 +391,7 @@ void moe_direct_fetch(const ExpertLayerView& v, const int32_t* table, const int3
                  "cuda moe_direct_fetch: needs a direct view with staging slots");
   if (n == 0) return;
   const bool vec = reinterpret_cast<uintptr_t>(v.direct) % 16 == 0 && reinterpret_cast<uintptr_t>(v.stage) % 16 == 0 &&
-                   v.slot_bytes % 16 == 0 && v.expert_bytes % 16 == 0;
+                   v.slot_bytes % 16 == 0 && v.copy_bytes() % 16 == 0;
   const dim3 grid(kFetchSlices, grid_y(n * k));
   if (vec)
     pdl::launch(direct_fetch_kernel<true>, grid, kFetchThreads, 0, stream, src_of(v), table, ids, n * k, k);

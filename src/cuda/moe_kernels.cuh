@@ -20,8 +20,9 @@ struct ExpertLayerView {
   const uint8_t* slots = nullptr;  // device: [n_slots][slot_bytes]
   int64_t slot_bytes = 0;
   // Bytes of this layer's expert at the start of a slot (gate | up | down; <= slot_bytes, which is the
-  // largest layer's): what a copy into a slot moves. 0: slot_bytes.
+  // largest layer's): what a copy into a slot moves. 0: slot_bytes (copy_bytes()).
   int64_t expert_bytes = 0;
+  int64_t copy_bytes() const { return expert_bytes > 0 ? expert_bytes : slot_bytes; }
   GgmlType gate_type{}, up_type{}, down_type{};  // GPU storage types (cuda::quant::has_kernel)
   int64_t gate_off = 0, up_off = 0, down_off = 0;  // byte offsets inside a slot
   int64_t n_embd = 0, n_ff = 0;
