@@ -72,11 +72,7 @@ TEST(Q4_0X8, RandomBlocksLayoutAndValues) {
 }
 
 TEST(Q4_0X8, IsStrataOwnType) {
-  EXPECT_EQ(file_type_traits(uint32_t(GgmlType::Q4_0_X8)), nullptr) << "a GGUF file must not name it";
-  EXPECT_FALSE(type_from_name("q4_0x8").has_value()) << "not a --format choice";
-  ASSERT_NE(find_type_traits(GgmlType::Q4_0_X8), nullptr);
-  EXPECT_EQ(type_name(GgmlType::Q4_0_X8), "q4_0x8");
-  EXPECT_TRUE(can_dequantize(GgmlType::Q4_0_X8));
+  ASSERT_NO_FATAL_FAILURE(test::expect_strata_own_type(GgmlType::Q4_0_X8, "q4_0x8"));
   for (uint64_t cols : {256u, 768u, 2048u, 4096u})
     EXPECT_EQ(row_bytes(GgmlType::Q4_0_X8, cols), row_bytes(GgmlType::Q4_0, cols)) << cols;
 }

@@ -112,11 +112,7 @@ TEST(Q6_KX8, RandomBlocksLayoutAndValues) {
 }
 
 TEST(Q6_KX8, IsStrataOwnType) {
-  EXPECT_EQ(file_type_traits(uint32_t(GgmlType::Q6_K_X8)), nullptr) << "a GGUF file must not name it";
-  EXPECT_FALSE(type_from_name("q6_kx8").has_value()) << "not a --format choice";
-  ASSERT_NE(find_type_traits(GgmlType::Q6_K_X8), nullptr);
-  EXPECT_EQ(type_name(GgmlType::Q6_K_X8), "q6_kx8");
-  EXPECT_TRUE(can_dequantize(GgmlType::Q6_K_X8));
+  ASSERT_NO_FATAL_FAILURE(test::expect_strata_own_type(GgmlType::Q6_K_X8, "q6_kx8"));
   for (uint64_t cols : {2048u, 4096u, 12288u})
     EXPECT_EQ(row_bytes(GgmlType::Q6_K_X8, cols), row_bytes(GgmlType::Q6_K, cols)) << cols;
 }
@@ -156,11 +152,7 @@ TEST(Q6_KP, RandomBlocksLayoutAndValues) {
 }
 
 TEST(Q6_KP, IsStrataOwnType) {
-  EXPECT_EQ(file_type_traits(uint32_t(GgmlType::Q6_K_P)), nullptr) << "a GGUF file must not name it";
-  EXPECT_FALSE(type_from_name("q6_kp").has_value()) << "not a --format choice";
-  ASSERT_NE(find_type_traits(GgmlType::Q6_K_P), nullptr);
-  EXPECT_EQ(type_name(GgmlType::Q6_K_P), "q6_kp");
-  EXPECT_TRUE(can_dequantize(GgmlType::Q6_K_P));
+  ASSERT_NO_FATAL_FAILURE(test::expect_strata_own_type(GgmlType::Q6_K_P, "q6_kp"));
   EXPECT_EQ(row_bytes(GgmlType::Q6_K_P, 768), 3u * 224u);
   EXPECT_EQ(row_bytes(GgmlType::Q6_K_P, 768) % 16, 0u) << "every row and block 16-byte aligned";
 }
