@@ -98,7 +98,7 @@ void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ba
 void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
             void* scratch, int32_t* out, cudaStream_t stream);
 // sample / sample_rows past the first 2048 ranks (a draw or a top-p over a flat distribution): with
-// sample_deep() a descent of the keys' bytes by probability mass (ops.cu deep_walk; picks as the CPU's except
+// sample_deep() a descent of the keys' bytes by probability mass (ops_sample.cu deep_walk; picks as the CPU's except
 // within ~1e-13 of a cumulative boundary) instead of walking the ranks in chunks (~1 ms a row at 151936
 // tokens when the target is deep). STRATA_CUDA_SAMPLE_DEEP=0/1 (read once) or set_sample_deep; on by
 // default since session 41 (H100, 8 requests at 8 temperatures drawing over the whole vocabulary of the

@@ -44,7 +44,7 @@ __device__ __forceinline__ void quantize_warp(float v, int8_t* q, float2* ds) {
   quantize_lanes<1>(one, q, ds);
 }
 
-// Sum over a block of 256 threads in the order of ops.cu's block_reduce (warp butterfly, then warps 0..7
+// Sum over a block of 256 threads in the order of ops_common.cuh's block_reduce (warp butterfly, then warps 0..7
 // in order): the same double as ops::rmsnorm. sh: [32] shared. Every thread gets the total.
 __device__ __forceinline__ double block_sum_256(double v, double* sh) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = (blockDim.x + 31) >> 5;

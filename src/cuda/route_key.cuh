@@ -1,5 +1,5 @@
 #pragma once
-// The order of routing and sampling (device code; ops.cu's top-k, argmax and sampling,
+// The order of routing and sampling (device code; ops_route.cu's top-k, ops_sample.cu's argmax and sampling,
 // q8_folded_route.cuh's routing inside gate_up, and expert_predict.cuh's prediction).
 #include <cuda_runtime.h>
 

@@ -1,7 +1,7 @@
-// GPU ops (src/cuda/ops.cu) against their CPU references (cpu/ops.h, engine/sampling.h) on random data
-// at the real sizes of Qwen3-30B-A3B (n_embd 2048, 32 query / 4 KV heads of 128, 128 experts top-8,
-// vocab 151936) and a few odd ones. Every failure prints the numbers (max error, where, how many).
-// Skipped where there is no GPU.
+// GPU ops (src/cuda/ops.cu, ops_route.cu, ops_sample.cu) against their CPU references (cpu/ops.h,
+// engine/sampling.h) on random data at the real sizes of Qwen3-30B-A3B (n_embd 2048, 32 query / 4 KV heads
+// of 128, 128 experts top-8, vocab 151936) and a few odd ones. Every failure prints the numbers (max error,
+// where, how many). Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,0 +1,444 @@
+// Greedy and sampled token choice on the GPU (declarations in cuda/ops.cuh): argmax, banned tokens, and the CPU
+// Sampler's filters (engine/sampling.cpp) over the whole vocabulary without sorting it.
+#include "cuda/ops.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "common/env_switch.h"
+#include "common/error.h"
+#include "cuda/cuda_check.cuh"
+#include "cuda/ops_common.cuh"
+#include "cuda/route_key.cuh"
+
+namespace strata::cuda::ops {
+
+namespace {
+
+using namespace detail;  // (cuda/ops_common.cuh)
+
+constexpr int kRowThreads = 1024;  // argmax / sample: one block per row
+
+// logits: [n_tok][n_vocab]; out: [n_tok]. One block per row.
+__global__ void argmax_kernel(const float* logits, int64_t n_vocab, int32_t* out) {
+  __shared__ uint64_t sh[32];
+  const float* row = logits + blockIdx.x * n_vocab;
+  uint64_t best = 0;
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+    best = MaxOp{}(best, order_key(row[i], static_cast<uint32_t>(i)));
+  best = block_reduce(best, sh, MaxOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(best));
+}
+
+// ---- sample: the CPU Sampler's filters over the whole vocabulary, without sorting it.
+// The candidates in the CPU's sorted order are the row's order keys in descending order. A radix select
+// (8 passes of 8 bits over the row, histogram in shared memory) finds the key of any rank; the walks
+// over ranks (cumulative probabilities for top-p and for the draw) go in chunks of kChunk ranks: the
+// chunk's keys are gathered, bitonic-sorted in shared memory and prefix-summed in double.
+constexpr int kChunk = 2 * kRowThreads;
+
+struct SampleShared {
+  uint64_t keys[kChunk];
+  unsigned hist[256];
+  typename cub::BlockScan<double, kRowThreads>::TempStorage scan;
+  uint64_t red_u64[32];
+  double red_d[32];
+  long long red_i[32];
+  uint64_t sel_prefix;
+  long long sel_rank;
+  bool sel_unique;
+  int cached;  // ranks [0, cached) are in keys[], sorted (0: none)
+  int count;
+  int first;
+  // deep_walk's: the mass of each bucket (fixed point), and the block-uniform outcome of a level.
+  unsigned long long mass[256];
+  uint64_t deep_lo, deep_hi;
+  double deep_cum;
+  long long deep_above;
+  int deep_state;  // 0: descend, 1: gather the bucket [deep_lo, deep_hi], 2: no bucket reaches the target
+};
+
+__device__ __forceinline__ uint64_t row_key(const float* row, int64_t i) {
+  return order_key(row[i], static_cast<uint32_t>(i));
+}
+
+// The key of rank r (0 = first in the CPU's order) among the n_vocab keys of the row. All threads.
+// Once the bucket holding rank r has a single key, one more pass fetches that key (typically after 3-4
+// of the 8 passes for real logits).
+__device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, SampleShared& sh) {
+  uint64_t prefix = 0;
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    const uint64_t hi_mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint64_t key = row_key(row, i);
+      if ((key & hi_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      long long rr = r;
+      int b = 255;
+      for (; b > 0; --b) {
+        if (rr < static_cast<long long>(sh.hist[b])) break;
+        rr -= sh.hist[b];
+      }
+      sh.sel_prefix = prefix | (static_cast<uint64_t>(b) << shift);
+      sh.sel_rank = rr;
+      sh.sel_unique = sh.hist[b] == 1u;
+    }
+    __syncthreads();
+    prefix = sh.sel_prefix;
+    r = sh.sel_rank;
+    const bool unique = sh.sel_unique;
+    __syncthreads();  // sel_* are rewritten below or in the next pass
+    if (unique && shift > 0) {  // the one key with this prefix is the answer
+      const uint64_t mask = ~0ull << shift;
+      for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+        const uint64_t key = row_key(row, i);
+        if ((key & mask) == prefix) sh.sel_prefix = key;
+      }
+      __syncthreads();
+      prefix = sh.sel_prefix;
+      __syncthreads();
+      break;
+    }
+  }
+  return prefix;
+}
+
+// Remembers the last selections (block-uniform registers): the walks ask for the same ranks again.
+struct RankCache {
+  int64_t rank[4] = {-1, -1, -1, -1};
+  uint64_t key[4] = {0, 0, 0, 0};
+  int next = 0;
+  __device__ uint64_t get(const float* row, int64_t n_vocab, int64_t r, SampleShared& sh) {
+    for (int i = 0; i < 4; ++i)
+      if (rank[i] == r) return key[i];
+    const uint64_t k = select_rank(row, n_vocab, r, sh);
+    rank[next] = r;
+    key[next] = k;
+    next = (next + 1) & 3;
+    return k;
+  }
+};
+
+// Fills sh.keys[0, count) with the row's keys in [lo, upper) (no upper bound unless has_upper), sorted
+// descending; the rest of keys[] is 0. The caller makes sure at most kChunk keys fall in the range.
+__device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bool has_upper, uint64_t upper,
+                              SampleShared& sh) {
+  if (threadIdx.x == 0) sh.count = 0;
+  for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sh.keys[i] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+    const uint64_t key = row_key(row, i);
+    if (key >= lo && (!has_upper || key < upper)) {
+      const int slot = atomicAdd(&sh.count, 1);
+      if (slot < kChunk) sh.keys[slot] = key;
+    }
+  }
+  __syncthreads();
+  for (int k2 = 2; k2 <= kChunk; k2 <<= 1) {  // bitonic sort, descending
+    for (int j = k2 >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < kChunk; i += blockDim.x) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const uint64_t a = sh.keys[i], b = sh.keys[ixj];
+          const bool desc = (i & k2) == 0;
+          if (desc ? a < b : a > b) {
+            sh.keys[i] = b;
+            sh.keys[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// The first of the sorted keys sh.keys[0, c) whose cumulative probability (cum + prob of keys 0..idx, summed
+// in double by a block scan) satisfies stop, or kChunk when none does; *total: the c keys' probability. All
+// threads; sh.first and sh.scan are the scratch (the caller syncs before reusing them).
+template <typename Prob, typename Stop>
+__device__ int scan_sorted(const float* row, int c, double cum, Prob prob, Stop stop, SampleShared& sh, double* total) {
+  if (threadIdx.x == 0) sh.first = kChunk;
+  __syncthreads();
+  double v[2];
+  for (int j = 0; j < 2; ++j) {
+    const int idx = 2 * threadIdx.x + j;
+    v[j] = idx < c ? static_cast<double>(prob(row[key_id(sh.keys[idx])])) : 0.0;
+  }
+  cub::BlockScan<double, kRowThreads>(sh.scan).InclusiveSum(v, v, *total);
+  for (int j = 0; j < 2; ++j) {
+    const int idx = 2 * threadIdx.x + j;
+    if (idx < c && stop(cum + v[j])) atomicMin(&sh.first, idx);
+  }
+  __syncthreads();
+  return sh.first;
+}
+
+// walk_ranks past its first chunk when the deep search is on (sample_deep, the default): the ranks [start, n)
+// are the keys in [lo, hi] (hi: the key below the first chunk's last, lo: the key of rank n - 1, 0 for the
+// whole row); cum: the probability of ranks [0, start). Instead of walking them in chunks of kChunk (each a
+// full-row radix select, gather and sort: a draw over a flat distribution went ~tens of thousands of ranks
+// deep, ~1 ms a row), it descends the keys' bytes from the top:
+// one pass per level sums each 256-way bucket's probability in fixed point (2^-60 units, integer atomics:
+// the same sums whatever the order), the bucket where the target falls is kept, and once it holds at most
+// kChunk keys they are gathered, sorted and walked in double as in walk_ranks. The cumulative sums before
+// that bucket differ from rank-order double sums by ~1e-13 at most, so a pick differs from the CPU's only
+// where the target falls that close to a boundary (as the CPU's own split walk, engine/sampling.cpp).
+// Returns the rank (and *key_out) as walk_ranks, or -1 when the target is beyond every candidate.
+template <typename Prob, typename Stop>
+__device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, uint64_t lo, uint64_t hi, double cum,
+                             Prob prob, Stop stop, SampleShared& sh, uint64_t* key_out) {
+  constexpr double kFx = 1152921504606846976.0;  // 2^60
+  long long above = 0;  // candidates with keys above the current range
+  for (int shift = 56;; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0u, sh.mass[b] = 0ull;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) {
+      const uint64_t key = row_key(row, i);
+      if (key < lo || key > hi) continue;
+      const int b = int((key >> shift) & 255u);
+      atomicAdd(&sh.hist[b], 1u);
+      atomicAdd(&sh.mass[b], static_cast<unsigned long long>(static_cast<double>(prob(row[i])) * kFx));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
+      const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
+      unsigned long long acc = 0;
+      int state = 2;
+      for (int b = 255; b >= 0; --b) {
+        if (sh.hist[b] == 0u) continue;
+        if (stop(cum + static_cast<double>(acc + sh.mass[b]) / kFx)) {
+          const uint64_t b_lo = base + (uint64_t(b) << shift), b_hi = b_lo + ((uint64_t(1) << shift) - 1);
+          sh.deep_lo = b_lo > lo ? b_lo : lo;
+          sh.deep_hi = b_hi < hi ? b_hi : hi;
+          sh.deep_cum = cum + static_cast<double>(acc) / kFx;
+          state = sh.hist[b] <= unsigned(kChunk) || shift == 0 ? 1 : 0;
+          break;
+        }
+        acc += sh.mass[b];
+        above += sh.hist[b];
+      }
+      sh.deep_state = state;
+      sh.deep_above = above;
+    }
+    __syncthreads();
+    const int state = sh.deep_state;
+    if (state == 2) return -1;
+    lo = sh.deep_lo, hi = sh.deep_hi, cum = sh.deep_cum, above = sh.deep_above;
+    __syncthreads();  // (sh.deep_* are rewritten by the next level)
+    if (state == 0) continue;
+    // The bucket's keys, sorted, walked in double.
+    gather_sorted(row, n_vocab, lo, hi != ~0ull, hi + 1, sh);
+    if (threadIdx.x == 0) sh.cached = 0;
+    __syncthreads();
+    const int c = sh.count < kChunk ? sh.count : kChunk;
+    double total;
+    const int found = scan_sorted(row, c, cum, prob, stop, sh, &total);
+    // (The fixed-point sums put the target in this bucket; where the double walk falls short of it by
+    // their rounding, the bucket's last key.)
+    const int first = found < c ? found : c - 1;
+    *key_out = sh.keys[first];
+    __syncthreads();
+    return start + above + first;
+  }
+}
+
+// Walks ranks [0, n) in the CPU's order accumulating cum += prob(logit) in double; returns the first
+// rank whose cumulative value satisfies stop(cum) and its key in *key_out, or -1 when none does.
+// Chunk 0 comes from sh.keys when they already hold it (sh.cached).
+template <typename Prob, typename Stop>
+__device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob prob, Stop stop, RankCache& rc,
+                              SampleShared& sh, uint64_t* key_out, bool deep) {
+  double cum = 0.0;
+  uint64_t upper = 0;  // keys of earlier chunks are >= upper (exclusive bound), once has_upper
+  bool has_upper = false;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    if (deep && has_upper && upper > 0) {  // past the first chunk: the byte descent by mass
+      const uint64_t floor_key = n < n_vocab ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
+      return deep_walk(row, n_vocab, start, floor_key, upper - 1, cum, prob, stop, sh, key_out);
+    }
+    const int64_t end = start + kChunk < n ? start + kChunk : n;
+    const int c = static_cast<int>(end - start);
+    uint64_t lo;  // the key of rank end-1 (0 for the row's last chunk when gathering)
+    if (start == 0 && sh.cached >= end) {
+      lo = sh.keys[c - 1];
+    } else {
+      lo = end < n_vocab ? rc.get(row, n_vocab, end - 1, sh) : 0ull;
+      gather_sorted(row, n_vocab, lo, has_upper, upper, sh);
+      if (threadIdx.x == 0) sh.cached = start == 0 ? c : 0;
+    }
+    double total;
+    const int first = scan_sorted(row, c, cum, prob, stop, sh, &total);
+    if (first < c) {
+      *key_out = sh.keys[first];
+      __syncthreads();
+      return start + first;
+    }
+    cum += total;
+    upper = lo;
+    has_upper = true;
+    __syncthreads();
+  }
+  return -1;
+}
+
+// Sum over ranks [0, n) of f(logit), in double: from the sorted keys when they hold those ranks, else one
+// pass over the row keeping keys >= lo (the key of rank n-1; 0 when n is the whole row). All threads.
+template <typename F>
+__device__ double sum_top(const float* row, int64_t n_vocab, int64_t n, uint64_t lo, F f, SampleShared& sh) {
+  double acc = 0.0;
+  if (n <= sh.cached) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += f(row[key_id(sh.keys[i])]);
+  } else {
+    for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x)
+      if (row_key(row, i) >= lo) acc += f(row[i]);
+  }
+  return block_reduce(acc, sh.red_d, SumOp{});
+}
+
+// logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
+// Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
+// sorted once and every later step reads them from shared memory instead of the whole row.
+// rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
+__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
+                                                             const SampleParams* rows, const float* u, int32_t* out,
+                                                             bool deep) {
+  __shared__ SampleShared sh;
+  const SampleParams P = rows != nullptr ? rows[blockIdx.x] : P0;  // block-uniform
+  const float* row = logits + blockIdx.x * n_vocab;
+  if (threadIdx.x == 0) sh.cached = 0;
+  uint64_t kmax = 0;
+  for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) kmax = MaxOp{}(kmax, row_key(row, i));
+  kmax = block_reduce(kmax, sh.red_u64, MaxOp{});  // (its barriers also publish sh.cached)
+  const int32_t best = static_cast<int32_t>(key_id(kmax));
+  if (P.temperature <= 0.0f) {
+    if (threadIdx.x == 0) out[blockIdx.x] = best;
+    return;
+  }
+  const float mx = row[best];
+  RankCache rc;
+  // top-k: ranks [0, m).
+  const int64_t m = P.top_k > 0 && P.top_k < n_vocab ? P.top_k : n_vocab;
+  const uint64_t lo_m = m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
+  if (m <= kChunk) {
+    gather_sorted(row, n_vocab, lo_m, false, 0, sh);
+    if (threadIdx.x == 0) sh.cached = static_cast<int>(m);
+    __syncthreads();
+  }
+  int64_t n = m;
+  uint64_t key_unused = 0;
+  // top-p over the softmax (temperature 1) of the m candidates.
+  if (P.top_p < 1.0f) {
+    const double s1 = sum_top(row, n_vocab, m, lo_m, [=](float l) { return exp_cr((l - mx) / 1.0f); }, sh);
+    const double top_p = P.top_p;
+    const int64_t at = walk_ranks(
+        row, n_vocab, m, [=](float l) { return static_cast<float>(exp_cr((l - mx) / 1.0f) / s1); },
+        [=](double cum) { return cum >= top_p; }, rc, sh, &key_unused, deep);
+    if (at >= 0) n = at + 1;
+  }
+  // min-p: the candidates with logit >= max + log(min_p) are a prefix of the order (at least one).
+  if (P.min_p > 0.0f) {
+    const float thresh = mx + static_cast<float>(log(static_cast<double>(P.min_p)));
+    long long cnt = 0;
+    if (n <= sh.cached) {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) cnt += row[key_id(sh.keys[i])] >= thresh;
+    } else {
+      for (int64_t i = threadIdx.x; i < n_vocab; i += blockDim.x) cnt += row[i] >= thresh;
+    }
+    cnt = block_reduce(cnt, sh.red_i, SumOp{});
+    n = cnt < n ? static_cast<int64_t>(cnt) : n;
+    if (n < 1) n = 1;
+  }
+  // temperature softmax over ranks [0, n), then the draw.
+  const float temp = P.temperature;
+  const uint64_t lo_n = n < n_vocab && n > sh.cached ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
+  const double s2 = sum_top(row, n_vocab, n, lo_n, [=](float l) { return exp_cr((l - mx) / temp); }, sh);
+  const double ud = u[blockIdx.x];
+  uint64_t key = 0;
+  const int64_t at = walk_ranks(
+      row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
+      [=](double cum) { return ud < cum; }, rc, sh, &key, deep);
+  if (at < 0) {  // u beyond the last cumulative sum: the last candidate, as the CPU
+    if (n <= sh.cached) {
+      key = sh.keys[n - 1];
+    } else {
+      key = rc.get(row, n_vocab, n - 1, sh);
+    }
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(key));
+}
+
+}  // namespace
+
+void argmax(const float* logits, int64_t n_tok, int64_t n_vocab, int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "argmax: vocabulary size {}", n_vocab);
+  if (n_tok <= 0) return;
+  argmax_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+// logits: [n_tok][n_vocab]; ban: [n_ban]; rows: [n_tok] or null. One thread per (row, banned id).
+__global__ void ban_tokens_kernel(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                                  const uint8_t* rows) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tok * n_ban) return;
+  const int64_t t = i / n_ban;
+  const int32_t id = ban[i % n_ban];
+  if ((rows == nullptr || rows[t] != 0) && id >= 0 && id < n_vocab) logits[t * n_vocab + id] = -INFINITY;
+}
+
+void ban_tokens(float* logits, int64_t n_tok, int64_t n_vocab, const int32_t* ban, int32_t n_ban,
+                const uint8_t* rows, cudaStream_t stream) {
+  STRATA_REQUIRE(n_tok >= 0 && n_ban >= 0 && n_vocab >= 1 && n_vocab <= INT32_MAX,
+                 "ban_tokens: {} rows of {} logits, {} banned ids", n_tok, n_vocab, n_ban);
+  STRATA_REQUIRE(n_tok <= INT32_MAX / std::max(n_ban, 1), "ban_tokens: {} rows x {} ids", n_tok, n_ban);
+  if (n_tok == 0 || n_ban == 0) return;
+  const int64_t n = n_tok * n_ban;
+  ban_tokens_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(logits, n_tok, n_vocab, ban, n_ban,
+                                                                                rows);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t sample_scratch_bytes(int64_t /*n_tok*/, int64_t /*n_vocab*/) {
+  return 0;  // the kernel re-reads the row (L2-resident) instead of sorting a copy
+}
+
+namespace {
+DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 1);
+}  // namespace
+void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
+bool sample_deep() { return g_sample_deep.get() == 1; }
+
+void check_sample_params(const SampleParams& p) {
+  STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
+  STRATA_REQUIRE(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: top-p must be in (0, 1], got {}", p.top_p);
+  STRATA_REQUIRE(p.min_p >= 0.0f && p.min_p <= 1.0f, "sample: min-p must be in [0, 1], got {}", p.min_p);
+}
+
+void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p, const float* u,
+            void* /*scratch*/, int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+  check_sample_params(p);
+  if (n_tok <= 0) return;
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, p, nullptr, u, out,
+                                                                          sample_deep());
+  CUDA_CHECK_LAUNCH();
+}
+
+void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
+                 int32_t* out, cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX, "sample: vocabulary size {}", n_vocab);
+  STRATA_REQUIRE(rows != nullptr || n_tok <= 0, "sample_rows: no rules");
+  if (n_tok <= 0) return;
+  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(logits, n_vocab, SampleParams{}, rows, u,
+                                                                          out, sample_deep());
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace strata::cuda::ops
