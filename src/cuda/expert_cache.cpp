@@ -510,7 +510,7 @@ void ExpertCache::note_stage_access(const Stream& s, int count, bool write, Site
 
 HostSpan ExpertCache::host_expert_span(int layer, int expert) const {
   const uint8_t* p = host_expert(layer, expert);  // (validates layer and expert)
-  return HostSpan{const_cast<uint8_t*>(p), size_t(views_[size_t(layer)].expert_bytes), host_.span().check_id, true};
+  return HostSpan{const_cast<uint8_t*>(p), size_t(views_[size_t(layer)].copy_bytes()), host_.span().check_id, true};
 }
 
 HostSpan ExpertCache::host_slot_span(int layer, int expert) const {

@@ -110,7 +110,7 @@ int64_t split_pairs(const PoolCtx& c, PoolIo& io, int il, int64_t n, int n_exper
     n_direct += direct;
   }
   c.work.direct_pairs += uint64_t(n_direct);
-  if (n_direct > 0) c.work.direct_bytes += uint64_t(n_direct) * uint64_t(c.cache.layer_view(il).expert_bytes);
+  if (n_direct > 0) c.work.direct_bytes += uint64_t(n_direct) * uint64_t(c.cache.layer_view(il).copy_bytes());
   c.cache.record(il, hid, nk);
   if (usage) usage->add(il, hid, n);
   io.layer_recorded[size_t(il)] = 1;
