@@ -2,10 +2,18 @@
 //   pp N: evaluate N tokens from an empty context in --batch chunks;  tg N: generate N tokens one at
 //   a time from an empty context. Token ids are fixed pseudo-random ids (the speed of an MoE model
 //   depends on routing, so random ids route like real text rather than repeating one token).
+//   --tg-mode: how a tg step ends. logits (default): the logits come back to the host (what llama.cpp's
+//   driver in bench/llama does, picking there); pick: a greedy pick on the device, only the id comes back
+//   (Engine::decode_sample); chain: Engine::generate, greedy picks on the device feeding the next step
+//   there (what `strata run` does): the steps' tokens are then the picks, not random ids.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampling.h"
 
 #include "cli/command.h"
 #include "cli/engine_flags.h"
@@ -20,6 +28,7 @@ struct BenchArgs {
   int parallel = 1;  // sequences decoded together in tg (one token each a step, one forward pass)
   int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
                    // library handles, first touches) stay out of the numbers
+  std::string tg_mode = "logits";  // logits | pick | chain (above)
   bool json = false;
   bool roofline = true;  // measure the memories' bandwidths after the runs and print the decode roofline
 };
@@ -63,6 +72,8 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(a.n_prompt >= 0 && a.n_gen >= 0 && a.reps >= 1 && a.warmup >= 0,
                  "-p and -n must be >= 0, --reps >= 1 and --warmup >= 0");
   STRATA_REQUIRE(a.parallel >= 1 && a.parallel <= 256, "--parallel must be in [1, 256], got {}", a.parallel);
+  STRATA_REQUIRE(a.tg_mode == "logits" || a.tg_mode == "pick" || a.tg_mode == "chain",
+                 "--tg-mode must be logits, pick or chain, got '{}'", a.tg_mode);
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
   // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
@@ -92,12 +103,25 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   };
   // tg: n steps, each one token for every sequence (--parallel of them) in one forward pass.
   std::vector<int32_t> toks(seqs.size());
+  // (pick, chain: greedy samplers, one a sequence)
+  std::vector<Sampler> greedy(seqs.size(), Sampler(SamplingParams{.temperature = 0.0f}, eng.n_vocab()));
+  std::vector<Sampler*> samplers;
+  for (auto& g : greedy) samplers.push_back(&g);
+  std::vector<int32_t> picks(seqs.size());
   const auto run_tg = [&](int n) {
     for (auto* s : seqs) s->reset();
     for (auto& t : toks) t = rand_tok();
     const auto t0 = std::chrono::steady_clock::now();
+    if (a.tg_mode == "chain") {
+      const int steps = eng.generate(seqs, toks, samplers, n, [](int, std::span<const int32_t>) { return true; });
+      STRATA_REQUIRE(steps == n, "bench: generate ran {} of {} steps", steps, n);
+      return seconds_since(t0);
+    }
     for (int i = 0; i < n; ++i) {
-      eng.decode_logits(seqs, toks);
+      if (a.tg_mode == "pick")
+        eng.decode_sample(seqs, toks, samplers, picks.data());
+      else
+        eng.decode_logits(seqs, toks);
       for (auto& t : toks) t = rand_tok();
     }
     return seconds_since(t0);
@@ -130,13 +154,14 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   if (a.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
-        "\"pp\": %d, \"pp_tok_s\": %.3f, \"parallel\": %d, \"tg\": %d, \"tg_tok_s\": %.3f, \"weights_bytes\": %zu, "
+        "\"pp\": %d, \"pp_tok_s\": %.3f, \"parallel\": %d, \"tg\": %d, \"tg_mode\": \"%s\", \"tg_tok_s\": %.3f, "
+        "\"weights_bytes\": %zu, "
         "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f, "
         "\"backend\": \"%s\", \"pp_hit_rate\": %s, \"tg_hit_rate\": %s, \"slots_used\": %d, \"n_slots\": %d, "
         "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu, \"decode_bytes\": %llu, \"decode_bytes_routed\": %llu, "
         "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
-        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, tg_best, model->weight_bytes(),
+        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, a.tg_mode.c_str(), tg_best, model->weight_bytes(),
         seq.memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
         tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,
@@ -147,8 +172,8 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
                 hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
     std::printf("backend    %s\n", model->backend_name().c_str());
-    std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d\n", eng.options().n_threads,
-                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup);
+    std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d   tg-mode %s\n", eng.options().n_threads,
+                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup, a.tg_mode.c_str());
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
     if (a.n_gen > 0 && a.parallel == 1) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
     if (a.n_gen > 0 && a.parallel > 1)
@@ -194,6 +219,10 @@ const CommandRegistrar reg(
       app.add_option("--parallel", a->parallel,
                      "sequences decoded together in tg: each step one token for every one of them in one pass "
                      "(tok/s counts all their tokens)")
+          ->capture_default_str();
+      app.add_option("--tg-mode", a->tg_mode,
+                     "how a tg step ends: logits (back to the host, as llama.cpp's driver), pick (a greedy pick on "
+                     "the device), chain (device picks feeding the next step on the device, as strata run)")
           ->capture_default_str();
       app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
       app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")

@@ -67,29 +67,30 @@ int run_run(const EngineFlags& ef, const SamplingFlags& sf, const RunArgs& a) {
   const char* why = "length";
   auto td = std::chrono::steady_clock::now();
   SequenceState* sp_seq = seq.get();
-  // The first pick from the prompt's logits; every later one made with the decode (on the GPU when the
-  // backend samples there: Engine::decode_sample).
-  int32_t t = sampler.sample(logits.data());
   Sampler* sp_sampler = &sampler;
-  for (int i = 0; i < a.n_predict; ++i) {
+  // Each generated token: into the penalty history, then the end checks, then out. False: stop here.
+  const auto take = [&](int32_t t) {
     sampler.accept(t);
     ++n_gen;
     if (!a.no_eos_stop && tok.is_eog(t)) {
       why = "end of generation token";
-      break;
+      return false;
     }
     const std::string text = stop.feed(dec.push(t));
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     if (stop.stopped()) {
       why = "stop string";
-      break;
+      return false;
     }
-    if (i + 1 < a.n_predict) {
-      const int32_t in = t;
-      eng.decode_sample({&sp_seq, 1}, {&in, 1}, {&sp_sampler, 1}, &t);
-    }
-  }
+    return true;
+  };
+  // The first pick from the prompt's logits; the later ones from Engine::generate (on the GPU, each decode
+  // step picks there and the next step starts from that pick without waiting for this loop).
+  const int32_t first = sampler.sample(logits.data());
+  if (a.n_predict > 0 && take(first) && a.n_predict > 1)
+    eng.generate({&sp_seq, 1}, {&first, 1}, {&sp_sampler, 1}, a.n_predict - 1,
+                 [&](int, std::span<const int32_t> picks) { return take(picks[0]); });
   if (!stop.stopped()) {
     const std::string rest = stop.feed(dec.flush());
     std::fwrite(rest.data(), 1, rest.size(), stdout);

@@ -112,5 +112,8 @@ void check_sample_params(const SampleParams& p);
 // batch of requests with different parameters picks in one launch.
 void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
                  int32_t* out, cudaStream_t stream);
+// dst[i] = src[i] for i < n (int32, device): a chained decode pass's tokens from the previous pass's picks
+// (ForwardOptions::chain), on the stream both passes run on. CPU reference: std::copy.
+void copy_i32(int32_t* dst, const int32_t* src, int64_t n, cudaStream_t stream);
 
 }  // namespace strata::cuda::ops

@@ -441,4 +441,20 @@ void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const Samp
   CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+// dst, src: [n]
+__global__ void copy_i32_kernel(int32_t* dst, const int32_t* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+}  // namespace
+
+void copy_i32(int32_t* dst, const int32_t* src, int64_t n, cudaStream_t stream) {
+  STRATA_REQUIRE(n >= 0 && n <= int64_t(1) << 30, "copy_i32: {} values", n);
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
+  copy_i32_kernel<<<blocks, 256, 0, stream>>>(dst, src, n);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace strata::cuda::ops

@@ -36,6 +36,10 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   xn_h = dev.alloc_pinned(E * 4, "ws.xn_h");
   partial_h = dev.alloc_pinned(E * 4, "ws.partial_h");
   logits_h = dev.alloc_pinned(V * 4, "ws.logits_h");
+  const size_t defer_tok = size_t(std::min<int64_t>(n_tok, kMaxDeferTokens));
+  for (int b = 0; b < 2; ++b)
+    ahead_h[b] = dev.alloc_pinned((size_t(n_layer) * size_t(hp.n_expert_used) + 1) * defer_tok * 4,
+                                  b == 0 ? "ws.ahead_h0" : "ws.ahead_h1");
   ids_cpu.resize(nk);
   layer_recorded.resize(size_t(n_layer));
   stage_row = dev.alloc(size_t(hp.n_expert) * 4, "ws.stage_row");
@@ -345,6 +349,41 @@ static void apply_bans(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vo
   ++c.work.transfers;
 }
 
+namespace {
+
+// The device pick of n_out rows of io.logits into io.samp_ids (ops::sample on the compute stream, after the
+// draws, bans and rules go up). Why on the device: the pick needs one pass over each row; copying the rows
+// (600 KB a row at a 152k vocabulary) and sampling on the CPU costs more than the kernel.
+void launch_sampler(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& sampling) {
+  const DeviceSampling* s = &sampling;
+  const size_t ub = size_t(n_out) * 4;
+  c.xfer.upload(head(io.samp_u, ub), s->u, ub, c.cs, {&c.cs});
+  apply_bans(c, io, n_out, n_vocab, *s);
+  if (s->rules) {  // a rule per row, checked here (the kernel reads them from device memory)
+    for (int64_t r = 0; r < n_out; ++r) {
+      const DeviceSampling::Rule& q = s->rules[r];
+      io.samp_rules_h[size_t(r)] = ops::SampleParams{q.temperature, q.top_k, q.top_p, q.min_p};
+      ops::check_sample_params(io.samp_rules_h[size_t(r)]);
+    }
+    const size_t rb = size_t(n_out) * sizeof(ops::SampleParams);
+    c.xfer.upload(head(io.samp_rules, rb), io.samp_rules_h.data(), rb, c.cs, {&c.cs});
+    ++c.work.transfers;
+    note_launch(c.cs, {io.logits.span(), io.samp_u.span(), io.samp_rules.span()}, {io.samp_ids.span()});
+    ops::sample_rows(io.logits.as<const float>(), n_out, n_vocab, io.samp_rules.as<const ops::SampleParams>(),
+                     io.samp_u.as<const float>(), io.samp_ids.as<int32_t>(), c.cs.handle());
+  } else {
+    note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
+    ops::sample(io.logits.as<const float>(), n_out, n_vocab,
+                ops::SampleParams{s->temperature, s->top_k, s->top_p, s->min_p}, io.samp_u.as<const float>(),
+                nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
+  }
+  ++c.work.op_calls;
+  ++c.work.transfers;
+  io.pick_rows = n_out;
+}
+
+}  // namespace
+
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
                     const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
                     std::chrono::steady_clock::time_point t_start) {
@@ -360,35 +399,14 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
   }
   const auto t_wait = std::chrono::steady_clock::now();
   if (n_out > 0 && sampling) {
-    // Why on the device: the pick needs one pass over each row; copying the rows (600 KB a row at a
-    // 152k vocabulary) and sampling on the CPU costs more than the kernel.
     const size_t ub = size_t(n_out) * 4;
-    c.xfer.upload(head(io.samp_u, ub), sampling->u, ub, c.cs, {&c.cs});
-    apply_bans(c, io, n_out, n_vocab, *sampling);
-    if (sampling->rules) {  // a rule per row, checked here (the kernel reads them from device memory)
-      for (int64_t r = 0; r < n_out; ++r) {
-        const DeviceSampling::Rule& q = sampling->rules[r];
-        io.samp_rules_h[size_t(r)] = ops::SampleParams{q.temperature, q.top_k, q.top_p, q.min_p};
-        ops::check_sample_params(io.samp_rules_h[size_t(r)]);
-      }
-      const size_t rb = size_t(n_out) * sizeof(ops::SampleParams);
-      c.xfer.upload(head(io.samp_rules, rb), io.samp_rules_h.data(), rb, c.cs, {&c.cs});
-      ++c.work.transfers;
-      note_launch(c.cs, {io.logits.span(), io.samp_u.span(), io.samp_rules.span()}, {io.samp_ids.span()});
-      ops::sample_rows(io.logits.as<const float>(), n_out, n_vocab, io.samp_rules.as<const ops::SampleParams>(),
-                       io.samp_u.as<const float>(), io.samp_ids.as<int32_t>(), c.cs.handle());
-    } else {
-      note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
-      ops::sample(io.logits.as<const float>(), n_out, n_vocab,
-                  ops::SampleParams{sampling->temperature, sampling->top_k, sampling->top_p, sampling->min_p},
-                  io.samp_u.as<const float>(), nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
-    }
-    ++c.work.op_calls;
+    launch_sampler(c, io, n_out, n_vocab, *sampling);
     c.xfer.download(head(io.samp_ids_h, ub), head(io.samp_ids, ub), c.cs).wait();
-    c.work.transfers += 2;
+    ++c.work.transfers;
     io.samp_ids_h.note_host_access(strata::stream_check::Access::Read);
     std::memcpy(sampling->out, io.samp_ids_h.data(), ub);
   } else if (n_out > 0) {
+    io.pick_rows = 0;
     const size_t lb = size_t(n_out) * size_t(n_vocab) * 4;
     c.xfer.download(head(io.logits_h, lb), head(io.logits, lb), c.cs).wait();
     ++c.work.transfers;
@@ -396,6 +414,7 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
     // Logits at logits_h itself (Model::logits_in_place) are already where the caller reads them.
     if (static_cast<void*>(logits) != io.logits_h.data()) std::memcpy(logits, io.logits_h.data(), lb);
   } else {
+    io.pick_rows = 0;
     c.cs.synchronize();
   }
   const auto t_waited = std::chrono::steady_clock::now();
@@ -417,6 +436,61 @@ void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int6
   c.cache.end_step();
   c.work.wait += t_waited - t_wait;
   c.work.host += (t_wait - t_start) + (std::chrono::steady_clock::now() - t_waited);
+}
+
+bool can_defer(const PoolIo& io, int64_t n, int64_t n_out, const DeviceSampling* sampling) {
+  return sampling != nullptr && n >= 1 && n_out == n && n <= kMaxDeferTokens && io.deferred.size() < 2;
+}
+
+void finish_forward_deferred(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_vocab, const DeviceSampling& sampling,
+                             strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start) {
+  STRATA_REQUIRE(can_defer(io, n, n, &sampling), "forward: a pass of {} tokens cannot be left pending ({} pending)", n,
+                 io.deferred.size());
+  launch_sampler(c, io, n, n_vocab, sampling);
+  // Its routing and its picks into its own ahead_h, by one copy kernel after the sampler (the compute
+  // stream's order: before the next pass rewrites ids or samp_ids).
+  const int b = io.next_ahead;
+  io.next_ahead ^= 1;
+  const size_t ib = size_t(io.n_layer) * size_t(n) * size_t(io.k_used) * 4, pb = size_t(n) * 4;
+  PinnedBuffer& dst = io.ahead_h[b];
+  Ticket done = c.xfer.download_mapped({{slice(dst, 0, ib), head(io.ids, ib)}, {slice(dst, ib, pb), head(io.samp_ids, pb)}},
+                                       c.cs);
+  ++c.work.transfers;
+  io.deferred.push_back({std::move(done), b, n, n, sampling.out, usage, t_start});
+  c.work.host += std::chrono::steady_clock::now() - t_start;
+}
+
+void finish_deferred(const PoolCtx& c, PoolIo& io) {
+  if (io.deferred.empty()) return;
+  const PoolIo::Deferred d = io.deferred.front();
+  io.deferred.pop_front();
+  const auto t_wait = std::chrono::steady_clock::now();
+  d.done.wait();
+  const auto t_waited = std::chrono::steady_clock::now();
+  const PinnedBuffer& src = io.ahead_h[d.buf];
+  src.note_host_access(strata::stream_check::Access::Read);
+  const int64_t nk = d.n * io.k_used;
+  const int32_t* ids = src.as<const int32_t>();
+  std::memcpy(d.out, ids + size_t(io.n_layer) * size_t(nk), size_t(d.n_out) * 4);
+  for (int il = 0; il < io.n_layer; ++il) {
+    const int32_t* hid = ids + size_t(il) * size_t(nk);
+    c.cache.record(il, hid, nk);
+    if (d.usage) d.usage->add(il, hid, d.n);
+  }
+  c.cache.end_step();
+  c.work.wait += t_waited - t_wait;
+  c.work.host += std::chrono::steady_clock::now() - t_waited;
+}
+
+void chain_tokens(const PoolCtx& c, PoolIo& io, const DevSpan& step_in, size_t tokens_offset, int64_t n) {
+  STRATA_REQUIRE(n >= 1 && io.pick_rows == n,
+                 "forward: a chained pass of {} tokens needs the previous pass's {} device picks ({} there)", n, n,
+                 io.pick_rows);
+  STRATA_REQUIRE(tokens_offset + size_t(n) * 4 <= step_in.bytes, "forward: chained tokens outside the step inputs");
+  note_launch(c.cs, {io.samp_ids.span()}, {step_in});
+  ops::copy_i32(reinterpret_cast<int32_t*>(static_cast<char*>(step_in.ptr) + tokens_offset),
+                io.samp_ids.as<const int32_t>(), n, c.cs.handle());
+  ++c.work.op_calls;
 }
 
 HostWork HostWork::starting_now(const Transfer& xfer) {

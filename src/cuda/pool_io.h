@@ -13,6 +13,7 @@
 // only after a later signal.
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -88,6 +89,25 @@ struct PoolIo {
   Ticket ids_ticket;                    // pending end-of-forward download of ids_h
   Ticket partial_ticket;                // last upload that reads partial_h
   std::unique_ptr<HostGates> gates;     // [n_layer] signal / gate of each layer in a gated pass
+  // Decode passes left pending (ForwardOptions::defer; finish_forward_deferred), oldest first, at most
+  // two. Each brings its routing and picks down into its own buffer of ahead_h through mapped memory (a
+  // copy kernel on the compute stream after its sampler), so the next pass neither waits for the host nor
+  // writes what the host is reading: a pass's buffer is written again only by the pass after the next,
+  // which is launched after the host completed this one (two pending at most).
+  struct Deferred {
+    Ticket done;          // the copy kernel's completion
+    int buf;              // its ahead_h
+    int64_t n, n_out;
+    int32_t* out;         // DeviceSampling::out of the pass: [n_out]
+    strata::moe::ExpertUsage* usage;
+    std::chrono::steady_clock::time_point t_start;
+  };
+  PinnedBuffer ahead_h[2];  // each [n_layer][kMaxDeferTokens][k] ids, then [kMaxDeferTokens] picks, int32
+  std::deque<Deferred> deferred;
+  int next_ahead = 0;       // the ahead_h of the next deferred pass
+  // Rows the latest pass picked on the device into samp_ids ([pick_rows] int32), what a chained pass
+  // (ForwardOptions::chain) takes as its tokens; 0 after a pass that did not pick there.
+  int64_t pick_rows = 0;
   MoeScratch moe;
   cpu::MatmulBatch mb;
 };
@@ -220,6 +240,29 @@ void check_logits_target(const PoolIo& io, const float* logits, int64_t n_out, i
 void finish_forward(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_out, int64_t n_vocab, float* logits,
                     const DeviceSampling* sampling, strata::moe::ExpertUsage* usage,
                     std::chrono::steady_clock::time_point t_start);
+
+// Passes of at most this many tokens may be left pending (ForwardOptions::defer: PoolIo::ahead_h's size).
+constexpr int64_t kMaxDeferTokens = 8;
+
+// Whether a pass may end with finish_forward_deferred: it picks on the device every one of its n tokens
+// (n_out == n), at most kMaxDeferTokens, and fewer than two passes are pending.
+bool can_defer(const PoolIo& io, int64_t n, int64_t n_out, const DeviceSampling* sampling);
+
+// finish_forward for a pass that picks on the device (can_defer), without waiting: the sampler runs, and
+// the layers' routing and the picks come down into the pass's ahead_h; the host part (picks into
+// sampling->out, the routing recorded, the expert cache's end_step) is left to finish_deferred. Every
+// layer's routing is recorded there (a pass with CPU-pool layers is not deferred).
+void finish_forward_deferred(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_vocab, const DeviceSampling& sampling,
+                             strata::moe::ExpertUsage* usage, std::chrono::steady_clock::time_point t_start);
+
+// Completes the oldest pending pass (nothing when none is): waits for its copies, writes its picks to its
+// DeviceSampling::out, records its routing and ends its expert-cache step.
+void finish_deferred(const PoolCtx& c, PoolIo& io);
+
+// A chained pass's tokens (ForwardOptions::chain): the previous pass's n picks (io.samp_ids) copied into
+// `tokens` ([n] int32 of the pass's step inputs, after their upload) by a kernel on the compute stream.
+// strata::Error unless the previous pass picked exactly n rows on the device.
+void chain_tokens(const PoolCtx& c, PoolIo& io, const DevSpan& step_in, size_t tokens_offset, int64_t n);
 
 // The expert-cache report of a model (n_layer routed layers of n_expert), with the transfer module's
 // bytes since `work` began counting.

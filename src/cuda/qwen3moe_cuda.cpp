@@ -277,6 +277,25 @@ class CudaQwen3Moe final : public CudaMoeModel {
   }
   void forward(const Batch& batch, Workspace& ws, float* logits, ThreadPool& pool,
                const ForwardOptions& opt) const override;
+  // Decode passes replayed as one graph (every expert resident, graphs on, no expert prediction) may be
+  // chained and left pending: nothing of theirs waits for the host (no CPU pool, no residency change).
+  bool chains_decode(const Workspace& wsb, int32_t n_seqs) const override {
+    const auto* ws = dynamic_cast<const CudaWorkspace*>(&wsb);
+    if (ws == nullptr || n_seqs < 1 || n_seqs > ws->n_tok_max || n_seqs > kMaxGraphTokens ||
+        n_seqs > kMaxDeferTokens || !graphs_ || predict::prefetch_mode() != 0)
+      return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    const strata::moe::Residency& res = cache_->residency();
+    for (int il = 0; il < hp_.n_layer; ++il)
+      if (res.resident_in_layer(il) != hp_.n_expert) return false;
+    return true;
+  }
+  void finish_deferred(Workspace& wsb) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    dev_->make_current();
+    auto& ws = static_cast<CudaWorkspace&>(wsb);
+    cuda::finish_deferred(PoolCtx{*xfer_, dev_->compute(), *cache_, work_}, ws);
+  }
 
  private:
   // One forward's compute-only section: the parameters every kernel launch of it depends on. launch =
@@ -1203,6 +1222,12 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() == hp.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),
                  "forward: expert-usage counter shaped for another model");
+  STRATA_REQUIRE(!opt.chain || opt.sampling, "forward: a chained pass must pick on the device");
+  const PoolCtx pc{*xfer_, dev_->compute(), *cache_, work_};
+  // Passes left pending (ForwardOptions::defer) end first, unless this one chains to the latest of them.
+  if (!opt.chain)
+    while (!ws.deferred.empty()) cuda::finish_deferred(pc, ws);
+  STRATA_REQUIRE(ws.deferred.size() < 2, "forward: two passes are pending (Model::finish_deferred)");
   const StepLayout sl(n);
   auto* refs_host = reinterpret_cast<ops::KvRef*>(ws.step_host.data() + sl.refs);
   auto* tok_host = reinterpret_cast<int32_t*>(ws.step_host.data() + sl.tokens);
@@ -1216,24 +1241,29 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
     STRATA_REQUIRE(bt.pos >= 0 && bt.pos < seq.n_ctx() && bt.pos < ws.n_ctx_max,
                    "forward: position {} outside the context", bt.pos);
     n_kv = std::max<int64_t>(n_kv, int64_t(bt.pos) + 1);
-    STRATA_REQUIRE(bt.token >= 0 && bt.token < hp.n_vocab,
+    // (a chained pass's tokens are the previous pass's picks, copied on the device below)
+    STRATA_REQUIRE(opt.chain || (bt.token >= 0 && bt.token < hp.n_vocab),
                    "token id {} is out of range: the vocabulary has {} tokens (0..{})", bt.token, hp.n_vocab,
                    hp.n_vocab - 1);
     auto* kv = dynamic_cast<DeviceKv*>(seq.backend_state());
     STRATA_REQUIRE(kv != nullptr, "forward: sequence {} was not made by this CUDA model", bt.seq);
-    tok_host[t] = bt.token;
+    tok_host[t] = opt.chain ? 0 : bt.token;
     pos_host[t] = bt.pos;
     refs_host[t] = {kv->k.as<uint16_t>(), kv->v.as<uint16_t>(), seq.n_ctx(), bt.pos};
     if (bt.logits) rows_host[n_out++] = int32_t(t);
   }
   for (int64_t t = n_out; t < n; ++t) rows_host[t] = 0;  // unused entries: defined bytes
   check_logits_target(ws, logits, n_out, hp.n_vocab, opt.sampling);
+  STRATA_REQUIRE(!opt.chain || n_out == n, "forward: every token of a chained pass picks ({} of {} do)", n_out, n);
+  STRATA_REQUIRE(!opt.chain || ws.pick_rows == n,
+                 "forward: a chained pass of {} tokens needs the previous pass's {} device picks ({} there)", n, n,
+                 ws.pick_rows);
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
   const strata::moe::Residency& res = cache_->residency();
-  const PoolCtx pc{*xfer_, cs, *cache_, work_};
   const pdl::PlainLaunches plain(n > kMaxGraphTokens);  // PDL for decode-sized passes only (pdl_scope.h)
   begin_forward(pc, ws, ws.step_in, ws.step_host.data(), sl.bytes);
+  if (opt.chain) chain_tokens(pc, ws, head(ws.step_in, sl.bytes), sl.tokens, n);
 
   bool all_resident = true;
   for (int il = 0; il < hp.n_layer && all_resident; ++il) all_resident = res.resident_in_layer(il) == hp.n_expert;
@@ -1247,6 +1277,12 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
                one_seq && n > kMaxGraphTokens};
   if (all_resident && graphs_ && n <= kMaxGraphTokens) {
     run_graph(p);
+    // Why a pending end: the next (chained) pass is enqueued before the host takes this one's picks, so
+    // the GPU goes from one pass to the next without the host's round trip in between.
+    if (opt.defer && predict::prefetch_mode() == 0 && can_defer(ws, n, n_out, opt.sampling)) {
+      finish_forward_deferred(pc, ws, n, V, *opt.sampling, opt.usage, t_start);
+      return;
+    }
   } else if (all_resident) {
     compute_resident(p);
   } else if (gated_ && n <= kMaxGraphTokens && !decode_stream_on && pool_fits_gated(ws, *xfer_, n, E)) {

@@ -1302,6 +1302,7 @@ void CudaQwen3Next::forward(const Batch& batch, Workspace& wsb, float* logits, T
   const HParams& hp = hp_;
   const int64_t n = static_cast<int64_t>(batch.tokens.size());
   STRATA_REQUIRE(n >= 1 && n <= ws.n_tok_max, "forward: batch of {} tokens, workspace holds {}", n, ws.n_tok_max);
+  STRATA_REQUIRE(!opt.chain, "forward: qwen3next does not chain decode passes (chains_decode)");
   const int64_t V = hp.n_vocab;
   STRATA_REQUIRE(!opt.usage || (opt.usage->n_layer() >= np_.n_layer && opt.usage->n_expert() == hp.n_expert &&
                                 opt.usage->n_expert_used() == hp.n_expert_used),

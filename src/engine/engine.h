@@ -7,6 +7,7 @@
 // nothing about them between calls. Every input is validated here: token ids, context overflow,
 // empty input; errors are strata::Error with a message that says what was wrong.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,6 +38,9 @@ struct EngineOptions {
   // decode_sample on the device also for a batch with banned tokens (SampleBans); off: such a batch brings
   // its logits back and the CPU path edits them. STRATA_DEVICE_BANS=0 turns it off (A/B).
   bool device_bans = true;
+  // generate chains its decode steps on the device where the model offers it (Model::chains_decode); off: a
+  // decode_sample loop. STRATA_DECODE_CHAIN=0 turns it off (A/B).
+  bool chain_decode = true;
 };
 
 // Tokens some sequences of a decode_sample call never pick: ids (each in [0, n_vocab)) for sequence i where
@@ -76,6 +80,19 @@ class Engine {
   // call on this engine. decode_logits: [seqs.size()][n_vocab]; prefill_logits: [n_vocab] of the last
   // token, or with all_logits [tokens.size()][n_vocab].
   std::span<const float> decode_logits(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens);
+  // Generation, step after step: step 0 feeds tokens[i] to seqs[i], step s > 0 the picks of step s - 1;
+  // each step is a decode_sample (no bans), after which on_step(s, picks) (picks[i] for seqs[i]; it
+  // accept()s them into their samplers where their penalties should see them) says whether to go on.
+  // Stops after max_steps steps, when on_step returns false, or before a step that a full context leaves
+  // no room for. Returns the steps run (= on_step calls).
+  // Chained (where the model offers it, Model::chains_decode, and the picks are made on the device): step
+  // s + 1 is launched on the device, from step s's picks there, before on_step(s) runs, so the device does
+  // not wait for the host between steps. When on_step(s) stops, step s + 1 is dropped: the sequences end
+  // where a step-by-step loop leaves them, and each sampler's draw for it is taken back. The same picks
+  // either way (tests/cuda/test_decode_chain_gpu.cpp).
+  using StepFn = std::function<bool(int step, std::span<const int32_t> picks)>;
+  int generate(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+               std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step);
   std::span<const float> prefill_logits(SequenceState& seq, std::span<const int32_t> tokens,
                                         bool all_logits = false);
 
@@ -89,6 +106,15 @@ class Engine {
   float* logits_memory(size_t rows, bool one_pass);
   void decode_impl(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
                    const DeviceSampling* sampling);
+  // Whether decode_sample picks on the device for these samplers and bans; if so fills *ds (its draws from
+  // each sampler's next_draw into draws_, per-row rules into rules_) with out as its picks.
+  bool device_sampling(std::span<Sampler* const> samplers, const SampleBans& bans, int32_t* out, DeviceSampling* ds);
+  // Whether those picks are made on the device (no draws taken); *same: every sampler has the same rule.
+  bool picks_on_device(std::span<Sampler* const> samplers, const SampleBans& bans, bool* same) const;
+  void check_decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens) const;
+  // generate's chained loop (chains_decode and device picks hold).
+  int generate_chained(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                       std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step);
   std::shared_ptr<const Model> model_;
   EngineOptions opt_;
   ThreadPool pool_;

@@ -47,6 +47,10 @@ class Sampler {
   // returns 0 and leaves the generator as sample() would).
   bool penalties_off() const;
   double next_draw();
+  // The draw generator's state, and setting it back (Engine::generate takes back the draw of a step it
+  // started ahead and then dropped, so the sampler ends where a step-by-step loop leaves it).
+  Rng generator() const { return rng_; }
+  void set_generator(const Rng& r) { rng_ = r; }
   // Adds a token (prompt or generated) to the penalty history.
   void accept(int32_t token);
   void reset();  // forget the history, reseed

@@ -71,6 +71,14 @@ struct ForwardOptions {
   // When set (only for a model whose samples_on_device() is true): the rows that want logits are
   // sampled by the backend into sampling->out and forward's logits argument is not written (may be null).
   const DeviceSampling* sampling = nullptr;
+  // Chained decode (Engine::generate), only where chains_decode() said yes for this workspace and batch:
+  // chain: token i of the batch is the previous pass's device pick of row i (the batch's token values are
+  //   not read); that pass sampled on the device (sampling set) with the same rows, one per token.
+  // defer: forward may return before the pass ends: sampling->out (which must stay valid), the statistics
+  //   and the expert cache's step are completed by finish_deferred(ws). At most two passes are left
+  //   pending at once; a forward without chain first completes any pending one.
+  bool chain = false;
+  bool defer = false;
 };
 
 // What a backend with a GPU expert cache reports (issue 7); `present` is false on the CPU backend.
@@ -145,6 +153,17 @@ class Model {
   virtual ExpertCacheReport cache_report() const { return {}; }
   // The backend can pick tokens where it computes the logits (ForwardOptions::sampling).
   virtual bool samples_on_device() const { return false; }
+  // Whether a decode pass of n_seqs one-token sequences on ws, picking on the device, may chain to the
+  // previous pass's picks and return before it ends (ForwardOptions::chain / defer). Why: the device then
+  // runs pass t + 1 while the host takes pass t's picks (streams the text, checks stop strings), and no
+  // round trip through the host stands between two passes.
+  virtual bool chains_decode(const Workspace& ws, int32_t n_seqs) const {
+    (void)ws;
+    (void)n_seqs;
+    return false;
+  }
+  // Completes the oldest pass that forward() left pending on ws (ForwardOptions::defer); nothing when none is.
+  virtual void finish_deferred(Workspace& ws) const { (void)ws; }
   virtual void reset_cache_stats() const {}
   // Measured bandwidths of the backend's own memories in GB/s (1e9), for a roofline: device memory and
   // host -> device copies. 0 where the backend has none (the CPU backend) or a measurement failed.

@@ -166,6 +166,20 @@ TEST_F(GpuOps, SwigluAndAddMatchCpu) {
   }
 }
 
+// copy_i32 (a chained decode pass's tokens from the previous pass's picks): std::copy's values, nothing past n.
+TEST_F(GpuOps, CopyI32MatchesCpu) {
+  for (int64_t n : {int64_t(1), int64_t(8), int64_t(1000), int64_t(300000)}) {
+    std::vector<int32_t> src(static_cast<size_t>(n)), dst(static_cast<size_t>(n) + 5, -7);
+    for (int64_t i = 0; i < n; ++i) src[size_t(i)] = int32_t(i * 2654435761u);
+    std::vector<int32_t> want = dst;
+    std::copy(src.begin(), src.end(), want.begin());
+    auto ds = upload(src, "src"), dd = upload(dst, "dst");
+    ops::copy_i32(dd.as<int32_t>(), ds.as<const int32_t>(), n, stream());
+    EXPECT_EQ(download<int32_t>(dd, dst.size()), want) << "n " << n;
+  }
+  EXPECT_THROW(ops::copy_i32(nullptr, nullptr, -1, stream()), strata::Error);
+}
+
 // ------------------------------------------------------------------ KV cache and attention
 
 // One sequence's device KV cache: [n_layer][n_ctx][n_head_kv][head_dim] f16 for K (V likewise), with a
