@@ -112,6 +112,16 @@ void check_sample_params(const SampleParams& p);
 // batch of requests with different parameters picks in one launch.
 void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
                  int32_t* out, cudaStream_t stream);
+// argmax's picks (the same ids: the largest order key of each row) spread over the GPU: grid (parts, n_tok),
+// each block the largest key of a stretch of kArgmaxStretch values of its row into parts[t][b], then one
+// block a row over the row's parts. Why: argmax's one block a row read a 152k-value row from one SM, ~40 us
+// on an H100 (a greedy decode step's pick; session 45), where 75 blocks read it at the GPU's bandwidth.
+// parts: argmax_parts_bytes(n_tok, n_vocab) of device scratch.
+constexpr int64_t kArgmaxStretch = 2048;
+constexpr int64_t kArgmaxMaxParts = 1024;  // rows longer than 1024 stretches: each block takes several
+size_t argmax_parts_bytes(int64_t n_tok, int64_t n_vocab);
+void argmax_wide(const float* logits, int64_t n_tok, int64_t n_vocab, uint64_t* parts, int32_t* out,
+                 cudaStream_t stream);
 // dst[i] = src[i] for i < n (int32, device): a chained decode pass's tokens from the previous pass's picks
 // (ForwardOptions::chain), on the stream both passes run on. CPU reference: std::copy.
 void copy_i32(int32_t* dst, const int32_t* src, int64_t n, cudaStream_t stream);

@@ -442,12 +442,68 @@ void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const Samp
 }
 
 namespace {
+int64_t argmax_parts(int64_t n_vocab) {
+  return std::min(kArgmaxMaxParts, (n_vocab + kArgmaxStretch - 1) / kArgmaxStretch);
+}
+
+constexpr int kArgmaxThreads = 256;  // kArgmaxStretch / 8: 8 loads in flight a thread per stretch
+
+// logits: [n_tok][n_vocab]; parts: [n_tok][gridDim.x]. Block (b, t): stretches b, b + gridDim.x, ... of row t.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_part_kernel(const float* logits, int64_t n_vocab,
+                                                                     uint64_t* parts) {
+  __shared__ uint64_t sh[32];
+  const float* row = logits + blockIdx.y * n_vocab;
+  uint64_t best = 0;
+  for (int64_t s0 = int64_t(blockIdx.x) * kArgmaxStretch; s0 < n_vocab; s0 += int64_t(gridDim.x) * kArgmaxStretch) {
+    float v[kArgmaxStretch / kArgmaxThreads];
+#pragma unroll
+    for (int j = 0; j < kArgmaxStretch / kArgmaxThreads; ++j) {  // every load first, then the keys
+      const int64_t i = s0 + threadIdx.x + j * kArgmaxThreads;
+      v[j] = i < n_vocab ? row[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kArgmaxStretch / kArgmaxThreads; ++j) {
+      const int64_t i = s0 + threadIdx.x + j * kArgmaxThreads;
+      if (i < n_vocab) best = MaxOp{}(best, order_key(v[j], static_cast<uint32_t>(i)));
+    }
+  }
+  best = block_reduce(best, sh, MaxOp{});
+  if (threadIdx.x == 0) parts[int64_t(blockIdx.y) * gridDim.x + blockIdx.x] = best;
+}
+
+// parts: [n_tok][n_parts]; out: [n_tok]. One block a row.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_join_kernel(const uint64_t* parts, int n_parts,
+                                                                     int32_t* out) {
+  __shared__ uint64_t sh[32];
+  uint64_t best = 0;
+  for (int b = threadIdx.x; b < n_parts; b += blockDim.x) best = MaxOp{}(best, parts[int64_t(blockIdx.x) * n_parts + b]);
+  best = block_reduce(best, sh, MaxOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(best));
+}
+
 // dst, src: [n]
 __global__ void copy_i32_kernel(int32_t* dst, const int32_t* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = src[i];
 }
 }  // namespace
+
+size_t argmax_parts_bytes(int64_t n_tok, int64_t n_vocab) {
+  STRATA_REQUIRE(n_tok >= 0 && n_vocab >= 1, "argmax_parts_bytes: {} rows of {}", n_tok, n_vocab);
+  return size_t(n_tok) * size_t(argmax_parts(n_vocab)) * sizeof(uint64_t);
+}
+
+void argmax_wide(const float* logits, int64_t n_tok, int64_t n_vocab, uint64_t* parts, int32_t* out,
+                 cudaStream_t stream) {
+  STRATA_REQUIRE(n_vocab >= 1 && n_vocab <= INT32_MAX && n_tok >= 0 && n_tok <= 65535,
+                 "argmax_wide: {} rows of {} values", n_tok, n_vocab);
+  if (n_tok == 0) return;
+  const int64_t n_parts = argmax_parts(n_vocab);
+  argmax_part_kernel<<<dim3(unsigned(n_parts), unsigned(n_tok)), kArgmaxThreads, 0, stream>>>(logits, n_vocab, parts);
+  CUDA_CHECK_LAUNCH();
+  argmax_join_kernel<<<unsigned(n_tok), kArgmaxThreads, 0, stream>>>(parts, int(n_parts), out);
+  CUDA_CHECK_LAUNCH();
+}
 
 void copy_i32(int32_t* dst, const int32_t* src, int64_t n, cudaStream_t stream) {
   STRATA_REQUIRE(n >= 0 && n <= int64_t(1) << 30, "copy_i32: {} values", n);

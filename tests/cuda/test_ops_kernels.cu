@@ -567,6 +567,36 @@ TEST_F(GpuOps, ArgmaxMatchesGreedySampler) {
   EXPECT_EQ(got[3], int32_t(kVocab - 1));
 }
 
+// argmax_wide (greedy picks over many blocks a row): argmax's ids, the CPU greedy sampler's, at row lengths
+// around its stretches and past its block cap (several stretches a block), ties and equal rows included.
+TEST_F(GpuOps, ArgmaxWideMatchesArgmaxAndTheGreedySampler) {
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  for (int64_t V : {int64_t(1), int64_t(100), int64_t(2048), int64_t(2049), kVocab, int64_t(3000000)}) {
+    const int64_t n_tok = V > 1000000 ? 2 : 5;
+    auto logits = randn(size_t(n_tok * V), 73 + uint32_t(V % 97), 3.0f);
+    if (n_tok > 2 && V > 3) {
+      std::fill(logits.begin() + V, logits.begin() + 2 * V, -1.0f);  // row 1: all equal
+      logits[size_t(2 * V + V / 2)] = 80.0f;                           // row 2: the max twice (lower id wins)
+      logits[size_t(2 * V + V - 1)] = 80.0f;
+      logits[size_t(4 * V - 1)] = 90.0f;                               // row 3: the last slot
+    }
+    logits[size_t(n_tok * V - 1) / 2] = 70.0f;
+    auto dl = upload(logits, "logits");
+    auto dw = alloc<int32_t>(size_t(n_tok), "wide"), da = alloc<int32_t>(size_t(n_tok), "one");
+    auto dp = alloc<uint64_t>(ops::argmax_parts_bytes(n_tok, V) / 8, "parts");
+    ops::argmax_wide(dl.as<float>(), n_tok, V, dp.as<uint64_t>(), dw.as<int32_t>(), stream());
+    ops::argmax(dl.as<float>(), n_tok, V, da.as<int32_t>(), stream());
+    const auto wide = download<int32_t>(dw, size_t(n_tok)), one = download<int32_t>(da, size_t(n_tok));
+    EXPECT_EQ(wide, one) << "V " << V;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      Sampler smp(sp, int32_t(V));
+      EXPECT_EQ(wide[size_t(t)], smp.sample(logits.data() + t * V)) << "V " << V << " row " << t;
+    }
+  }
+  EXPECT_THROW(ops::argmax_wide(nullptr, 1, 0, nullptr, nullptr, stream()), strata::Error);
+}
+
 // The CPU Sampler's candidate list and cumulative sums (penalties off), to judge a disagreement: it is
 // allowed only when the result hinges on a comparison closer than 1e-6 (u against a cumulative sum,
 // top-p against one, or a logit against the min-p threshold).

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 45, third call: call 2 found the device pick slower than bringing the logits back (582.5 against
+# 601.2 tok/s): the sampler's greedy branch reads the 152k-value row with one block. ops::argmax_wide spreads
+# it over ~75 blocks. Steps: build; its test and the chain / sampling tests with the stream checker; tg64
+# on the 48-layer Q4_0 file, alternating: logits back, device pick, chained, and the device pick with the
+# old one-block kernel (STRATA_CUDA_WIDE_ARGMAX=0). Few files under $OUT (the tool returns at most 8).
+# The device tool: run "bash scripts/device-call-s45c.sh", carry [".carry/deps", ".carry/fx"].
+set -uo pipefail
+t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+export STRATA_FIXTURES_DIR=$PWD/.carry/fx
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
+timeout 300 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
+  { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
+st built | tee -a $OUT/log.txt
+. /tmp/b/env.sh
+T=/tmp/b/tests/strata_cuda_tests
+STRATA_STREAM_CHECK=1 timeout 150 $T --gtest_filter='GpuOps.Argmax*:GpuOps.CopyI32MatchesCpu:DecodeChainGpu.*:SamplingBansGpu.*:LogitsInPlaceGpu.*:*Sampl*' \
+  > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
+st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fx/vocab/ggml-vocab-qwen2.gguf /dev/null)
+args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline"
+for r in 1 2 3; do
+  for arm in logits pick chain pick-one; do
+    mode=$arm; env=""
+    [ $arm = pick-one ] && { mode=pick; env="STRATA_CUDA_WIDE_ARGMAX=0"; }
+    v=$(env $env timeout 120 /tmp/b/strata bench $args --tg-mode $mode 2>&1 | tee -a $OUT/bench.txt | awk '/^tg/ {print $2; exit}')
+    echo "round $r $arm ${v:-failed}" | tee -a $OUT/log.txt
+  done
+done
+st bench | tee -a $OUT/log.txt
