@@ -28,3 +28,16 @@ for r in 1 2 3; do
   done
 done
 st bench | tee -a $OUT/log.txt
+# strata run (generate) on the same file: greedy and the default sampler (T 0.8, top-k 40, top-p 0.95,
+# min-p 0.05), chained and not; 128 tokens, end-of-generation ignored; its timing line.
+for r in 1 2; do
+  for arm in greedy-chain greedy-plain sample-chain sample-plain; do
+    env=""; samp="--temp 0"
+    [[ $arm == *plain ]] && env="STRATA_DECODE_CHAIN=0"
+    [[ $arm == sample* ]] && samp="--temp 0.8 --seed 1"
+    v=$(env $env timeout 120 /tmp/b/strata run -m $m --backend cuda --adapt-every 0 --expert-cache 100% -p "Once upon a time" \
+        -n 128 --ignore-eos $samp 2>&1 >/dev/null | grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)')
+    echo "run $r $arm ${v:-failed}" | tee -a $OUT/log.txt
+  done
+done
+st run | tee -a $OUT/log.txt
