@@ -3,7 +3,8 @@
 # 601.2 tok/s): the sampler's greedy branch reads the 152k-value row with one block. ops::argmax_wide spreads
 # it over ~75 blocks. Steps: build; its test and the chain / sampling tests with the stream checker; tg64
 # on the 48-layer Q4_0 file, alternating: logits back, device pick, chained, and the device pick with the
-# old one-block kernel (STRATA_CUDA_WIDE_ARGMAX=0). Few files under $OUT (the tool returns at most 8).
+# old one-block kernel (STRATA_CUDA_WIDE_ARGMAX=0), with and without the sampler's batched row loads
+# (STRATA_CUDA_SAMPLE_BATCH); then strata run greedy and sampled. Few files under $OUT (the tool returns 8).
 # The device tool: run "bash scripts/device-call-s45c.sh", carry [".carry/deps", ".carry/fx"].
 set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -20,9 +21,10 @@ st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | t
 m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fx/vocab/ggml-vocab-qwen2.gguf /dev/null)
 args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline"
 for r in 1 2 3; do
-  for arm in logits pick chain pick-one; do
+  for arm in logits pick chain pick-one pick-one-unbatched; do
     mode=$arm; env=""
     [ $arm = pick-one ] && { mode=pick; env="STRATA_CUDA_WIDE_ARGMAX=0"; }
+    [ $arm = pick-one-unbatched ] && { mode=pick; env="STRATA_CUDA_WIDE_ARGMAX=0 STRATA_CUDA_SAMPLE_BATCH=0"; }
     v=$(env $env timeout 120 /tmp/b/strata bench $args --tg-mode $mode 2>&1 | tee -a $OUT/bench.txt | awk '/^tg/ {print $2; exit}')
     echo "round $r $arm ${v:-failed}" | tee -a $OUT/log.txt
   done
@@ -31,9 +33,10 @@ st bench | tee -a $OUT/log.txt
 # strata run (generate) on the same file: greedy and the default sampler (T 0.8, top-k 40, top-p 0.95,
 # min-p 0.05), chained and not; 128 tokens, end-of-generation ignored; its timing line.
 for r in 1 2; do
-  for arm in greedy-chain greedy-plain sample-chain sample-plain; do
+  for arm in greedy-chain sample-chain sample-chain-unbatched sample-plain; do
     env=""; samp="--temp 0"
     [[ $arm == *plain ]] && env="STRATA_DECODE_CHAIN=0"
+    [[ $arm == *unbatched ]] && env="STRATA_CUDA_SAMPLE_BATCH=0"
     [[ $arm == sample* ]] && samp="--temp 0.8 --seed 1"
     v=$(env $env timeout 120 /tmp/b/strata run -m $m --backend cuda --adapt-every 0 --expert-cache 100% -p "Once upon a time" \
         -n 128 --ignore-eos $samp 2>&1 >/dev/null | grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)')

@@ -106,6 +106,10 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 // and SampleWalkMatchesCpuSampler compare both against the CPU sampler).
 void set_sample_deep(bool on);
 bool sample_deep();
+// sample / sample_rows read the row with kRowBatch loads a thread in flight (ops_sample.cu for_row; the same
+// values in the same per-thread order, so the same picks). STRATA_CUDA_SAMPLE_BATCH=0 (read once): one load
+// at a time, as before session 45 (A/B).
+bool sample_batched();
 // strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).
 void check_sample_params(const SampleParams& p);
 // As sample, with row t's rule at rows[t] (device memory, [n_tok], each passing check_sample_params): a
