@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 45, last call (~380 s of device time left): scripts/device-call-s45c.sh cut to one round. Build;
+# the argmax_wide / sampler / chain tests with the stream checker; tg64 on the 48-layer Q4_0 file: logits
+# back, device pick (argmax_wide), chained, and the device pick by the sampler's one block a row without
+# batched loads (the code before session 45); strata run sampled (T 0.8, top-k 40), batched loads on and off.
+# The device tool: run "bash scripts/device-call-s45d.sh", carry [".carry/deps", ".carry/fx"].
+set -uo pipefail
+t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+export STRATA_FIXTURES_DIR=$PWD/.carry/fx
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
+timeout 200 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
+  { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
+st built | tee -a $OUT/log.txt
+. /tmp/b/env.sh
+T=/tmp/b/tests/strata_cuda_tests
+STRATA_STREAM_CHECK=1 timeout 60 $T --gtest_filter='GpuOps.Argmax*:GpuOps.Sample*:GpuOps.CopyI32MatchesCpu:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*' \
+  > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
+st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fx/vocab/ggml-vocab-qwen2.gguf /dev/null)
+args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline"
+for arm in logits pick chain pick-before; do
+  mode=$arm; env=""
+  [ $arm = pick-before ] && { mode=pick; env="STRATA_CUDA_WIDE_ARGMAX=0 STRATA_CUDA_SAMPLE_BATCH=0"; }
+  v=$(env $env timeout 60 /tmp/b/strata bench $args --tg-mode $mode 2>&1 | tee -a $OUT/bench.txt | awk '/^tg/ {print $2; exit}')
+  echo "$arm ${v:-failed}" | tee -a $OUT/log.txt
+done
+for arm in sample-chain sample-chain-unbatched; do
+  env=""; [[ $arm == *unbatched ]] && env="STRATA_CUDA_SAMPLE_BATCH=0"
+  v=$(env $env timeout 60 /tmp/b/strata run -m $m --backend cuda --adapt-every 0 --expert-cache 100% -p "Once upon a time" \
+      -n 128 --ignore-eos --temp 0.8 --seed 1 2>&1 >/dev/null | grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)')
+  echo "run $arm ${v:-failed}" | tee -a $OUT/log.txt
+done
+st done | tee -a $OUT/log.txt
