@@ -106,9 +106,10 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 // and SampleWalkMatchesCpuSampler compare both against the CPU sampler).
 void set_sample_deep(bool on);
 bool sample_deep();
-// sample / sample_rows read the row with kRowBatch loads a thread in flight (ops_sample.cu for_row; the same
-// values in the same per-thread order, so the same picks). STRATA_CUDA_SAMPLE_BATCH=0 (read once): one load
-// at a time, as before session 45 (A/B).
+// With STRATA_CUDA_SAMPLE_BATCH=1 (read once) sample / sample_rows read the row with kRowBatch loads a thread
+// in flight (ops_sample.cu for_row; the same values in the same per-thread order, so the same picks); 0, the
+// default until its GPU tests and an A/B have run (built in session 45 after the device time was spent):
+// one load at a time.
 bool sample_batched();
 // strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).
 void check_sample_params(const SampleParams& p);
@@ -116,7 +117,8 @@ void check_sample_params(const SampleParams& p);
 // batch of requests with different parameters picks in one launch.
 void sample_rows(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams* rows, const float* u,
                  int32_t* out, cudaStream_t stream);
-// argmax's picks (the same ids: the largest order key of each row) spread over the GPU: grid (parts, n_tok),
+// argmax's picks (the same ids: the largest order key of each row) spread over the GPU (decode's greedy
+// picks take it with STRATA_CUDA_WIDE_ARGMAX=1: pool_io.cpp launch_sampler): grid (parts, n_tok),
 // each block the largest key of a stretch of kArgmaxStretch values of its row into parts[t][b], then one
 // block a row over the row's parts. Why: argmax's one block a row read a 152k-value row from one SM, ~40 us
 // on an H100 (a greedy decode step's pick; session 45), where 75 blocks read it at the GPU's bandwidth.

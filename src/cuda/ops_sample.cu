@@ -436,7 +436,7 @@ DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep
 void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
 bool sample_deep() { return g_sample_deep.get() == 1; }
 namespace {
-DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's batched row loads", 0, 1, 1);
+DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's batched row loads", 0, 1, 0);
 }  // namespace
 bool sample_batched() { return g_sample_batched.get() == 1; }
 

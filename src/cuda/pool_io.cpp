@@ -359,9 +359,10 @@ namespace {
 void launch_sampler(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& sampling) {
   const DeviceSampling* s = &sampling;
   // Greedy picks (one rule, temperature <= 0) by many blocks a row (ops::argmax_wide: the same ids as the
-  // sampler's greedy branch, ~40 us less a step on an H100 at a 152k vocabulary), without the draws.
-  // STRATA_CUDA_WIDE_ARGMAX=0 keeps the sampler's one block a row (A/B).
-  static const bool wide = env_on_unless_zero("STRATA_CUDA_WIDE_ARGMAX");
+  // sampler's greedy branch, whose one block a row cost ~50 us a step on an H100 at a 152k vocabulary,
+  // session 45), without the draws. STRATA_CUDA_WIDE_ARGMAX=1 turns it on: off until its GPU tests and an
+  // A/B have run (built in session 45 after the device time was spent; scripts/device-call-s45d.sh).
+  static const bool wide = env_digit("STRATA_CUDA_WIDE_ARGMAX", 0, 1, 0) == 1;
   if (wide && !s->rules && s->temperature <= 0.0f) {
     apply_bans(c, io, n_out, n_vocab, *s);
     note_launch(c.cs, {io.logits.span()}, {io.samp_parts.span(), io.samp_ids.span()});
