@@ -12,6 +12,7 @@
 #include "cuda/cuda_check.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/route_key.cuh"
+#include "cuda/row_scan.cuh"
 
 namespace strata::cuda::ops {
 
@@ -61,26 +62,10 @@ struct SampleShared {
   bool batched;    // for_row's batched loads (the kernel's switch)
 };
 
-// f(i, row[i]) for the row's values of this thread: i = threadIdx.x, + blockDim.x, ..., in that order (the
-// order of a plain strided loop, so per-thread sums keep their bits). batched: the loads of kRowBatch of them
-// are issued together before f runs on them. Why: every pass of the sampler reads the whole row with one
-// block, and a load at a time left ~4 KB in flight on the SM (a greedy pick of a 152k row took ~50 us on an
-// H100, session 45). batched is block-uniform (SampleShared::batched).
-constexpr int kRowBatch = 8;
+// row_scan::for_row for this thread of the block (batched: SampleShared::batched, block-uniform).
 template <typename F>
 __device__ __forceinline__ void for_row(const float* row, int64_t n, bool batched, F&& f) {
-  int64_t i = threadIdx.x;
-  if (batched) {
-    const int64_t b = blockDim.x;
-    for (; i + (kRowBatch - 1) * b < n; i += kRowBatch * b) {
-      float v[kRowBatch];
-#pragma unroll
-      for (int j = 0; j < kRowBatch; ++j) v[j] = row[i + j * b];
-#pragma unroll
-      for (int j = 0; j < kRowBatch; ++j) f(i + j * b, v[j]);
-    }
-  }
-  for (; i < n; i += blockDim.x) f(i, row[i]);
+  row_scan::for_row(row, n, threadIdx.x, blockDim.x, batched, f);
 }
 
 // The key of rank r (0 = first in the CPU's order) among the n_vocab keys of the row. All threads.
