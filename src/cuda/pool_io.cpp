@@ -52,6 +52,11 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   gates = std::make_unique<HostGates>(dev, n_layer, "ws.gates");
 }
 
+PoolIo::~PoolIo() {
+  for (const Deferred& d : deferred)
+    if (d.done.valid()) d.done.wait();
+}
+
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
   for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_parts, &samp_ban,

@@ -54,6 +54,10 @@ struct HostWork {
 struct PoolIo {
   // n_tok tokens a pass at most, k experts per token, n_layer routed layers.
   PoolIo(Device& dev, int n_layer, int32_t n_tok, const HParams& hp, int n_threads);
+  // Waits for the copies of passes still pending (ForwardOptions::defer) before their buffers go.
+  ~PoolIo();
+  PoolIo(const PoolIo&) = delete;
+  PoolIo& operator=(const PoolIo&) = delete;
   size_t memory_bytes() const;
 
   int n_layer;
