@@ -161,7 +161,8 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
         "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu, \"decode_bytes\": %llu, \"decode_bytes_routed\": %llu, "
         "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
-        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, a.tg_mode.c_str(), tg_best, model->weight_bytes(),
+        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, a.tg_mode.c_str(), tg_best,
+        model->weight_bytes(),
         seq.memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
         tg_cache.present ? std::to_string(tg_cache.hit_rate()).c_str() : "null", tg_cache.slots_used,

@@ -486,7 +486,8 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_join_kernel(const uint6
                                                                      int32_t* out) {
   __shared__ uint64_t sh[32];
   uint64_t best = 0;
-  for (int b = threadIdx.x; b < n_parts; b += blockDim.x) best = MaxOp{}(best, parts[int64_t(blockIdx.x) * n_parts + b]);
+  for (int b = threadIdx.x; b < n_parts; b += blockDim.x)
+    best = MaxOp{}(best, parts[int64_t(blockIdx.x) * n_parts + b]);
   best = block_reduce(best, sh, MaxOp{});
   if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(best));
 }

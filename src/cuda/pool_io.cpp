@@ -474,8 +474,8 @@ void finish_forward_deferred(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_
   io.next_ahead ^= 1;
   const size_t ib = size_t(io.n_layer) * size_t(n) * size_t(io.k_used) * 4, pb = size_t(n) * 4;
   PinnedBuffer& dst = io.ahead_h[b];
-  Ticket done = c.xfer.download_mapped({{slice(dst, 0, ib), head(io.ids, ib)}, {slice(dst, ib, pb), head(io.samp_ids, pb)}},
-                                       c.cs);
+  Ticket done = c.xfer.download_mapped(
+      {{slice(dst, 0, ib), head(io.ids, ib)}, {slice(dst, ib, pb), head(io.samp_ids, pb)}}, c.cs);
   ++c.work.transfers;
   io.deferred.push_back({std::move(done), b, n, n, sampling.out, usage, t_start});
   c.work.host += std::chrono::steady_clock::now() - t_start;
