@@ -13,15 +13,6 @@ using namespace strata::test;
 
 namespace {
 
-// Keeps the bytes alive as long as the model that maps them.
-struct TinyModel {
-  std::vector<uint8_t> bytes;
-  std::shared_ptr<const Model> model;
-  explicit TinyModel(const TinySpec& s) : bytes(build_tiny_qwen3moe(s)) {
-    model = load_model(gguf::File::from_memory(bytes.data(), bytes.size(), "tiny.gguf"));
-  }
-};
-
 std::string load_error(const TinySpec& s) {
   try {
     TinyModel m(s);

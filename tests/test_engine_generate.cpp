@@ -14,21 +14,13 @@
 
 #include "engine/engine.h"
 #include "engine_test_util.h"
+#include "generate_test_util.h"
 #include "tiny_model.h"
 
 using namespace strata;
 using namespace strata::test;
 
 namespace {
-
-// Keeps the bytes alive as long as the model that maps them.
-struct Tiny {
-  std::vector<uint8_t> bytes;
-  std::shared_ptr<const Model> model;
-  explicit Tiny(const TinySpec& s) : bytes(build_tiny_qwen3moe(s)) {
-    model = load_model(gguf::File::from_memory(bytes.data(), bytes.size(), "tiny.gguf"));
-  }
-};
 
 // The tiny CPU model, picking "on the device" (inside forward, from ForwardOptions::sampling) and honouring
 // chain / defer as the CUDA model does: a deferred pass's picks reach DeviceSampling::out only in
@@ -107,60 +99,15 @@ class ChainingModel final : public Model {
   mutable std::vector<int32_t> last_;
 };
 
-struct GenRun {
-  std::vector<int32_t> picks;  // every step's, in order (sequences interleaved)
-  std::vector<int32_t> n_past;
-  std::vector<double> next_draws;  // each sampler's next draw after the run
-  int steps = 0;
-};
-
-// `stop_after`: the step whose callback returns false (-1: none). chained: Engine::generate, else a
-// decode_sample loop doing what generate promises.
+// n_seqs sequences of the tiny model, each prefilled with its own tokens, then generate_run.
 GenRun run(std::shared_ptr<const Model> model, bool chained, int n_seqs, float temperature, int max_steps,
-        int stop_after, int extra_after = 0) {
+           int stop_after, int extra_after = 0) {
   Engine eng(model, exact_opts(64));
   const int V = eng.n_vocab();
-  std::vector<std::unique_ptr<SequenceState>> owned;
-  std::vector<SequenceState*> seqs;
-  std::vector<Sampler> samplers;
-  std::vector<Sampler*> sp;
-  SamplingParams p;
-  p.temperature = temperature;
-  p.repeat_penalty = 1.0f;
-  for (int i = 0; i < n_seqs; ++i) {
-    seqs.push_back(owned.emplace_back(eng.new_sequence()).get());
-    eng.prefill(*seqs.back(), some_tokens(4 + i, V, i + 1), nullptr);
-    p.seed = uint64_t(7 + i);
-    samplers.emplace_back(p, V);
-  }
-  for (auto& s : samplers) sp.push_back(&s);
+  GenSeqs g = gen_seqs(eng, n_seqs, temperature, 7, [&](int i) { return some_tokens(4 + i, V, i + 1); });
   std::vector<int32_t> first_toks(static_cast<size_t>(n_seqs));
   for (int i = 0; i < n_seqs; ++i) first_toks[size_t(i)] = (5 * i + 3) % V;
-  GenRun r;
-  const auto on_step = [&](int step, std::span<const int32_t> picks) {
-    r.picks.insert(r.picks.end(), picks.begin(), picks.end());
-    return step != stop_after;
-  };
-  if (chained) {
-    r.steps = eng.generate(seqs, first_toks, sp, max_steps, on_step);
-  } else {
-    std::vector<int32_t> cur = first_toks, outs(static_cast<size_t>(n_seqs));
-    for (int s = 0; s < max_steps; ++s) {
-      eng.decode_sample(seqs, cur, sp, outs.data());
-      ++r.steps;
-      if (!on_step(s, outs)) break;
-      cur = outs;
-    }
-  }
-  // The state after the run carries on the same way: one more plain step from the last picks.
-  for (int e = 0; e < extra_after; ++e) {
-    std::vector<int32_t> in(r.picks.end() - n_seqs, r.picks.end()), outs(static_cast<size_t>(n_seqs));
-    eng.decode_sample(seqs, in, sp, outs.data());
-    r.picks.insert(r.picks.end(), outs.begin(), outs.end());
-  }
-  for (auto* s : seqs) r.n_past.push_back(s->n_past());
-  for (auto& s : samplers) r.next_draws.push_back(s.next_draw());
-  return r;
+  return generate_run(eng, g.seqs, g.sp, first_toks, chained, max_steps, stop_after, extra_after);
 }
 
 void expect_same(const GenRun& a, const GenRun& b) {
@@ -173,7 +120,7 @@ void expect_same(const GenRun& a, const GenRun& b) {
 }  // namespace
 
 TEST(EngineGenerate, CpuBackendIsTheDecodeSampleLoop) {
-  Tiny m(TinySpec{});
+  TinyModel m(TinySpec{});
   EXPECT_FALSE(m.model->chains_decode(*m.model->new_workspace(4, 64, 1), 1));
   for (float t : {0.0f, 0.9f})
     for (int stop : {-1, 0, 4}) {
@@ -183,7 +130,7 @@ TEST(EngineGenerate, CpuBackendIsTheDecodeSampleLoop) {
 }
 
 TEST(EngineGenerate, ChainedStepsGiveTheLoopsPicksAndDropTheStepAhead) {
-  Tiny m(TinySpec{});
+  TinyModel m(TinySpec{});
   auto chaining = std::make_shared<ChainingModel>(m.bytes, m.model);
   for (int n_seqs : {1, 3})
     for (float t : {0.0f, 0.9f})
@@ -202,7 +149,7 @@ TEST(EngineGenerate, ChainedStepsGiveTheLoopsPicksAndDropTheStepAhead) {
 }
 
 TEST(EngineGenerate, StopsAtAFullContextAndOnZeroSteps) {
-  Tiny m(TinySpec{});
+  TinyModel m(TinySpec{});
   auto chaining = std::make_shared<ChainingModel>(m.bytes, m.model);
   for (bool chain : {false, true}) {
     chaining->chains = chain;
@@ -227,7 +174,7 @@ TEST(EngineGenerate, StopsAtAFullContextAndOnZeroSteps) {
 // A callback that throws: the error reaches the caller, nothing stays pending, and the sequences and
 // samplers are where a step-by-step loop that threw at that step leaves them.
 TEST(EngineGenerate, ACallbackErrorLeavesTheLoopsState) {
-  Tiny m(TinySpec{});
+  TinyModel m(TinySpec{});
   auto chaining = std::make_shared<ChainingModel>(m.bytes, m.model);
   int64_t n_past[2];
   double draw[2];

@@ -3,11 +3,13 @@
 // break it (drop or reshape a tensor, change the architecture) for the bad-input tests.
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gguf/writer.h"
+#include "model/model.h"
 
 namespace strata::test {
 
@@ -76,5 +78,14 @@ inline std::vector<uint8_t> build_tiny_qwen3moe(const TinySpec& s) {
   }
   return w.to_bytes();
 }
+
+// The tiny model loaded from memory; the bytes live as long as the model that maps them.
+struct TinyModel {
+  std::vector<uint8_t> bytes;
+  std::shared_ptr<const Model> model;
+  explicit TinyModel(const TinySpec& s) : bytes(build_tiny_qwen3moe(s)) {
+    model = load_model(gguf::File::from_memory(bytes.data(), bytes.size(), "tiny.gguf"));
+  }
+};
 
 }  // namespace strata::test

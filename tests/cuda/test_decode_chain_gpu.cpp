@@ -17,66 +17,23 @@
 #include "cuda/backend.h"
 #include "cuda/device.h"
 #include "decode_test_util.h"
+#include "../generate_test_util.h"
 
 using namespace strata;
 
 namespace {
 
-struct ChainRun {
-  std::vector<int32_t> picks;      // every step's, in order (sequences interleaved), then the steps after
-  std::vector<int32_t> n_past;     // each sequence's, at the end
-  std::vector<double> next_draws;  // each sampler's next draw at the end
-  int steps = 0;
-};
-
-// n_seqs sequences, each prefilled with its own prompt, then `max_steps` steps from fixed first tokens:
-// Engine::generate (chained) or a decode_sample loop, stopping after step `stop` (-1: none); then `extra`
-// plain decode_sample steps from the last picks.
-ChainRun run(std::shared_ptr<const Model> model, bool generate, int n_seqs, float temperature, int max_steps,
-             int stop, int extra) {
-  EngineOptions opt = test::small_engine_options(MatmulMode::Fast, cpu::AttnMath::F32);
-  Engine eng(model, opt);
+// n_seqs sequences, each prefilled with its own prompt, then test::generate_run from fixed first tokens.
+test::GenRun run(std::shared_ptr<const Model> model, bool generate, int n_seqs, float temperature, int max_steps,
+                 int stop, int extra) {
+  Engine eng(model, test::small_engine_options(MatmulMode::Fast, cpu::AttnMath::F32));
   const uint32_t V = uint32_t(eng.n_vocab());
-  std::vector<std::unique_ptr<SequenceState>> owned;
-  std::vector<SequenceState*> seqs;
-  std::vector<Sampler> samplers;
-  std::vector<Sampler*> sp;
-  SamplingParams p;
-  p.temperature = temperature;
-  p.repeat_penalty = 1.0f;
-  for (int i = 0; i < n_seqs; ++i) {
-    seqs.push_back(owned.emplace_back(eng.new_sequence()).get());
-    eng.prefill(*seqs.back(), test::random_prompt(size_t(6 + 3 * i), V, uint32_t(11 + i)), nullptr);
-    p.seed = uint64_t(21 + i);
-    samplers.emplace_back(p, int32_t(V));
-  }
-  for (auto& s : samplers) sp.push_back(&s);
-  std::vector<int32_t> first_toks(static_cast<size_t>(n_seqs)), outs(static_cast<size_t>(n_seqs));
+  test::GenSeqs g = test::gen_seqs(eng, n_seqs, temperature, 21, [&](int i) {
+    return test::random_prompt(size_t(6 + 3 * i), V, uint32_t(11 + i));
+  });
+  std::vector<int32_t> first_toks(static_cast<size_t>(n_seqs));
   for (int i = 0; i < n_seqs; ++i) first_toks[size_t(i)] = int32_t((97u * uint32_t(i) + 5u) % V);
-  ChainRun r;
-  const auto on_step = [&](int step, std::span<const int32_t> picks) {
-    r.picks.insert(r.picks.end(), picks.begin(), picks.end());
-    return step != stop;
-  };
-  if (generate) {
-    r.steps = eng.generate(seqs, first_toks, sp, max_steps, on_step);
-  } else {
-    std::vector<int32_t> cur = first_toks;
-    for (int s = 0; s < max_steps; ++s) {
-      eng.decode_sample(seqs, cur, sp, outs.data());
-      ++r.steps;
-      if (!on_step(s, outs)) break;
-      cur = outs;
-    }
-  }
-  for (int e = 0; e < extra; ++e) {
-    const std::vector<int32_t> in(r.picks.end() - n_seqs, r.picks.end());
-    eng.decode_sample(seqs, in, sp, outs.data());
-    r.picks.insert(r.picks.end(), outs.begin(), outs.end());
-  }
-  for (auto* s : seqs) r.n_past.push_back(s->n_past());
-  for (auto& s : samplers) r.next_draws.push_back(s.next_draw());
-  return r;
+  return test::generate_run(eng, g.seqs, g.sp, first_toks, generate, max_steps, stop, extra);
 }
 
 }  // namespace
@@ -98,8 +55,8 @@ TEST(DecodeChainGpu, GenerateGivesTheDecodeSampleLoopsPicks) {
         for (int stop : {-1, 0, 3, 11}) {
           SCOPED_TRACE(std::to_string(n_seqs) + " sequences, temperature " + std::to_string(t) + ", stop after " +
                        std::to_string(stop));
-          const ChainRun got = run(model, true, n_seqs, t, 12, stop, 2);
-          const ChainRun want = run(model, false, n_seqs, t, 12, stop, 2);
+          const test::GenRun got = run(model, true, n_seqs, t, 12, stop, 2);
+          const test::GenRun want = run(model, false, n_seqs, t, 12, stop, 2);
           EXPECT_EQ(got.steps, stop < 0 ? 12 : stop + 1);
           EXPECT_EQ(got.steps, want.steps);
           EXPECT_EQ(got.picks, want.picks);
