@@ -62,7 +62,8 @@ size_t PoolIo::memory_bytes() const {
   for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_parts, &samp_ban,
                                 &samp_rules, &stage_row})
     b += d->bytes();
-  for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h}) b += p->bytes();
+  for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h, &ahead_h[0], &ahead_h[1]})
+    b += p->bytes();
   return b;
 }
 
@@ -503,10 +504,14 @@ void finish_deferred(const PoolCtx& c, PoolIo& io) {
   c.work.host += std::chrono::steady_clock::now() - t_waited;
 }
 
-void chain_tokens(const PoolCtx& c, PoolIo& io, const DevSpan& step_in, size_t tokens_offset, int64_t n) {
+void check_chain(const PoolIo& io, int64_t n) {
   STRATA_REQUIRE(n >= 1 && io.pick_rows == n,
                  "forward: a chained pass of {} tokens needs the previous pass's {} device picks ({} there)", n, n,
                  io.pick_rows);
+}
+
+void chain_tokens(const PoolCtx& c, PoolIo& io, const DevSpan& step_in, size_t tokens_offset, int64_t n) {
+  check_chain(io, n);
   STRATA_REQUIRE(tokens_offset + size_t(n) * 4 <= step_in.bytes, "forward: chained tokens outside the step inputs");
   note_launch(c.cs, {io.samp_ids.span()}, {step_in});
   ops::copy_i32(reinterpret_cast<int32_t*>(static_cast<char*>(step_in.ptr) + tokens_offset),

@@ -264,9 +264,12 @@ void finish_forward_deferred(const PoolCtx& c, PoolIo& io, int64_t n, int64_t n_
 // DeviceSampling::out, records its routing and ends its expert-cache step.
 void finish_deferred(const PoolCtx& c, PoolIo& io);
 
-// A chained pass's tokens (ForwardOptions::chain): the previous pass's n picks (io.samp_ids) copied into
-// `tokens` ([n] int32 of the pass's step inputs, after their upload) by a kernel on the compute stream.
-// strata::Error unless the previous pass picked exactly n rows on the device.
+// strata::Error unless the previous pass picked exactly n rows on the device (what a chained pass of n
+// tokens takes as its tokens: ForwardOptions::chain). Before the pass enqueues anything.
+void check_chain(const PoolIo& io, int64_t n);
+
+// A chained pass's tokens: the previous pass's n picks (io.samp_ids) copied into `tokens` ([n] int32 of the
+// pass's step inputs, after their upload) by a kernel on the compute stream (check_chain's error first).
 void chain_tokens(const PoolCtx& c, PoolIo& io, const DevSpan& step_in, size_t tokens_offset, int64_t n);
 
 // The expert-cache report of a model (n_layer routed layers of n_expert), with the transfer module's

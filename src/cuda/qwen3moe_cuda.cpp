@@ -1255,9 +1255,7 @@ void CudaQwen3Moe::forward(const Batch& batch, Workspace& wsb, float* logits, Th
   for (int64_t t = n_out; t < n; ++t) rows_host[t] = 0;  // unused entries: defined bytes
   check_logits_target(ws, logits, n_out, hp.n_vocab, opt.sampling);
   STRATA_REQUIRE(!opt.chain || n_out == n, "forward: every token of a chained pass picks ({} of {} do)", n_out, n);
-  STRATA_REQUIRE(!opt.chain || ws.pick_rows == n,
-                 "forward: a chained pass of {} tokens needs the previous pass's {} device picks ({} there)", n, n,
-                 ws.pick_rows);
+  if (opt.chain) check_chain(ws, n);  // (before begin_forward: a refused pass starts no expert-cache step)
   Stream& cs = dev_->compute();
   const cudaStream_t s = stream();
   const strata::moe::Residency& res = cache_->residency();

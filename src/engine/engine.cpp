@@ -9,6 +9,13 @@
 
 namespace strata {
 
+namespace {
+// Whether bans apply to some sequence of the call (some banned id and some flagged row).
+bool bans_some_row(const SampleBans& bans) {
+  return !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
+}
+}  // namespace
+
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opt)
     : model_(std::move(model)), opt_(opt), pool_(opt.n_threads) {
   STRATA_REQUIRE(opt_.n_ctx >= 1, "--ctx must be >= 1, got {}", opt_.n_ctx);
@@ -112,8 +119,7 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
     decode_impl(seqs, tokens, nullptr, &ds);
     return;
   }
-  const bool banning =
-      !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
+  const bool banning = bans_some_row(bans);
   const size_t V = size_t(n_vocab());
   // The engine's (or the model's) own memory: the banned rows are edited in place before their pick.
   float* logits = logits_memory(seqs.size(), seqs.size() <= size_t(opt_.n_batch));
@@ -125,8 +131,7 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
 }
 
 bool Engine::picks_on_device(std::span<Sampler* const> samplers, const SampleBans& bans, bool* same) const {
-  const bool banning =
-      !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
+  const bool banning = bans_some_row(bans);
   // On the device when it can: every sampler without penalties, with the same parameters (one rule per
   // pass) or with mixed_device_sampling a rule per row, and no bans or (device_bans) no more banned ids than
   // the device takes.
@@ -147,8 +152,7 @@ bool Engine::device_sampling(std::span<Sampler* const> samplers, const SampleBan
                              DeviceSampling* ds) {
   bool same = true;
   if (!picks_on_device(samplers, bans, &same)) return false;
-  const bool banning =
-      !bans.ids.empty() && std::any_of(bans.rows.begin(), bans.rows.end(), [](uint8_t r) { return r != 0; });
+  const bool banning = bans_some_row(bans);
   const SamplingParams& p = samplers[0]->params();
   draws_.resize(samplers.size());
   for (size_t i = 0; i < samplers.size(); ++i) draws_[i] = float(samplers[i]->next_draw());
