@@ -8,6 +8,7 @@
 //   there (what `strata run` does): the steps' tokens are then the picks, not random ids.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -29,6 +30,7 @@ struct BenchArgs {
   int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
                    // library handles, first touches) stay out of the numbers
   std::string tg_mode = "logits";  // logits | pick | chain (above)
+  float tg_temp = 0.0f;  // pick, chain: 0 greedy; > 0 a draw at this temperature (SamplingParams' other defaults)
   bool json = false;
   bool roofline = true;  // measure the memories' bandwidths after the runs and print the decode roofline
 };
@@ -74,6 +76,9 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(a.parallel >= 1 && a.parallel <= 256, "--parallel must be in [1, 256], got {}", a.parallel);
   STRATA_REQUIRE(a.tg_mode == "logits" || a.tg_mode == "pick" || a.tg_mode == "chain",
                  "--tg-mode must be logits, pick or chain, got '{}'", a.tg_mode);
+  STRATA_REQUIRE(std::isfinite(a.tg_temp) && a.tg_temp >= 0.0f && (a.tg_temp == 0.0f || a.tg_mode != "logits"),
+                 "--tg-temp must be >= 0, and > 0 only with --tg-mode pick or chain (got {} with {})", a.tg_temp,
+                 a.tg_mode);
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
   // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
@@ -103,10 +108,13 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   };
   // tg: n steps, each one token for every sequence (--parallel of them) in one forward pass.
   std::vector<int32_t> toks(seqs.size());
-  // (pick, chain: greedy samplers, one a sequence)
-  std::vector<Sampler> greedy(seqs.size(), Sampler(SamplingParams{.temperature = 0.0f}, eng.n_vocab()));
+  // (pick, chain: a sampler a sequence, greedy unless --tg-temp)
+  SamplingParams sp;
+  sp.temperature = a.tg_temp;
+  sp.seed = 1;
+  std::vector<Sampler> pickers(seqs.size(), Sampler(sp, eng.n_vocab()));
   std::vector<Sampler*> samplers;
-  for (auto& g : greedy) samplers.push_back(&g);
+  for (auto& g : pickers) samplers.push_back(&g);
   std::vector<int32_t> picks(seqs.size());
   const auto run_tg = [&](int n) {
     for (auto* s : seqs) s->reset();
@@ -154,14 +162,15 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   if (a.json) {
     std::printf(
         "{\"model\": \"%s\", \"arch\": \"%s\", \"n_vocab\": %d, \"threads\": %d, \"exact\": %s, \"batch\": %d, "
-        "\"pp\": %d, \"pp_tok_s\": %.3f, \"parallel\": %d, \"tg\": %d, \"tg_mode\": \"%s\", \"tg_tok_s\": %.3f, "
+        "\"pp\": %d, \"pp_tok_s\": %.3f, \"parallel\": %d, \"tg\": %d, \"tg_mode\": \"%s\", \"tg_temp\": %.3f, "
+        "\"tg_tok_s\": %.3f, "
         "\"weights_bytes\": %zu, "
         "\"kv_bytes\": %zu, \"workspace_bytes\": %zu, \"peak_rss_bytes\": %llu, \"load_s\": %.3f, "
         "\"backend\": \"%s\", \"pp_hit_rate\": %s, \"tg_hit_rate\": %s, \"slots_used\": %d, \"n_slots\": %d, "
         "\"tg_bytes_h2d\": %llu, \"tg_bytes_d2h\": %llu, \"decode_bytes\": %llu, \"decode_bytes_routed\": %llu, "
         "\"host_read_gbs\": %.2f, \"device_gbs\": %.2f, \"h2d_gbs\": %.2f, \"tg_roofline_tok_s\": %.3f}\n",
         ef.model.c_str(), hp.arch.c_str(), eng.n_vocab(), eng.options().n_threads, ef.exact ? "true" : "false",
-        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, a.tg_mode.c_str(), tg_best,
+        eng.options().n_batch, a.n_prompt, pp_best, a.parallel, a.n_gen, a.tg_mode.c_str(), double(a.tg_temp), tg_best,
         model->weight_bytes(),
         seq.memory_bytes() * a.parallel, eng.workspace_bytes(), peak_rss, load_s,
         model->backend_name().c_str(), pp_cache.present ? std::to_string(pp_cache.hit_rate()).c_str() : "null",
@@ -173,8 +182,9 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf("model      %s (%s, %d layers, %d experts / %d used)\n", ef.model.c_str(),
                 hp.arch.c_str(), hp.n_layer, hp.n_expert, hp.n_expert_used);
     std::printf("backend    %s\n", model->backend_name().c_str());
-    std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d   tg-mode %s\n", eng.options().n_threads,
-                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup, a.tg_mode.c_str());
+    std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d   tg-mode %s%s\n", eng.options().n_threads,
+                ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup, a.tg_mode.c_str(),
+                a.tg_temp > 0.0f ? (" (drawn at T " + std::to_string(a.tg_temp) + ")").c_str() : "");
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
     if (a.n_gen > 0 && a.parallel == 1) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
     if (a.n_gen > 0 && a.parallel > 1)
@@ -224,6 +234,10 @@ const CommandRegistrar reg(
       app.add_option("--tg-mode", a->tg_mode,
                      "how a tg step ends: logits (back to the host, as llama.cpp's driver), pick (a greedy pick on "
                      "the device), chain (device picks feeding the next step on the device, as strata run)")
+          ->capture_default_str();
+      app.add_option("--tg-temp", a->tg_temp,
+                     "pick and chain: draw at this temperature (top-k 40, top-p 0.95, min-p 0.05, seed 1) instead "
+                     "of the greedy pick; what a sampled decode step costs")
           ->capture_default_str();
       app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
       app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")

@@ -28,6 +28,7 @@ PoolIo::PoolIo(Device& dev, int n_layer_, int32_t n_tok, const HParams& hp, int 
   samp_u = dev.alloc(size_t(n_tok) * 4, "ws.samp_u");
   samp_ids = dev.alloc(size_t(n_tok) * 4, "ws.samp_ids");
   samp_parts = dev.alloc(ops::argmax_parts_bytes(n_tok, hp.n_vocab), "ws.samp_parts");
+  samp_cand = dev.alloc(ops::sample_scratch_bytes(n_tok, hp.n_vocab), "ws.samp_cand");
   samp_ids_h = dev.alloc_pinned(size_t(n_tok) * 4, "ws.samp_ids_h");
   samp_ban = dev.alloc(size_t(DeviceSampling::kMaxDeviceBans) * 4 + size_t(n_tok), "ws.samp_ban");
   samp_ban_h.resize(samp_ban.bytes());
@@ -59,7 +60,7 @@ PoolIo::~PoolIo() {
 
 size_t PoolIo::memory_bytes() const {
   size_t b = moe.memory_bytes();
-  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_parts, &samp_ban,
+  for (const DeviceBuffer* d : {&ids, &wts, &partial, &logits, &samp_u, &samp_ids, &samp_parts, &samp_cand, &samp_ban,
                                 &samp_rules, &stage_row})
     b += d->bytes();
   for (const PinnedBuffer* p : {&ids_h, &wts_h, &xn_h, &partial_h, &logits_h, &samp_ids_h, &ahead_h[0], &ahead_h[1]})
@@ -362,13 +363,16 @@ namespace {
 // The device pick of n_out rows of io.logits into io.samp_ids (ops::sample on the compute stream, after the
 // draws, bans and rules go up). Why on the device: the pick needs one pass over each row; copying the rows
 // (600 KB a row at a 152k vocabulary) and sampling on the CPU costs more than the kernel.
+// The sampler's scratch (null where the workspace has none: a vocabulary too long for the prefilter).
+void* cand_scratch(PoolIo& io) { return io.samp_cand.bytes() > 0 ? io.samp_cand.data() : nullptr; }
+
 void launch_sampler(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& sampling) {
   const DeviceSampling* s = &sampling;
   // Greedy picks (one rule, temperature <= 0) by many blocks a row (ops::argmax_wide: the same ids as the
   // sampler's greedy branch, whose one block a row cost ~50 us a step on an H100 at a 152k vocabulary,
-  // session 45), without the draws. STRATA_CUDA_WIDE_ARGMAX=1 turns it on: off until its GPU tests and an
-  // A/B have run (built in session 45 after the device time was spent; scripts/device-call-s45d.sh).
-  static const bool wide = env_digit("STRATA_CUDA_WIDE_ARGMAX", 0, 1, 0) == 1;
+  // session 45), without the draws; on by default since session 46 (H100 tg64 with device picks: 602.3 tok/s
+  // against 595.4 with the one block, the GPU suite passing with it). STRATA_CUDA_WIDE_ARGMAX=0 turns it off.
+  static const bool wide = env_digit("STRATA_CUDA_WIDE_ARGMAX", 0, 1, 1) == 1;
   if (wide && !s->rules && s->temperature <= 0.0f) {
     apply_bans(c, io, n_out, n_vocab, *s);
     note_launch(c.cs, {io.logits.span()}, {io.samp_parts.span(), io.samp_ids.span()});
@@ -391,14 +395,15 @@ void launch_sampler(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab
     const size_t rb = size_t(n_out) * sizeof(ops::SampleParams);
     c.xfer.upload(head(io.samp_rules, rb), io.samp_rules_h.data(), rb, c.cs, {&c.cs});
     ++c.work.transfers;
-    note_launch(c.cs, {io.logits.span(), io.samp_u.span(), io.samp_rules.span()}, {io.samp_ids.span()});
+    note_launch(c.cs, {io.logits.span(), io.samp_u.span(), io.samp_rules.span()},
+                {io.samp_cand.span(), io.samp_ids.span()});
     ops::sample_rows(io.logits.as<const float>(), n_out, n_vocab, io.samp_rules.as<const ops::SampleParams>(),
-                     io.samp_u.as<const float>(), io.samp_ids.as<int32_t>(), c.cs.handle());
+                     io.samp_u.as<const float>(), cand_scratch(io), io.samp_ids.as<int32_t>(), c.cs.handle());
   } else {
-    note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_ids.span()});
+    note_launch(c.cs, {io.logits.span(), io.samp_u.span()}, {io.samp_cand.span(), io.samp_ids.span()});
     ops::sample(io.logits.as<const float>(), n_out, n_vocab,
                 ops::SampleParams{s->temperature, s->top_k, s->top_p, s->min_p}, io.samp_u.as<const float>(),
-                nullptr, io.samp_ids.as<int32_t>(), c.cs.handle());
+                cand_scratch(io), io.samp_ids.as<int32_t>(), c.cs.handle());
   }
   ++c.work.op_calls;
   io.pick_rows = n_out;

@@ -71,6 +71,7 @@ struct PoolIo {
   DeviceBuffer samp_u;   // [n_tok] f32 draws of device sampling (ForwardOptions::sampling)
   DeviceBuffer samp_ids; // [n_tok] int32 its picks
   DeviceBuffer samp_parts;  // ops::argmax_parts_bytes(n_tok, n_vocab): greedy picks' per-block keys
+  DeviceBuffer samp_cand;   // ops::sample_scratch_bytes(n_tok, n_vocab): the sampler's candidate keys
   PinnedBuffer samp_ids_h;  // [n_tok] int32
   DeviceBuffer samp_ban;    // [kMaxDeviceBans] int32 banned ids, then [n_tok] uint8 row flags (DeviceSampling::ban)
   std::vector<uint8_t> samp_ban_h;  // its host image, uploaded through the transfer module

@@ -17,6 +17,11 @@ __device__ __forceinline__ uint64_t order_key(float f, uint32_t id) {
   return (static_cast<uint64_t>(u) << 32) | (0xffffffffu - id);
 }
 __device__ __forceinline__ uint32_t key_id(uint64_t k) { return 0xffffffffu - static_cast<uint32_t>(k); }
+// The value an order_key was made from (a -0 comes back as +0, as order_key took it).
+__device__ __forceinline__ float key_value(uint64_t k) {
+  const uint32_t h = static_cast<uint32_t>(k >> 32);
+  return __uint_as_float((h & 0x80000000u) ? (h & 0x7fffffffu) : ~h);
+}
 // A key below every order_key (high half 0), still unique per id and lower ids first: for a value that
 // must never be chosen before a real one (a NaN, padding past the last expert).
 __device__ __forceinline__ uint64_t bottom_key(uint32_t id) { return uint64_t(0xffffffffu - id); }

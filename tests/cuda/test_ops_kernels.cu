@@ -735,6 +735,63 @@ TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
   ops::set_sample_deep(was);
 }
 
+// The same with the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so
+// their top-k 1, 40 and 100 rows go through the prefilter).
+TEST_F(GpuOps, SamplePrefilterOffMatchesCpuSampler) {
+  const bool was = ops::sample_prefilter();
+  ops::set_sample_prefilter(false);
+  sample_matches_cpu_sampler(*this);
+  ops::set_sample_prefilter(was);
+}
+
+// The prefilter changes which keys the sampler's passes visit, not what they compute: with it and without it
+// the picks are the same ids, exactly, for every top-k it takes (1 to kSampleCandMaxK, and just past it), at
+// the real vocabulary and at sizes around the stretch (a last stretch of 1 value, fewer values than top-k in
+// it, a row shorter than one stretch), with ties (logits in steps of 1/4), through sample and sample_rows.
+TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
+  const int rows = 8;
+  const int32_t K = ops::kSampleCandMaxK;
+  const int32_t top_ks[] = {1, 2, 20, 40, K - 1, K, K + 1};
+  const int64_t vocabs[] = {kVocab, 2 * ops::kSampleCandStretch + 1, ops::kSampleCandStretch + 30, 1000, 70};
+  const float temps[] = {0.3f, 0.8f, 1.5f};
+  std::mt19937 rng(91);
+  uint64_t seed = 300;
+  int compared = 0;
+  const bool was = ops::sample_prefilter();
+  for (const int64_t V : vocabs) {
+    auto dscratch = alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+    auto dout = alloc<int32_t>(size_t(rows), "out");
+    for (const int32_t k : top_ks) {
+      auto logits = randn(size_t(rows) * size_t(V), uint32_t(seed++), rng() % 2 ? 1.0f : 4.0f);
+      if (k % 2 == 0)
+        for (auto& x : logits) x = std::round(x * 4.0f) / 4.0f;
+      std::vector<float> u(rows);
+      for (auto& x : u) x = float(rng() % 1000000) / 1e6f;
+      std::vector<ops::SampleParams> rules(rows);
+      for (int r = 0; r < rows; ++r)  // sample_rows: the row's rule takes the prefilter or not, mixed
+        rules[size_t(r)] = {temps[rng() % 3], r % 3 == 2 ? 0 : k, r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.05f : 0.0f};
+      const ops::SampleParams p{temps[rng() % 3], k, 0.95f, 0.05f};
+      auto dl = upload(logits, "logits");
+      auto du = upload(u, "u");
+      auto drules = upload(rules, "rules");
+      std::vector<int32_t> got[2][2];  // [prefilter][sample, sample_rows]
+      for (int on = 0; on < 2; ++on) {
+        ops::set_sample_prefilter(on == 1);
+        ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), stream());
+        got[on][0] = download<int32_t>(dout, size_t(rows));
+        ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
+                         dout.as<int32_t>(), stream());
+        got[on][1] = download<int32_t>(dout, size_t(rows));
+      }
+      EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", top-k " << k;
+      EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", top-k " << k;
+      compared += 2 * rows;
+    }
+  }
+  ops::set_sample_prefilter(was);
+  std::printf("[prefilter] %d picks compared\n", compared);
+}
+
 // sample_rows: a rule per row in one launch (a batch of requests with different parameters) against the CPU
 // Sampler with each row's own parameters, at the real vocabulary; the same boundary allowance as above.
 TEST_F(GpuOps, SampleRowsFollowsEachRowsRule) {
@@ -768,8 +825,9 @@ TEST_F(GpuOps, SampleRowsFollowsEachRowsRule) {
   auto du = upload(u, "u");
   auto drules = upload(rules, "rules");
   auto dout = alloc<int32_t>(size_t(rows), "out");
-  ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dout.as<int32_t>(),
-                   stream());
+  auto dscratch = alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+  ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
+                   dout.as<int32_t>(), stream());
   const auto got = download<int32_t>(dout, size_t(rows));
   int differ = 0;
   for (int r = 0; r < rows; ++r) {
@@ -779,8 +837,9 @@ TEST_F(GpuOps, SampleRowsFollowsEachRowsRule) {
         << "row " << r << ": gpu " << got[size_t(r)] << " cpu " << want[size_t(r)];
   }
   EXPECT_LE(differ, 1);
-  EXPECT_THROW(ops::sample_rows(dl.as<float>(), 1, V, nullptr, du.as<float>(), dout.as<int32_t>(), stream()),
-               strata::Error);
+  EXPECT_THROW(
+      ops::sample_rows(dl.as<float>(), 1, V, nullptr, du.as<float>(), nullptr, dout.as<int32_t>(), stream()),
+      strata::Error);
 }
 
 // Four equal logits: probabilities exactly 1/4, cumulative sums exactly 0.25, 0.5, 0.75, 1 in the id
