@@ -91,6 +91,44 @@ __device__ __forceinline__ void warp_hist_add(unsigned* hist, bool take, unsigne
   if (take && (threadIdx.x & 31u) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
 }
 
+// Warp 0 (all its lanes): the bin b of sh.hist where rank r falls, walking the bins from 255 down (the
+// first b whose count exceeds what is left of r; bin 0 when none of 255..1 does) into sh.sel_prefix (prefix with
+// b at shift), sh.sel_rank (r less the bins above b) and sh.sel_unique (b holds one key). Why a warp: one
+// thread walking 256 counts in shared memory took up to ~4 us a level; each lane sums 8 bins, a scan over
+// the lanes finds the lane, and that lane walks its 8.
+__device__ __forceinline__ void pick_bin(SampleShared& sh, long long r, uint64_t prefix, int shift) {
+  const int lane = threadIdx.x & 31;
+  unsigned h[8], local = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) local += (h[j] = sh.hist[255 - 8 * lane - j]);
+  unsigned incl = local;  // bins above and in this lane's, lane 0 holding the top ones
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  const unsigned excl = incl - local;
+  const unsigned ball = __ballot_sync(0xffffffffu, static_cast<long long>(excl) <= r && r < static_cast<long long>(incl));
+  const int owner = ball != 0u ? __ffs(ball) - 1 : 31;  // none: r is past every key, the walk ends at bin 0
+  if (lane != owner) return;
+  long long rr = r - excl;
+  int b = 0;
+  bool done = false;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // (unrolled: h stays in registers)
+    const int bj = 255 - 8 * lane - j;
+    if (done) continue;
+    b = bj;
+    if (bj == 0 || rr < static_cast<long long>(h[j]))
+      done = true;
+    else
+      rr -= h[j];
+  }
+  sh.sel_prefix = prefix | (static_cast<uint64_t>(b) << shift);
+  sh.sel_rank = rr;
+  sh.sel_unique = sh.hist[b] == 1u;
+}
+
 // The key of rank r (0 = first in the CPU's order) among the n_vocab keys of the row. All threads.
 // Once the bucket holding rank r has a single key, one more pass fetches that key (typically after 3-4
 // of the 8 passes for real logits).
@@ -105,17 +143,7 @@ __device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, Sa
       warp_hist_add(sh.hist, (key & hi_mask) == prefix, unsigned((key >> shift) & 255u));
     });
     __syncthreads();
-    if (threadIdx.x == 0) {
-      long long rr = r;
-      int b = 255;
-      for (; b > 0; --b) {
-        if (rr < static_cast<long long>(sh.hist[b])) break;
-        rr -= sh.hist[b];
-      }
-      sh.sel_prefix = prefix | (static_cast<uint64_t>(b) << shift);
-      sh.sel_rank = rr;
-      sh.sel_unique = sh.hist[b] == 1u;
-    }
+    if (threadIdx.x < 32) pick_bin(sh, r, prefix, shift);
     __syncthreads();
     prefix = sh.sel_prefix;
     r = sh.sel_rank;
@@ -518,7 +546,7 @@ DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep
 void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
 bool sample_deep() { return g_sample_deep.get() == 1; }
 namespace {
-DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's batched row loads", 0, 1, 0);
+DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's batched row loads", 0, 1, 1);
 }  // namespace
 bool sample_batched() { return g_sample_batched.get() == 1; }
 
