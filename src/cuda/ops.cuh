@@ -115,10 +115,9 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 // and SampleWalkMatchesCpuSampler compare both against the CPU sampler).
 void set_sample_deep(bool on);
 bool sample_deep();
-// With STRATA_CUDA_SAMPLE_BATCH=1 (read once) sample / sample_rows read the row with row_scan::kBatch loads
-// a thread in flight (cuda/row_scan.cuh; the same values in the same per-thread order, so the same picks);
-// 0, the default until its GPU tests and an A/B have run (built in session 45 after the device time was
-// spent): one load at a time.
+// sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the
+// same values in the same per-thread order, so the same picks); STRATA_CUDA_SAMPLE_BATCH=0 (read once): one
+// load at a time (session 46, H100, sampled decode over whole rows: 546.2 against 526.2 tok/s).
 bool sample_batched();
 // strata::Error naming the parameter sample() would refuse (sample_rows' caller checks its rules with it).
 void check_sample_params(const SampleParams& p);
