@@ -1,44 +1,55 @@
 #!/usr/bin/env bash
-# For the session after 45 (its device time ran out before this could run): the two switches built last
-# in session 45, both off by default until this has run. Build; the argmax_wide / sampler / chain tests with
-# the stream checker and both switches on; tg64 on the 48-layer Q4_0 file: logits back, device pick and
-# chained with both on, the device pick as it is by default (one block a row, one load at a time); strata
-# run sampled (T 0.8, top-k 40) with the sampler's batched loads on and off. If the tests pass and the arms
-# win, make them the defaults (pool_io.cpp launch_sampler's STRATA_CUDA_WIDE_ARGMAX, ops_sample.cu's
-# g_sample_batched) and update README's rows.
-# Then the rest of the GPU suite with every fixture (session 45's call 2 ran it with a partial carry).
-# The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"] (~61 MiB with
-# the tree; .carry/fix: a copy of ../shared/fixtures). LIMIT=S (default 570) bounds the call.
+# For the session after 46 (its device time ran out before this could run): the prefilter by warp merges
+# (STRATA_CUDA_SAMPLE_MERGE, cuda/warp_merge.cuh), off by default until this has run. Build; the sampler
+# tests with the stream checker, with merges off (the default) and on; memcheck and racecheck on the merge's
+# tests; the sampled chained decode (strata bench --tg-mode chain --tg-temp 0.8) with the block-sort
+# prefilter (the default) against the warp merges, alternating, and the greedy chain; ncu's durations of the
+# sampler kernels with warm caches (--cache-control none: as in a decode step) for both. If the tests pass
+# and the merges win, make them the default (ops_sample.cu g_sample_merge) and update README's row.
+# Then the rest of the GPU suite.
+# The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"] (~62 MiB with
+# the tree; .carry/deps: scripts/device-deps; .carry/fix: a copy of ../shared/fixtures). LIMIT=S (570).
 set -uo pipefail
 t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( ${LIMIT:-570} - ($(date +%s) - t0) )); }
 export STRATA_FIXTURES_DIR=$PWD/.carry/fix
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
-timeout 200 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
+timeout 220 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
   { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
 st built | tee -a $OUT/log.txt
 . /tmp/b/env.sh
 T=/tmp/b/tests/strata_cuda_tests
-first='GpuOps.Argmax*:GpuOps.Sample*:GpuOps.CopyI32MatchesCpu:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*'
-STRATA_CUDA_WIDE_ARGMAX=1 STRATA_CUDA_SAMPLE_BATCH=1 STRATA_STREAM_CHECK=1 timeout 60 $T --gtest_filter="$first" \
-  > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
-st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+first='GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*'
+for merge in 0 1; do
+  STRATA_CUDA_SAMPLE_MERGE=$merge STRATA_STREAM_CHECK=1 timeout 90 $T --gtest_filter="$first" > $OUT/tests-m$merge.txt 2>&1
+  echo "rc=$?" >> $OUT/tests-m$merge.txt
+  st "tests merge=$merge: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-m$merge.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+  grep -E '^\[(sample|prefilter)\]' $OUT/tests-m$merge.txt | head -6 | tee -a $OUT/log.txt
+done
+for tool in memcheck racecheck; do
+  timeout 120 compute-sanitizer --tool $tool $T --gtest_filter="$([ $tool = memcheck ] && \
+    echo GpuOps.SamplePrefilterPicksAsTheWholeRow || echo GpuOps.SampleRowsFollowsEachRowsRule)" \
+    > $OUT/$tool.txt 2>&1; echo "rc=$?" >> $OUT/$tool.txt
+  st "$tool (merge=1 for racecheck): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED|rc=' $OUT/$tool.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+  export STRATA_CUDA_SAMPLE_MERGE=1  # (racecheck runs with the merges: the memcheck test runs both itself)
+done
+unset STRATA_CUDA_SAMPLE_MERGE
 m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
-args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline"
-for arm in logits pick chain pick-default; do
-  mode=$arm; env="STRATA_CUDA_WIDE_ARGMAX=1 STRATA_CUDA_SAMPLE_BATCH=1"
-  [ $arm = pick-default ] && { mode=pick; env="STRATA_CUDA_WIDE_ARGMAX=0 STRATA_CUDA_SAMPLE_BATCH=0"; }
-  v=$(env $env timeout 60 /tmp/b/strata bench $args --tg-mode $mode 2>&1 | tee -a $OUT/bench.txt | awk '/^tg/ {print $2; exit}')
-  echo "$arm ${v:-failed}" | tee -a $OUT/log.txt
+args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -n 64 -r 2 --no-roofline --tg-mode chain"
+ROUNDS=3 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$args --tg-temp 0.8" block-sort=- \
+  merges="STRATA_CUDA_SAMPLE_MERGE=1" > $OUT/arms-sampled.txt 2>&1
+tail -5 $OUT/arms-sampled.txt | tee -a $OUT/log.txt
+v=$(timeout 60 /tmp/b/strata bench $args 2>&1 | awk '/^tg/ {print $2; exit}'); echo "greedy-chain ${v:-failed}" | tee -a $OUT/log.txt
+st benches | tee -a $OUT/log.txt
+for merge in 0 1; do
+  [ $(left) -gt 60 ] || break
+  STRATA_CUDA_SAMPLE_MERGE=$merge timeout 50 ncu --clock-control none --cache-control none \
+    --kernel-name regex:'sample' --launch-skip 12 --launch-count 6 --metrics gpu__time_duration.sum \
+    /tmp/b/strata bench ${args/-n 64 -r 2/-n 8 -r 1} --tg-temp 0.8 > $OUT/ncu-m$merge.txt 2>&1
+  echo "ncu merge=$merge:" | tee -a $OUT/log.txt
+  grep -E "sample_cand|sample_kernel|gpu__time_duration" $OUT/ncu-m$merge.txt | sed 's/(const.*//' | head -8 | tee -a $OUT/log.txt
 done
-for arm in sample-chain-batched sample-chain-default; do
-  env="STRATA_CUDA_SAMPLE_BATCH=1"; [[ $arm == *default ]] && env="STRATA_CUDA_SAMPLE_BATCH=0"
-  v=$(env $env timeout 60 /tmp/b/strata run -m $m --backend cuda --adapt-every 0 --expert-cache 100% -p "Once upon a time" \
-      -n 128 --ignore-eos --temp 0.8 --seed 1 2>&1 >/dev/null | grep -oE 'generated [0-9]+ tokens in [0-9.]+ s \([0-9.]+ tok/s\)')
-  echo "run $arm ${v:-failed}" | tee -a $OUT/log.txt
-done
-st runs | tee -a $OUT/log.txt
-if [ $(left) -gt 40 ]; then
+if [ $(left) -gt 60 ]; then
   STRATA_STREAM_CHECK=1 timeout $(( $(left) - 10 )) $T --gtest_filter="-$first" --gtest_brief=1 > $OUT/tests-rest.txt 2>&1
   echo "rc=$?" >> $OUT/tests-rest.txt
   st "rest: $(grep -E '^\[  FAILED|PASSED|tests ran|rc=' $OUT/tests-rest.txt | tr '\n' ' ')" | tee -a $OUT/log.txt

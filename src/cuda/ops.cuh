@@ -98,6 +98,13 @@ constexpr int64_t kSampleCandMaxParts = 1024;  // longer rows (and launches over
 size_t sample_scratch_bytes(int64_t n_tok, int64_t n_vocab);
 void set_sample_prefilter(bool on);
 bool sample_prefilter();
+// The prefilter by warp sorts and merge trees (cuda/warp_merge.cuh): each stretch's top-k by 32 warps sorting 64
+// keys in registers, and the sampler's block merges the stretches' lists into its sorted top-k instead of
+// selecting and gathering it (the same keys, so the same picks). STRATA_CUDA_SAMPLE_MERGE=1 (read once) or
+// set_sample_merge; off: built in session 46 after its device time was spent (session 46's ncu: the block-sort
+// prefilter ~30 us and the sampler ~35 us a row, cold caches), until its GPU tests and an A/B run.
+void set_sample_merge(bool on);
+bool sample_merge();
 
 // As cpu::ban_tokens (a request's ignore_eos before sample/argmax): logits[t][ban[j]] = -inf in each row t
 // whose rows[t] is nonzero (every row when rows is null); ids outside [0, n_vocab) are skipped.

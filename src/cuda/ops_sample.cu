@@ -13,6 +13,7 @@
 #include "cuda/ops_common.cuh"
 #include "cuda/route_key.cuh"
 #include "cuda/row_scan.cuh"
+#include "cuda/warp_merge.cuh"
 
 namespace strata::cuda::ops {
 
@@ -411,16 +412,66 @@ __global__ void __launch_bounds__(kCandThreads) sample_cand_kernel(const float* 
   for (int i = threadIdx.x; i < P.top_k; i += blockDim.x) dst[i] = keys[i];
 }
 
+// ---- The prefilter by warp merges (STRATA_CUDA_SAMPLE_MERGE=1; cuda/warp_merge.cuh says why). The stretch's
+// 2048 keys: each of 32 warps sorts 64 in registers, a tree of merges keeps the top 64 of the 32 lists; the
+// sampler's block merges the row's stretch lists the same way into its sorted top-k (sh.keys, sh.cached)
+// instead of selecting and gathering it from the candidates. The same keys come out, so the same picks.
+constexpr int kMergeThreads = 1024;  // 32 warps x 64 keys = one stretch
+static_assert(kMergeThreads / 32 * 64 == int(kSampleCandStretch) && kSampleCandMaxK <= 64, "warp merge shape");
+static_assert(kRowThreads / 32 * 64 == kChunk, "the sampler's merge tree fills sh.keys");
+
+// As sample_cand_kernel (same grid, output and rows), by warp sorts and a merge tree.
+__global__ void __launch_bounds__(kMergeThreads) sample_cand_merge_kernel(const float* logits, int64_t n_vocab,
+                                                                         SampleParams P0, const SampleParams* rows,
+                                                                         uint64_t* cand, int64_t stride) {
+  __shared__ uint64_t keys[kSampleCandStretch];  // [32 warps][64]
+  const SampleParams P = rows != nullptr ? rows[blockIdx.y] : P0;  // block-uniform
+  if (!uses_cand(P, n_vocab)) return;
+  const float* row = logits + int64_t(blockIdx.y) * n_vocab;
+  const int w = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31u);
+  const int64_t i0 = int64_t(blockIdx.x) * kSampleCandStretch + w * 64 + lane, i1 = i0 + 32;
+  const float v0 = i0 < n_vocab ? row[i0] : 0.0f, v1 = i1 < n_vocab ? row[i1] : 0.0f;
+  uint64_t a0 = i0 < n_vocab ? order_key(v0, static_cast<uint32_t>(i0)) : 0ull;
+  uint64_t a1 = i1 < n_vocab ? order_key(v1, static_cast<uint32_t>(i1)) : 0ull;
+  warp_merge::sort64_desc(warp_merge::DeviceLanes{}, a0, a1);
+  keys[w * 64 + lane] = a0;
+  keys[w * 64 + lane + 32] = a1;
+  __syncthreads();
+  warp_merge::tree_top64(warp_merge::DeviceLanes{}, keys);
+  uint64_t* dst = cand + int64_t(blockIdx.y) * stride + int64_t(blockIdx.x) * P.top_k;
+  for (int i = int(threadIdx.x); i < P.top_k; i += blockDim.x) dst[i] = keys[i];
+}
+
+// The sampler's block (kRowThreads): the top k <= 64 keys of a row from its n_parts stretch lists (cand: [n_parts][k],
+// each descending, from either prefilter kernel) into sh.keys[0, k), descending, and 0 in sh.keys[k, kChunk).
+// Warp w merges lists w, w + 32, ... (an absent list is 64 zeros), then the tree.
+__device__ void merge_cand(const uint64_t* cand, int n_parts, int k, SampleShared& sh) {
+  const int w = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31u);
+  uint64_t a0 = 0, a1 = 0;
+  for (int p = w; p < n_parts; p += kRowThreads / 32) {
+    const uint64_t* L = cand + int64_t(p) * k;
+    warp_merge::merge64_desc(warp_merge::DeviceLanes{}, a0, a1, lane < k ? L[lane] : 0ull,
+                             lane + 32 < k ? L[lane + 32] : 0ull);
+  }
+  sh.keys[w * 64 + lane] = a0;
+  sh.keys[w * 64 + lane + 32] = a1;
+  __syncthreads();
+  warp_merge::tree_top64(warp_merge::DeviceLanes{}, sh.keys);
+  for (int i = k + int(threadIdx.x); i < kChunk; i += blockDim.x) sh.keys[i] = 0;
+  if (threadIdx.x == 0) sh.cached = k;
+  __syncthreads();
+}
+
 // logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
 // Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
 // sorted once and every later step reads them from shared memory instead of the whole row.
 // rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
 // cand: null, or [n_tok][stride] keys from sample_cand_kernel over n_parts stretches a row (the rows that
-// use_cand read theirs instead of the row in every pass).
+// use_cand read theirs instead of the row in every pass; merge: they merge the lists instead, merge_cand).
 __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
                                                              const SampleParams* rows, const float* u, int32_t* out,
                                                              bool deep, bool batched, const uint64_t* cand,
-                                                             int64_t stride, int n_parts) {
+                                                             int64_t stride, int n_parts, bool merge) {
   __shared__ SampleShared sh;
   const SampleParams P = rows != nullptr ? rows[blockIdx.x] : P0;  // block-uniform
   const float* row = logits + blockIdx.x * n_vocab;
@@ -431,10 +482,17 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
     sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
   }
   __syncthreads();
+  // merged: the row's top-k keys are in sh.keys already (block-uniform: the same inputs in every thread).
+  const bool merged = merge && cand != nullptr && uses_cand(P, n_vocab);
   uint64_t kmax = 0;
-  for_row(row, n_vocab, sh,
-          [&](int64_t i, float v) { kmax = MaxOp{}(kmax, order_key(v, static_cast<uint32_t>(i))); });
-  kmax = block_reduce(kmax, sh.red_u64, MaxOp{});
+  if (merged) {
+    merge_cand(cand + int64_t(blockIdx.x) * stride, n_parts, P.top_k, sh);
+    kmax = sh.keys[0];
+  } else {
+    for_row(row, n_vocab, sh,
+            [&](int64_t i, float v) { kmax = MaxOp{}(kmax, order_key(v, static_cast<uint32_t>(i))); });
+    kmax = block_reduce(kmax, sh.red_u64, MaxOp{});
+  }
   const int32_t best = static_cast<int32_t>(key_id(kmax));
   if (P.temperature <= 0.0f) {
     if (threadIdx.x == 0) out[blockIdx.x] = best;
@@ -444,8 +502,9 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   RankCache rc;
   // top-k: ranks [0, m).
   const int64_t m = P.top_k > 0 && P.top_k < n_vocab ? P.top_k : n_vocab;
-  const uint64_t lo_m = m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
-  if (m <= kChunk) {
+  // (merged: ranks [0, m) are cached, so nothing below reads lo_m or the row's other keys)
+  const uint64_t lo_m = !merged && m < n_vocab ? rc.get(row, n_vocab, m - 1, sh) : 0ull;
+  if (!merged && m <= kChunk) {
     gather_sorted(row, n_vocab, lo_m, false, 0, sh);
     if (threadIdx.x == 0) sh.cached = static_cast<int>(m);
     __syncthreads();
@@ -539,6 +598,11 @@ size_t sample_scratch_bytes(int64_t n_tok, int64_t n_vocab) {
 
 void set_sample_prefilter(bool on) { g_sample_prefilter.set(on ? 1 : 0); }
 bool sample_prefilter() { return g_sample_prefilter.get() == 1; }
+namespace {
+DigitSetting g_sample_merge("STRATA_CUDA_SAMPLE_MERGE", "the prefilter's warp merges", 0, 1, 0);
+}  // namespace
+void set_sample_merge(bool on) { g_sample_merge.set(on ? 1 : 0); }
+bool sample_merge() { return g_sample_merge.get() == 1; }
 
 namespace {
 DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep search by mass", 0, 1, 1);
@@ -564,13 +628,17 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
                        ? static_cast<uint64_t*>(scratch)
                        : nullptr;
   const int64_t parts = cand_parts(n_vocab), stride = parts * kSampleCandMaxK;
+  const bool merge = sample_merge();
   if (cand != nullptr && (rows != nullptr || uses_cand_host(p, n_vocab))) {
-    sample_cand_kernel<<<dim3(unsigned(parts), unsigned(n_tok)), kCandThreads, 0, stream>>>(logits, n_vocab, p, rows,
-                                                                                          cand, stride);
+    const dim3 grid{unsigned(parts), unsigned(n_tok)};
+    if (merge)
+      sample_cand_merge_kernel<<<grid, kMergeThreads, 0, stream>>>(logits, n_vocab, p, rows, cand, stride);
+    else
+      sample_cand_kernel<<<grid, kCandThreads, 0, stream>>>(logits, n_vocab, p, rows, cand, stride);
     CUDA_CHECK_LAUNCH();
   }
   sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(
-      logits, n_vocab, p, rows, u, out, sample_deep(), sample_batched(), cand, stride, int(parts));
+      logits, n_vocab, p, rows, u, out, sample_deep(), sample_batched(), cand, stride, int(parts), merge);
   CUDA_CHECK_LAUNCH();
 }
 }  // namespace

@@ -744,8 +744,16 @@ TEST_F(GpuOps, SamplePrefilterOffMatchesCpuSampler) {
   ops::set_sample_prefilter(was);
 }
 
-// The prefilter changes which keys the sampler's passes visit, not what they compute: with it and without it
-// the picks are the same ids, exactly, for every top-k it takes (1 to kSampleCandMaxK, and just past it), at
+// With the prefilter by warp merges (ops::sample_merge, off by default until this has run on a GPU).
+TEST_F(GpuOps, SampleMergeMatchesCpuSampler) {
+  const bool was = ops::sample_merge();
+  ops::set_sample_merge(true);
+  sample_matches_cpu_sampler(*this);
+  ops::set_sample_merge(was);
+}
+
+// The prefilter changes which keys the sampler's passes visit, not what they compute: with it (by the block
+// sort and by warp merges) and without it the picks are the same ids, exactly, for every top-k it takes (1 to kSampleCandMaxK, and just past it), at
 // the real vocabulary and at sizes around the stretch (a last stretch of 1 value, fewer values than top-k in
 // it, a row shorter than one stretch), with ties (logits in steps of 1/4), through sample and sample_rows.
 TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
@@ -757,7 +765,7 @@ TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
   std::mt19937 rng(91);
   uint64_t seed = 300;
   int compared = 0;
-  const bool was = ops::sample_prefilter();
+  const bool was = ops::sample_prefilter(), was_merge = ops::sample_merge();
   for (const int64_t V : vocabs) {
     auto dscratch = alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
     auto dout = alloc<int32_t>(size_t(rows), "out");
@@ -774,9 +782,10 @@ TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
       auto dl = upload(logits, "logits");
       auto du = upload(u, "u");
       auto drules = upload(rules, "rules");
-      std::vector<int32_t> got[2][2];  // [prefilter][sample, sample_rows]
-      for (int on = 0; on < 2; ++on) {
-        ops::set_sample_prefilter(on == 1);
+      std::vector<int32_t> got[3][2];  // [off, prefilter, prefilter by merges][sample, sample_rows]
+      for (int on = 0; on < 3; ++on) {
+        ops::set_sample_prefilter(on >= 1);
+        ops::set_sample_merge(on == 2);
         ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), stream());
         got[on][0] = download<int32_t>(dout, size_t(rows));
         ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
@@ -785,10 +794,13 @@ TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
       }
       EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", top-k " << k;
       EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", top-k " << k;
-      compared += 2 * rows;
+      EXPECT_EQ(got[2][0], got[0][0]) << "sample, merges, vocabulary " << V << ", top-k " << k;
+      EXPECT_EQ(got[2][1], got[0][1]) << "sample_rows, merges, vocabulary " << V << ", top-k " << k;
+      compared += 4 * rows;
     }
   }
   ops::set_sample_prefilter(was);
+  ops::set_sample_merge(was_merge);
   std::printf("[prefilter] %d picks compared\n", compared);
 }
 
