@@ -719,43 +719,38 @@ void sample_matches_cpu_sampler(GpuOps& f) {
 
 TEST_F(GpuOps, SampleMatchesCpuSampler) { sample_matches_cpu_sampler(*this); }
 
+// sample_matches_cpu_sampler with one of the sampler's switches (get / set) at `on`, then set back.
+void sample_matches_cpu_sampler_with(GpuOps& f, bool (*get)(), void (*set)(bool), bool on) {
+  const bool was = get();
+  set(on);
+  sample_matches_cpu_sampler(f);
+  set(was);
+}
+
 // The same with each way past the first 2048 ranks: the deep search by mass (ops::sample_deep, the default)
 // and the walk over the ranks in chunks (the everything-off and flat cases above go tens of thousands of
 // ranks deep, the top-p ones too).
 TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
-  const bool was = ops::sample_deep();
-  ops::set_sample_deep(true);
-  sample_matches_cpu_sampler(*this);
-  ops::set_sample_deep(was);
+  sample_matches_cpu_sampler_with(*this, ops::sample_deep, ops::set_sample_deep, true);
 }
 TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
-  const bool was = ops::sample_deep();
-  ops::set_sample_deep(false);
-  sample_matches_cpu_sampler(*this);
-  ops::set_sample_deep(was);
+  sample_matches_cpu_sampler_with(*this, ops::sample_deep, ops::set_sample_deep, false);
 }
-
-// The same with the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so
-// their top-k 1, 40 and 100 rows go through the prefilter).
+// With the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so their
+// top-k 1, 40 and 100 rows go through the prefilter), and with the prefilter by warp merges
+// (ops::sample_merge, off by default until this has run on a GPU).
 TEST_F(GpuOps, SamplePrefilterOffMatchesCpuSampler) {
-  const bool was = ops::sample_prefilter();
-  ops::set_sample_prefilter(false);
-  sample_matches_cpu_sampler(*this);
-  ops::set_sample_prefilter(was);
+  sample_matches_cpu_sampler_with(*this, ops::sample_prefilter, ops::set_sample_prefilter, false);
 }
-
-// With the prefilter by warp merges (ops::sample_merge, off by default until this has run on a GPU).
 TEST_F(GpuOps, SampleMergeMatchesCpuSampler) {
-  const bool was = ops::sample_merge();
-  ops::set_sample_merge(true);
-  sample_matches_cpu_sampler(*this);
-  ops::set_sample_merge(was);
+  sample_matches_cpu_sampler_with(*this, ops::sample_merge, ops::set_sample_merge, true);
 }
 
 // The prefilter changes which keys the sampler's passes visit, not what they compute: with it (by the block
-// sort and by warp merges) and without it the picks are the same ids, exactly, for every top-k it takes (1 to kSampleCandMaxK, and just past it), at
-// the real vocabulary and at sizes around the stretch (a last stretch of 1 value, fewer values than top-k in
-// it, a row shorter than one stretch), with ties (logits in steps of 1/4), through sample and sample_rows.
+// sort and by warp merges) and without it the picks are the same ids, exactly, for every top-k it takes (1 to
+// kSampleCandMaxK, and just past it), at the real vocabulary and at sizes around the stretch (a last stretch
+// of 1 value, fewer values than top-k in it, a row shorter than one stretch), with ties (logits in steps of
+// 1/4), through sample and sample_rows.
 TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
   const int rows = 8;
   const int32_t K = ops::kSampleCandMaxK;
