@@ -10,15 +10,7 @@
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"] (~62 MiB with
 # the tree; .carry/deps: scripts/device-deps; .carry/fix: a copy of ../shared/fixtures). LIMIT=S (570).
 set -uo pipefail
-t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-left() { echo $(( ${LIMIT:-570} - ($(date +%s) - t0) )); }
-export STRATA_FIXTURES_DIR=$PWD/.carry/fix
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
-timeout 220 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
-  { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
-st built | tee -a $OUT/log.txt
-. /tmp/b/env.sh
-T=/tmp/b/tests/strata_cuda_tests
+. scripts/device-call-start strata strata_cuda_tests
 first='GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*'
 for merge in 0 1; do
   STRATA_CUDA_SAMPLE_MERGE=$merge STRATA_STREAM_CHECK=1 timeout 90 $T --gtest_filter="$first" > $OUT/tests-m$merge.txt 2>&1

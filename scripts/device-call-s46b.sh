@@ -7,15 +7,7 @@
 # prefilter's equality test (racecheck on sample_rows' test: 2 launches, the prefilter's among them).
 # The device tool: run "bash scripts/device-call-s46b.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
-t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-left() { echo $(( ${LIMIT:-570} - ($(date +%s) - t0) )); }
-export STRATA_FIXTURES_DIR=$PWD/.carry/fix
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
-timeout 220 scripts/device-build . /tmp/b .carry/deps strata strata_cuda_tests > $OUT/build.log 2>&1 ||
-  { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
-st built | tee -a $OUT/log.txt
-. /tmp/b/env.sh
-T=/tmp/b/tests/strata_cuda_tests
+. scripts/device-call-start strata strata_cuda_tests
 first='GpuOps.Argmax*:GpuOps.Sample*:GpuOps.CopyI32MatchesCpu:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*:LogitsInPlaceGpu.*'
 STRATA_STREAM_CHECK=1 timeout 90 $T --gtest_filter="$first" > $OUT/tests.txt 2>&1; echo "rc=$?" >> $OUT/tests.txt
 st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
