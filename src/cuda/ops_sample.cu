@@ -382,7 +382,6 @@ constexpr int kCandPerThread = int(kSampleCandStretch) / kCandThreads;
 __host__ __device__ __forceinline__ bool uses_cand(const SampleParams& P, int64_t n_vocab) {
   return P.temperature > 0.0f && P.top_k > 0 && P.top_k <= kSampleCandMaxK && P.top_k < n_vocab;
 }
-bool uses_cand_host(const SampleParams& P, int64_t n_vocab) { return uses_cand(P, n_vocab); }
 
 // logits: [n_tok][n_vocab]; cand: [n_tok][stride] keys. Block (b, t): row t's values [b * kSampleCandStretch,
 // + kSampleCandStretch), sorted by key, their top_k largest keys (0 past the row's end) to cand[t][b * top_k, +
@@ -629,7 +628,7 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
                        : nullptr;
   const int64_t parts = cand_parts(n_vocab), stride = parts * kSampleCandMaxK;
   const bool merge = sample_merge();
-  if (cand != nullptr && (rows != nullptr || uses_cand_host(p, n_vocab))) {
+  if (cand != nullptr && (rows != nullptr || uses_cand(p, n_vocab))) {
     const dim3 grid{unsigned(parts), unsigned(n_tok)};
     if (merge)
       sample_cand_merge_kernel<<<grid, kMergeThreads, 0, stream>>>(logits, n_vocab, p, rows, cand, stride);

@@ -360,12 +360,12 @@ static void apply_bans(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vo
 
 namespace {
 
-// The device pick of n_out rows of io.logits into io.samp_ids (ops::sample on the compute stream, after the
-// draws, bans and rules go up). Why on the device: the pick needs one pass over each row; copying the rows
-// (600 KB a row at a 152k vocabulary) and sampling on the CPU costs more than the kernel.
 // The sampler's scratch (null where the workspace has none: a vocabulary too long for the prefilter).
 void* cand_scratch(PoolIo& io) { return io.samp_cand.bytes() > 0 ? io.samp_cand.data() : nullptr; }
 
+// The device pick of n_out rows of io.logits into io.samp_ids (ops::sample on the compute stream, after the
+// draws, bans and rules go up). Why on the device: the pick needs one pass over each row; copying the rows
+// (600 KB a row at a 152k vocabulary) and sampling on the CPU costs more than the kernel.
 void launch_sampler(const PoolCtx& c, PoolIo& io, int64_t n_out, int64_t n_vocab, const DeviceSampling& sampling) {
   const DeviceSampling* s = &sampling;
   // Greedy picks (one rule, temperature <= 0) by many blocks a row (ops::argmax_wide: the same ids as the
