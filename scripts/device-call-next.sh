@@ -11,7 +11,7 @@
 # the tree; .carry/deps: scripts/device-deps; .carry/fix: a copy of ../shared/fixtures). LIMIT=S (570).
 set -uo pipefail
 . scripts/device-call-start strata strata_cuda_tests
-first='GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*'
+first='GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*:*LogitsInPlace*'
 for merge in 0 1; do
   STRATA_CUDA_SAMPLE_MERGE=$merge STRATA_STREAM_CHECK=1 timeout 90 $T --gtest_filter="$first" > $OUT/tests-m$merge.txt 2>&1
   echo "rc=$?" >> $OUT/tests-m$merge.txt
@@ -33,6 +33,16 @@ ROUNDS=3 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$args --tg-temp 0.8" b
 tail -5 $OUT/arms-sampled.txt | tee -a $OUT/log.txt
 v=$(timeout 60 /tmp/b/strata bench $args 2>&1 | awk '/^tg/ {print $2; exit}'); echo "greedy-chain ${v:-failed}" | tee -a $OUT/log.txt
 st benches | tee -a $OUT/log.txt
+# Session 47: the server's decode steps chained (Scheduler::decode_all through Backend::generate) against a
+# step-by-step loop (STRATA_DECODE_CHAIN=0), one request of 256 tokens, greedy and T 0.8, alternating.
+if [ $(left) -gt 170 ]; then
+  timeout $(( $(left) - 110 )) python3 scripts/serve-ignore-eos-ab.py /tmp/b/strata "$m" \
+    "--backend cuda --expert-cache 100% --adapt-every 0 --ctx 1024" 1 256 3 \
+    chain-g=req.temperature=0,STRATA_DECODE_CHAIN=1 step-g=req.temperature=0,STRATA_DECODE_CHAIN=0 \
+    chain-t=STRATA_DECODE_CHAIN=1 step-t=STRATA_DECODE_CHAIN=0 > $OUT/serve-chain.txt 2>&1
+  tail -4 $OUT/serve-chain.txt | tee -a $OUT/log.txt
+  st serve | tee -a $OUT/log.txt
+fi
 for merge in 0 1; do
   [ $(left) -gt 60 ] || break
   STRATA_CUDA_SAMPLE_MERGE=$merge timeout 50 ncu --clock-control none --cache-control none \

@@ -91,6 +91,39 @@ class FakeBackend : public Backend {
     }
   }
 
+  // Backend::generate, and with `run_ahead` as a GPU backend that chains its steps (EngineBackend over
+  // Engine::generate): step s + 1 is evaluated before on_step(s) runs, and dropped (the sequences
+  // truncated, the samplers set back) when on_step stops. A scheduler that acts on a stop too late, or frees
+  // what a running generate still uses, shows here.
+  int generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
+               const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) override {
+    generate_calls++;
+    if (!run_ahead) return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
+    std::vector<int32_t> picks(static_cast<size_t>(n)), ahead(static_cast<size_t>(n));
+    std::vector<float> la(static_cast<size_t>(n) * kVocab);
+    decode_sample(seqs, tokens, n, samplers, ban_eog, logits, picks.data());
+    for (int s = 0;; ++s) {
+      const bool more = s + 1 < max_steps;
+      std::vector<Sampler> before;
+      if (more) {
+        for (int32_t i = 0; i < n; ++i) before.push_back(*static_cast<Sampler*>(samplers[i]));
+        decode_sample(seqs, picks.data(), n, samplers, ban_eog, la.data(), ahead.data());
+      }
+      const bool go = on_step(s, picks.data());
+      if (!go || !more) {
+        if (more) {  // the step launched ahead is dropped
+          dropped_steps++;
+          for (int32_t i = 0; i < n; ++i) {
+            static_cast<FakeSequence&>(*seqs[i]).tokens.pop_back();
+            *static_cast<Sampler*>(samplers[i]) = before[size_t(i)];
+          }
+        }
+        return s + 1;
+      }
+      picks.swap(ahead);
+    }
+  }
+
   class Sampler : public TokenSampler {
    public:
     Sampler(float temp, uint64_t seed) : temp_(temp), state_(seed * 2654435761u + 1) {}
@@ -147,6 +180,9 @@ class FakeBackend : public Backend {
   std::atomic<int64_t> evaluated{0};
   std::atomic<int32_t> max_batch{0};
   std::atomic<int64_t> decode_calls{0};
+  std::atomic<int64_t> generate_calls{0};
+  std::atomic<int64_t> dropped_steps{0};
+  bool run_ahead = false;
   std::chrono::milliseconds step_delay{0};
   float eos_bias = 0.0f;
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <stdexcept>
@@ -72,7 +73,9 @@ class ChainingModel final : public Model {
     inner_->forward({toks, batch.seqs}, ws, lg.data(), pool, inner);
     std::vector<int32_t> picks(toks.size());
     for (size_t r = 0; r < toks.size(); ++r) {
-      const float* row = lg.data() + r * V;
+      float* row = lg.data() + r * V;
+      if (opt.sampling->ban_rows && opt.sampling->ban_rows[r])  // (as the device: banned logits -inf)
+        for (int32_t b = 0; b < opt.sampling->n_ban; ++b) row[opt.sampling->ban[b]] = -INFINITY;
       const int32_t best = int32_t(std::max_element(row, row + V) - row);
       const int32_t shift = opt.sampling->temperature > 0.0f ? int32_t(3.0f * opt.sampling->u[r]) : 0;
       picks[r] = (best + shift) % int32_t(V);
@@ -203,4 +206,56 @@ TEST(EngineGenerate, ACallbackErrorLeavesTheLoopsState) {
   EXPECT_EQ(n_past[0], 5 + 4);
   EXPECT_EQ(n_past[1], n_past[0]);
   EXPECT_EQ(draw[1], draw[0]);
+}
+
+// Bans (a server request's ignore_eos) hold in every step of a generate call, chained or not: the picks
+// are the decode_sample loop's with the same bans, a banned id is never picked in a flagged sequence, and
+// the unflagged sequence picks as without bans.
+TEST(EngineGenerate, BansHoldInEveryStep) {
+  TinyModel m(TinySpec{});
+  auto chaining = std::make_shared<ChainingModel>(m.bytes, m.model);
+  const std::vector<uint8_t> rows = {1, 0};
+  // 8 steps of 2 sequences (picks interleaved), by generate or by a decode_sample loop.
+  const auto run = [&](bool generate, const std::vector<int32_t>& ids) {
+    Engine eng(chaining, exact_opts(64));
+    GenSeqs g = gen_seqs(eng, 2, 0.0f, 5, [&](int i) { return some_tokens(4 + i, eng.n_vocab(), i + 1); });
+    const std::vector<int32_t> first = {3, 7};
+    const SampleBans bans{ids, ids.empty() ? std::span<const uint8_t>() : std::span<const uint8_t>(rows)};
+    std::vector<int32_t> got;
+    if (generate) {
+      const auto keep = [&](int, std::span<const int32_t> p) {
+        got.insert(got.end(), p.begin(), p.end());
+        return true;
+      };
+      EXPECT_EQ(eng.generate(g.seqs, first, g.sp, 8, keep, bans), 8);
+    } else {
+      std::vector<int32_t> cur = first, out(2);
+      for (int s = 0; s < 8; ++s) {
+        eng.decode_sample(g.seqs, cur, g.sp, out.data(), bans);
+        got.insert(got.end(), out.begin(), out.end());
+        cur = out;
+      }
+    }
+    EXPECT_EQ(chaining->pending(), 0u);
+    return got;
+  };
+  for (bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chained" : "loop");
+    chaining->chains = chain;
+    chaining->chained = 0;
+    const std::vector<int32_t> free = run(true, {});
+    // Ban every id sequence 0 picked without bans: its picks must change.
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < free.size(); i += 2) ids.push_back(free[i]);
+    const std::vector<int32_t> banned = run(true, ids);
+    EXPECT_EQ(banned, run(false, ids));
+    for (size_t i = 0; i < banned.size(); ++i) {
+      if (i % 2 == 0) {
+        EXPECT_EQ(std::count(ids.begin(), ids.end(), banned[i]), 0) << "step " << i / 2 << " picked a banned id";
+      } else {
+        EXPECT_EQ(banned[i], free[i]) << "the unflagged sequence's pick moved at step " << i / 2;
+      }
+    }
+    if (chain) EXPECT_GT(chaining->chained, 0);
+  }
 }

@@ -45,10 +45,17 @@ SchedulerConfig cfg(int parallel, int max_queue = 64, uint64_t park = 0) {
   return c;
 }
 
+// Every test twice: over Backend::generate's plain loop, and over a backend that evaluates each step before
+// the scheduler has handled the previous one's tokens (FakeBackend::run_ahead, as a GPU's chained steps).
+class ServerScheduler : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Steps, ServerScheduler, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "RunAhead" : "Plain"; });
+
 }  // namespace
 
-TEST(ServerScheduler, GreedyMatchesDirectEvaluation) {
+TEST_P(ServerScheduler, GreedyMatchesDirectEvaluation) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   Scheduler s(b, cfg(2), m);
   s.start();
@@ -63,8 +70,9 @@ TEST(ServerScheduler, GreedyMatchesDirectEvaluation) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, BatchOfEightEqualsAlone) {
+TEST_P(ServerScheduler, BatchOfEightEqualsAlone) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   b.step_delay = std::chrono::milliseconds(2);
   Metrics m;
   Scheduler s(b, cfg(8), m);
@@ -78,8 +86,9 @@ TEST(ServerScheduler, BatchOfEightEqualsAlone) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, SampledOutputDependsOnlyOnSeed) {
+TEST_P(ServerScheduler, SampledOutputDependsOnlyOnSeed) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   Scheduler s(b, cfg(4), m);
   s.start();
@@ -97,8 +106,9 @@ TEST(ServerScheduler, SampledOutputDependsOnlyOnSeed) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, ConversationReuseEvaluatesOnlyTheTail) {
+TEST_P(ServerScheduler, ConversationReuseEvaluatesOnlyTheTail) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   Scheduler s(b, cfg(2, 64, 10000), m);
   s.start();
@@ -135,8 +145,9 @@ TEST(ServerScheduler, ConversationReuseEvaluatesOnlyTheTail) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, ParkBudgetEvictsLeastRecentlyUsed) {
+TEST_P(ServerScheduler, ParkBudgetEvictsLeastRecentlyUsed) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   Scheduler s(b, cfg(1, 64, 2000), m);  // room for two parked sequences of 1000 bytes
   s.start();
@@ -165,8 +176,9 @@ TEST(ServerScheduler, ParkBudgetEvictsLeastRecentlyUsed) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, CancelStopsAndFreesTheSequenceWithinAStep) {
+TEST_P(ServerScheduler, CancelStopsAndFreesTheSequenceWithinAStep) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   b.step_delay = std::chrono::milliseconds(5);
   Metrics m;
   Scheduler s(b, cfg(2, 64, 0), m);
@@ -182,13 +194,16 @@ TEST(ServerScheduler, CancelStopsAndFreesTheSequenceWithinAStep) {
   j->cancel = true;
   wait(*j);
   EXPECT_EQ(j->finish, FinishReason::Cancelled);
-  EXPECT_LE(b.decode_calls.load() - calls, 1) << "more than one step after the cancel";
+  // (run ahead: the step launched before the cancel was seen is evaluated and dropped)
+  EXPECT_LE(b.decode_calls.load() - calls, GetParam() ? 2 : 1) << "more steps after the cancel";
+  EXPECT_EQ(b.dropped_steps.load(), GetParam() ? 1 : 0);
   EXPECT_EQ(b.live_sequences.load(), 0) << "the KV of a cancelled request must be freed";
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, QueueBoundAnswers429) {
+TEST_P(ServerScheduler, QueueBoundAnswers429) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   b.step_delay = std::chrono::milliseconds(5);
   Metrics m;
   Scheduler s(b, cfg(1, 1), m);
@@ -214,8 +229,9 @@ TEST(ServerScheduler, QueueBoundAnswers429) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, StopStringEndsGenerationAndIsNotOutput) {
+TEST_P(ServerScheduler, StopStringEndsGenerationAndIsNotOutput) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   Scheduler s(b, cfg(1), m);
   s.start();
@@ -234,8 +250,9 @@ TEST(ServerScheduler, StopStringEndsGenerationAndIsNotOutput) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, EndOfGenerationAndContextLimit) {
+TEST_P(ServerScheduler, EndOfGenerationAndContextLimit) {
   FakeBackend b(64);
+  b.run_ahead = GetParam();
   b.eos_bias = 100.0f;  // EOS always wins
   Metrics m;
   Scheduler s(b, cfg(1), m);
@@ -260,8 +277,9 @@ TEST(ServerScheduler, EndOfGenerationAndContextLimit) {
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
 
-TEST(ServerScheduler, DrainFinishesInFlightThenRefuses) {
+TEST_P(ServerScheduler, DrainFinishesInFlightThenRefuses) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   b.step_delay = std::chrono::milliseconds(2);
   Metrics m;
   Scheduler s(b, cfg(2), m);
@@ -275,8 +293,9 @@ TEST(ServerScheduler, DrainFinishesInFlightThenRefuses) {
   EXPECT_THROW(s.submit(make_job(b, "late", 3)), ApiError);
 }
 
-TEST(ServerScheduler, DrainCancelsAfterGrace) {
+TEST_P(ServerScheduler, DrainCancelsAfterGrace) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   b.step_delay = std::chrono::milliseconds(20);
   Metrics m;
   Scheduler s(b, cfg(1, 4), m);
@@ -295,8 +314,9 @@ TEST(ServerScheduler, DrainCancelsAfterGrace) {
   EXPECT_EQ(b.live_sequences.load(), 0);
 }
 
-TEST(ServerScheduler, HeartbeatAdvancesWhenIdle) {
+TEST_P(ServerScheduler, HeartbeatAdvancesWhenIdle) {
   FakeBackend b;
+  b.run_ahead = GetParam();
   Metrics m;
   SchedulerConfig c = cfg(1);
   c.idle_tick = std::chrono::milliseconds(10);
@@ -310,4 +330,92 @@ TEST(ServerScheduler, HeartbeatAdvancesWhenIdle) {
   EXPECT_LT(snap.heartbeat_age_s, 0.25);
   s.drain_and_stop(std::chrono::milliseconds(100));
   EXPECT_FALSE(s.snapshot().loop_alive);
+}
+
+TEST_P(ServerScheduler, ChainsStepsWhileNothingElseWaits) {
+  FakeBackend b;
+  b.run_ahead = GetParam();
+  Metrics m;
+  Scheduler s(b, cfg(2), m);
+  s.start();
+  auto j = make_job(b, "one request alone", 40);
+  s.submit(j);
+  wait(*j);
+  EXPECT_EQ(j->finish, FinishReason::Length);
+  EXPECT_EQ(j->text, text_of(b, b.greedy(j->prompt, 40)));
+  // The prompt's end samples the first token; the other 39 come from one generate call, which launched
+  // no step past max_tokens.
+  EXPECT_EQ(b.generate_calls.load(), 1);
+  EXPECT_EQ(b.decode_calls.load(), 39);
+  EXPECT_EQ(b.dropped_steps.load(), 0);
+  EXPECT_EQ(m.decode_steps.load(), 39u);
+  EXPECT_EQ(m.generated_tokens.load(), 40u);
+  s.drain_and_stop(std::chrono::milliseconds(1000));
+}
+
+TEST_P(ServerScheduler, AdmitsARequestThatArrivesMidChain) {
+  FakeBackend b;
+  b.run_ahead = GetParam();
+  b.step_delay = std::chrono::milliseconds(2);
+  Metrics m;
+  Scheduler s(b, cfg(2), m);
+  s.start();
+  auto a = make_job(b, "the long one", 150);
+  s.submit(a);
+  while (true) {
+    std::lock_guard<std::mutex> lk(a->mu);
+    if (a->text.size() >= 5) break;
+  }
+  auto c = make_job(b, "a short one", 8);
+  s.submit(c);
+  wait(*c);
+  {
+    std::lock_guard<std::mutex> lk(a->mu);
+    EXPECT_FALSE(a->done) << "the second request waited for the first to end";
+  }
+  wait(*a);
+  EXPECT_EQ(b.max_batch.load(), 2);
+  EXPECT_EQ(a->text, text_of(b, b.greedy(a->prompt, 150)));
+  EXPECT_EQ(c->text, text_of(b, b.greedy(c->prompt, 8)));
+  // The chain stopped for the admission (and, run ahead, dropped its step ahead once more for c's end).
+  EXPECT_GE(b.generate_calls.load(), 3);
+  if (GetParam()) {
+    EXPECT_GE(b.dropped_steps.load(), 1);
+  }
+  s.drain_and_stop(std::chrono::milliseconds(1000));
+}
+
+TEST_P(ServerScheduler, EndOfGenerationMidChainKeepsTheRightState) {
+  // A request that ends on end-of-generation mid-chain: its text is what it is alone, and the KV it parks
+  // holds exactly its tokens (a step run ahead is dropped), so a follow-up reuses them all.
+  FakeBackend b;
+  b.run_ahead = GetParam();
+  Metrics m;
+  Scheduler s(b, cfg(1, 64, 10000), m);
+  s.start();
+  // A prompt whose greedy continuation ends on end-of-generation (id 0) within 60 tokens.
+  b.eos_bias = 20.0f;  // end-of-generation as likely as any other token
+  std::shared_ptr<Job> j;
+  std::string prompt;
+  for (int i = 0; i < 200 && !j; ++i) {
+    prompt = "probe " + std::to_string(i);
+    std::vector<int32_t> out = b.greedy(b.tokenize(prompt), 60);
+    if (out.size() >= 4 && out.size() < 60) j = make_job(b, prompt, 60);
+  }
+  ASSERT_TRUE(j) << "no prompt ends early with this bias";
+  s.submit(j);
+  wait(*j);
+  EXPECT_EQ(j->finish, FinishReason::Eos);
+  const std::vector<int32_t> ref = b.greedy(j->prompt, 60);
+  EXPECT_EQ(j->text, text_of(b, ref));
+  if (GetParam()) {
+    EXPECT_EQ(b.dropped_steps.load(), 1);
+  }
+  auto again = make_job(b, prompt + text_of(b, ref) + " more", 3);
+  s.submit(again);
+  wait(*again);
+  // Parked: the prompt and every generated token (the end-of-generation one was sampled, not evaluated).
+  EXPECT_EQ(again->usage.cached_tokens, int64_t(j->prompt.size() + ref.size()));
+  EXPECT_EQ(again->text, text_of(b, b.greedy(again->prompt, 3)));
+  s.drain_and_stop(std::chrono::milliseconds(1000));
 }

@@ -108,12 +108,7 @@ void Engine::decode_sample(std::span<SequenceState* const> seqs, std::span<const
                            std::span<Sampler* const> samplers, int32_t* out, const SampleBans& bans) {
   STRATA_REQUIRE(samplers.size() == seqs.size(), "decode: {} sequences but {} samplers", seqs.size(),
                  samplers.size());
-  STRATA_REQUIRE(bans.rows.empty() || bans.rows.size() == seqs.size(),
-                 "decode: {} sequences but {} ban flags", seqs.size(), bans.rows.size());
-  STRATA_REQUIRE(bans.ids.size() <= size_t(INT32_MAX), "decode: {} banned ids", bans.ids.size());
-  for (int32_t t : bans.ids)
-    STRATA_REQUIRE(t >= 0 && t < n_vocab(), "decode: banned token id {} is out of range (vocabulary {})", t,
-                   n_vocab());
+  check_bans(bans, seqs.size());
   DeviceSampling ds;
   if (device_sampling(samplers, bans, out, &ds)) {
     decode_impl(seqs, tokens, nullptr, &ds);
@@ -180,7 +175,8 @@ bool Engine::device_sampling(std::span<Sampler* const> samplers, const SampleBan
 }
 
 int Engine::generate(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                     std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step) {
+                     std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step,
+                     const SampleBans& bans) {
   STRATA_REQUIRE(samplers.size() == seqs.size(), "generate: {} sequences but {} samplers", seqs.size(),
                  samplers.size());
   STRATA_REQUIRE(max_steps >= 0, "generate: max_steps {} must be >= 0", max_steps);
@@ -189,15 +185,16 @@ int Engine::generate(std::span<SequenceState* const> seqs, std::span<const int32
   if (max_steps == 0 || std::any_of(seqs.begin(), seqs.end(), [](SequenceState* q) { return q->space_left() < 1; }))
     return 0;
   check_decode(seqs, tokens);
+  check_bans(bans, seqs.size());
   bool same = true;
   if (opt_.chain_decode && max_steps > 1 && seqs.size() <= size_t(opt_.n_batch) &&
-      picks_on_device(samplers, {}, &same) && model_->chains_decode(*ws_, int32_t(seqs.size())))
-    return generate_chained(seqs, tokens, samplers, max_steps, on_step);
+      picks_on_device(samplers, bans, &same) && model_->chains_decode(*ws_, int32_t(seqs.size())))
+    return generate_chained(seqs, tokens, samplers, max_steps, on_step, bans);
   std::vector<int32_t> cur(tokens.begin(), tokens.end()), picks(seqs.size());
   for (int step = 0; step < max_steps; ++step) {
     for (SequenceState* s : seqs)
       if (s->space_left() < 1) return step;
-    decode_sample(seqs, cur, samplers, picks.data());
+    decode_sample(seqs, cur, samplers, picks.data(), bans);
     if (!on_step(step, picks)) return step + 1;
     cur = picks;
   }
@@ -205,7 +202,8 @@ int Engine::generate(std::span<SequenceState* const> seqs, std::span<const int32
 }
 
 int Engine::generate_chained(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                             std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step) {
+                             std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step,
+                             const SampleBans& bans) {
   const size_t n = seqs.size();
   std::vector<int32_t> picks[2] = {std::vector<int32_t>(n), std::vector<int32_t>(n)};  // step s's: picks[s & 1]
   std::vector<Rng> before(n);  // each sampler's generator before the draw of the step launched ahead
@@ -215,7 +213,7 @@ int Engine::generate_chained(std::span<SequenceState* const> seqs, std::span<con
   // when the model completes it.
   const auto launch = [&](int s, const int32_t* toks) {
     DeviceSampling ds;
-    const bool device = device_sampling(samplers, {}, picks[size_t(s & 1)].data(), &ds);
+    const bool device = device_sampling(samplers, bans, picks[size_t(s & 1)].data(), &ds);
     STRATA_REQUIRE(device, "generate: the picks left the device");  // (generate checked picks_on_device)
     batch_.clear();
     for (size_t i = 0; i < n; ++i) batch_.push_back({toks ? toks[i] : 0, seqs[i]->n_past(), int32_t(i), true});
@@ -269,6 +267,15 @@ int Engine::generate_chained(std::span<SequenceState* const> seqs, std::span<con
     }
     throw;
   }
+}
+
+void Engine::check_bans(const SampleBans& bans, size_t n_seqs) const {
+  STRATA_REQUIRE(bans.rows.empty() || bans.rows.size() == n_seqs, "decode: {} sequences but {} ban flags", n_seqs,
+                 bans.rows.size());
+  STRATA_REQUIRE(bans.ids.size() <= size_t(INT32_MAX), "decode: {} banned ids", bans.ids.size());
+  for (int32_t t : bans.ids)
+    STRATA_REQUIRE(t >= 0 && t < n_vocab(), "decode: banned token id {} is out of range (vocabulary {})", t,
+                   n_vocab());
 }
 
 void Engine::check_decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens) const {

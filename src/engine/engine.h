@@ -81,7 +81,7 @@ class Engine {
   // token, or with all_logits [tokens.size()][n_vocab].
   std::span<const float> decode_logits(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens);
   // Generation, step after step: step 0 feeds tokens[i] to seqs[i], step s > 0 the picks of step s - 1;
-  // each step is a decode_sample (no bans), after which on_step(s, picks) (picks[i] for seqs[i]; it
+  // each step is a decode_sample (with `bans`, the same every step), after which on_step(s, picks) (picks[i] for seqs[i]; it
   // accept()s them into their samplers where their penalties should see them) says whether to go on.
   // Stops after max_steps steps, when on_step returns false, or before a step that a full context leaves
   // no room for. Returns the steps run (= on_step calls).
@@ -92,7 +92,8 @@ class Engine {
   // either way (tests/cuda/test_decode_chain_gpu.cpp).
   using StepFn = std::function<bool(int step, std::span<const int32_t> picks)>;
   int generate(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-               std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step);
+               std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step,
+               const SampleBans& bans = {});
   std::span<const float> prefill_logits(SequenceState& seq, std::span<const int32_t> tokens,
                                         bool all_logits = false);
 
@@ -114,7 +115,9 @@ class Engine {
   void check_decode(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens) const;
   // generate's chained loop (chains_decode and device picks hold).
   int generate_chained(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                       std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step);
+                       std::span<Sampler* const> samplers, int max_steps, const StepFn& on_step,
+                       const SampleBans& bans);
+  void check_bans(const SampleBans& bans, size_t n_seqs) const;  // decode_sample's checks of bans
   std::shared_ptr<const Model> model_;
   EngineOptions opt_;
   ThreadPool pool_;

@@ -6,6 +6,7 @@
 // tokenize/render_chat/piece may be called from HTTP threads concurrently (they are const).
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,23 @@ class Backend {
       cpu::ban_tokens(logits, n, int64_t(nv), eog.data(), int32_t(eog.size()), ban_eog);
     }
     for (int32_t i = 0; i < n; ++i) out[i] = samplers[i]->sample(logits + size_t(i) * nv);
+  }
+
+  // Generation over a batch that stays the same: step 0 feeds tokens[i] to seqs[i], step s > 0 the picks of
+  // step s - 1, each step a decode_sample (with ban_eog); after each, on_step(s, picks) ([n] picks, the caller
+  // accept()s them) says whether to go on. Runs at most max_steps steps; returns the steps run (= on_step
+  // calls). A backend may launch step s + 1 before on_step(s) runs (EngineBackend: Engine::generate chains
+  // them on a GPU) and drops it when on_step stops: the sequences and samplers end as this loop leaves them.
+  using StepFn = std::function<bool(int step, const int32_t* picks)>;
+  virtual int generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
+                       const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) {
+    std::vector<int32_t> cur(tokens, tokens + n), picks(static_cast<size_t>(n));
+    for (int s = 0; s < max_steps; ++s) {
+      decode_sample(seqs, cur.data(), n, samplers, ban_eog, logits, picks.data());
+      if (!on_step(s, picks.data())) return s + 1;
+      cur = picks;
+    }
+    return max_steps;
   }
 
   virtual std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) = 0;

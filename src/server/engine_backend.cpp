@@ -167,6 +167,23 @@ void EngineBackend::decode_sample(BackendSequence* const* seqs, const int32_t* t
   impl_->engine->decode_sample(states, std::span<const int32_t>(tokens, size_t(n)), ss, out, bans);
 }
 
+int EngineBackend::generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
+                            const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) {
+  std::vector<SequenceState*> states(static_cast<size_t>(n));
+  std::vector<Sampler*> ss(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) {
+    states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
+    auto* es = dynamic_cast<EngineSampler*>(samplers[i]);
+    if (!es) return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
+    ss[size_t(i)] = &es->sampler();
+  }
+  SampleBans bans;
+  if (ban_eog) bans = {impl_->eog, std::span<const uint8_t>(ban_eog, size_t(n))};
+  return impl_->engine->generate(states, std::span<const int32_t>(tokens, size_t(n)), ss, max_steps,
+                                 [&](int step, std::span<const int32_t> picks) { return on_step(step, picks.data()); },
+                                 bans);
+}
+
 std::unique_ptr<TokenSampler> EngineBackend::new_sampler(const SamplingOptions& o, uint64_t seed) {
   SamplingParams p;
   p.temperature = o.temperature;

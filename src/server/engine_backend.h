@@ -35,6 +35,8 @@ class EngineBackend : public Backend {
   void decode(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, float* logits) override;
   void decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
                      const uint8_t* ban_eog, float* logits, int32_t* out) override;
+  int generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
+               const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) override;
   std::unique_ptr<TokenSampler> new_sampler(const SamplingOptions& opts, uint64_t seed) override;
 
  private:

@@ -146,27 +146,32 @@ void Scheduler::loop() {
       for (auto& s : running_) fail(*s, e.what());
       running_.clear();
     }
-    // Publish figures for snapshot() and the admission check.
-    Published p;
-    p.running = int64_t(running_.size());
-    p.parked = int64_t(parked_.size());
-    for (auto& s : running_) {
-      p.kv_running += s->seq->memory_bytes();
-      p.tokens_in_kv += int64_t(s->tokens.size());
-    }
-    for (auto& s : parked_) {
-      p.kv_parked += s->seq->memory_bytes();
-      p.tokens_in_kv += int64_t(s->tokens.size());
-    }
+    publish();
     std::unique_lock<std::mutex> lk(mu_);
-    pub_ = p;
-    cv_.notify_all();  // drain_and_stop waits for running == 0
     if (stop && cancel_all && queue_.empty() && running_.empty()) break;
     if (running_.empty() && (queue_.empty() || (stop_ && cancel_all_)))
       cv_.wait_for(lk, cfg_.idle_tick, [&] { return !queue_.empty() || cancel_all_ != cancel_all; });
   }
   parked_.clear();
   loop_alive_ = false;
+}
+
+void Scheduler::publish() {
+  // Figures for snapshot() and the admission check.
+  Published p;
+  p.running = int64_t(running_.size());
+  p.parked = int64_t(parked_.size());
+  for (auto& s : running_) {
+    if (s->seq) p.kv_running += s->seq->memory_bytes();
+    p.tokens_in_kv += int64_t(s->tokens.size());
+  }
+  for (auto& s : parked_) {
+    p.kv_parked += s->seq->memory_bytes();
+    p.tokens_in_kv += int64_t(s->tokens.size());
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  pub_ = p;
+  cv_.notify_all();  // drain_and_stop waits for running == 0
 }
 
 void Scheduler::step() {
@@ -182,6 +187,7 @@ void Scheduler::step() {
   admit();
   // 3. prefill: one chunk for each sequence still reading its prompt.
   uint64_t prefilled = 0;
+  const uint64_t gen_before = metrics_.generated_tokens.load();  // (a prompt's end samples its first token)
   for (auto& s : running_)
     if (s->job && s->pending < 0) {
       size_t before = s->prefill_pos;
@@ -192,10 +198,9 @@ void Scheduler::step() {
       }
       prefilled += s->prefill_pos - before;
     }
-  // 4. one batched decode step for every generating sequence.
-  uint64_t gen_before = metrics_.generated_tokens.load();
-  decode_all();
   record_rate(metrics_.generated_tokens.load() - gen_before, prefilled);
+  // 4. batched decode steps for every generating sequence (several while nothing else needs the loop).
+  decode_all();
   // 5. finished sequences: park (keep KV for reuse) or drop (cancelled / failed).
   for (size_t i = 0; i < running_.size();) {
     auto& s = running_[i];
@@ -325,21 +330,42 @@ void Scheduler::decode_all() {
   std::vector<TokenSampler*> samplers;
   std::vector<uint8_t> ban_eog;
   for (Slot* s : batch) samplers.push_back(s->sampler.get()), ban_eog.push_back(s->job->ignore_eos ? 1 : 0);
-  std::vector<int32_t> picks(batch.size(), -1);
+  // Steps go on in one generate call while nothing else needs the loop: every running sequence is in the
+  // batch (none reading its prompt), none has finished, been cancelled or lost its client, and no request
+  // waits for a free sequence. Why: a backend may then launch each step before this thread has handled the
+  // previous one's tokens (Engine::generate chains them on a GPU), so the device does not wait for the host
+  // between steps. At most the steps that the nearest max_tokens or context end leaves, so that no step is
+  // launched past them (one launched ahead of a stop is dropped: it costs the device a step).
+  int max_steps = running_.size() == batch.size() ? INT32_MAX : 1;
+  for (Slot* s : batch)
+    max_steps = std::min({max_steps, s->job->max_tokens - s->n_generated, info_.n_ctx - int32_t(s->tokens.size())});
+  max_steps = std::max(max_steps, 1);
+  const auto on_step = [&](int step, const int32_t* picks) {
+    heartbeat_ns_ = now_ns();
+    metrics_.decode_steps++;
+    metrics_.decode_batch_tokens += batch.size();
+    const uint64_t gen_before = metrics_.generated_tokens.load();
+    bool go = true;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      Slot& s = *batch[i];
+      s.tokens.push_back(s.pending);
+      s.pending = -1;
+      go = !on_token(s, picks[i]) && go;
+    }
+    record_rate(metrics_.generated_tokens.load() - gen_before, 0);
+    if (!go || step + 1 >= max_steps) return false;
+    for (Slot* s : batch)
+      if (s->job->cancel.load() || s->job->client_gone.load() || peer_closed(s->job->watch_fd)) return false;
+    publish();
+    std::lock_guard<std::mutex> lk(mu_);
+    return !cancel_all_ && (queue_.empty() || int(running_.size()) >= cfg_.parallel);
+  };
   try {
-    backend_.decode_sample(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), ban_eog.data(),
-                           logits_.data(), picks.data());
+    backend_.generate(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), ban_eog.data(),
+                      logits_.data(), max_steps, on_step);
   } catch (const std::exception& e) {
-    for (Slot* s : batch) fail(*s, e.what());
+    for (Slot* s : batch) fail(*s, e.what());  // (finished ones too: their state may be half-written)
     return;
-  }
-  metrics_.decode_steps++;
-  metrics_.decode_batch_tokens += batch.size();
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Slot& s = *batch[i];
-    s.tokens.push_back(s.pending);
-    s.pending = -1;
-    on_token(s, picks[i]);
   }
 }
 
@@ -384,8 +410,7 @@ void Scheduler::finish(Slot& s, FinishReason why) {
     job->usage.completion_tokens = s.n_generated;
     job->cv.notify_all();
   }
-  s.sampler.reset();
-  s.pending = -1;
+  s.pending = -1;  // (the sampler stays until the slot is parked or dropped: generate may still use it)
   s.last_used = ++stamp_;
 }
 
@@ -402,6 +427,7 @@ void Scheduler::fail(Slot& s, const std::string& msg) {
 }
 
 void Scheduler::park(std::unique_ptr<Slot> s) {
+  s->sampler.reset();
   parked_.push_front(std::move(s));
   enforce_park_budget();
 }

@@ -102,6 +102,7 @@ class Scheduler {
   std::unique_ptr<Slot> take_slot_for(const std::vector<int32_t>& prompt, int32_t& reuse);
   void prefill_some(Slot& s);
   void decode_all();
+  void publish();  // the figures snapshot() and submit() read (pub_)
   // Handles a sampled token; returns true when the request finished.
   bool on_token(Slot& s, int32_t token);
   int32_t sample(Slot& s, float* logits);  // applies ignore_eos, then the request's sampler

@@ -7,6 +7,7 @@
 // the protocol is tested on the CPU (tests/test_engine_generate.cpp). Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -101,4 +102,51 @@ TEST(DecodeChainGpu, ChainWithoutPicksIsAnError) {
   EXPECT_GE(out, 0);
   EXPECT_LT(out, model->n_vocab());
   model->finish_deferred(*ws);  // none pending: nothing
+}
+
+// Bans (the server's ignore_eos) in every chained step: the picks of generate with bans are the decode_sample
+// loop's with the same bans, no flagged sequence picks a banned id, the unflagged one picks as without bans.
+TEST(DecodeChainGpu, BansHoldInEveryChainedStep) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string path = test::write_small_synthetic("Q4_0", 19, "decode-chain-bans");
+  std::shared_ptr<const Model> model = cuda::load_model_cuda(path, test::small_cuda_options("100%", false));
+  const std::vector<uint8_t> rows = {1, 0};
+  const auto go = [&](bool generate, const std::vector<int32_t>& ids, float t) {
+    Engine eng(model, test::small_engine_options(MatmulMode::Fast, cpu::AttnMath::F32));
+    const uint32_t V = uint32_t(eng.n_vocab());
+    test::GenSeqs g = test::gen_seqs(eng, 2, t, 21, [&](int i) {
+      return test::random_prompt(size_t(6 + 3 * i), V, uint32_t(11 + i));
+    });
+    const std::vector<int32_t> first = {5, 102};
+    const SampleBans bans{ids, ids.empty() ? std::span<const uint8_t>() : std::span<const uint8_t>(rows)};
+    std::vector<int32_t> got;
+    if (generate) {
+      const auto keep = [&](int, std::span<const int32_t> p) {
+        got.insert(got.end(), p.begin(), p.end());
+        return true;
+      };
+      EXPECT_EQ(eng.generate(g.seqs, first, g.sp, 10, keep, bans), 10);
+    } else {
+      std::vector<int32_t> cur = first, out(2);
+      for (int s = 0; s < 10; ++s) {
+        eng.decode_sample(g.seqs, cur, g.sp, out.data(), bans);
+        got.insert(got.end(), out.begin(), out.end());
+        cur = out;
+      }
+    }
+    return got;
+  };
+  for (float t : {0.0f, 0.8f}) {
+    SCOPED_TRACE("temperature " + std::to_string(t));
+    const std::vector<int32_t> free = go(true, {}, t);
+    std::vector<int32_t> ids;
+    for (size_t i = 0; i < free.size(); i += 2)
+      if (std::find(ids.begin(), ids.end(), free[i]) == ids.end()) ids.push_back(free[i]);
+    const std::vector<int32_t> banned = go(true, ids, t);
+    EXPECT_EQ(banned, go(false, ids, t));
+    for (size_t i = 0; i < banned.size(); i += 2)
+      EXPECT_EQ(std::count(ids.begin(), ids.end(), banned[i]), 0) << "step " << i / 2 << " picked a banned id";
+    if (t == 0.0f)
+      for (size_t i = 1; i < banned.size(); i += 2) EXPECT_EQ(banned[i], free[i]) << "step " << i / 2;
+  }
 }
