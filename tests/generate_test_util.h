@@ -45,8 +45,10 @@ inline GenSeqs gen_seqs(Engine& eng, int n, float temperature, uint64_t seed0,
 
 // From `first` (a token per sequence), max_steps steps by Engine::generate (generate) or by a decode_sample
 // loop, stopping after step `stop` (-1: none); then `extra` plain decode_sample steps from the last picks.
+// bans: in every step of either (not in the extra ones).
 inline GenRun generate_run(Engine& eng, std::span<SequenceState* const> seqs, std::span<Sampler* const> samplers,
-                           std::span<const int32_t> first, bool generate, int max_steps, int stop, int extra) {
+                           std::span<const int32_t> first, bool generate, int max_steps, int stop, int extra,
+                           const SampleBans& bans = {}) {
   const size_t n = seqs.size();
   GenRun r;
   const auto on_step = [&](int step, std::span<const int32_t> picks) {
@@ -55,11 +57,11 @@ inline GenRun generate_run(Engine& eng, std::span<SequenceState* const> seqs, st
   };
   std::vector<int32_t> outs(n);
   if (generate) {
-    r.steps = eng.generate(seqs, first, samplers, max_steps, on_step);
+    r.steps = eng.generate(seqs, first, samplers, max_steps, on_step, bans);
   } else {
     std::vector<int32_t> cur(first.begin(), first.end());
     for (int s = 0; s < max_steps; ++s) {
-      eng.decode_sample(seqs, cur, samplers, outs.data());
+      eng.decode_sample(seqs, cur, samplers, outs.data(), bans);
       ++r.steps;
       if (!on_step(s, outs)) break;
       cur = outs;

@@ -221,23 +221,10 @@ TEST(EngineGenerate, BansHoldInEveryStep) {
     GenSeqs g = gen_seqs(eng, 2, 0.0f, 5, [&](int i) { return some_tokens(4 + i, eng.n_vocab(), i + 1); });
     const std::vector<int32_t> first = {3, 7};
     const SampleBans bans{ids, ids.empty() ? std::span<const uint8_t>() : std::span<const uint8_t>(rows)};
-    std::vector<int32_t> got;
-    if (generate) {
-      const auto keep = [&](int, std::span<const int32_t> p) {
-        got.insert(got.end(), p.begin(), p.end());
-        return true;
-      };
-      EXPECT_EQ(eng.generate(g.seqs, first, g.sp, 8, keep, bans), 8);
-    } else {
-      std::vector<int32_t> cur = first, out(2);
-      for (int s = 0; s < 8; ++s) {
-        eng.decode_sample(g.seqs, cur, g.sp, out.data(), bans);
-        got.insert(got.end(), out.begin(), out.end());
-        cur = out;
-      }
-    }
+    const GenRun r = generate_run(eng, g.seqs, g.sp, first, generate, 8, -1, 0, bans);
+    EXPECT_EQ(r.steps, 8);
     EXPECT_EQ(chaining->pending(), 0u);
-    return got;
+    return r.picks;
   };
   for (bool chain : {false, true}) {
     SCOPED_TRACE(chain ? "chained" : "loop");

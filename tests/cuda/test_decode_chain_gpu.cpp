@@ -119,22 +119,9 @@ TEST(DecodeChainGpu, BansHoldInEveryChainedStep) {
     });
     const std::vector<int32_t> first = {5, 102};
     const SampleBans bans{ids, ids.empty() ? std::span<const uint8_t>() : std::span<const uint8_t>(rows)};
-    std::vector<int32_t> got;
-    if (generate) {
-      const auto keep = [&](int, std::span<const int32_t> p) {
-        got.insert(got.end(), p.begin(), p.end());
-        return true;
-      };
-      EXPECT_EQ(eng.generate(g.seqs, first, g.sp, 10, keep, bans), 10);
-    } else {
-      std::vector<int32_t> cur = first, out(2);
-      for (int s = 0; s < 10; ++s) {
-        eng.decode_sample(g.seqs, cur, g.sp, out.data(), bans);
-        got.insert(got.end(), out.begin(), out.end());
-        cur = out;
-      }
-    }
-    return got;
+    const test::GenRun r = test::generate_run(eng, g.seqs, g.sp, first, generate, 10, -1, 0, bans);
+    EXPECT_EQ(r.steps, 10);
+    return r.picks;
   };
   for (float t : {0.0f, 0.8f}) {
     SCOPED_TRACE("temperature " + std::to_string(t));
