@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# For the session after 46 (its device time ran out before this could run): the prefilter by warp merges
+# Owed since session 46 (its device time ran out before this could run; session 47 got no machine in twelve
+# tries): the prefilter by warp merges
 # (STRATA_CUDA_SAMPLE_MERGE, cuda/warp_merge.cuh), off by default until this has run. Build; the sampler
 # tests with the stream checker, with merges off (the default) and on; memcheck and racecheck on the merge's
 # tests; the sampled chained decode (strata bench --tg-mode chain --tg-temp 0.8) with the block-sort
 # prefilter (the default) against the warp merges, alternating, and the greedy chain; ncu's durations of the
 # sampler kernels with warm caches (--cache-control none: as in a decode step) for both. If the tests pass
 # and the merges win, make them the default (ops_sample.cu g_sample_merge) and update README's row.
-# Session 47 added the server's chained passes against step by step, and put the sanitizers after the
-# benches (each part runs where LIMIT leaves it time). Then the rest of the GPU suite.
+# Session 47 added DecodeChainGpu.BansHoldInEveryChainedStep (the server's ignore_eos in chained steps: on by
+# default since session 47, not yet run on a GPU) to the first tests, the server's chained passes against step
+# by step, and put the sanitizers after the benches (each part runs where LIMIT leaves it time). Then the
+# rest of the GPU suite.
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"] (~62 MiB with
 # the tree; .carry/deps: scripts/device-deps; .carry/fix: a copy of ../shared/fixtures). LIMIT=S (570).
 set -uo pipefail
