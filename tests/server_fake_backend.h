@@ -98,6 +98,7 @@ class FakeBackend : public Backend {
   int generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
                const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) override {
     generate_calls++;
+    if (run_no_step) return 0;
     if (!run_ahead) return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
     std::vector<int32_t> picks(static_cast<size_t>(n)), ahead(static_cast<size_t>(n));
     std::vector<float> la(static_cast<size_t>(n) * kVocab);
@@ -183,6 +184,7 @@ class FakeBackend : public Backend {
   std::atomic<int64_t> generate_calls{0};
   std::atomic<int64_t> dropped_steps{0};
   bool run_ahead = false;
+  bool run_no_step = false;  // generate returns at once, 0 steps run (a broken backend)
   std::chrono::milliseconds step_delay{0};
   float eos_bias = 0.0f;
 

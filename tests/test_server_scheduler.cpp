@@ -419,3 +419,22 @@ TEST_P(ServerScheduler, EndOfGenerationMidChainKeepsTheRightState) {
   EXPECT_EQ(again->text, text_of(b, b.greedy(again->prompt, 3)));
   s.drain_and_stop(std::chrono::milliseconds(1000));
 }
+
+TEST_P(ServerScheduler, ABackendThatRunsNoStepFailsTheRequest) {
+  FakeBackend b;
+  b.run_ahead = GetParam();
+  b.run_no_step = true;
+  Metrics m;
+  Scheduler s(b, cfg(1), m);
+  s.start();
+  auto j = make_job(b, "stuck", 10);
+  s.submit(j);
+  wait(*j);  // (not forever: the request fails)
+  EXPECT_NE(j->error.find("ran no step"), std::string::npos) << j->error;
+  b.run_no_step = false;
+  auto k = make_job(b, "next one", 6);  // the server goes on serving
+  s.submit(k);
+  wait(*k);
+  EXPECT_EQ(k->text, text_of(b, b.greedy(k->prompt, 6)));
+  s.drain_and_stop(std::chrono::milliseconds(1000));
+}

@@ -360,13 +360,18 @@ void Scheduler::decode_all() {
     std::lock_guard<std::mutex> lk(mu_);
     return !cancel_all_ && (queue_.empty() || int(running_.size()) >= cfg_.parallel);
   };
+  int steps = 0;
   try {
-    backend_.generate(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), ban_eog.data(),
-                      logits_.data(), max_steps, on_step);
+    steps = backend_.generate(seqs.data(), toks.data(), int32_t(batch.size()), samplers.data(), ban_eog.data(),
+                              logits_.data(), max_steps, on_step);
   } catch (const std::exception& e) {
     for (Slot* s : batch) fail(*s, e.what());  // (finished ones too: their state may be half-written)
     return;
   }
+  // A backend that ran no step (its sequences had no room: the bookkeeping above should prevent it) would
+  // leave the batch as it was, and the loop would call it again forever.
+  if (steps == 0)
+    for (Slot* s : batch) fail(*s, "decode: the backend ran no step (no room left in a sequence's context)");
 }
 
 bool Scheduler::on_token(Slot& s, int32_t token) {
