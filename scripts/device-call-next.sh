@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Owed since session 46 (its device time ran out before this could run; session 47 got no machine in twelve
-# tries): the prefilter by warp merges
+# Owed since session 46 (its device time ran out before this could run; session 47 got no machine in 16
+# starts): the prefilter by warp merges
 # (STRATA_CUDA_SAMPLE_MERGE, cuda/warp_merge.cuh), off by default until this has run. Build; the sampler
 # tests with the stream checker, with merges off (the default) and on; memcheck and racecheck on the merge's
 # tests; the sampled chained decode (strata bench --tg-mode chain --tg-temp 0.8) with the block-sort
