@@ -152,36 +152,46 @@ void EngineBackend::decode(BackendSequence* const* seqs, const int32_t* tokens, 
   impl_->engine->decode(states, std::span<const int32_t>(tokens, size_t(n)), logits);
 }
 
+namespace {
+
+// The engine's view of a step's arguments (decode_sample's and generate's): the sequences' states, the
+// samplers (false, and nothing else filled, when one is not an EngineSampler: the caller then takes
+// Backend's host path) and the ignore_eos bans (eog: the model's end-of-generation ids).
+struct EngineStepArgs {
+  std::vector<SequenceState*> states;
+  std::vector<Sampler*> samplers;
+  SampleBans bans;
+  bool take(BackendSequence* const* seqs, int32_t n, TokenSampler* const* ss, const uint8_t* ban_eog,
+            std::span<const int32_t> eog) {
+    for (int32_t i = 0; i < n; ++i) {
+      auto* es = dynamic_cast<EngineSampler*>(ss[i]);
+      if (!es) return false;
+      samplers.push_back(&es->sampler());
+      states.push_back(static_cast<EngineSequence*>(seqs[i])->state.get());
+    }
+    if (ban_eog) bans = {eog, std::span<const uint8_t>(ban_eog, size_t(n))};
+    return true;
+  }
+};
+
+}  // namespace
+
 void EngineBackend::decode_sample(BackendSequence* const* seqs, const int32_t* tokens, int32_t n,
                                   TokenSampler* const* samplers, const uint8_t* ban_eog, float* logits, int32_t* out) {
-  std::vector<SequenceState*> states(static_cast<size_t>(n));
-  std::vector<Sampler*> ss(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
-    auto* es = dynamic_cast<EngineSampler*>(samplers[i]);
-    if (!es) return Backend::decode_sample(seqs, tokens, n, samplers, ban_eog, logits, out);  // not ours: on the host
-    ss[size_t(i)] = &es->sampler();
-  }
-  SampleBans bans;
-  if (ban_eog) bans = {impl_->eog, std::span<const uint8_t>(ban_eog, size_t(n))};
-  impl_->engine->decode_sample(states, std::span<const int32_t>(tokens, size_t(n)), ss, out, bans);
+  EngineStepArgs a;
+  if (!a.take(seqs, n, samplers, ban_eog, impl_->eog))  // not ours: on the host
+    return Backend::decode_sample(seqs, tokens, n, samplers, ban_eog, logits, out);
+  impl_->engine->decode_sample(a.states, std::span<const int32_t>(tokens, size_t(n)), a.samplers, out, a.bans);
 }
 
 int EngineBackend::generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
                             const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) {
-  std::vector<SequenceState*> states(static_cast<size_t>(n));
-  std::vector<Sampler*> ss(static_cast<size_t>(n));
-  for (int32_t i = 0; i < n; ++i) {
-    states[size_t(i)] = static_cast<EngineSequence*>(seqs[i])->state.get();
-    auto* es = dynamic_cast<EngineSampler*>(samplers[i]);
-    if (!es) return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
-    ss[size_t(i)] = &es->sampler();
-  }
-  SampleBans bans;
-  if (ban_eog) bans = {impl_->eog, std::span<const uint8_t>(ban_eog, size_t(n))};
-  return impl_->engine->generate(states, std::span<const int32_t>(tokens, size_t(n)), ss, max_steps,
+  EngineStepArgs a;
+  if (!a.take(seqs, n, samplers, ban_eog, impl_->eog))
+    return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
+  return impl_->engine->generate(a.states, std::span<const int32_t>(tokens, size_t(n)), a.samplers, max_steps,
                                  [&](int step, std::span<const int32_t> picks) { return on_step(step, picks.data()); },
-                                 bans);
+                                 a.bans);
 }
 
 std::unique_ptr<TokenSampler> EngineBackend::new_sampler(const SamplingOptions& o, uint64_t seed) {
