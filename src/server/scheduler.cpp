@@ -214,9 +214,12 @@ void Scheduler::step() {
   }
 }
 
+// The request's client is gone: a write to it failed, or it closed its socket.
+static bool client_left(const Job& job) { return job.client_gone.load() || peer_closed(job.watch_fd); }
+
 bool Scheduler::check_cancelled(Slot& s) {
   Job& job = *s.job;
-  bool disconnected = job.client_gone.load() || peer_closed(job.watch_fd);
+  bool disconnected = client_left(job);
   if (!job.cancel.load() && !disconnected) return false;
   if (disconnected) metrics_.disconnects++;
   s.seq.reset();  // frees the KV now, before the waiter hears the request is done
@@ -355,7 +358,7 @@ void Scheduler::decode_all() {
     record_rate(metrics_.generated_tokens.load() - gen_before, 0);
     if (!go || step + 1 >= max_steps) return false;
     for (Slot* s : batch)
-      if (s->job->cancel.load() || s->job->client_gone.load() || peer_closed(s->job->watch_fd)) return false;
+      if (s->job->cancel.load() || client_left(*s->job)) return false;  // (check_cancelled acts on it)
     publish();
     std::lock_guard<std::mutex> lk(mu_);
     return !cancel_all_ && (queue_.empty() || int(running_.size()) >= cfg_.parallel);
