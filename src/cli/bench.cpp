@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "engine/sampling.h"
 
 #include "cli/command.h"
@@ -30,7 +32,10 @@ struct BenchArgs {
   int warmup = 1;  // unmeasured passes first (as llama-bench): one-time costs (lazy GPU module loading,
                    // library handles, first touches) stay out of the numbers
   std::string tg_mode = "logits";  // logits | pick | chain (above)
-  float tg_temp = 0.0f;  // pick, chain: 0 greedy; > 0 a draw at this temperature (SamplingParams' other defaults)
+  float tg_temp = 0.0f;  // pick, chain: 0 greedy; > 0 a draw at this temperature, with the filters below
+  int tg_top_k = 40;     // (SamplingParams' defaults; top-k 0, top-p 1, min-p 0: a draw over the whole vocabulary,
+  float tg_top_p = 0.95f;  //  what `strata serve` does for a request that names none of them)
+  float tg_min_p = 0.05f;
   bool json = false;
   bool roofline = true;  // measure the memories' bandwidths after the runs and print the decode roofline
 };
@@ -79,6 +84,10 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(std::isfinite(a.tg_temp) && a.tg_temp >= 0.0f && (a.tg_temp == 0.0f || a.tg_mode != "logits"),
                  "--tg-temp must be >= 0, and > 0 only with --tg-mode pick or chain (got {} with {})", a.tg_temp,
                  a.tg_mode);
+  STRATA_REQUIRE(a.tg_top_k >= 0 && a.tg_top_p > 0.0f && a.tg_top_p <= 1.0f && a.tg_min_p >= 0.0f &&
+                     a.tg_min_p <= 1.0f,
+                 "--tg-top-k must be >= 0, --tg-top-p in (0, 1] and --tg-min-p in [0, 1] (got {}, {}, {})", a.tg_top_k,
+                 a.tg_top_p, a.tg_min_p);
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
   // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
@@ -111,6 +120,9 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   // (pick, chain: a sampler a sequence, greedy unless --tg-temp)
   SamplingParams sp;
   sp.temperature = a.tg_temp;
+  sp.top_k = a.tg_top_k;
+  sp.top_p = a.tg_top_p;
+  sp.min_p = a.tg_min_p;
   sp.seed = 1;
   std::vector<Sampler> pickers(seqs.size(), Sampler(sp, eng.n_vocab()));
   std::vector<Sampler*> samplers;
@@ -184,7 +196,9 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
     std::printf("backend    %s\n", model->backend_name().c_str());
     std::printf("threads    %d   mode %s   batch %d   reps %d   warmup %d   tg-mode %s%s\n", eng.options().n_threads,
                 ef.exact ? "exact" : "fast", eng.options().n_batch, a.reps, a.warmup, a.tg_mode.c_str(),
-                a.tg_temp > 0.0f ? (" (drawn at T " + std::to_string(a.tg_temp) + ")").c_str() : "");
+                a.tg_temp > 0.0f ? fmt::format(" (drawn at T {}, top-k {}, top-p {}, min-p {})", a.tg_temp, a.tg_top_k,
+                                               a.tg_top_p, a.tg_min_p).c_str()
+                                 : "");
     if (a.n_prompt > 0) std::printf("pp%-5d    %10.2f tok/s\n", a.n_prompt, pp_best);
     if (a.n_gen > 0 && a.parallel == 1) std::printf("tg%-5d    %10.2f tok/s\n", a.n_gen, tg_best);
     if (a.n_gen > 0 && a.parallel > 1)
@@ -236,9 +250,12 @@ const CommandRegistrar reg(
                      "the device), chain (device picks feeding the next step on the device, as strata run)")
           ->capture_default_str();
       app.add_option("--tg-temp", a->tg_temp,
-                     "pick and chain: draw at this temperature (top-k 40, top-p 0.95, min-p 0.05, seed 1) instead "
+                     "pick and chain: draw at this temperature (--tg-top-k, --tg-top-p, --tg-min-p; seed 1) instead "
                      "of the greedy pick; what a sampled decode step costs")
           ->capture_default_str();
+      app.add_option("--tg-top-k", a->tg_top_k, "with --tg-temp: top-k (0: off)")->capture_default_str();
+      app.add_option("--tg-top-p", a->tg_top_p, "with --tg-temp: top-p (1: off)")->capture_default_str();
+      app.add_option("--tg-min-p", a->tg_min_p, "with --tg-temp: min-p (0: off)")->capture_default_str();
       app.add_option("-r,--reps", a->reps, "repetitions (best is reported)")->capture_default_str();
       app.add_option("--warmup", a->warmup, "unmeasured repetitions first (prefill and up to 4 decode steps)")
           ->capture_default_str();

@@ -100,9 +100,10 @@ void set_sample_prefilter(bool on);
 bool sample_prefilter();
 // The prefilter by warp sorts and merge trees (cuda/warp_merge.cuh): each stretch's top-k by 32 warps sorting 64
 // keys in registers, and the sampler's block merges the stretches' lists into its sorted top-k instead of
-// selecting and gathering it (the same keys, so the same picks). STRATA_CUDA_SAMPLE_MERGE=1 (read once) or
-// set_sample_merge; off: built in session 46 after its device time was spent (session 46's ncu: the block-sort
-// prefilter ~30 us and the sampler ~35 us a row, cold caches), until its GPU tests and an A/B run.
+// selecting and gathering it (the same keys, so the same picks). STRATA_CUDA_SAMPLE_MERGE=0 (read once) or
+// set_sample_merge(false): the block-sort prefilter. On by default since session 48 (H100, sampled chained
+// tg64: 593.7 against 583.5 tok/s, 3 of 3 rounds; warm ncu: prefilter 8.0 against 29.7 us, the sampler's block
+// 27.7 against 36.1).
 void set_sample_merge(bool on);
 bool sample_merge();
 
@@ -122,6 +123,11 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 // and SampleWalkMatchesCpuSampler compare both against the CPU sampler).
 void set_sample_deep(bool on);
 bool sample_deep();
+// The deep search's histogram atomics a warp at a time (warp_mass_add: one atomic per distinct bin of a warp,
+// the bins' integer sums unchanged, so the same picks); STRATA_CUDA_SAMPLE_DEEP_AGG=0 (read once) or
+// set_sample_deep_agg(false): one atomic per key.
+void set_sample_deep_agg(bool on);
+bool sample_deep_agg();
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the
 // same values in the same per-thread order, so the same picks); STRATA_CUDA_SAMPLE_BATCH=0 (read once): one
 // load at a time (session 46, H100, sampled decode over whole rows: 546.2 against 526.2 tok/s).

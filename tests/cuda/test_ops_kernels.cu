@@ -736,14 +736,65 @@ TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
 TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_deep, ops::set_sample_deep, false);
 }
+TEST_F(GpuOps, SampleDeepAggOffMatchesCpuSampler) {
+  sample_matches_cpu_sampler_with(*this, ops::sample_deep_agg, ops::set_sample_deep_agg, false);
+}
+
+// The deep search's atomics a warp at a time (ops::sample_deep_agg) add the same integers to the same bins as one
+// atomic a key, so every pick is the same id, exactly: rows that go deep (flat logits, top-k off or past 2048,
+// top-p and min-p on and off, ties from logits in steps of 1/64 and 1/4), at the real vocabulary and at sizes
+// with a partial last warp, through sample and sample_rows.
+TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) {
+  const int rows = 8;
+  const int64_t vocabs[] = {kVocab, 50000 + 17, 4099};
+  const float sds[] = {0.05f, 0.3f, 1.0f};
+  std::mt19937 rng(93);
+  uint64_t seed = 500;
+  int compared = 0;
+  const bool was = ops::sample_deep_agg();
+  for (const int64_t V : vocabs) {
+    auto dscratch = alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+    auto dout = alloc<int32_t>(size_t(rows), "out");
+    for (int c = 0; c < 6; ++c) {
+      auto logits = randn(size_t(rows) * size_t(V), uint32_t(seed++), sds[c % 3]);
+      if (c >= 3)
+        for (auto& x : logits) x = std::round(x * (c == 3 ? 64.0f : 4.0f)) / (c == 3 ? 64.0f : 4.0f);
+      std::vector<float> u(rows);
+      for (auto& x : u) x = float(rng() % 1000000) / 1e6f;
+      const float temps[] = {0.7f, 1.0f, 1.5f};
+      std::vector<ops::SampleParams> rules(rows);
+      for (int r = 0; r < rows; ++r)
+        rules[size_t(r)] = {temps[rng() % 3], r % 3 == 2 ? 3000 : 0, r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.001f : 0.0f};
+      const ops::SampleParams p{temps[c % 3], 0, c % 2 ? 0.97f : 1.0f, 0.0f};
+      auto dl = upload(logits, "logits");
+      auto du = upload(u, "u");
+      auto drules = upload(rules, "rules");
+      std::vector<int32_t> got[2][2];  // [one atomic a key, a warp at a time][sample, sample_rows]
+      for (int on = 0; on < 2; ++on) {
+        ops::set_sample_deep_agg(on == 1);
+        ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), stream());
+        got[on][0] = download<int32_t>(dout, size_t(rows));
+        ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
+                         dout.as<int32_t>(), stream());
+        got[on][1] = download<int32_t>(dout, size_t(rows));
+      }
+      EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
+      EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
+      compared += 2 * rows;
+    }
+  }
+  ops::set_sample_deep_agg(was);
+  std::printf("[deep agg] %d picks compared\n", compared);
+}
+
 // With the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so their
-// top-k 1, 40 and 100 rows go through the prefilter), and with the prefilter by warp merges
-// (ops::sample_merge, off by default until this has run on a GPU).
+// top-k 1, 40 and 100 rows go through the prefilter), and with the block-sort prefilter (ops::sample_merge off;
+// the warp merges are the default since session 48).
 TEST_F(GpuOps, SamplePrefilterOffMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_prefilter, ops::set_sample_prefilter, false);
 }
-TEST_F(GpuOps, SampleMergeMatchesCpuSampler) {
-  sample_matches_cpu_sampler_with(*this, ops::sample_merge, ops::set_sample_merge, true);
+TEST_F(GpuOps, SampleBlockSortMatchesCpuSampler) {
+  sample_matches_cpu_sampler_with(*this, ops::sample_merge, ops::set_sample_merge, false);
 }
 
 // The prefilter changes which keys the sampler's passes visit, not what they compute: with it (by the block
