@@ -124,8 +124,10 @@ void sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SamplePar
 void set_sample_deep(bool on);
 bool sample_deep();
 // The deep search's histogram atomics a warp at a time (warp_mass_add: one atomic per distinct bin of a warp,
-// the bins' integer sums unchanged, so the same picks); STRATA_CUDA_SAMPLE_DEEP_AGG=0 (read once) or
-// set_sample_deep_agg(false): one atomic per key.
+// the bins' integer sums unchanged, so the same picks); STRATA_CUDA_SAMPLE_DEEP_AGG=1 (read once) or
+// set_sample_deep_agg. Off: built in session 48 after its device time was spent (that session measured a draw
+// over the whole vocabulary of a flat row at ~1.8 ms a token: `strata serve` 282 tok/s with top-k off against
+// 594 at top-k 40), until its GPU tests and A/B run.
 void set_sample_deep_agg(bool on);
 bool sample_deep_agg();
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the

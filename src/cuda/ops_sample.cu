@@ -10,6 +10,7 @@
 #include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/cuda_check.cuh"
+#include "cuda/mass_pieces.cuh"
 #include "cuda/ops_common.cuh"
 #include "cuda/route_key.cuh"
 #include "cuda/row_scan.cuh"
@@ -97,20 +98,19 @@ __device__ __forceinline__ void warp_hist_add(unsigned* hist, bool take, unsigne
 // atomics per distinct bin. Why: a deep walk's first levels put nearly every key of a flat row in one or two
 // bins, and 152k shared-memory atomics on the same two words serialize (the deep draw of one row took ~1.9 ms
 // of a sampled decode step on an H100, session 48: 282 tok/s in `strata serve` with top-k off against 583 at
-// top-k 40). The group's masses are summed exactly: four 32-bit warp reductions of their 16-bit pieces (a
-// piece's sum over 32 lanes fits 21 bits), put together mod 2^64 as the atomics would have added them, so the
-// bins hold the same integers and the walk picks the same keys.
+// top-k 40). The group's masses are summed exactly: 32-bit warp reductions of their 16-bit pieces, joined mod
+// 2^64 as the atomics would have added them (cuda/mass_pieces.cuh), so the bins hold the same integers and the
+// walk picks the same keys.
 __device__ __forceinline__ void warp_mass_add(unsigned* hist, unsigned long long* mass, bool take, unsigned bin,
                                               unsigned long long m) {
   const unsigned peers = __match_any_sync(__activemask(), take ? bin : 0xffffffffu);
   if (!take) return;  // (the lanes that take no part form their own group: no reduction below names them)
-  unsigned long long sum = 0;
+  unsigned sums[mass_pieces::kPieces];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-    sum += static_cast<unsigned long long>(__reduce_add_sync(peers, unsigned(m >> (16 * j)) & 0xffffu)) << (16 * j);
+  for (int j = 0; j < mass_pieces::kPieces; ++j) sums[j] = __reduce_add_sync(peers, mass_pieces::piece(m, j));
   if ((threadIdx.x & 31u) == unsigned(__ffs(peers) - 1)) {
     atomicAdd(&hist[bin], unsigned(__popc(peers)));
-    atomicAdd(&mass[bin], sum);
+    atomicAdd(&mass[bin], mass_pieces::join(sums));
   }
 }
 
@@ -638,7 +638,8 @@ DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep
 void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
 bool sample_deep() { return g_sample_deep.get() == 1; }
 namespace {
-DigitSetting g_sample_deep_agg("STRATA_CUDA_SAMPLE_DEEP_AGG", "the deep search's atomics a warp at a time", 0, 1, 1);
+// (off until its GPU tests and A/B have run: scripts/device-call-next.sh)
+DigitSetting g_sample_deep_agg("STRATA_CUDA_SAMPLE_DEEP_AGG", "the deep search's atomics a warp at a time", 0, 1, 0);
 }  // namespace
 void set_sample_deep_agg(bool on) { g_sample_deep_agg.set(on ? 1 : 0); }
 bool sample_deep_agg() { return g_sample_deep_agg.get() == 1; }

@@ -736,8 +736,8 @@ TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
 TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_deep, ops::set_sample_deep, false);
 }
-TEST_F(GpuOps, SampleDeepAggOffMatchesCpuSampler) {
-  sample_matches_cpu_sampler_with(*this, ops::sample_deep_agg, ops::set_sample_deep_agg, false);
+TEST_F(GpuOps, SampleDeepAggMatchesCpuSampler) {
+  sample_matches_cpu_sampler_with(*this, ops::sample_deep_agg, ops::set_sample_deep_agg, true);
 }
 
 // The deep search's atomics a warp at a time (ops::sample_deep_agg) add the same integers to the same bins as one
