@@ -2,7 +2,12 @@
 // text stream (UTF-8 boundaries, stop strings).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <utility>
+
 #include <nlohmann/json.hpp>
+
+#include "common/error.h"
 
 #include "server/api_request.h"
 #include "server/api_response.h"
@@ -67,6 +72,73 @@ TEST(ServerApi, ParsesCompletionsAndMessages) {
   EXPECT_EQ(m.messages[0].content, "sys");
   EXPECT_EQ(*m.max_tokens, 5);
   EXPECT_EQ(m.stop, std::vector<std::string>{"\n\n"});
+}
+
+// The server's defaults (strata serve --temp/--top-k/...) fill what a request does not name, on every endpoint;
+// what it names wins; without them the API's own (top_k off, top_p 1, temperature 1).
+TEST(ServerApi, SamplingStartsFromTheServersDefaults) {
+  SamplingOptions d;
+  d.temperature = 0.6f;
+  d.top_k = 40;
+  d.top_p = 0.95f;
+  d.min_p = 0.05f;
+  d.repeat_penalty = 1.1f;
+  d.presence_penalty = 0.5f;
+  d.frequency_penalty = -0.25f;
+  for (auto [kind, body] : {std::pair{kChat, R"({"messages": [{"role": "user", "content": "hi"}]})"},
+                            std::pair{kComp, R"({"prompt": "Once"})"},
+                            std::pair{kMsg, R"({"model": "x", "max_tokens": 5, "messages": [{"role": "user",
+                                                "content": "q"}]})"}}) {
+    auto r = parse_generation_request(kind, body, d);
+    EXPECT_EQ(r.sampling.temperature, 0.6f) << body;
+    EXPECT_EQ(r.sampling.top_k, 40) << body;
+    EXPECT_EQ(r.sampling.top_p, 0.95f) << body;
+    EXPECT_EQ(r.sampling.min_p, 0.05f) << body;
+    EXPECT_EQ(r.sampling.repeat_penalty, 1.1f) << body;
+    EXPECT_EQ(r.sampling.presence_penalty, 0.5f) << body;  // (Anthropic has none: the default holds)
+    EXPECT_EQ(r.sampling.frequency_penalty, -0.25f) << body;
+    EXPECT_FALSE(r.sampling.seed.has_value()) << body;
+  }
+  auto named = parse_generation_request(kChat, R"({"messages": [{"role": "user", "content": "hi"}],
+      "temperature": 0, "top_k": 0, "top_p": 1, "min_p": 0, "seed": 3})", d);
+  EXPECT_EQ(named.sampling.temperature, 0.0f);
+  EXPECT_EQ(named.sampling.top_k, 0);
+  EXPECT_EQ(named.sampling.top_p, 1.0f);
+  EXPECT_EQ(named.sampling.min_p, 0.0f);
+  EXPECT_EQ(named.sampling.repeat_penalty, 1.1f);  // not named: the server's
+  EXPECT_EQ(*named.sampling.seed, 3u);
+  auto api = parse_generation_request(kComp, R"({"prompt": "Once"})");
+  EXPECT_EQ(api.sampling.temperature, 1.0f);
+  EXPECT_EQ(api.sampling.top_k, 0);
+  EXPECT_EQ(api.sampling.top_p, 1.0f);
+  EXPECT_EQ(api.sampling.min_p, 0.0f);
+}
+
+// A server default a request could not send is refused at start, naming the flag.
+TEST(ServerApi, RefusesSamplingDefaultsOutOfRange) {
+  EXPECT_NO_THROW(check_sampling_defaults(SamplingOptions{}));
+  const auto refused = [](auto edit, const char* flag) {
+    SamplingOptions s;
+    edit(s);
+    try {
+      check_sampling_defaults(s);
+    } catch (const strata::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << flag << " accepted";
+  };
+  refused([](SamplingOptions& s) { s.temperature = -0.1f; }, "--temp");
+  refused([](SamplingOptions& s) { s.temperature = 2.5f; }, "--temp");
+  refused([](SamplingOptions& s) { s.temperature = std::nanf(""); }, "--temp");
+  refused([](SamplingOptions& s) { s.top_p = 0.0f; }, "--top-p");
+  refused([](SamplingOptions& s) { s.top_p = 1.5f; }, "--top-p");
+  refused([](SamplingOptions& s) { s.top_k = -1; }, "--top-k");
+  refused([](SamplingOptions& s) { s.min_p = 1.01f; }, "--min-p");
+  refused([](SamplingOptions& s) { s.repeat_penalty = 0.0f; }, "--repeat-penalty");
+  refused([](SamplingOptions& s) { s.repeat_penalty = 11.0f; }, "--repeat-penalty");
+  refused([](SamplingOptions& s) { s.presence_penalty = 2.1f; }, "--presence-penalty");
+  refused([](SamplingOptions& s) { s.frequency_penalty = -3.0f; }, "--frequency-penalty");
 }
 
 struct BadCase {

@@ -29,6 +29,7 @@ struct ServeArgs {
   std::string chat_template;
   double shutdown_timeout_s = 10;
   int http_threads = 0;
+  server::SamplingOptions sampling;  // the defaults of every request (the API's unless set)
 };
 
 int run_serve(const EngineFlags& ef, ServeArgs a) {
@@ -39,6 +40,7 @@ int run_serve(const EngineFlags& ef, ServeArgs a) {
   STRATA_REQUIRE(a.shutdown_timeout_s >= 0, "--shutdown-timeout must be >= 0 (got {})",
                  a.shutdown_timeout_s);
   STRATA_REQUIRE(ef.n_batch >= 1, "--batch must be >= 1 (got {})", ef.n_batch);
+  server::check_sampling_defaults(a.sampling);
   if (a.api_key.empty())
     if (const char* k = std::getenv("STRATA_API_KEY")) a.api_key = k;
 
@@ -76,6 +78,7 @@ int run_serve(const EngineFlags& ef, ServeArgs a) {
   hc.port = a.port;
   hc.api_key = a.api_key;
   hc.threads = a.http_threads;
+  hc.sampling_defaults = a.sampling;
   server::HttpServer http(backend, scheduler, metrics, hc);
   int port = http.bind();
   scheduler.start();
@@ -120,6 +123,19 @@ CommandRegistrar reg("serve", "OpenAI/Anthropic-compatible HTTP server with stre
   sub.add_option("--shutdown-timeout", a->shutdown_timeout_s,
                  "seconds in-flight requests may take to finish on SIGTERM/SIGINT")->capture_default_str();
   sub.add_option("--http-threads", a->http_threads, "HTTP worker threads (0: parallel + max-queue + 8)");
+  // A request's sampling fields it does not name. The defaults are the API's (a draw over the whole
+  // vocabulary at temperature 1); llama.cpp's server uses --top-k 40 --top-p 0.95 --min-p 0.05.
+  auto& sd = a->sampling;
+  sub.add_option("--temp", sd.temperature, "default temperature of a request (0: greedy)")->capture_default_str();
+  sub.add_option("--top-k", sd.top_k, "default top_k of a request (0: off)")->capture_default_str();
+  sub.add_option("--top-p", sd.top_p, "default top_p of a request (1: off)")->capture_default_str();
+  sub.add_option("--min-p", sd.min_p, "default min_p of a request (0: off)")->capture_default_str();
+  sub.add_option("--repeat-penalty", sd.repeat_penalty, "default repeat_penalty of a request (1: off)")
+      ->capture_default_str();
+  sub.add_option("--presence-penalty", sd.presence_penalty, "default presence_penalty of a request")
+      ->capture_default_str();
+  sub.add_option("--frequency-penalty", sd.frequency_penalty, "default frequency_penalty of a request")
+      ->capture_default_str();
   return [ef, a] { return run_serve(*ef, *a); };
 });
 

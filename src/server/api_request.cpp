@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
+
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -379,7 +381,21 @@ void parse_anthropic(Fields& f, GenerationRequest& r) {
 
 }  // namespace
 
-GenerationRequest parse_generation_request(ApiKind kind, std::string_view body) {
+void check_sampling_defaults(const SamplingOptions& s) {
+  const auto in = [](float v, float lo, float hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  STRATA_REQUIRE(in(s.temperature, 0.0f, 2.0f), "--temp must be in [0, 2], got {}", s.temperature);
+  STRATA_REQUIRE(in(s.top_p, 0.0f, 1.0f) && s.top_p > 0.0f, "--top-p must be in (0, 1], got {}", s.top_p);
+  STRATA_REQUIRE(s.top_k >= 0, "--top-k must be >= 0 (0: off), got {}", s.top_k);
+  STRATA_REQUIRE(in(s.min_p, 0.0f, 1.0f), "--min-p must be in [0, 1], got {}", s.min_p);
+  STRATA_REQUIRE(in(s.repeat_penalty, 0.0f, 10.0f) && s.repeat_penalty > 0.0f,
+                 "--repeat-penalty must be in (0, 10], got {}", s.repeat_penalty);
+  STRATA_REQUIRE(in(s.presence_penalty, -2.0f, 2.0f), "--presence-penalty must be in [-2, 2], got {}",
+                 s.presence_penalty);
+  STRATA_REQUIRE(in(s.frequency_penalty, -2.0f, 2.0f), "--frequency-penalty must be in [-2, 2], got {}",
+                 s.frequency_penalty);
+}
+
+GenerationRequest parse_generation_request(ApiKind kind, std::string_view body, const SamplingOptions& defaults) {
   json j;
   try {
     j = json::parse(body.begin(), body.end());
@@ -390,6 +406,7 @@ GenerationRequest parse_generation_request(ApiKind kind, std::string_view body) 
     bad("", fmt::format("The request body must be a JSON object, but got {} instead.", type_word(j)));
   GenerationRequest r;
   r.kind = kind;
+  r.sampling = defaults;
   Fields f(j, "");
   switch (kind) {
     case ApiKind::ChatCompletions: parse_chat(f, r); break;

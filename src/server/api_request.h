@@ -56,7 +56,13 @@ struct GenerationRequest {
   SamplingOptions sampling;
 };
 
-// Parses a request body for `kind`. Throws ApiError (status 400) on any problem.
-GenerationRequest parse_generation_request(ApiKind kind, std::string_view body);
+// Parses a request body for `kind`. Throws ApiError (status 400) on any problem. The request's sampling starts
+// from `defaults` (the server's own: `strata serve --temp/--top-k/...`; the API's when none is given) and each
+// field the request names replaces its default.
+GenerationRequest parse_generation_request(ApiKind kind, std::string_view body, const SamplingOptions& defaults = {});
+
+// strata::Error naming the first server default outside the range a request may send (temperature [0, 2],
+// top_p (0, 1], top_k >= 0, min_p [0, 1], repeat_penalty (0, 10], presence and frequency penalties [-2, 2]).
+void check_sampling_defaults(const SamplingOptions& s);
 
 }  // namespace strata::server

@@ -333,7 +333,7 @@ void HttpServer::handle_generation(ApiKind kind, const httplib::Request& req,
   auto job = std::make_shared<Job>();
   GenerationRequest gr;
   try {
-    gr = parse_generation_request(kind, req.body);
+    gr = parse_generation_request(kind, req.body, cfg_.sampling_defaults);
     std::string text = gr.is_chat ? backend_.render_chat(gr.messages) : gr.prompt;
     job->prompt = backend_.tokenize(text, gr.is_chat);
     if (job->prompt.empty())

@@ -27,6 +27,7 @@ struct HttpConfig {
   int threads = 0;                    // HTTP worker threads (0: parallel + max_queue + 8)
   size_t max_body_bytes = 8u << 20;
   double health_stall_s = 60.0;       // /health fails when the scheduler loop is stuck this long
+  SamplingOptions sampling_defaults;  // what a request's sampling starts from (strata serve --temp, --top-k, ...)
 };
 
 class HttpServer {
