@@ -134,6 +134,7 @@ TEST(ServerApi, RefusesSamplingDefaultsOutOfRange) {
   refused([](SamplingOptions& s) { s.top_p = 0.0f; }, "--top-p");
   refused([](SamplingOptions& s) { s.top_p = 1.5f; }, "--top-p");
   refused([](SamplingOptions& s) { s.top_k = -1; }, "--top-k");
+  refused([](SamplingOptions& s) { s.top_k = (1 << 20) + 1; }, "--top-k");  // (past what a request may send)
   refused([](SamplingOptions& s) { s.min_p = 1.01f; }, "--min-p");
   refused([](SamplingOptions& s) { s.repeat_penalty = 0.0f; }, "--repeat-penalty");
   refused([](SamplingOptions& s) { s.repeat_penalty = 11.0f; }, "--repeat-penalty");

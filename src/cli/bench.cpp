@@ -84,10 +84,15 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   STRATA_REQUIRE(std::isfinite(a.tg_temp) && a.tg_temp >= 0.0f && (a.tg_temp == 0.0f || a.tg_mode != "logits"),
                  "--tg-temp must be >= 0, and > 0 only with --tg-mode pick or chain (got {} with {})", a.tg_temp,
                  a.tg_mode);
-  STRATA_REQUIRE(a.tg_top_k >= 0 && a.tg_top_p > 0.0f && a.tg_top_p <= 1.0f && a.tg_min_p >= 0.0f &&
-                     a.tg_min_p <= 1.0f,
-                 "--tg-top-k must be >= 0, --tg-top-p in (0, 1] and --tg-min-p in [0, 1] (got {}, {}, {})", a.tg_top_k,
-                 a.tg_top_p, a.tg_min_p);
+  // (pick, chain: a sampler a sequence, greedy unless --tg-temp; its parameters checked before the load)
+  SamplingParams sp;
+  sp.temperature = a.tg_temp;
+  sp.top_k = a.tg_top_k;
+  sp.top_p = a.tg_top_p;
+  sp.min_p = a.tg_min_p;
+  sp.seed = 1;
+  STRATA_REQUIRE(a.tg_top_k >= 0, "--tg-top-k must be >= 0 (0: off), got {}", a.tg_top_k);
+  sp.validate();
   auto t_load0 = std::chrono::steady_clock::now();
   std::shared_ptr<const Model> model = load_model_for(ef);
   // (n_ctx also bounds n_batch: at least --parallel, so a tg step is one pass)
@@ -117,13 +122,6 @@ int run_bench(const EngineFlags& ef, const BenchArgs& a) {
   };
   // tg: n steps, each one token for every sequence (--parallel of them) in one forward pass.
   std::vector<int32_t> toks(seqs.size());
-  // (pick, chain: a sampler a sequence, greedy unless --tg-temp)
-  SamplingParams sp;
-  sp.temperature = a.tg_temp;
-  sp.top_k = a.tg_top_k;
-  sp.top_p = a.tg_top_p;
-  sp.min_p = a.tg_min_p;
-  sp.seed = 1;
   std::vector<Sampler> pickers(seqs.size(), Sampler(sp, eng.n_vocab()));
   std::vector<Sampler*> samplers;
   for (auto& g : pickers) samplers.push_back(&g);

@@ -292,12 +292,12 @@ __device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, u
       const uint64_t key = order_key(v, static_cast<uint32_t>(i));
       const bool take = key >= lo && key <= hi;
       const unsigned b = unsigned((key >> shift) & 255u);
+      const unsigned long long m = take ? static_cast<unsigned long long>(static_cast<double>(prob(v)) * kFx) : 0ull;
       if (agg) {  // (every lane of the warp reaches the reductions: no return before them)
-        warp_mass_add(sh.hist, sh.mass, take, b,
-                      take ? static_cast<unsigned long long>(static_cast<double>(prob(v)) * kFx) : 0ull);
+        warp_mass_add(sh.hist, sh.mass, take, b, m);
       } else if (take) {
         atomicAdd(&sh.hist[b], 1u);
-        atomicAdd(&sh.mass[b], static_cast<unsigned long long>(static_cast<double>(prob(v)) * kFx));
+        atomicAdd(&sh.mass[b], m);
       }
     });
     __syncthreads();

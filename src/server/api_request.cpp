@@ -187,21 +187,29 @@ std::string content_text(const json& content, const std::string& where) {
   return text;
 }
 
+// The ranges a request's sampling fields may take (OpenAI's, Anthropic's temperature at most 1); the server's
+// defaults are held to the same (check_sampling_defaults).
+constexpr double kMaxTemperature = 2.0, kMaxTemperatureAnthropic = 1.0;
+constexpr int64_t kMaxTopK = 1 << 20;
+constexpr double kMaxRepeatPenalty = 10.0;
+constexpr double kMaxPenalty = 2.0;  // presence and frequency: [-2, 2]
+
 void parse_common_sampling(Fields& f, SamplingOptions& s, bool anthropic) {
-  if (auto v = f.number("temperature", 0.0, anthropic ? 1.0 : 2.0)) s.temperature = float(*v);
+  if (auto v = f.number("temperature", 0.0, anthropic ? kMaxTemperatureAnthropic : kMaxTemperature))
+    s.temperature = float(*v);
   if (auto v = f.number("top_p", 0.0, 1.0)) {
     if (*v <= 0.0) bad("top_p", "Invalid 'top_p': must be greater than 0 and at most 1.");
     s.top_p = float(*v);
   }
-  if (auto v = f.integer("top_k", 0, 1 << 20)) s.top_k = int32_t(*v);
+  if (auto v = f.integer("top_k", 0, kMaxTopK)) s.top_k = int32_t(*v);
   if (auto v = f.number("min_p", 0.0, 1.0)) s.min_p = float(*v);
-  if (auto v = f.number("repeat_penalty", 0.0, 10.0)) {
+  if (auto v = f.number("repeat_penalty", 0.0, kMaxRepeatPenalty)) {
     if (*v <= 0.0) bad("repeat_penalty", "Invalid 'repeat_penalty': must be greater than 0.");
     s.repeat_penalty = float(*v);
   }
   if (!anthropic) {
-    if (auto v = f.number("presence_penalty", -2.0, 2.0)) s.presence_penalty = float(*v);
-    if (auto v = f.number("frequency_penalty", -2.0, 2.0)) s.frequency_penalty = float(*v);
+    if (auto v = f.number("presence_penalty", -kMaxPenalty, kMaxPenalty)) s.presence_penalty = float(*v);
+    if (auto v = f.number("frequency_penalty", -kMaxPenalty, kMaxPenalty)) s.frequency_penalty = float(*v);
   }
   if (const json* v = f.get("seed")) {
     if (!v->is_number_integer()) bad_type("seed", "an integer", *v);
@@ -382,17 +390,19 @@ void parse_anthropic(Fields& f, GenerationRequest& r) {
 }  // namespace
 
 void check_sampling_defaults(const SamplingOptions& s) {
-  const auto in = [](float v, float lo, float hi) { return std::isfinite(v) && v >= lo && v <= hi; };
-  STRATA_REQUIRE(in(s.temperature, 0.0f, 2.0f), "--temp must be in [0, 2], got {}", s.temperature);
-  STRATA_REQUIRE(in(s.top_p, 0.0f, 1.0f) && s.top_p > 0.0f, "--top-p must be in (0, 1], got {}", s.top_p);
-  STRATA_REQUIRE(s.top_k >= 0, "--top-k must be >= 0 (0: off), got {}", s.top_k);
-  STRATA_REQUIRE(in(s.min_p, 0.0f, 1.0f), "--min-p must be in [0, 1], got {}", s.min_p);
-  STRATA_REQUIRE(in(s.repeat_penalty, 0.0f, 10.0f) && s.repeat_penalty > 0.0f,
-                 "--repeat-penalty must be in (0, 10], got {}", s.repeat_penalty);
-  STRATA_REQUIRE(in(s.presence_penalty, -2.0f, 2.0f), "--presence-penalty must be in [-2, 2], got {}",
-                 s.presence_penalty);
-  STRATA_REQUIRE(in(s.frequency_penalty, -2.0f, 2.0f), "--frequency-penalty must be in [-2, 2], got {}",
-                 s.frequency_penalty);
+  const auto in = [](float v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; };
+  STRATA_REQUIRE(in(s.temperature, 0.0, kMaxTemperature), "--temp must be in [0, {}], got {}", kMaxTemperature,
+                 s.temperature);
+  STRATA_REQUIRE(in(s.top_p, 0.0, 1.0) && s.top_p > 0.0f, "--top-p must be in (0, 1], got {}", s.top_p);
+  STRATA_REQUIRE(s.top_k >= 0 && s.top_k <= kMaxTopK, "--top-k must be in [0, {}] (0: off), got {}", kMaxTopK,
+                 s.top_k);
+  STRATA_REQUIRE(in(s.min_p, 0.0, 1.0), "--min-p must be in [0, 1], got {}", s.min_p);
+  STRATA_REQUIRE(in(s.repeat_penalty, 0.0, kMaxRepeatPenalty) && s.repeat_penalty > 0.0f,
+                 "--repeat-penalty must be in (0, {}], got {}", kMaxRepeatPenalty, s.repeat_penalty);
+  STRATA_REQUIRE(in(s.presence_penalty, -kMaxPenalty, kMaxPenalty), "--presence-penalty must be in [-{}, {}], got {}",
+                 kMaxPenalty, kMaxPenalty, s.presence_penalty);
+  STRATA_REQUIRE(in(s.frequency_penalty, -kMaxPenalty, kMaxPenalty),
+                 "--frequency-penalty must be in [-{}, {}], got {}", kMaxPenalty, kMaxPenalty, s.frequency_penalty);
 }
 
 GenerationRequest parse_generation_request(ApiKind kind, std::string_view body, const SamplingOptions& defaults) {

@@ -62,7 +62,7 @@ struct GenerationRequest {
 GenerationRequest parse_generation_request(ApiKind kind, std::string_view body, const SamplingOptions& defaults = {});
 
 // strata::Error naming the first server default outside the range a request may send (temperature [0, 2],
-// top_p (0, 1], top_k >= 0, min_p [0, 1], repeat_penalty (0, 10], presence and frequency penalties [-2, 2]).
+// top_p (0, 1], top_k [0, 2^20], min_p [0, 1], repeat_penalty (0, 10], presence and frequency penalties [-2, 2]).
 void check_sampling_defaults(const SamplingOptions& s);
 
 }  // namespace strata::server

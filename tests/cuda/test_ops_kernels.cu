@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -736,6 +737,20 @@ TEST_F(GpuOps, SampleDeepMatchesCpuSampler) {
 TEST_F(GpuOps, SampleWalkMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_deep, ops::set_sample_deep, false);
 }
+// The picks of `rows` rows through sample (rule p for every row) and sample_rows (rules: [rows] on the device),
+// with the sampler's switches as they are now: {sample's, sample_rows'}.
+std::array<std::vector<int32_t>, 2> sample_both_ways(GpuOps& f, const DeviceBuffer& dl, int rows, int64_t V,
+                                                     const ops::SampleParams& p, const DeviceBuffer& drules,
+                                                     const DeviceBuffer& du, DeviceBuffer& dscratch, DeviceBuffer& dout) {
+  std::array<std::vector<int32_t>, 2> got;
+  ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), f.stream());
+  got[0] = f.download<int32_t>(dout, size_t(rows));
+  ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
+                   dout.as<int32_t>(), f.stream());
+  got[1] = f.download<int32_t>(dout, size_t(rows));
+  return got;
+}
+
 TEST_F(GpuOps, SampleDeepAggMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_deep_agg, ops::set_sample_deep_agg, true);
 }
@@ -769,14 +784,10 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) {
       auto dl = upload(logits, "logits");
       auto du = upload(u, "u");
       auto drules = upload(rules, "rules");
-      std::vector<int32_t> got[2][2];  // [one atomic a key, a warp at a time][sample, sample_rows]
+      std::array<std::vector<int32_t>, 2> got[2];  // [one atomic a key, a warp at a time][sample, sample_rows]
       for (int on = 0; on < 2; ++on) {
         ops::set_sample_deep_agg(on == 1);
-        ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), stream());
-        got[on][0] = download<int32_t>(dout, size_t(rows));
-        ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
-                         dout.as<int32_t>(), stream());
-        got[on][1] = download<int32_t>(dout, size_t(rows));
+        got[on] = sample_both_ways(*this, dl, rows, V, p, drules, du, dscratch, dout);
       }
       EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
       EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
@@ -828,15 +839,11 @@ TEST_F(GpuOps, SamplePrefilterPicksAsTheWholeRow) {
       auto dl = upload(logits, "logits");
       auto du = upload(u, "u");
       auto drules = upload(rules, "rules");
-      std::vector<int32_t> got[3][2];  // [off, prefilter, prefilter by merges][sample, sample_rows]
+      std::array<std::vector<int32_t>, 2> got[3];  // [off, prefilter, prefilter by merges][sample, sample_rows]
       for (int on = 0; on < 3; ++on) {
         ops::set_sample_prefilter(on >= 1);
         ops::set_sample_merge(on == 2);
-        ops::sample(dl.as<float>(), rows, V, p, du.as<float>(), dscratch.data(), dout.as<int32_t>(), stream());
-        got[on][0] = download<int32_t>(dout, size_t(rows));
-        ops::sample_rows(dl.as<float>(), rows, V, drules.as<ops::SampleParams>(), du.as<float>(), dscratch.data(),
-                         dout.as<int32_t>(), stream());
-        got[on][1] = download<int32_t>(dout, size_t(rows));
+        got[on] = sample_both_ways(*this, dl, rows, V, p, drules, du, dscratch, dout);
       }
       EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", top-k " << k;
       EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", top-k " << k;
