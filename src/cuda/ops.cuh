@@ -125,9 +125,9 @@ void set_sample_deep(bool on);
 bool sample_deep();
 // The deep search's histogram atomics a warp at a time (warp_mass_add: one atomic per distinct bin of a warp,
 // the bins' integer sums unchanged, so the same picks); STRATA_CUDA_SAMPLE_DEEP_AGG=1 (read once) or
-// set_sample_deep_agg. Off: built in session 48 after its device time was spent (that session measured a draw
-// over the whole vocabulary of a flat row at ~1.8 ms a token: `strata serve` 282 tok/s with top-k off against
-// 594 at top-k 40), until its GPU tests and A/B run.
+// set_sample_deep_agg. On by default since session 49 (H100, sampled chained decode over the whole vocabulary of
+// a flat row, top-k off: 386.4 against 297.5 tok/s; `strata serve`, one request: 366.5 against 283.2; its tests
+// and memcheck pass; racecheck ran past its limit on the real vocabulary, owed on the small-vocabulary test).
 void set_sample_deep_agg(bool on);
 bool sample_deep_agg();
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the

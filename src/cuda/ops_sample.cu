@@ -638,8 +638,8 @@ DigitSetting g_sample_deep("STRATA_CUDA_SAMPLE_DEEP", "the device sampler's deep
 void set_sample_deep(bool on) { g_sample_deep.set(on ? 1 : 0); }
 bool sample_deep() { return g_sample_deep.get() == 1; }
 namespace {
-// (off until its GPU tests and A/B have run: scripts/device-call-next.sh)
-DigitSetting g_sample_deep_agg("STRATA_CUDA_SAMPLE_DEEP_AGG", "the deep search's atomics a warp at a time", 0, 1, 0);
+// (on since session 49: bench/results/2026-12-07-gpu-session49-h100.md)
+DigitSetting g_sample_deep_agg("STRATA_CUDA_SAMPLE_DEEP_AGG", "the deep search's atomics a warp at a time", 0, 1, 1);
 }  // namespace
 void set_sample_deep_agg(bool on) { g_sample_deep_agg.set(on ? 1 : 0); }
 bool sample_deep_agg() { return g_sample_deep_agg.get() == 1; }

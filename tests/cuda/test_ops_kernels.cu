@@ -759,17 +759,17 @@ TEST_F(GpuOps, SampleDeepAggMatchesCpuSampler) {
 // atomic a key, so every pick is the same id, exactly: rows that go deep (flat logits, top-k off or past 2048,
 // top-p and min-p on and off, ties from logits in steps of 1/64 and 1/4), at the real vocabulary and at sizes
 // with a partial last warp, through sample and sample_rows.
-TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) {
+// One test a vocabulary size, so racecheck can take the small one (the real vocabulary runs past its limit).
+void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0) {
   const int rows = 8;
-  const int64_t vocabs[] = {kVocab, 50000 + 17, 4099};
   const float sds[] = {0.05f, 0.3f, 1.0f};
-  std::mt19937 rng(93);
-  uint64_t seed = 500;
+  std::mt19937 rng(seed0);
+  uint64_t seed = seed0 + 500;
   int compared = 0;
   const bool was = ops::sample_deep_agg();
-  for (const int64_t V : vocabs) {
-    auto dscratch = alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
-    auto dout = alloc<int32_t>(size_t(rows), "out");
+  {
+    auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+    auto dout = f.alloc<int32_t>(size_t(rows), "out");
     for (int c = 0; c < 6; ++c) {
       auto logits = randn(size_t(rows) * size_t(V), uint32_t(seed++), sds[c % 3]);
       if (c >= 3)
@@ -781,13 +781,13 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) {
       for (int r = 0; r < rows; ++r)
         rules[size_t(r)] = {temps[rng() % 3], r % 3 == 2 ? 3000 : 0, r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.001f : 0.0f};
       const ops::SampleParams p{temps[c % 3], 0, c % 2 ? 0.97f : 1.0f, 0.0f};
-      auto dl = upload(logits, "logits");
-      auto du = upload(u, "u");
-      auto drules = upload(rules, "rules");
+      auto dl = f.upload(logits, "logits");
+      auto du = f.upload(u, "u");
+      auto drules = f.upload(rules, "rules");
       std::array<std::vector<int32_t>, 2> got[2];  // [one atomic a key, a warp at a time][sample, sample_rows]
       for (int on = 0; on < 2; ++on) {
         ops::set_sample_deep_agg(on == 1);
-        got[on] = sample_both_ways(*this, dl, rows, V, p, drules, du, dscratch, dout);
+        got[on] = sample_both_ways(f, dl, rows, V, p, drules, du, dscratch, dout);
       }
       EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
       EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
@@ -795,8 +795,13 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) {
     }
   }
   ops::set_sample_deep_agg(was);
-  std::printf("[deep agg] %d picks compared\n", compared);
+  std::printf("[deep agg] vocabulary %lld: %d picks compared\n", static_cast<long long>(V), compared);
 }
+TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) { deep_agg_picks_as_one_atomic_a_key(*this, kVocab, 93); }
+TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeyPartialWarp) {
+  deep_agg_picks_as_one_atomic_a_key(*this, 50000 + 17, 94);
+}
+TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeySmall) { deep_agg_picks_as_one_atomic_a_key(*this, 4099, 95); }
 
 // With the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so their
 // top-k 1, 40 and 100 rows go through the prefilter), and with the block-sort prefilter (ops::sample_merge off;
