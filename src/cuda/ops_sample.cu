@@ -5,6 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <cooperative_groups.h>
 #include <cub/block/block_scan.cuh>
 
 #include "common/env_switch.h"
@@ -45,7 +50,12 @@ constexpr int kChunk = 2 * kRowThreads;
 struct SampleShared {
   uint64_t keys[kChunk];
   unsigned hist[256];
-  typename cub::BlockScan<double, kRowThreads>::TempStorage scan;
+  union {
+    typename cub::BlockScan<double, kRowThreads>::TempStorage scan;  // scan_sorted's
+    // gather_sorted's keys of this block's share in a cluster (read by every block of it, then a barrier,
+    // all inside gather_sorted: never live with scan)
+    uint64_t keys_part[kChunk];
+  };
   uint64_t red_u64[32];
   double red_d[32];
   long long red_i[32];
@@ -66,24 +76,103 @@ struct SampleShared {
   // The row's candidates from sample_cand_kernel (null: the whole row): [n_cand] keys, 0 for none.
   const uint64_t* cand;
   long long n_cand;
+  // A cluster of cl_size blocks a row (STRATA_CUDA_SAMPLE_CLUSTER; 1: one block). Each block passes over its
+  // share of the row into its own parts; every block reads every block's parts through distributed shared
+  // memory and merges them in rank order, so every block holds the same merged histograms, sums and keys and
+  // takes the same decisions. Two of each part, by cl_parity (flipped at each merge): a block may start the
+  // next merge's part while another still reads this one (one cluster barrier a merge keeps them within one).
+  unsigned cl_rank, cl_size;
+  int cl_parity;
+  unsigned hist_part[2][256];
+  unsigned long long mass_part[2][256];
+  uint64_t red_part[2];  // a block's reduced value (the bits of a double, u64 or long long)
+  int count_part;
 };
+static_assert(sizeof(SampleShared) <= 48 * 1024, "the sampler's shared memory fits the static limit");
+
+// ---- The cluster's merges (no-ops for one block). Every block of the cluster calls each, in the same order.
+namespace cluster {
+__device__ __forceinline__ void sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+// Block `rank`'s copy of *p (p in this block's shared memory).
+template <typename T>
+__device__ __forceinline__ const T* at(const T* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(const_cast<T*>(p), int(rank));
+#else
+  return p;
+#endif
+}
+__device__ __forceinline__ void flip(SampleShared& sh) {
+  __syncthreads();  // (every thread has read cl_parity)
+  if (threadIdx.x == 0) sh.cl_parity ^= 1;
+  __syncthreads();
+}
+// v: a block-uniform value (the block's reduction); returns op over the cluster's blocks in rank order.
+template <typename T, typename Op>
+__device__ T reduce(T v, SampleShared& sh, Op op) {
+  static_assert(sizeof(T) == sizeof(uint64_t), "a part is 64 bits");
+  if (sh.cl_size == 1) return v;
+  const int p = sh.cl_parity;
+  if (threadIdx.x == 0) memcpy(&sh.red_part[p], &v, sizeof v);
+  sync();
+  T r;
+  for (unsigned k = 0; k < sh.cl_size; ++k) {
+    T x;
+    memcpy(&x, at(&sh.red_part[p], k), sizeof x);
+    r = k == 0 ? x : op(r, x);
+  }
+  flip(sh);
+  return r;
+}
+// The bins a pass adds to: this block's own (its part, the merge's parity) or sh.hist / sh.mass for one block.
+__device__ __forceinline__ unsigned* hist_acc(SampleShared& sh) {
+  return sh.cl_size == 1 ? sh.hist : sh.hist_part[sh.cl_parity];
+}
+__device__ __forceinline__ unsigned long long* mass_acc(SampleShared& sh) {
+  return sh.cl_size == 1 ? sh.mass : sh.mass_part[sh.cl_parity];
+}
+// After a pass into hist_acc (and mass_acc when with_mass) and a __syncthreads: sh.hist (sh.mass) := the sum
+// of every block's part. The sums are integers: the same bins whatever the order.
+__device__ void merge_bins(SampleShared& sh, bool with_mass) {
+  if (sh.cl_size == 1) return;
+  const int p = sh.cl_parity;
+  sync();
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    unsigned h = 0;
+    unsigned long long m = 0;
+    for (unsigned k = 0; k < sh.cl_size; ++k) {
+      h += at(&sh.hist_part[p][b], k)[0];
+      if (with_mass) m += at(&sh.mass_part[p][b], k)[0];
+    }
+    sh.hist[b] = h;
+    if (with_mass) sh.mass[b] = m;
+  }
+  flip(sh);
+}
+}  // namespace cluster
 
 // f(i, row[i]) over this thread's share of the row (row_scan::for_row; batched: SampleShared::batched), or,
 // where the row has a candidate list (sh.cand), over its share of the candidates: the same (id, value) pairs
 // for every key the row's top-k can hold, so every pass that only looks at ranks below top-k (the radix
-// select, the gather, the maximum) finds the same keys. Block-uniform.
+// select, the gather, the maximum) finds the same keys. Block-uniform. In a cluster, this block's share: the
+// callers merge what the blocks found (cluster::).
 template <typename F>
 __device__ __forceinline__ void for_row(const float* row, int64_t n, const SampleShared& sh, F&& f) {
   if (const uint64_t* cand = sh.cand) {
     const long long nc = sh.n_cand;
 #pragma unroll 4
-    for (long long j = threadIdx.x; j < nc; j += blockDim.x) {
+    for (long long j = sh.cl_rank * blockDim.x + threadIdx.x; j < nc; j += sh.cl_size * blockDim.x) {
       const uint64_t k = cand[j];
       if (k != 0) f(static_cast<int64_t>(key_id(k)), key_value(k));
     }
     return;
   }
-  row_scan::for_row(row, n, threadIdx.x, blockDim.x, sh.batched, f);
+  row_scan::for_row(row, n, int64_t(sh.cl_rank) * blockDim.x + threadIdx.x, int64_t(sh.cl_size) * blockDim.x,
+                    sh.batched, f);
 }
 
 // hist[bin] += 1 for each thread of the warp that takes part, one atomic per distinct bin. Why: a pass of the
@@ -159,13 +248,15 @@ __device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, Sa
   uint64_t prefix = 0;
   for (int shift = 56; shift >= 0; shift -= 8) {
     const uint64_t hi_mask = shift == 56 ? 0ull : (~0ull << (shift + 8));
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
+    unsigned* hist = cluster::hist_acc(sh);
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     for_row(row, n_vocab, sh, [&](int64_t i, float v) {
       const uint64_t key = order_key(v, static_cast<uint32_t>(i));
-      warp_hist_add(sh.hist, (key & hi_mask) == prefix, unsigned((key >> shift) & 255u));
+      warp_hist_add(hist, (key & hi_mask) == prefix, unsigned((key >> shift) & 255u));
     });
     __syncthreads();
+    cluster::merge_bins(sh, false);
     if (threadIdx.x < 32) pick_bin(sh, r, prefix, shift);
     __syncthreads();
     prefix = sh.sel_prefix;
@@ -179,7 +270,8 @@ __device__ uint64_t select_rank(const float* row, int64_t n_vocab, int64_t r, Sa
         if ((key & mask) == prefix) sh.sel_prefix = key;
       });
       __syncthreads();
-      prefix = sh.sel_prefix;
+      // (in a cluster one block found the key; the others kept the prefix, which is below it)
+      prefix = cluster::reduce(sh.sel_prefix, sh, MaxOp{});
       __syncthreads();
       break;
     }
@@ -227,17 +319,32 @@ __device__ void sort_desc(uint64_t* keys, int size) {
 // descending; the rest of keys[] is 0. The caller makes sure at most kChunk keys fall in the range.
 __device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bool has_upper, uint64_t upper,
                               SampleShared& sh) {
-  if (threadIdx.x == 0) sh.count = 0;
+  const bool one = sh.cl_size == 1;
+  int* count = one ? &sh.count : &sh.count_part;
+  uint64_t* keys = one ? sh.keys : sh.keys_part;
+  if (threadIdx.x == 0) *count = 0;
   for (int i = threadIdx.x; i < kChunk; i += blockDim.x) sh.keys[i] = 0;
   __syncthreads();
   for_row(row, n_vocab, sh, [&](int64_t i, float v) {
     const uint64_t key = order_key(v, static_cast<uint32_t>(i));
     if (key >= lo && (!has_upper || key < upper)) {
-      const int slot = atomicAdd(&sh.count, 1);
-      if (slot < kChunk) sh.keys[slot] = key;
+      const int slot = atomicAdd(count, 1);
+      if (slot < kChunk) keys[slot] = key;
     }
   });
   __syncthreads();
+  if (!one) {  // every block's keys, in rank order, into sh.keys (the sort below makes the order canonical)
+    cluster::sync();
+    int base = 0;
+    for (unsigned k = 0; k < sh.cl_size; ++k) {
+      const int n_k = min(*cluster::at(&sh.count_part, k), kChunk);
+      const uint64_t* src = cluster::at(sh.keys_part, k);
+      for (int i = threadIdx.x; i < n_k && base + i < kChunk; i += blockDim.x) sh.keys[base + i] = src[i];
+      base += n_k;
+    }
+    if (threadIdx.x == 0) sh.count = base;
+    cluster::sync();  // (every block has read the parts before any gathers again)
+  }
   // Bitonic sort, descending, of keys[0, size): size is the power of two from the count up (at least 2), and
   // keys[size, kChunk) are all 0, the smallest keys, so they stay last. Why not all kChunk: a top-k of 40
   // sorts 64 keys in 21 steps instead of 2048 in 66.
@@ -285,7 +392,9 @@ __device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, u
   constexpr double kFx = 1152921504606846976.0;  // 2^60
   long long above = 0;  // candidates with keys above the current range
   for (int shift = 56;; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0u, sh.mass[b] = 0ull;
+    unsigned* hist = cluster::hist_acc(sh);
+    unsigned long long* mass = cluster::mass_acc(sh);
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0u, mass[b] = 0ull;
     __syncthreads();
     const bool agg = sh.deep_agg;
     for_row(row, n_vocab, sh, [&](int64_t i, float v) {
@@ -294,13 +403,14 @@ __device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, u
       const unsigned b = unsigned((key >> shift) & 255u);
       const unsigned long long m = take ? static_cast<unsigned long long>(static_cast<double>(prob(v)) * kFx) : 0ull;
       if (agg) {  // (every lane of the warp reaches the reductions: no return before them)
-        warp_mass_add(sh.hist, sh.mass, take, b, m);
+        warp_mass_add(hist, mass, take, b, m);
       } else if (take) {
-        atomicAdd(&sh.hist[b], 1u);
-        atomicAdd(&sh.mass[b], m);
+        atomicAdd(&hist[b], 1u);
+        atomicAdd(&mass[b], m);
       }
     });
     __syncthreads();
+    cluster::merge_bins(sh, true);
     if (threadIdx.x == 0) {
       // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
       const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
@@ -388,14 +498,14 @@ __device__ int64_t walk_ranks(const float* row, int64_t n_vocab, int64_t n, Prob
 template <typename F>
 __device__ double sum_top(const float* row, int64_t n_vocab, int64_t n, uint64_t lo, F f, SampleShared& sh) {
   double acc = 0.0;
-  if (n <= sh.cached) {
+  if (n <= sh.cached) {  // (every block of a cluster holds the same keys: no merge)
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += f(row[key_id(sh.keys[i])]);
-  } else {
-    for_row(row, n_vocab, sh, [&](int64_t i, float v) {
-      if (order_key(v, static_cast<uint32_t>(i)) >= lo) acc += f(v);
-    });
+    return block_reduce(acc, sh.red_d, SumOp{});
   }
-  return block_reduce(acc, sh.red_d, SumOp{});
+  for_row(row, n_vocab, sh, [&](int64_t i, float v) {
+    if (order_key(v, static_cast<uint32_t>(i)) >= lo) acc += f(v);
+  });
+  return cluster::reduce(block_reduce(acc, sh.red_d, SumOp{}), sh, SumOp{});
 }
 
 // ---- The candidate prefilter. A row whose top-k is at most kSampleCandMaxK (the usual case: 40 by default)
@@ -489,43 +599,23 @@ __device__ void merge_cand(const uint64_t* cand, int n_parts, int k, SampleShare
   __syncthreads();
 }
 
-// logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row.
-// Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
-// sorted once and every later step reads them from shared memory instead of the whole row.
-// rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
-// cand: null, or [n_tok][stride] keys from sample_cand_kernel over n_parts stretches a row (the rows that
-// use_cand read theirs instead of the row in every pass; merge: they merge the lists instead, merge_cand).
-__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
-                                                             const SampleParams* rows, const float* u, int32_t* out,
-                                                             bool deep, bool batched, const uint64_t* cand,
-                                                             int64_t stride, int n_parts, bool merge,
-                                                             bool deep_agg) {
-  __shared__ SampleShared sh;
-  const SampleParams P = rows != nullptr ? rows[blockIdx.x] : P0;  // block-uniform
-  const float* row = logits + blockIdx.x * n_vocab;
-  if (threadIdx.x == 0) {
-    const bool c = cand != nullptr && uses_cand(P, n_vocab);
-    sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg;
-    sh.cand = c ? cand + int64_t(blockIdx.x) * stride : nullptr;
-    sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
-  }
-  __syncthreads();
+// One row's pick (all threads of the row's blocks; sh set up by sample_kernel). cand_row: the row's stretch lists
+// ([n_parts][P.top_k], null: none), merged into sh.keys where merge and the row uses them.
+__device__ int32_t sample_row(const float* row, int64_t n_vocab, const SampleParams& P, float u_t,
+                              const uint64_t* cand_row, int n_parts, bool merge, bool deep, SampleShared& sh) {
   // merged: the row's top-k keys are in sh.keys already (block-uniform: the same inputs in every thread).
-  const bool merged = merge && cand != nullptr && uses_cand(P, n_vocab);
+  const bool merged = merge && cand_row != nullptr && uses_cand(P, n_vocab);
   uint64_t kmax = 0;
   if (merged) {
-    merge_cand(cand + int64_t(blockIdx.x) * stride, n_parts, P.top_k, sh);
+    merge_cand(cand_row, n_parts, P.top_k, sh);
     kmax = sh.keys[0];
   } else {
     for_row(row, n_vocab, sh,
             [&](int64_t i, float v) { kmax = MaxOp{}(kmax, order_key(v, static_cast<uint32_t>(i))); });
-    kmax = block_reduce(kmax, sh.red_u64, MaxOp{});
+    kmax = cluster::reduce(block_reduce(kmax, sh.red_u64, MaxOp{}), sh, MaxOp{});
   }
   const int32_t best = static_cast<int32_t>(key_id(kmax));
-  if (P.temperature <= 0.0f) {
-    if (threadIdx.x == 0) out[blockIdx.x] = best;
-    return;
-  }
+  if (P.temperature <= 0.0f) return best;
   const float mx = row[best];
   RankCache rc;
   // top-k: ranks [0, m).
@@ -558,6 +648,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
       for_row(row, n_vocab, sh, [&](int64_t, float v) { cnt += v >= thresh; });
     }
     cnt = block_reduce(cnt, sh.red_i, SumOp{});
+    if (n > sh.cached) cnt = cluster::reduce(cnt, sh, SumOp{});  // (the cached keys are every block's)
     n = cnt < n ? static_cast<int64_t>(cnt) : n;
     if (n < 1) n = 1;
   }
@@ -565,7 +656,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   const float temp = P.temperature;
   const uint64_t lo_n = n < n_vocab && n > sh.cached ? rc.get(row, n_vocab, n - 1, sh) : 0ull;
   const double s2 = sum_top(row, n_vocab, n, lo_n, [=](float l) { return exp_cr((l - mx) / temp); }, sh);
-  const double ud = u[blockIdx.x];
+  const double ud = u_t;
   uint64_t key = 0;
   const int64_t at = walk_ranks(
       row, n_vocab, n, [=](float l) { return static_cast<float>(exp_cr((l - mx) / temp) / s2); },
@@ -577,7 +668,46 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
       key = rc.get(row, n_vocab, n - 1, sh);
     }
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<int32_t>(key_id(key));
+  return static_cast<int32_t>(key_id(key));
+}
+
+// logits: [n_tok][n_vocab]; u: [n_tok]; out: [n_tok]. One block of kRowThreads per row, or a cluster of blocks
+// a row (blocks [t * size, + size) are row t's; cluster:: says how they share the passes).
+// Why the cache of chunk 0: with top-k <= kChunk (the usual case) the k candidates are selected and
+// sorted once and every later step reads them from shared memory instead of the whole row.
+// rows: null (P for every row) or [n_tok] device rules, row t's at rows[t] (ops::sample_rows).
+// cand: null, or [n_tok][stride] keys from sample_cand_kernel over n_parts stretches a row (the rows that
+// use_cand read theirs instead of the row in every pass; merge: they merge the lists instead, merge_cand).
+__global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits, int64_t n_vocab, SampleParams P0,
+                                                             const SampleParams* rows, const float* u, int32_t* out,
+                                                             bool deep, bool batched, const uint64_t* cand,
+                                                             int64_t stride, int n_parts, bool merge,
+                                                             bool deep_agg) {
+  __shared__ SampleShared sh;
+  // A row's blocks: one, or a cluster (cluster::): rank 0 writes the pick.
+  unsigned cl_rank = 0, cl_size = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  {
+    const auto cl = cooperative_groups::this_cluster();
+    cl_rank = cl.block_rank(), cl_size = cl.num_blocks();
+  }
+#endif
+  const int64_t t = blockIdx.x / cl_size;  // the row
+  const SampleParams P = rows != nullptr ? rows[t] : P0;  // block-uniform
+  const float* row = logits + t * n_vocab;
+  if (threadIdx.x == 0) {
+    const bool c = cand != nullptr && uses_cand(P, n_vocab);
+    sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg;
+    sh.cand = c ? cand + t * stride : nullptr;
+    sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
+    sh.cl_rank = cl_rank, sh.cl_size = cl_size, sh.cl_parity = 0;
+  }
+  __syncthreads();
+  const int32_t pick = sample_row(row, n_vocab, P, u[t], cand == nullptr ? nullptr : cand + t * stride, n_parts,
+                                  merge, deep, sh);
+  if (threadIdx.x == 0 && cl_rank == 0) out[t] = pick;
+  // (no block of a cluster leaves while another may still read its shared memory)
+  if (cl_size > 1) cluster::sync();
 }
 
 }  // namespace
@@ -648,6 +778,12 @@ DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's 
 }  // namespace
 bool sample_batched() { return g_sample_batched.get() == 1; }
 
+namespace {
+DigitSetting g_sample_cluster("STRATA_CUDA_SAMPLE_CLUSTER", "the device sampler's blocks a row", 1, 8, 1);
+}  // namespace
+void set_sample_cluster(int blocks) { g_sample_cluster.set(blocks); }
+int sample_cluster() { return g_sample_cluster.get(); }
+
 void check_sample_params(const SampleParams& p) {
   STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
   STRATA_REQUIRE(p.top_p > 0.0f && p.top_p <= 1.0f, "sample: top-p must be in (0, 1], got {}", p.top_p);
@@ -655,6 +791,43 @@ void check_sample_params(const SampleParams& p) {
 }
 
 namespace {
+// The blocks a row for this launch: sample_cluster(), or 1 where this device cannot run clusters of that many
+// sampler blocks (checked once a size and device; a warning names the fallback).
+int sample_cluster_blocks() {
+  const int want = sample_cluster();
+  if (want == 1) return 1;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, int> known;  // (device, size) -> blocks to use
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find({dev, want});
+  if (it != known.end()) return it->second;
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  int clusters = 0;
+  if (prop.major >= 9) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(want));
+    cfg.blockDim = dim3(kRowThreads);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = unsigned(want), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sample_kernel, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // (the query's error is not the stream's)
+      clusters = 0;
+    }
+  }
+  const int use = clusters > 0 ? want : 1;
+  if (use != want)
+    std::fprintf(stderr, "strata: STRATA_CUDA_SAMPLE_CLUSTER=%d: device %d (%s, sm_%d%d) cannot run clusters of %d "
+                 "sampler blocks; using one block a row\n", want, dev, prop.name, prop.major, prop.minor, want);
+  known[{dev, want}] = use;
+  return use;
+}
+
 // Both entry points: the prefilter where scratch is given and the launch fits it, then the sampler.
 void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const SampleParams& p,
                    const SampleParams* rows, const float* u, void* scratch, int32_t* out, cudaStream_t stream) {
@@ -671,10 +844,23 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
       sample_cand_kernel<<<grid, kCandThreads, 0, stream>>>(logits, n_vocab, p, rows, cand, stride);
     CUDA_CHECK_LAUNCH();
   }
-  sample_kernel<<<static_cast<unsigned>(n_tok), kRowThreads, 0, stream>>>(
-      logits, n_vocab, p, rows, u, out, sample_deep(), sample_batched(), cand, stride, int(parts), merge,
-      sample_deep_agg());
-  CUDA_CHECK_LAUNCH();
+  // One block where one rule holds every row and its passes read the merged candidates, never the row: a cluster
+  // would only repeat that block's work. (sample_rows' rules are on the device: the cluster it is.)
+  const bool no_pass = rows == nullptr && cand != nullptr && merge && uses_cand(p, n_vocab);
+  const int cl = no_pass ? 1 : sample_cluster_blocks();
+  STRATA_REQUIRE(n_tok <= INT32_MAX / cl, "sample: {} rows x {} blocks a row", n_tok, cl);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(n_tok) * unsigned(cl));
+  cfg.blockDim = dim3(kRowThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(cl), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+  cfg.attrs = cl > 1 ? attr : nullptr;
+  cfg.numAttrs = cl > 1 ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, p, rows, u, out, sample_deep(),
+                                sample_batched(), static_cast<const uint64_t*>(cand), stride, int(parts), merge,
+                                sample_deep_agg()));
 }
 }  // namespace
 

@@ -755,6 +755,18 @@ TEST_F(GpuOps, SampleDeepAggMatchesCpuSampler) {
   sample_matches_cpu_sampler_with(*this, ops::sample_deep_agg, ops::set_sample_deep_agg, true);
 }
 
+// rows x V random logits of spread sd (tie_step > 0: rounded to multiples of it, many ties) and rows draws in
+// [0, 1), the rows of a picks-as test.
+std::pair<std::vector<float>, std::vector<float>> random_rows(int rows, int64_t V, uint32_t seed, float sd,
+                                                              float tie_step, std::mt19937& rng) {
+  auto logits = randn(size_t(rows) * size_t(V), seed, sd);
+  if (tie_step > 0.0f)
+    for (auto& x : logits) x = std::round(x / tie_step) * tie_step;
+  std::vector<float> u(static_cast<size_t>(rows));
+  for (auto& x : u) x = float(rng() % 1000000) / 1e6f;
+  return {std::move(logits), std::move(u)};
+}
+
 // The deep search's atomics a warp at a time (ops::sample_deep_agg) add the same integers to the same bins as one
 // atomic a key, so every pick is the same id, exactly: rows that go deep (flat logits, top-k off or past 2048,
 // top-p and min-p on and off, ties from logits in steps of 1/64 and 1/4), at the real vocabulary and at sizes
@@ -767,32 +779,27 @@ void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0) {
   uint64_t seed = seed0 + 500;
   int compared = 0;
   const bool was = ops::sample_deep_agg();
-  {
-    auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
-    auto dout = f.alloc<int32_t>(size_t(rows), "out");
-    for (int c = 0; c < 6; ++c) {
-      auto logits = randn(size_t(rows) * size_t(V), uint32_t(seed++), sds[c % 3]);
-      if (c >= 3)
-        for (auto& x : logits) x = std::round(x * (c == 3 ? 64.0f : 4.0f)) / (c == 3 ? 64.0f : 4.0f);
-      std::vector<float> u(rows);
-      for (auto& x : u) x = float(rng() % 1000000) / 1e6f;
-      const float temps[] = {0.7f, 1.0f, 1.5f};
-      std::vector<ops::SampleParams> rules(rows);
-      for (int r = 0; r < rows; ++r)
-        rules[size_t(r)] = {temps[rng() % 3], r % 3 == 2 ? 3000 : 0, r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.001f : 0.0f};
-      const ops::SampleParams p{temps[c % 3], 0, c % 2 ? 0.97f : 1.0f, 0.0f};
-      auto dl = f.upload(logits, "logits");
-      auto du = f.upload(u, "u");
-      auto drules = f.upload(rules, "rules");
-      std::array<std::vector<int32_t>, 2> got[2];  // [one atomic a key, a warp at a time][sample, sample_rows]
-      for (int on = 0; on < 2; ++on) {
-        ops::set_sample_deep_agg(on == 1);
-        got[on] = sample_both_ways(f, dl, rows, V, p, drules, du, dscratch, dout);
-      }
-      EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
-      EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
-      compared += 2 * rows;
+  auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+  auto dout = f.alloc<int32_t>(size_t(rows), "out");
+  for (int c = 0; c < 6; ++c) {
+    const float tie = c < 3 ? 0.0f : c == 3 ? 1.0f / 64 : 0.25f;
+    const auto [logits, u] = random_rows(rows, V, uint32_t(seed++), sds[c % 3], tie, rng);
+    const float temps[] = {0.7f, 1.0f, 1.5f};
+    std::vector<ops::SampleParams> rules(rows);
+    for (int r = 0; r < rows; ++r)
+      rules[size_t(r)] = {temps[rng() % 3], r % 3 == 2 ? 3000 : 0, r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.001f : 0.0f};
+    const ops::SampleParams p{temps[c % 3], 0, c % 2 ? 0.97f : 1.0f, 0.0f};
+    auto dl = f.upload(logits, "logits");
+    auto du = f.upload(u, "u");
+    auto drules = f.upload(rules, "rules");
+    std::array<std::vector<int32_t>, 2> got[2];  // [one atomic a key, a warp at a time][sample, sample_rows]
+    for (int on = 0; on < 2; ++on) {
+      ops::set_sample_deep_agg(on == 1);
+      got[on] = sample_both_ways(f, dl, rows, V, p, drules, du, dscratch, dout);
     }
+    EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
+    EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
+    compared += 2 * rows;
   }
   ops::set_sample_deep_agg(was);
   std::printf("[deep agg] vocabulary %lld: %d picks compared\n", static_cast<long long>(V), compared);
@@ -802,6 +809,64 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeyPartialWarp) {
   deep_agg_picks_as_one_atomic_a_key(*this, 50000 + 17, 94);
 }
 TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeySmall) { deep_agg_picks_as_one_atomic_a_key(*this, 4099, 95); }
+
+// A cluster of blocks a row (ops::sample_cluster) splits the passes and merges their histograms (integers: the
+// same), sums (doubles, in another order) and gathered keys, so its picks are one block's. The rows: flat and
+// tied logits, greedy, top-k off / 40 / 3000, top-p and min-p, at the real vocabulary, past a partial warp, and
+// small enough that some blocks hold no value; with the prefilter's scratch (sample_rows' top-k 40 rows merge the
+// stretch lists in every block of the cluster; sample keeps one block for them) and without; through sample and
+// sample_rows. Cluster sizes 2, 3 (not a power of two) and 8.
+void cluster_picks_as_one_block(GpuOps& f, int64_t V, uint32_t seed0) {
+  const int rows = 8;
+  const float sds[] = {0.05f, 0.3f, 1.0f, 4.0f};
+  std::mt19937 rng(seed0);
+  uint64_t seed = seed0 + 700;
+  int compared = 0;
+  const int was = ops::sample_cluster();
+  auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
+  auto dout = f.alloc<int32_t>(size_t(rows), "out");
+  for (int c = 0; c < 8; ++c) {
+    const float tie = c < 4 ? 0.0f : c == 4 ? 1.0f / 64 : 0.25f;
+    const auto [logits, u] = random_rows(rows, V, uint32_t(seed++), sds[c % 4], tie, rng);
+    const float temps[] = {0.0f, 0.7f, 1.0f, 1.5f};
+    const int32_t top_ks[] = {0, 40, 3000, 0};
+    std::vector<ops::SampleParams> rules(rows);
+    for (int r = 0; r < rows; ++r)
+      rules[size_t(r)] = {temps[rng() % 4], top_ks[rng() % 4], r % 2 ? 0.9f : 1.0f, r % 4 == 1 ? 0.01f : 0.0f};
+    const ops::SampleParams p{temps[1 + c % 3], top_ks[c % 4], c % 2 ? 0.97f : 1.0f, c % 3 == 2 ? 0.05f : 0.0f};
+    auto dl = f.upload(logits, "logits");
+    auto du = f.upload(u, "u");
+    auto drules = f.upload(rules, "rules");
+    for (const bool scratch : {true, false}) {
+      DeviceBuffer none;
+      DeviceBuffer& sc = scratch ? dscratch : none;
+      ops::set_sample_cluster(1);
+      const auto want = sample_both_ways(f, dl, rows, V, p, drules, du, sc, dout);
+      for (const int blocks : {2, 3, 8}) {
+        ops::set_sample_cluster(blocks);
+        const auto got = sample_both_ways(f, dl, rows, V, p, drules, du, sc, dout);
+        EXPECT_EQ(got[0], want[0]) << "sample, vocabulary " << V << ", case " << c << ", " << blocks << " blocks"
+                                   << (scratch ? ", prefilter" : "");
+        EXPECT_EQ(got[1], want[1]) << "sample_rows, vocabulary " << V << ", case " << c << ", " << blocks
+                                   << " blocks" << (scratch ? ", prefilter" : "");
+        compared += 2 * rows;
+      }
+    }
+  }
+  ops::set_sample_cluster(was);
+  std::printf("[cluster] vocabulary %lld: %d picks compared\n", static_cast<long long>(V), compared);
+}
+TEST_F(GpuOps, SampleClusterPicksAsOneBlock) { cluster_picks_as_one_block(*this, kVocab, 101); }
+TEST_F(GpuOps, SampleClusterPicksAsOneBlockPartialWarp) { cluster_picks_as_one_block(*this, 50000 + 17, 102); }
+TEST_F(GpuOps, SampleClusterPicksAsOneBlockSmall) {
+  cluster_picks_as_one_block(*this, 4099, 103);
+  cluster_picks_as_one_block(*this, 70, 104);  // (fewer values than one block's threads: most blocks hold none)
+}
+bool sample_cluster_of_8() { return ops::sample_cluster() == 8; }
+void set_sample_cluster_of_8(bool on) { ops::set_sample_cluster(on ? 8 : 1); }
+TEST_F(GpuOps, SampleClusterMatchesCpuSampler) {
+  sample_matches_cpu_sampler_with(*this, sample_cluster_of_8, set_sample_cluster_of_8, true);
+}
 
 // With the candidate prefilter off (every pass reads the whole row; the tests above pass scratch, so their
 // top-k 1, 40 and 100 rows go through the prefilter), and with the block-sort prefilter (ops::sample_merge off;
