@@ -8,11 +8,12 @@
 # STRATA_CUDA_SAMPLE_CLUSTER=8 for the whole process; racecheck/memcheck on the small cluster and deep-agg tests
 # (racecheck ran past its limit at the real vocabulary); the chained decode at top-k off with clusters of 1, 2,
 # 4, 8, and at top-k 40 with 1 and 8 (the default path, its blocks redundant); the server's one request
-# (top-k off) with 1 and 8; the rest of the GPU suite as far as LIMIT goes.
+# (top-k off) with 1 and 8; the rest of the GPU suite as far as LIMIT goes. Also bench_cluster_attn_shape:
+# bare kernels of a fused q|k|v + attention launch against the two launches (the greedy chain's lead).
 # If the tests pass and a cluster wins: make it the default (ops_sample.cu g_sample_cluster), README row, docs.
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
-. scripts/device-call-start strata strata_cuda_tests
+. scripts/device-call-start strata strata_cuda_tests bench_cluster_attn_shape
 first='GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*:WarpMergeHost.*:MassPiecesHost.*'
 STRATA_STREAM_CHECK=1 timeout 150 $T --gtest_filter="$first" > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
@@ -22,6 +23,9 @@ STRATA_CUDA_SAMPLE_CLUSTER=8 STRATA_STREAM_CHECK=1 timeout 120 $T --gtest_filter
   > $OUT/tests-cluster8.txt 2>&1
 echo "rc=$?" >> $OUT/tests-cluster8.txt
 st "tests, cluster 8: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-cluster8.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+# The fused q|k|v + attention shape (docs/gpu.md, session 49's lead for the greedy chain): bare kernels.
+timeout 60 /tmp/b/bench/bench_cluster_attn_shape > $OUT/cluster-attn-shape.txt 2>&1; echo "rc=$?" >> $OUT/cluster-attn-shape.txt
+cat $OUT/cluster-attn-shape.txt | tee -a $OUT/log.txt
 for run in "memcheck GpuOps.SampleClusterPicksAsOneBlockSmall" "racecheck GpuOps.SampleClusterPicksAsOneBlockSmall" \
            "racecheck GpuOps.SampleDeepAggPicksAsOneAtomicAKeySmall"; do
   set -- $run
