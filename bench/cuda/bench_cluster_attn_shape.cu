@@ -5,7 +5,8 @@
 // query heads could compute its q, k and v rows, meet at a cluster barrier, and run the group's attention
 // from distributed shared memory, saving a launch and a trip through global memory. Before the formats' dot
 // products are written for such a kernel, this measures whether the shape pays: us per layer of
-//   pair:    qkv_kernel (320 blocks, 16 rows each) then attn_kernel (one block a query head)
+//   pair:    qkv_kernel (320 blocks, 16 rows each) then attn_kernel (a block a query head and 64 positions),
+//            then, past 64 positions, combine_kernel (as the chain: a tile of 64, then a combine)
 //   cluster: fused_kernel (8 clusters of CS blocks: cluster c = KV group c / 2, query heads 4 (c % 2) .. +4)
 // for CS 8 and 16 (16 where the device allows a non-portable cluster size), at several context lengths.
 // Geometry of Qwen3-30B-A3B: n_embd 2048, 32 query heads and 4 KV heads of 128, Q4_0-sized rows (1152 bytes;
@@ -87,20 +88,40 @@ struct Softmax {
       for (int j = 0; j < 4; ++j) acc[h][j] = 0.0f;
     }
   }
-  __device__ void add(const float* q, const __half* kc, const __half* vc, const float* knew, const float* vnew,
-                      int p, int P, int lane) {
-    float k[4], v[4];
-    if (p < P) {
-      const uint2 kb = *reinterpret_cast<const uint2*>(kc + size_t(p) * kHead + 4 * lane);
-      const uint2 vb = *reinterpret_cast<const uint2*>(vc + size_t(p) * kHead + 4 * lane);
-      const __half2* k2 = reinterpret_cast<const __half2*>(&kb);
-      const __half2* v2 = reinterpret_cast<const __half2*>(&vb);
-      k[0] = __low2float(k2[0]), k[1] = __high2float(k2[0]), k[2] = __low2float(k2[1]), k[3] = __high2float(k2[1]);
-      v[0] = __low2float(v2[0]), v[1] = __high2float(v2[0]), v[2] = __low2float(v2[1]), v[3] = __high2float(v2[1]);
-    } else {
+  // Positions p0, p0 + step, ... up to p_end (inclusive), kBatch of them loaded before any is used (why: the
+  // softmax is a chain, the loads are not; one at a time, a warp waited a memory latency a position).
+  static constexpr int kBatch = 4;
+  __device__ void run(const float* q, const __half* kc, const __half* vc, const float* knew, const float* vnew,
+                      int p0, int step, int p_end, int P, int lane) {
+    for (int p = p0; p <= p_end; p += kBatch * step) {
+      uint2 kb[kBatch], vb[kBatch];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) k[j] = knew[4 * lane + j], v[j] = vnew[4 * lane + j];
+      for (int i = 0; i < kBatch; ++i) {
+        const int pi = p + i * step;
+        if (pi < P && pi <= p_end) {
+          kb[i] = *reinterpret_cast<const uint2*>(kc + size_t(pi) * kHead + 4 * lane);
+          vb[i] = *reinterpret_cast<const uint2*>(vc + size_t(pi) * kHead + 4 * lane);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int pi = p + i * step;
+        if (pi > p_end) break;
+        float k[4], v[4];
+        if (pi < P) {
+          const __half2* k2 = reinterpret_cast<const __half2*>(&kb[i]);
+          const __half2* v2 = reinterpret_cast<const __half2*>(&vb[i]);
+          k[0] = __low2float(k2[0]), k[1] = __high2float(k2[0]), k[2] = __low2float(k2[1]), k[3] = __high2float(k2[1]);
+          v[0] = __low2float(v2[0]), v[1] = __high2float(v2[0]), v[2] = __low2float(v2[1]), v[3] = __high2float(v2[1]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) k[j] = knew[4 * lane + j], v[j] = vnew[4 * lane + j];
+        }
+        add(q, k, v, lane);
+      }
     }
+  }
+  __device__ void add(const float* q, const float (&k)[4], const float (&v)[4], int lane) {
 #pragma unroll
     for (int h = 0; h < NH; ++h) {
       float s = 0.0f;
@@ -147,10 +168,16 @@ __global__ void __launch_bounds__(kThreads) qkv_kernel(const uint4* __restrict__
   }
 }
 
-// One block a query head h: its KV head g = h / 8. kc, vc: [kHkv][ctx][kHead] f16 (positions [0, P) valid;
-// the first head of a group writes position P). out: [kHq][kHead].
+// Positions a split of the pair's attention (the decode chain's tile: one split up to 64 positions).
+constexpr int kSplitPositions = 64;
+int pair_splits(int P) { return (P + 1 + kSplitPositions - 1) / kSplitPositions; }
+
+// Block (h, sp): query head h (its KV head g = h / 8), positions [sp * 64, + 64) of [0, P]. kc, vc:
+// [kHkv][ctx][kHead] f16 (positions [0, P) valid; the first head of a group, split 0, writes position P).
+// One split: out [kHq][kHead]; more: part [kHq][splits][2 + kHead] (m, l, acc) for combine_kernel.
 __global__ void __launch_bounds__(kThreads) attn_kernel(const float* __restrict__ qkv, __half* kc, __half* vc,
-                                                        int ctx, int P, float* __restrict__ out) {
+                                                        int ctx, int P, float* __restrict__ out,
+                                                        float* __restrict__ part) {
   __shared__ float q[kHead], knew[kHead], vnew[kHead];
   __shared__ float pm[kWarps], pl[kWarps], pacc[kWarps][kHead];
   const int h = blockIdx.x, g = h / (kHq / kHkv), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -162,17 +189,53 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const float* __restrict_
   __syncthreads();
   __half* kg = kc + size_t(g) * ctx * kHead;
   __half* vg = vc + size_t(g) * ctx * kHead;
-  if (h % (kHq / kHkv) == 0 && P < ctx)
+  const int sp = blockIdx.y, n_sp = gridDim.y;
+  if (h % (kHq / kHkv) == 0 && sp == 0 && P < ctx)
     for (int d = threadIdx.x; d < kHead; d += kThreads)
       kg[size_t(P) * kHead + d] = __float2half(knew[d]), vg[size_t(P) * kHead + d] = __float2half(vnew[d]);
+  const int p_lo = sp * kSplitPositions, p_hi = min(P, p_lo + kSplitPositions - 1);
   Softmax<1> sm;
   sm.init();
-  for (int p = warp; p <= P; p += kWarps) sm.add(q, kg, vg, knew, vnew, p, P, lane);
+  sm.run(q, kg, vg, knew, vnew, p_lo + warp, kWarps, p_hi, P, lane);
   if (lane == 0) pm[warp] = sm.m[0], pl[warp] = sm.l[0];
 #pragma unroll
   for (int j = 0; j < 4; ++j) pacc[warp][4 * lane + j] = sm.acc[0][j];
   __syncthreads();
-  for (int d = threadIdx.x; d < kHead; d += kThreads) out[h * kHead + d] = merge_dim(pm, pl, &pacc[0][0], kWarps, kHead, d);
+  if (n_sp == 1) {
+    for (int d = threadIdx.x; d < kHead; d += kThreads)
+      out[h * kHead + d] = merge_dim(pm, pl, &pacc[0][0], kWarps, kHead, d);
+    return;
+  }
+  float* dst = part + (size_t(h) * n_sp + sp) * (2 + kHead);
+  for (int d = threadIdx.x; d < kHead; d += kThreads) {  // the block's partial, unnormalized at its maximum
+    float mx = -INFINITY;
+    for (int k = 0; k < kWarps; ++k) mx = fmaxf(mx, pm[k]);
+    float L = 0.0f, A = 0.0f;
+    for (int k = 0; k < kWarps; ++k) {
+      const float c = pm[k] == -INFINITY ? 0.0f : __expf(pm[k] - mx);
+      L += pl[k] * c;
+      A += pacc[k][d] * c;
+    }
+    dst[2 + d] = A;
+    if (d == 0) dst[0] = mx, dst[1] = L;
+  }
+}
+
+// The splits' partials of head blockIdx.x merged. part: [kHq][splits][2 + kHead]; out: [kHq][kHead].
+__global__ void __launch_bounds__(kHead) combine_kernel(const float* __restrict__ part, int n_sp,
+                                                        float* __restrict__ out) {
+  const float* p = part + size_t(blockIdx.x) * n_sp * (2 + kHead);
+  const int d = threadIdx.x;
+  float mx = -INFINITY;
+  for (int i = 0; i < n_sp; ++i) mx = fmaxf(mx, p[size_t(i) * (2 + kHead)]);
+  float L = 0.0f, A = 0.0f;
+  for (int i = 0; i < n_sp; ++i) {
+    const float* q = p + size_t(i) * (2 + kHead);
+    const float c = q[0] == -INFINITY ? 0.0f : __expf(q[0] - mx);
+    L += q[1] * c;
+    A += q[2 + d] * c;
+  }
+  out[blockIdx.x * kHead + d] = A / L;
 }
 
 // ---- cluster. Cluster c (gridDim.x / CS of them): KV group g = c / 2, query heads g * 8 + 4 (c % 2) + [0, 4).
@@ -213,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const uint4* __restrict
       kg[size_t(P) * kHead + d] = __float2half(knew[d]), vg[size_t(P) * kHead + d] = __float2half(vnew[d]);
   Softmax<kGroupHeads> sm;
   sm.init();
-  for (int p = b + CS * warp; p <= P; p += CS * kWarps) sm.add(qv, kg, vg, knew, vnew, p, P, lane);
+  sm.run(qv, kg, vg, knew, vnew, b + CS * warp, CS * kWarps, P, P, lane);
 #pragma unroll
   for (int h = 0; h < kGroupHeads; ++h) {
     if (lane == 0) pm[warp][h] = sm.m[h], pl[warp][h] = sm.l[h];
@@ -312,7 +375,7 @@ int main(int argc, char** argv) {
   uint4* w = nullptr;
   int* act = nullptr;
   __half *kc = nullptr, *vc = nullptr;
-  float *qkv = nullptr, *out_pair = nullptr, *out_fused = nullptr;
+  float *qkv = nullptr, *out_pair = nullptr, *out_fused = nullptr, *part = nullptr;
   CUDA_CHECK(cudaMalloc(&w, wbytes));
   CUDA_CHECK(cudaMalloc(&act, hact.size() * sizeof(int)));
   CUDA_CHECK(cudaMalloc(&kc, kvn * sizeof(__half)));
@@ -320,6 +383,8 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaMalloc(&qkv, size_t(layers) * kRows * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&out_pair, size_t(layers) * kHq * kHead * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&out_fused, size_t(layers) * kHq * kHead * sizeof(float)));
+  const size_t part_floats = size_t(kHq) * size_t(pair_splits(ctx - 1)) * (2 + kHead);
+  CUDA_CHECK(cudaMalloc(&part, size_t(layers) * part_floats * sizeof(float)));
   CUDA_CHECK(cudaMemcpyAsync(w, hw.data(), wbytes, cudaMemcpyHostToDevice, s));
   CUDA_CHECK(cudaMemcpyAsync(act, hact.data(), hact.size() * sizeof(int), cudaMemcpyHostToDevice, s));
   CUDA_CHECK(cudaMemcpyAsync(kc, hkv.data(), kvn * sizeof(__half), cudaMemcpyHostToDevice, s));
@@ -328,6 +393,14 @@ int main(int argc, char** argv) {
   auto lw = [&](int l) { return w + size_t(l) * kRows * kRowWords; };
   auto la = [&](int l) { return act + size_t(l) * kEmbd / 4; };
   auto lk = [&](__half* base, int l) { return base + size_t(l) * kHkv * ctx * kHead; };
+  auto attn = [&](int l, int P) {
+    const int n_sp = pair_splits(P);
+    float* o = out_pair + size_t(l) * kHq * kHead;
+    float* pp = part + size_t(l) * part_floats;
+    attn_kernel<<<dim3(kHq, unsigned(n_sp)), kThreads, 0, s>>>(qkv + size_t(l) * kRows, lk(kc, l), lk(vc, l), ctx, P,
+                                                               o, pp);
+    if (n_sp > 1) combine_kernel<<<kHq, kHead, 0, s>>>(pp, n_sp, o);
+  };
   std::vector<int> sizes;
   for (const int c : {8, 16})
     if (cluster_size_runs(c)) sizes.push_back(c);
@@ -343,15 +416,12 @@ int main(int argc, char** argv) {
       for (int l = 0; l < layers; ++l) qkv_kernel<<<kRows / kQkvRowsPerBlock, kThreads, 0, s>>>(lw(l), la(l), qkv + size_t(l) * kRows);
     });
     Graph ga = Graph::capture(cs, [&] {
-      for (int l = 0; l < layers; ++l)
-        attn_kernel<<<kHq, kThreads, 0, s>>>(qkv + size_t(l) * kRows, lk(kc, l), lk(vc, l), ctx, P,
-                                             out_pair + size_t(l) * kHq * kHead);
+      for (int l = 0; l < layers; ++l) attn(l, P);
     });
     Graph gp = Graph::capture(cs, [&] {
       for (int l = 0; l < layers; ++l) {
         qkv_kernel<<<kRows / kQkvRowsPerBlock, kThreads, 0, s>>>(lw(l), la(l), qkv + size_t(l) * kRows);
-        attn_kernel<<<kHq, kThreads, 0, s>>>(qkv + size_t(l) * kRows, lk(kc, l), lk(vc, l), ctx, P,
-                                             out_pair + size_t(l) * kHq * kHead);
+        attn(l, P);
       }
     });
     const double us_q = strata::bench::time_us(s, reps, [&] { gq.launch(cs); }) / layers;
@@ -387,5 +457,6 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaFree(qkv));
   CUDA_CHECK(cudaFree(out_pair));
   CUDA_CHECK(cudaFree(out_fused));
+  CUDA_CHECK(cudaFree(part));
   return 0;
 }
