@@ -8,7 +8,7 @@
 //   pair:    qkv_kernel (320 blocks, 16 rows each) then attn_kernel (a block a query head and 64 positions),
 //            then, past 64 positions, combine_kernel (as the chain: a tile of 64, then a combine)
 //   cluster: fused_kernel (8 clusters of CS blocks: cluster c = KV group c / 2, query heads 4 (c % 2) .. +4)
-// for CS 8 and 16 (16 where the device allows a non-portable cluster size), at several context lengths.
+// for CS 4, 8 and 16 (16 where the device allows a non-portable cluster size), at several context lengths.
 // Geometry of Qwen3-30B-A3B: n_embd 2048, 32 query heads and 4 KV heads of 128, Q4_0-sized rows (1152 bytes;
 // the "dot" is an int8 dp4a over the nibbles, as the q8 kernels do, without the format's scales), f16 KV cache.
 // Layers are captured 48 to a CUDA graph (no PDL), each layer its own weights (the L2 holds little of them).
@@ -402,7 +402,7 @@ int main(int argc, char** argv) {
     if (n_sp > 1) combine_kernel<<<kHq, kHead, 0, s>>>(pp, n_sp, o);
   };
   std::vector<int> sizes;
-  for (const int c : {8, 16})
+  for (const int c : {4, 8, 16})
     if (cluster_size_runs(c)) sizes.push_back(c);
   std::printf("%d layers a graph, %d repetitions; us per layer. Cluster sizes that run here:", layers, reps);
   for (const int c : sizes) std::printf(" %d", c);
