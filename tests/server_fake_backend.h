@@ -98,6 +98,10 @@ class FakeBackend : public Backend {
   int generate(BackendSequence* const* seqs, const int32_t* tokens, int32_t n, TokenSampler* const* samplers,
                const uint8_t* ban_eog, float* logits, int max_steps, const StepFn& on_step) override {
     generate_calls++;
+    struct Returned {  // counts the call as returned on every way out (after a dropped step's undoing)
+      std::atomic<int64_t>& n;
+      ~Returned() { n++; }
+    } returned{generate_returned};
     if (run_no_step) return 0;
     if (!run_ahead) return Backend::generate(seqs, tokens, n, samplers, ban_eog, logits, max_steps, on_step);
     std::vector<int32_t> picks(static_cast<size_t>(n)), ahead(static_cast<size_t>(n));
@@ -183,6 +187,9 @@ class FakeBackend : public Backend {
   std::atomic<int64_t> decode_calls{0};
   std::atomic<int64_t> generate_calls{0};
   std::atomic<int64_t> dropped_steps{0};
+  // generate calls that have returned. Why: a request's end is seen (Job::done) inside on_step, before its
+  // generate call drops the step it ran ahead; a test that counts dropped steps waits for the returns first.
+  std::atomic<int64_t> generate_returned{0};
   bool run_ahead = false;
   bool run_no_step = false;  // generate returns at once, 0 steps run (a broken backend)
   std::chrono::milliseconds step_delay{0};
