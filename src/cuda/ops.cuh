@@ -137,8 +137,8 @@ bool sample_deep_agg();
 // off 386 tok/s against 596 at top-k 40). The integer histograms are the same; the double sums differ in their
 // order only. STRATA_CUDA_SAMPLE_CLUSTER=N (read once) or set_sample_cluster; a device that cannot run the
 // cluster falls back to one block (a warning), and sample() with a rule whose passes read only the prefilter's
-// merged candidates (top-k <= kSampleCandMaxK, scratch given) keeps one block. Built in session 49 after its device time was spent: 1 until
-// its GPU tests and A/B run (scripts/device-call-next.sh).
+// merged candidates (top-k <= kSampleCandMaxK, scratch given) keeps one block. Built in session 49 after its
+// device time was spent: 1 until its GPU tests and A/B run (scripts/device-call-next.sh).
 void set_sample_cluster(int blocks);
 int sample_cluster();
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the
