@@ -14,6 +14,7 @@
 
 #include "common/env_switch.h"
 #include "common/error.h"
+#include "cuda/cluster_launch.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/mass_pieces.cuh"
 #include "cuda/ops_common.cuh"
@@ -807,14 +808,9 @@ int sample_cluster_blocks() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   int clusters = 0;
   if (prop.major >= 9) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(want));
-    cfg.blockDim = dim3(kRowThreads);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(want), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(unsigned(want)), dim3(kRowThreads), unsigned(want),
+                                                         nullptr, attr);
     if (cudaOccupancyMaxActiveClusters(&clusters, sample_kernel, &cfg) != cudaSuccess) {
       (void)cudaGetLastError();  // (the query's error is not the stream's)
       clusters = 0;
@@ -849,15 +845,9 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
   const bool no_pass = rows == nullptr && cand != nullptr && merge && uses_cand(p, n_vocab);
   const int cl = no_pass ? 1 : sample_cluster_blocks();
   STRATA_REQUIRE(n_tok <= INT32_MAX / cl, "sample: {} rows x {} blocks a row", n_tok, cl);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(n_tok) * unsigned(cl));
-  cfg.blockDim = dim3(kRowThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cl), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = cl > 1 ? attr : nullptr;
-  cfg.numAttrs = cl > 1 ? 1 : 0;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(static_cast<unsigned>(n_tok) * unsigned(cl)),
+                                                       dim3(kRowThreads), unsigned(cl), stream, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, p, rows, u, out, sample_deep(),
                                 sample_batched(), static_cast<const uint64_t*>(cand), stride, int(parts), merge,
                                 sample_deep_agg()));
