@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bench_main.h"
+#include "cuda/cluster_launch.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/device.h"
 #include "cuda/graph.h"
@@ -137,17 +138,23 @@ struct Softmax {
   }
 };
 
-// Merges n partials (m, l: [n]; acc: [n][kHead], stride between partials `stride` floats) for dim d.
-__device__ __forceinline__ float merge_dim(const float* m, const float* l, const float* acc, int n, int stride, int d) {
+// n softmax partials of one dim (partial i: its maximum m(i), sum l(i) and accumulator a(i), both at m(i); -inf
+// for one that saw no position) merged at their common maximum: {mx, L, A}, L and A at mx (the value: A / L).
+// Every merge here goes through it: a block's warps, the pair's splits, a cluster's blocks.
+struct Merged {
+  float mx, L, A;
+};
+template <typename Mf, typename Lf, typename Af>
+__device__ __forceinline__ Merged merge_partials(int n, Mf m, Lf l, Af a) {
   float mx = -INFINITY;
-  for (int i = 0; i < n; ++i) mx = fmaxf(mx, m[i]);
+  for (int i = 0; i < n; ++i) mx = fmaxf(mx, m(i));
   float L = 0.0f, A = 0.0f;
   for (int i = 0; i < n; ++i) {
-    const float c = m[i] == -INFINITY ? 0.0f : __expf(m[i] - mx);
-    L += l[i] * c;
-    A += acc[size_t(i) * stride + d] * c;
+    const float mi = m(i), c = mi == -INFINITY ? 0.0f : __expf(mi - mx);
+    L += l(i) * c;
+    A += a(i) * c;
   }
-  return A / L;
+  return {mx, L, A};
 }
 
 __device__ __forceinline__ void load_act(const int* act_g, int* act) {
@@ -201,23 +208,16 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const float* __restrict_
 #pragma unroll
   for (int j = 0; j < 4; ++j) pacc[warp][4 * lane + j] = sm.acc[0][j];
   __syncthreads();
-  if (n_sp == 1) {
-    for (int d = threadIdx.x; d < kHead; d += kThreads)
-      out[h * kHead + d] = merge_dim(pm, pl, &pacc[0][0], kWarps, kHead, d);
-    return;
-  }
   float* dst = part + (size_t(h) * n_sp + sp) * (2 + kHead);
-  for (int d = threadIdx.x; d < kHead; d += kThreads) {  // the block's partial, unnormalized at its maximum
-    float mx = -INFINITY;
-    for (int k = 0; k < kWarps; ++k) mx = fmaxf(mx, pm[k]);
-    float L = 0.0f, A = 0.0f;
-    for (int k = 0; k < kWarps; ++k) {
-      const float c = pm[k] == -INFINITY ? 0.0f : __expf(pm[k] - mx);
-      L += pl[k] * c;
-      A += pacc[k][d] * c;
+  for (int d = threadIdx.x; d < kHead; d += kThreads) {  // one split: the value; more: the block's partial
+    const Merged r = merge_partials(
+        kWarps, [&](int k) { return pm[k]; }, [&](int k) { return pl[k]; }, [&](int k) { return pacc[k][d]; });
+    if (n_sp == 1) {
+      out[h * kHead + d] = r.A / r.L;
+    } else {
+      dst[2 + d] = r.A;
+      if (d == 0) dst[0] = r.mx, dst[1] = r.L;
     }
-    dst[2 + d] = A;
-    if (d == 0) dst[0] = mx, dst[1] = L;
   }
 }
 
@@ -226,16 +226,10 @@ __global__ void __launch_bounds__(kHead) combine_kernel(const float* __restrict_
                                                         float* __restrict__ out) {
   const float* p = part + size_t(blockIdx.x) * n_sp * (2 + kHead);
   const int d = threadIdx.x;
-  float mx = -INFINITY;
-  for (int i = 0; i < n_sp; ++i) mx = fmaxf(mx, p[size_t(i) * (2 + kHead)]);
-  float L = 0.0f, A = 0.0f;
-  for (int i = 0; i < n_sp; ++i) {
-    const float* q = p + size_t(i) * (2 + kHead);
-    const float c = q[0] == -INFINITY ? 0.0f : __expf(q[0] - mx);
-    L += q[1] * c;
-    A += q[2 + d] * c;
-  }
-  out[blockIdx.x * kHead + d] = A / L;
+  const auto at = [&](int i, int j) { return p[size_t(i) * (2 + kHead) + j]; };
+  const Merged r = merge_partials(
+      n_sp, [&](int i) { return at(i, 0); }, [&](int i) { return at(i, 1); }, [&](int i) { return at(i, 2 + d); });
+  out[blockIdx.x * kHead + d] = r.A / r.L;
 }
 
 // ---- cluster. Cluster c (gridDim.x / CS of them): KV group g = c / 2, query heads g * 8 + 4 (c % 2) + [0, 4).
@@ -287,31 +281,20 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const uint4* __restrict
   // The block's partial of each head (its warps merged, kept unnormalized: m, l and acc at m).
   for (int i = threadIdx.x; i < kGroupHeads * kHead; i += kThreads) {
     const int h = i / kHead, d = i % kHead;
-    float mx = -INFINITY;
-    for (int k = 0; k < kWarps; ++k) mx = fmaxf(mx, pm[k][h]);
-    float L = 0.0f, A = 0.0f;
-    for (int k = 0; k < kWarps; ++k) {
-      const float s = pm[k][h] == -INFINITY ? 0.0f : __expf(pm[k][h] - mx);
-      L += pl[k][h] * s;
-      A += pacc[k][h][d] * s;
-    }
-    bacc[h][d] = A;
-    if (d == 0) bm[h] = mx, bl[h] = L;
+    const Merged r = merge_partials(
+        kWarps, [&](int k) { return pm[k][h]; }, [&](int k) { return pl[k][h]; },
+        [&](int k) { return pacc[k][h][d]; });
+    bacc[h][d] = r.A;
+    if (d == 0) bm[h] = r.mx, bl[h] = r.L;
   }
   cl.sync();
   if (b < kGroupHeads) {  // head b of the cluster: every block's partial through distributed shared memory
     const int h = b;
     for (int d = threadIdx.x; d < kHead; d += kThreads) {
-      float mx = -INFINITY;
-      for (int k = 0; k < CS; ++k) mx = fmaxf(mx, cl.map_shared_rank(bm, k)[h]);
-      float L = 0.0f, A = 0.0f;
-      for (int k = 0; k < CS; ++k) {
-        const float m = cl.map_shared_rank(bm, k)[h];
-        const float s = m == -INFINITY ? 0.0f : __expf(m - mx);
-        L += cl.map_shared_rank(bl, k)[h] * s;
-        A += cl.map_shared_rank(&bacc[0][0], k)[h * kHead + d] * s;
-      }
-      out[(h0 + h) * kHead + d] = A / L;
+      const Merged r = merge_partials(
+          CS, [&](int k) { return cl.map_shared_rank(bm, k)[h]; }, [&](int k) { return cl.map_shared_rank(bl, k)[h]; },
+          [&](int k) { return cl.map_shared_rank(&bacc[0][0], k)[h * kHead + d]; });
+      out[(h0 + h) * kHead + d] = r.A / r.L;
     }
   }
   cl.sync();  // (no block leaves while another reads its shared memory)
@@ -319,15 +302,9 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const uint4* __restrict
 
 bool launch_fused(int cs, const uint4* w, const int* act, __half* kc, __half* vc, int ctx, int P, float* out,
                   cudaStream_t s) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(2 * kHkv * cs));
-  cfg.blockDim = dim3(kThreads);
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cs), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(dim3(unsigned(2 * kHkv * cs)), dim3(kThreads), unsigned(cs), s, attr);
   return cudaLaunchKernelEx(&cfg, fused_kernel, w, act, kc, vc, ctx, P, out) == cudaSuccess;
 }
 
@@ -336,14 +313,9 @@ bool cluster_size_runs(int cs) {
     (void)cudaGetLastError();
     return false;
   }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(unsigned(2 * kHkv * cs));
-  cfg.blockDim = dim3(kThreads);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(cs), attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      cluster_launch_config(dim3(unsigned(2 * kHkv * cs)), dim3(kThreads), unsigned(cs), nullptr, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, fused_kernel, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();
@@ -375,12 +347,12 @@ int main(int argc, char** argv) {
   uint4* w = nullptr;
   int* act = nullptr;
   __half *kc = nullptr, *vc = nullptr;
-  float *qkv = nullptr, *out_pair = nullptr, *out_fused = nullptr, *part = nullptr;
+  float *qkv_out = nullptr, *out_pair = nullptr, *out_fused = nullptr, *part = nullptr;
   CUDA_CHECK(cudaMalloc(&w, wbytes));
   CUDA_CHECK(cudaMalloc(&act, hact.size() * sizeof(int)));
   CUDA_CHECK(cudaMalloc(&kc, kvn * sizeof(__half)));
   CUDA_CHECK(cudaMalloc(&vc, kvn * sizeof(__half)));
-  CUDA_CHECK(cudaMalloc(&qkv, size_t(layers) * kRows * sizeof(float)));
+  CUDA_CHECK(cudaMalloc(&qkv_out, size_t(layers) * kRows * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&out_pair, size_t(layers) * kHq * kHead * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&out_fused, size_t(layers) * kHq * kHead * sizeof(float)));
   const size_t part_floats = size_t(kHq) * size_t(pair_splits(ctx - 1)) * (2 + kHead);
@@ -393,12 +365,15 @@ int main(int argc, char** argv) {
   auto lw = [&](int l) { return w + size_t(l) * kRows * kRowWords; };
   auto la = [&](int l) { return act + size_t(l) * kEmbd / 4; };
   auto lk = [&](__half* base, int l) { return base + size_t(l) * kHkv * ctx * kHead; };
+  auto qkv = [&](int l) {
+    qkv_kernel<<<kRows / kQkvRowsPerBlock, kThreads, 0, s>>>(lw(l), la(l), qkv_out + size_t(l) * kRows);
+  };
   auto attn = [&](int l, int P) {
     const int n_sp = pair_splits(P);
     float* o = out_pair + size_t(l) * kHq * kHead;
     float* pp = part + size_t(l) * part_floats;
-    attn_kernel<<<dim3(kHq, unsigned(n_sp)), kThreads, 0, s>>>(qkv + size_t(l) * kRows, lk(kc, l), lk(vc, l), ctx, P,
-                                                               o, pp);
+    attn_kernel<<<dim3(kHq, unsigned(n_sp)), kThreads, 0, s>>>(qkv_out + size_t(l) * kRows, lk(kc, l), lk(vc, l),
+                                                               ctx, P, o, pp);
     if (n_sp > 1) combine_kernel<<<kHq, kHead, 0, s>>>(pp, n_sp, o);
   };
   std::vector<int> sizes;
@@ -413,14 +388,14 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (const int P : {16, 64, 256, 1024, 4096}) {
     Graph gq = Graph::capture(cs, [&] {
-      for (int l = 0; l < layers; ++l) qkv_kernel<<<kRows / kQkvRowsPerBlock, kThreads, 0, s>>>(lw(l), la(l), qkv + size_t(l) * kRows);
+      for (int l = 0; l < layers; ++l) qkv(l);
     });
     Graph ga = Graph::capture(cs, [&] {
       for (int l = 0; l < layers; ++l) attn(l, P);
     });
     Graph gp = Graph::capture(cs, [&] {
       for (int l = 0; l < layers; ++l) {
-        qkv_kernel<<<kRows / kQkvRowsPerBlock, kThreads, 0, s>>>(lw(l), la(l), qkv + size_t(l) * kRows);
+        qkv(l);
         attn(l, P);
       }
     });
@@ -435,7 +410,8 @@ int main(int argc, char** argv) {
       bool ok = true;
       Graph gf = Graph::capture(cs, [&] {
         for (int l = 0; l < layers; ++l)
-          ok = ok && launch_fused(c, lw(l), la(l), lk(kc, l), lk(vc, l), ctx, P, out_fused + size_t(l) * kHq * kHead, s);
+          ok = ok && launch_fused(c, lw(l), la(l), lk(kc, l), lk(vc, l), ctx, P, out_fused + size_t(l) * kHq * kHead,
+                                  s);
       });
       if (!ok) {
         std::printf(" failed | | |");
@@ -454,7 +430,7 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaFree(act));
   CUDA_CHECK(cudaFree(kc));
   CUDA_CHECK(cudaFree(vc));
-  CUDA_CHECK(cudaFree(qkv));
+  CUDA_CHECK(cudaFree(qkv_out));
   CUDA_CHECK(cudaFree(out_pair));
   CUDA_CHECK(cudaFree(out_fused));
   CUDA_CHECK(cudaFree(part));
