@@ -780,7 +780,7 @@ DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's 
 bool sample_batched() { return g_sample_batched.get() == 1; }
 
 namespace {
-DigitSetting g_sample_cluster("STRATA_CUDA_SAMPLE_CLUSTER", "the device sampler's blocks a row", 1, 8, 1);
+DigitSetting g_sample_cluster("STRATA_CUDA_SAMPLE_CLUSTER", "the device sampler's blocks a row", 1, 8, 8);
 }  // namespace
 void set_sample_cluster(int blocks) { g_sample_cluster.set(blocks); }
 int sample_cluster() { return g_sample_cluster.get(); }
