@@ -130,15 +130,16 @@ bool sample_deep();
 // and memcheck pass; racecheck ran past its limit on the real vocabulary, owed on the small-vocabulary test).
 void set_sample_deep_agg(bool on);
 bool sample_deep_agg();
-// The sampler's blocks a row: 1 (the default), or a cluster of 2 to 8 blocks (sm_90 thread block clusters) that
-// split every pass over the row and merge their histograms, sums and gathered keys through distributed shared
-// memory, every block then taking the same decisions. Why: a draw over the whole vocabulary of a flat row is
-// ~10 passes over 152k values by one SM, instruction-bound (session 49, H100: sampled chained decode at top-k
-// off 386 tok/s against 596 at top-k 40). The integer histograms are the same; the double sums differ in their
-// order only. STRATA_CUDA_SAMPLE_CLUSTER=N (read once) or set_sample_cluster; a device that cannot run the
-// cluster falls back to one block (a warning), and sample() with a rule whose passes read only the prefilter's
-// merged candidates (top-k <= kSampleCandMaxK, scratch given) keeps one block. Built in session 49 after its
-// device time was spent: 1 until its GPU tests and A/B run (scripts/device-call-next.sh).
+// The sampler's blocks a row: a cluster of 2 to 8 blocks (sm_90 thread block clusters; 8 by default) that split
+// every pass over the row and merge their histograms, sums and gathered keys through distributed shared memory,
+// every block then taking the same decisions; or 1. Why: a draw over the whole vocabulary of a flat row is ~10
+// passes over 152k values, instruction-bound on one SM (session 50, H100, sampled chained decode at top-k off:
+// 531.4 tok/s with 8 against 384.2 with one block, 593 at top-k 40 either way; `strata serve`, one request with
+// the API's defaults: 496.0 against 364.7). The integer histograms are the same; the double sums differ in their
+// order only (every pick of the tests equal to one block's). STRATA_CUDA_SAMPLE_CLUSTER=N (read once) or
+// set_sample_cluster; a device that cannot run the cluster falls back to one block (a warning). A row whose
+// passes read only the prefilter's merged candidates (top-k <= kSampleCandMaxK, scratch given) runs on one
+// block either way: sample() launches one for such a rule; in sample_rows the row's other blocks leave at once.
 void set_sample_cluster(int blocks);
 int sample_cluster();
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the

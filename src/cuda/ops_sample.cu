@@ -696,19 +696,26 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   const int64_t t = blockIdx.x / cl_size;  // the row
   const SampleParams P = rows != nullptr ? rows[t] : P0;  // block-uniform
   const float* row = logits + t * n_vocab;
+  // A row whose passes read only its merged candidate lists (sample_row's `merged`: every block of a cluster
+  // would repeat the same work) runs on rank 0 as one block, and the other blocks leave at once. Why: in a batch
+  // (sample_rows) those blocks would hold SMs that other rows' blocks could use. The same picks: rank 0 runs
+  // the one-block path (cl_size 1: no cluster:: merge), and no block reads another's shared memory on it.
+  const bool alone = merge && cand != nullptr && uses_cand(P, n_vocab);  // (the row's blocks agree)
+  if (alone && cl_rank != 0) return;
+  const unsigned size = alone ? 1u : cl_size;
   if (threadIdx.x == 0) {
     const bool c = cand != nullptr && uses_cand(P, n_vocab);
     sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg;
     sh.cand = c ? cand + t * stride : nullptr;
     sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
-    sh.cl_rank = cl_rank, sh.cl_size = cl_size, sh.cl_parity = 0;
+    sh.cl_rank = cl_rank, sh.cl_size = size, sh.cl_parity = 0;
   }
   __syncthreads();
   const int32_t pick = sample_row(row, n_vocab, P, u[t], cand == nullptr ? nullptr : cand + t * stride, n_parts,
                                   merge, deep, sh);
   if (threadIdx.x == 0 && cl_rank == 0) out[t] = pick;
   // (no block of a cluster leaves while another may still read its shared memory)
-  if (cl_size > 1) cluster::sync();
+  if (size > 1) cluster::sync();
 }
 
 }  // namespace
