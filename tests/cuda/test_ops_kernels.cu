@@ -772,8 +772,8 @@ std::pair<std::vector<float>, std::vector<float>> random_rows(int rows, int64_t 
 // top-p and min-p on and off, ties from logits in steps of 1/64 and 1/4), at the real vocabulary and at sizes
 // with a partial last warp, through sample and sample_rows.
 // One test a vocabulary size, so racecheck can take the small one (the real vocabulary runs past its limit).
-void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0) {
-  const int rows = 8;
+// rows a launch and cases (the first ones of the 6 below): the full test's by default; fewer for racecheck.
+void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0, int rows = 8, int cases = 6) {
   const float sds[] = {0.05f, 0.3f, 1.0f};
   std::mt19937 rng(seed0);
   uint64_t seed = seed0 + 500;
@@ -781,7 +781,7 @@ void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0) {
   const bool was = ops::sample_deep_agg();
   auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
   auto dout = f.alloc<int32_t>(size_t(rows), "out");
-  for (int c = 0; c < 6; ++c) {
+  for (int c = 0; c < cases; ++c) {
     const float tie = c < 3 ? 0.0f : c == 3 ? 1.0f / 64 : 0.25f;
     const auto [logits, u] = random_rows(rows, V, uint32_t(seed++), sds[c % 3], tie, rng);
     const float temps[] = {0.7f, 1.0f, 1.5f};
@@ -809,15 +809,20 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeyPartialWarp) {
   deep_agg_picks_as_one_atomic_a_key(*this, 50000 + 17, 94);
 }
 TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeySmall) { deep_agg_picks_as_one_atomic_a_key(*this, 4099, 95); }
+// For compute-sanitizer racecheck (the tests above run past its limits): 2 rows of 4099 values, 2 cases (a flat
+// whole-vocabulary draw, then top-p 0.97), each way: 8 launches.
+TEST_F(GpuOps, SampleDeepAggRacecheckProbe) { deep_agg_picks_as_one_atomic_a_key(*this, 4099, 96, 2, 2); }
 
 // A cluster of blocks a row (ops::sample_cluster) splits the passes and merges their histograms (integers: the
 // same), sums (doubles, in another order) and gathered keys, so its picks are one block's. The rows: flat and
 // tied logits, greedy, top-k off / 40 / 3000, top-p and min-p, at the real vocabulary, past a partial warp, and
 // small enough that some blocks hold no value; with the prefilter's scratch (sample_rows' top-k 40 rows merge the
-// stretch lists in every block of the cluster; sample keeps one block for them) and without; through sample and
-// sample_rows. Cluster sizes 2, 3 (not a power of two) and 8.
-void cluster_picks_as_one_block(GpuOps& f, int64_t V, uint32_t seed0) {
-  const int rows = 8;
+// stretch lists on their cluster's rank 0 alone; sample launches one block for them) and without; through sample
+// and sample_rows. Cluster sizes 2, 3 (not a power of two) and 8.
+// rows a launch, cases of the 8 below (the first ones), cluster sizes: the full test's by default; a few
+// launches for compute-sanitizer's racecheck (SampleClusterRacecheckProbe).
+void cluster_picks_as_one_block(GpuOps& f, int64_t V, uint32_t seed0, int rows = 8, int cases = 8,
+                                std::vector<int> sizes = {2, 3, 8}) {
   const float sds[] = {0.05f, 0.3f, 1.0f, 4.0f};
   std::mt19937 rng(seed0);
   uint64_t seed = seed0 + 700;
@@ -825,7 +830,7 @@ void cluster_picks_as_one_block(GpuOps& f, int64_t V, uint32_t seed0) {
   const int was = ops::sample_cluster();
   auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
   auto dout = f.alloc<int32_t>(size_t(rows), "out");
-  for (int c = 0; c < 8; ++c) {
+  for (int c = 0; c < cases; ++c) {
     const float tie = c < 4 ? 0.0f : c == 4 ? 1.0f / 64 : 0.25f;
     const auto [logits, u] = random_rows(rows, V, uint32_t(seed++), sds[c % 4], tie, rng);
     const float temps[] = {0.0f, 0.7f, 1.0f, 1.5f};
@@ -842,7 +847,7 @@ void cluster_picks_as_one_block(GpuOps& f, int64_t V, uint32_t seed0) {
       DeviceBuffer& sc = scratch ? dscratch : none;
       ops::set_sample_cluster(1);
       const auto want = sample_both_ways(f, dl, rows, V, p, drules, du, sc, dout);
-      for (const int blocks : {2, 3, 8}) {
+      for (const int blocks : sizes) {
         ops::set_sample_cluster(blocks);
         const auto got = sample_both_ways(f, dl, rows, V, p, drules, du, sc, dout);
         EXPECT_EQ(got[0], want[0]) << "sample, vocabulary " << V << ", case " << c << ", " << blocks << " blocks"
@@ -862,6 +867,10 @@ TEST_F(GpuOps, SampleClusterPicksAsOneBlockSmall) {
   cluster_picks_as_one_block(*this, 4099, 103);
   cluster_picks_as_one_block(*this, 70, 104);  // (fewer values than one block's threads: most blocks hold none)
 }
+// For compute-sanitizer racecheck (the tests above run past its limits): 2 rows of 4099 values, a flat row drawn
+// over the whole vocabulary (the deep walk's merges) and a top-k 40 / top-p row, clusters of 8, with and
+// without the prefilter: 16 launches. (Natively it is part of what the tests above check.)
+TEST_F(GpuOps, SampleClusterRacecheckProbe) { cluster_picks_as_one_block(*this, 4099, 105, 2, 2, {8}); }
 bool sample_cluster_of_8() { return ops::sample_cluster() == 8; }
 void set_sample_cluster_of_8(bool on) { ops::set_sample_cluster(on ? 8 : 1); }
 TEST_F(GpuOps, SampleClusterMatchesCpuSampler) {
