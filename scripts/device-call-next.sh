@@ -7,7 +7,9 @@
 #  - batches of many rows (sample_rows in server steps, strata bench --parallel): each row's 8 blocks also take
 #    SMs, where the rows alone might fill them. The A/B below (1 against 8, top-k 40 and top-k off, 16 and 64
 #    sequences) says whether the default should fall back to fewer blocks a row for large batches.
-# Then the greedy and sampled single-sequence figures for the record, and the sampler tests (with the probes).
+# Then ncu on one whole-vocabulary sampler launch (clusters of 8 against one block: where the ~0.2 ms over a
+# top-k 40 step goes), the greedy and sampled single-sequence figures, and the sampler tests (with the probes).
+# A second call on the warm machine: scripts/device-call-trace.sh (the per-kernel decode breakdown).
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
 . scripts/device-call-start strata strata_cuda_tests
@@ -33,6 +35,20 @@ for par in 64 16; do
     tail -3 $OUT/arms-par$par-$(echo $rule | wc -w).txt | tee -a $OUT/log.txt
   done
 done
+# Where the whole-vocabulary draw's ~0.2 ms (over a top-k 40 step) goes with clusters of 8: ncu on one sampler
+# launch (graphs off), its duration with 8 and with 1, and for 8 the warp stalls and the hottest source lines.
+ncu_run() {  # NAME SECTIONS... (env set by the caller)
+  local name=$1; shift
+  STRATA_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --kernel-name sample_kernel --launch-skip 4 --launch-count 1 "$@" \
+    /tmp/b/strata bench $args -n 8 --warmup 0 -r 1 --tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0 \
+    > $OUT/ncu-$name.txt 2>&1
+  echo "ncu $name: rc=$? $(grep -E 'Duration|Registers Per|Cluster Size' $OUT/ncu-$name.txt | tr -s ' ' | tr '\n' ' ')" \
+    | tee -a $OUT/log.txt
+}
+if [ $(left) -gt 150 ]; then
+  STRATA_CUDA_SAMPLE_CLUSTER=1 ncu_run one-block --section SpeedOfLight --section LaunchStats
+  ncu_run cluster8 --section SpeedOfLight --section LaunchStats --section WarpStateStats --section SourceCounters
+fi
 for rule in "" "--tg-temp 0.8" "--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"; do
   v=$(timeout 60 /tmp/b/strata bench $args -n 64 $rule 2>&1 | awk '/^tg/ {print $2; exit}')
   echo "chain ${rule:-greedy}: ${v:-failed}" | tee -a $OUT/log.txt
