@@ -13,35 +13,36 @@
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
 . scripts/device-call-start strata strata_cuda_tests
-probes='GpuOps.SampleClusterRacecheckProbe:GpuOps.SampleDeepAggRacecheckProbe'
 first="GpuOps.Argmax*:GpuOps.Sample*:DecodeChainGpu.*:SamplingBansGpu.*:*Sampl*:RowScanHost.*:WarpMergeHost.*:MassPiecesHost.*"
 STRATA_STREAM_CHECK=1 timeout 150 $T --gtest_filter="$first" > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
 st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
 for t in GpuOps.SampleClusterRacecheckProbe GpuOps.SampleDeepAggRacecheckProbe; do
-  [ $(left) -gt 360 ] || break
-  timeout 120 compute-sanitizer --tool racecheck $T --gtest_filter=$t > $OUT/racecheck-$t.txt 2>&1
+  [ $(left) -gt 330 ] || break
+  timeout 90 compute-sanitizer --tool racecheck $T --gtest_filter=$t > $OUT/racecheck-$t.txt 2>&1
   echo "rc=$?" >> $OUT/racecheck-$t.txt
   st "racecheck $t: $(grep -E 'RACECHECK SUMMARY|PASSED|FAILED|rc=' $OUT/racecheck-$t.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
 done
 m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
-args="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 -r 2 --no-roofline --tg-mode chain"
-for par in 64 16; do
-  for rule in "--tg-temp 0.8" "--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"; do
-    [ $(left) -gt 120 ] || break
-    ROUNDS=2 ARM_TIMEOUT=90 scripts/bench-arms /tmp/b/strata "$args -n 32 --parallel $par $rule" \
-      cluster8=- one-block="STRATA_CUDA_SAMPLE_CLUSTER=1" > $OUT/arms-par$par-$(echo $rule | wc -w).txt 2>&1
-    echo "parallel $par, $rule:" | tee -a $OUT/log.txt
-    tail -3 $OUT/arms-par$par-$(echo $rule | wc -w).txt | tee -a $OUT/log.txt
+base="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 --no-roofline --tg-mode chain"
+draw_all="--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"  # over the whole vocabulary
+arms_par() {  # P: clusters of 8 against one block at --parallel P, top-k 40 and over the whole vocabulary
+  for rule in "--tg-temp 0.8" "$draw_all"; do
+    [ $(left) -gt 120 ] || return
+    local f=$OUT/arms-par$1-$(echo $rule | wc -w).txt
+    ROUNDS=2 ARM_TIMEOUT=90 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 32 --parallel $1 $rule" \
+      cluster8=- one-block="STRATA_CUDA_SAMPLE_CLUSTER=1" > $f 2>&1
+    echo "parallel $1, $rule:" | tee -a $OUT/log.txt
+    tail -3 $f | tee -a $OUT/log.txt
   done
-done
+}
+arms_par 64
 # Where the whole-vocabulary draw's ~0.2 ms (over a top-k 40 step) goes with clusters of 8: ncu on one sampler
 # launch (graphs off), its duration with 8 and with 1, and for 8 the warp stalls and the hottest source lines.
 ncu_run() {  # NAME SECTIONS... (env set by the caller)
   local name=$1; shift
   STRATA_CUDA_GRAPHS=0 timeout 90 ncu --clock-control none --kernel-name sample_kernel --launch-skip 4 --launch-count 1 "$@" \
-    /tmp/b/strata bench $args -n 8 --warmup 0 -r 1 --tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0 \
-    > $OUT/ncu-$name.txt 2>&1
+    /tmp/b/strata bench $base -n 8 --warmup 0 -r 1 $draw_all > $OUT/ncu-$name.txt 2>&1
   echo "ncu $name: rc=$? $(grep -E 'Duration|Registers Per|Cluster Size' $OUT/ncu-$name.txt | tr -s ' ' | tr '\n' ' ')" \
     | tee -a $OUT/log.txt
 }
@@ -49,8 +50,10 @@ if [ $(left) -gt 150 ]; then
   STRATA_CUDA_SAMPLE_CLUSTER=1 ncu_run one-block --section SpeedOfLight --section LaunchStats
   ncu_run cluster8 --section SpeedOfLight --section LaunchStats --section WarpStateStats --section SourceCounters
 fi
-for rule in "" "--tg-temp 0.8" "--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"; do
-  v=$(timeout 60 /tmp/b/strata bench $args -n 64 $rule 2>&1 | awk '/^tg/ {print $2; exit}')
+for rule in "" "--tg-temp 0.8" "$draw_all"; do
+  [ $(left) -gt 40 ] || break
+  v=$(timeout 60 /tmp/b/strata bench $base -r 2 -n 64 $rule 2>&1 | awk '/^tg/ {print $2; exit}')
   echo "chain ${rule:-greedy}: ${v:-failed}" | tee -a $OUT/log.txt
 done
+arms_par 16
 st benches | tee -a $OUT/log.txt
