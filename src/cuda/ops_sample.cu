@@ -700,11 +700,11 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   // would repeat the same work) runs on rank 0 as one block, and the other blocks leave at once. Why: in a batch
   // (sample_rows) those blocks would hold SMs that other rows' blocks could use. The same picks: rank 0 runs
   // the one-block path (cl_size 1: no cluster:: merge), and no block reads another's shared memory on it.
-  const bool alone = merge && cand != nullptr && uses_cand(P, n_vocab);  // (the row's blocks agree)
+  const bool c = cand != nullptr && uses_cand(P, n_vocab);  // the row reads its candidate lists
+  const bool alone = merge && c;  // (the row's blocks agree)
   if (alone && cl_rank != 0) return;
   const unsigned size = alone ? 1u : cl_size;
   if (threadIdx.x == 0) {
-    const bool c = cand != nullptr && uses_cand(P, n_vocab);
     sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg;
     sh.cand = c ? cand + t * stride : nullptr;
     sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
