@@ -7,15 +7,10 @@
 # warm machine after scripts/device-call-next.sh (its /tmp/b untouched).
 # The device tool: run "bash scripts/device-call-trace.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
-t0=$(date +%s); st() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > $OUT/log.txt 2>&1
-STRATA_CMAKE_ARGS="-DSTRATA_PDL_TRACE=ON" timeout 300 scripts/device-build . /tmp/bt .carry/deps strata \
-  > $OUT/build.log 2>&1 || { st "BUILD FAILED"; grep -E "error" $OUT/build.log | head -30; exit 1; }
-st built | tee -a $OUT/log.txt
-. /tmp/bt/env.sh
-m=$(scripts/device-model-30b /tmp/bt/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
+BUILD_DIR=/tmp/bt STRATA_CMAKE_ARGS="-DSTRATA_PDL_TRACE=ON" . scripts/device-call-start strata
+m=$(scripts/device-model-30b $B/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
 for n in 64 512; do
-  STRATA_PDL_TRACE_FILE=$OUT/trace-tg$n.csv timeout 120 /tmp/bt/strata bench -m $m --backend cuda --adapt-every 0 \
+  STRATA_PDL_TRACE_FILE=$OUT/trace-tg$n.csv timeout 120 $B/strata bench -m $m --backend cuda --adapt-every 0 \
     --expert-cache 100% -p 0 -n $n -r 2 --no-roofline --tg-mode chain > $OUT/bench-tg$n.txt 2>&1
   echo "tg$n traced: $(awk '/^tg/ {print $2; exit}' $OUT/bench-tg$n.txt) tok/s" | tee -a $OUT/log.txt
   python3 scripts/pdl-trace-report $OUT/trace-tg$n.csv > $OUT/report-tg$n.txt 2>&1
