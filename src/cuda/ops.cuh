@@ -143,6 +143,11 @@ bool sample_deep_agg();
 // block either way: sample() launches one for such a rule; in sample_rows the row's other blocks leave at once.
 void set_sample_cluster(int blocks);
 int sample_cluster();
+// Test hook: a nonzero seed makes each block of a sampler cluster sleep a pseudo-random 0-4 us after every merge's
+// cluster barrier, before it reads the other blocks' parts (0, the default: off). The picks must not change:
+// GpuOps.SampleClusterPicksUnderJitter. Why: compute-sanitizer's racecheck stops with an internal error on
+// distributed shared memory (session 51), so the merges' ordering is tested by shuffling the blocks instead.
+void set_sample_cluster_jitter(uint32_t seed);
 // sample / sample_rows read a whole row with row_scan::kBatch loads a thread in flight (cuda/row_scan.cuh; the
 // same values in the same per-thread order, so the same picks); STRATA_CUDA_SAMPLE_BATCH=0 (read once): one
 // load at a time (session 46, H100, sampled decode over whole rows: 546.2 against 526.2 tok/s).

@@ -3,6 +3,7 @@
 #include "cuda/ops.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -88,6 +89,8 @@ struct SampleShared {
   unsigned long long mass_part[2][256];
   uint64_t red_part[2];  // a block's reduced value (the bits of a double, u64 or long long)
   int count_part;
+  // set_sample_cluster_jitter's seed (0: off) and the count of merges this block has made (cluster::jitter).
+  unsigned jitter, jitter_n;
 };
 static_assert(sizeof(SampleShared) <= 48 * 1024, "the sampler's shared memory fits the static limit");
 
@@ -107,6 +110,21 @@ __device__ __forceinline__ const T* at(const T* p, unsigned rank) {
   return p;
 #endif
 }
+// The test hook set_sample_cluster_jitter: with a seed, each block sleeps a pseudo-random 0-4 us (by block, seed
+// and merge) right after a merge's cluster barrier, before it reads the other blocks' parts, so the blocks reach
+// their reads, and their next parts' writes, in shuffled orders. A merge whose parts its barriers and parity did
+// not protect would then read another pass's values: other picks, or a hang where the blocks' decisions part.
+// Why a hook: racecheck cannot check distributed shared memory (an internal sanitizer error on the first
+// cluster launch, session 51). Block-uniform; all threads.
+__device__ __forceinline__ void jitter(SampleShared& sh) {
+  if (sh.jitter == 0u) return;
+  if (threadIdx.x == 0) {
+    uint32_t h = sh.jitter ^ (blockIdx.x * 0x9E3779B9u) ^ (sh.jitter_n++ * 0x85EBCA6Bu);
+    h ^= h >> 16, h *= 0x7FEB352Du, h ^= h >> 15, h *= 0x846CA68Bu, h ^= h >> 16;
+    __nanosleep(h % 4096u);
+  }
+  __syncthreads();
+}
 __device__ __forceinline__ void flip(SampleShared& sh) {
   __syncthreads();  // (every thread has read cl_parity)
   if (threadIdx.x == 0) sh.cl_parity ^= 1;
@@ -120,6 +138,7 @@ __device__ T reduce(T v, SampleShared& sh, Op op) {
   const int p = sh.cl_parity;
   if (threadIdx.x == 0) memcpy(&sh.red_part[p], &v, sizeof v);
   sync();
+  jitter(sh);
   T r;
   for (unsigned k = 0; k < sh.cl_size; ++k) {
     T x;
@@ -142,6 +161,7 @@ __device__ void merge_bins(SampleShared& sh, bool with_mass) {
   if (sh.cl_size == 1) return;
   const int p = sh.cl_parity;
   sync();
+  jitter(sh);
   for (int b = threadIdx.x; b < 256; b += blockDim.x) {
     unsigned h = 0;
     unsigned long long m = 0;
@@ -336,6 +356,7 @@ __device__ void gather_sorted(const float* row, int64_t n_vocab, uint64_t lo, bo
   __syncthreads();
   if (!one) {  // every block's keys, in rank order, into sh.keys (the sort below makes the order canonical)
     cluster::sync();
+    cluster::jitter(sh);
     int base = 0;
     for (unsigned k = 0; k < sh.cl_size; ++k) {
       const int n_k = min(*cluster::at(&sh.count_part, k), kChunk);
@@ -683,7 +704,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
                                                              const SampleParams* rows, const float* u, int32_t* out,
                                                              bool deep, bool batched, const uint64_t* cand,
                                                              int64_t stride, int n_parts, bool merge,
-                                                             bool deep_agg) {
+                                                             bool deep_agg, unsigned jitter) {
   __shared__ SampleShared sh;
   // A row's blocks: one, or a cluster (cluster::): rank 0 writes the pick.
   unsigned cl_rank = 0, cl_size = 1;
@@ -709,6 +730,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
     sh.cand = c ? cand + t * stride : nullptr;
     sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
     sh.cl_rank = cl_rank, sh.cl_size = size, sh.cl_parity = 0;
+    sh.jitter = jitter, sh.jitter_n = 0;
   }
   __syncthreads();
   const int32_t pick = sample_row(row, n_vocab, P, u[t], cand == nullptr ? nullptr : cand + t * stride, n_parts,
@@ -791,6 +813,10 @@ DigitSetting g_sample_cluster("STRATA_CUDA_SAMPLE_CLUSTER", "the device sampler'
 }  // namespace
 void set_sample_cluster(int blocks) { g_sample_cluster.set(blocks); }
 int sample_cluster() { return g_sample_cluster.get(); }
+namespace {
+std::atomic<uint32_t> g_sample_cluster_jitter{0};
+}  // namespace
+void set_sample_cluster_jitter(uint32_t seed) { g_sample_cluster_jitter.store(seed, std::memory_order_relaxed); }
 
 void check_sample_params(const SampleParams& p) {
   STRATA_REQUIRE(std::isfinite(p.temperature), "sample: temperature must be finite, got {}", p.temperature);
@@ -857,7 +883,7 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
                                                        dim3(kRowThreads), unsigned(cl), stream, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, p, rows, u, out, sample_deep(),
                                 sample_batched(), static_cast<const uint64_t*>(cand), stride, int(parts), merge,
-                                sample_deep_agg()));
+                                sample_deep_agg(), g_sample_cluster_jitter.load(std::memory_order_relaxed)));
 }
 }  // namespace
 

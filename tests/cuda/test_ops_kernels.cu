@@ -871,6 +871,22 @@ TEST_F(GpuOps, SampleClusterPicksAsOneBlockSmall) {
 // over the whole vocabulary (the deep walk's merges) and a top-k 40 / top-p row, clusters of 8, with and
 // without the prefilter: 16 launches. (Natively it is part of what the tests above check.)
 TEST_F(GpuOps, SampleClusterRacecheckProbe) { cluster_picks_as_one_block(*this, 4099, 105, 2, 2, {8}); }
+// racecheck cannot check the cluster's merges (distributed shared memory: an internal sanitizer error on the first
+// launch, session 51). So the merges' order is tested by shuffling the blocks: with set_sample_cluster_jitter each
+// block sleeps 0-4 us after every merge's barrier before it reads the others' parts, letting the other blocks run
+// ahead into their next parts. A part that its barriers and parity did not guard would be read after another
+// pass overwrote it, and the picks would differ from one block's (or the cluster would hang). Several seeds, rows
+// that go deep (flat logits, top-k off), clusters of 2, 3 and 8.
+TEST_F(GpuOps, SampleClusterPicksUnderJitter) {
+  struct Off {
+    ~Off() { ops::set_sample_cluster_jitter(0); }
+  } off;
+  for (const uint32_t seed : {1u, 0x5EEDu, 0xC0FFEEu}) {
+    ops::set_sample_cluster_jitter(seed);
+    cluster_picks_as_one_block(*this, 4099, 106 + seed % 7, 4, 8);
+    cluster_picks_as_one_block(*this, 50000 + 17, 107 + seed % 5, 2, 4);
+  }
+}
 bool sample_cluster_of_8() { return ops::sample_cluster() == 8; }
 void set_sample_cluster_of_8(bool on) { ops::set_sample_cluster(on ? 8 : 1); }
 TEST_F(GpuOps, SampleClusterMatchesCpuSampler) {
