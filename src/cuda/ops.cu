@@ -258,6 +258,9 @@ int attn_splits_by(int64_t n_tok, int n_head, int64_t max_kv, int rule) {
 }
 
 DigitSetting g_split_rule("STRATA_CUDA_ATTN_SPLIT_RULE", "attention split rule", 0, 1, 1);
+// One-token decode: a split walks at least this many K/V tiles (kTileKv positions each), so contexts up to
+// tiles x kTileKv positions take one split and no combine launch (set_attn_decode_tiles).
+DigitSetting g_decode_tiles("STRATA_CUDA_ATTN_DECODE_TILES", "attention decode tiles a split", 1, 8, 1);
 
 int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
   return attn_splits_by(n_tok, n_head, max_kv, g_split_rule.get());
@@ -474,7 +477,11 @@ int lanes_per_dim(int head_dim, int head_dim_v) {  // DPL: values per lane cover
 bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int head_dim, int head_dim_v, float scale, int64_t max_kv, float* scratch, float* out, int8_t* xq,
                   float2* xds, cudaStream_t stream, const attn_tile::Prep* prep = nullptr, bool one_cache = false) {
-  const int n_split = attn_splits(n_tok, n_head, max_kv);
+  int n_split = attn_splits(n_tok, n_head, max_kv);
+  if (n_tok == 1) {  // (attn_decode_tiles: the fewest positions a split walks)
+    const int64_t least = int64_t(g_decode_tiles.get()) * attn_tile::kTileKv;
+    n_split = static_cast<int>(std::min<int64_t>(n_split, (max_kv + least - 1) / least));
+  }
   const int64_t per = (max_kv + n_split - 1) / n_split;
   const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
   const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
@@ -562,6 +569,8 @@ void kv_store(const float* k, const float* v, const KvRef* refs, int64_t n_tok, 
 
 void set_attn_split_rule(int rule) { g_split_rule.set(rule); }
 int attn_split_rule() { return g_split_rule.get(); }
+void set_attn_decode_tiles(int tiles) { g_decode_tiles.set(tiles); }
+int attn_decode_tiles() { return g_decode_tiles.get(); }
 
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv) {
   const int n_split = attn_splits_by(n_tok, n_head, max_kv, 0);  // (rule 0: the most splits)

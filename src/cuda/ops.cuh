@@ -65,6 +65,15 @@ size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64
 // the softmax's partial sums.
 void set_attn_split_rule(int rule);
 int attn_split_rule();
+// One-token decode (the tiled kernel): each split walks at least `tiles` K/V tiles of 64 positions (1-8; 1, the
+// default: a split a tile), so a context of up to tiles x 64 positions is one split, whose block writes the output
+// itself, with no combine launch after it. Why a switch: the combine is a dependent step of ~5 us a layer (H100
+// trace, session 51) past 64 positions, while session 18 (H200) found a block walking a second tile slower than
+// the combine at contexts to 512; the kernel has changed since (K/V prefetched before the wait, 4 heads a block).
+// STRATA_CUDA_ATTN_DECODE_TILES, read once; set_attn_decode_tiles (tests, benchmarks: before graphs are captured,
+// whose split counts it changes) wins. The same values up to the order of the softmax's partial sums.
+void set_attn_decode_tiles(int tiles);
+int attn_decode_tiles();
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
                float* scratch, float* out, cudaStream_t stream, bool one_cache = false);

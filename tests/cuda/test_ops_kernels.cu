@@ -373,6 +373,26 @@ TEST_F(GpuAttention, DecodeQwen3) {
   run({"decode 2 sequences, ctx 70 and 3000 of 4096", g, {4096, 4096}, {{0, 69}, {1, 2999}}, 4096});
 }
 
+// One-token decode with splits of at least 2, 4 and 8 tiles (ops::set_attn_decode_tiles): one split up to that
+// many positions (no combine), more past it, against the CPU at contexts on both sides of each bound.
+TEST_F(GpuAttention, DecodeTilesASplit) {
+  const Geometry g{2, 32, 4, 128, 128};
+  const int was = ops::attn_decode_tiles();
+  for (const int tiles : {2, 4, 8}) {
+    SCOPED_TRACE("tiles a split " + std::to_string(tiles));
+    ops::set_attn_decode_tiles(tiles);
+    run({"decode ctx 65", g, {65}, {{0, 64}}});
+    run({"decode ctx 128", g, {128}, {{0, 127}}});
+    run({"decode ctx 129 of 256", g, {256}, {{0, 128}}});
+    run({"decode ctx 512", g, {512}, {{0, 511}}});
+    run({"decode ctx 1000", g, {1000}, {{0, 999}}});
+    run({"decode ctx 70 of a 4096 cache", g, {4096}, {{0, 69}}, 4096});
+  }
+  ops::set_attn_decode_tiles(was);
+  EXPECT_THROW(ops::set_attn_decode_tiles(0), strata::Error);
+  EXPECT_THROW(ops::set_attn_decode_tiles(9), strata::Error);
+}
+
 TEST_F(GpuAttention, PrefillCausal) {
   // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
   for (bool mma : {false, true}) {
