@@ -5,6 +5,9 @@
 #     trace put the combine at a ~5.2 us step a layer past 64 positions, and the headline (bench/gpu_bench.sh
 #     against llama.cpp) is tg128: positions 65-128 pay it. Its tests (GpuAttention.DecodeTilesASplit), the
 #     attention and model tests with N = 2 for the whole process, then tg128 (N 1 against 2) and tg512 (1, 2, 4, 8).
+#     With it, STRATA_CUDA_ATTN_CLUSTER_MERGE=1 (ops::set_attn_cluster_merge, also built without a GPU): the splits'
+#     blocks (2-8) run as one cluster and merge their states themselves with the combine's bits
+#     (GpuOpsFused.PrepAttentionEqualsPrepThenAttention, GpuAttention.DecodeClusterMerge), as arms of the same A/B.
 #  2. GpuOps.SampleClusterPicksUnderJitter ran once (1440 picks equal); again with the sampler tests.
 #  3. If time is left: ncu on one whole-vocabulary sampler launch (clusters of 8 against one block), where the
 #     ~0.12 ms of a whole-vocabulary draw that does not shrink with more blocks goes.
@@ -17,20 +20,25 @@ echo "rc=$?" >> $OUT/tests.txt
 st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
 # Every attention and model test with two tiles a split for the whole process (their figures are set for 1).
 tiles2="GpuAttention.*:GpuOpsFused.*:DecodeChainGpu.*:Qwen3MoeGpu*:QkStackGpu.*:LogitsInPlaceGpu.*:ExpertCacheGpu.*"
-STRATA_CUDA_ATTN_DECODE_TILES=2 STRATA_STREAM_CHECK=1 timeout 150 $T --gtest_filter="$tiles2" \
+STRATA_CUDA_ATTN_DECODE_TILES=2 STRATA_STREAM_CHECK=1 timeout 100 $T --gtest_filter="$tiles2" \
   > $OUT/tests-tiles2.txt 2>&1
 echo "rc=$?" >> $OUT/tests-tiles2.txt
 st "tests, 2 tiles a split: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-tiles2.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
+STRATA_CUDA_ATTN_CLUSTER_MERGE=1 STRATA_STREAM_CHECK=1 timeout 100 $T --gtest_filter="$tiles2" \
+  > $OUT/tests-merge.txt 2>&1
+echo "rc=$?" >> $OUT/tests-merge.txt
+st "tests, cluster merge: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-merge.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
 m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
 base="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 --no-roofline --tg-mode chain"
-ROUNDS=3 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 128" tiles-1=- \
-  tiles-2=STRATA_CUDA_ATTN_DECODE_TILES=2 > $OUT/arms-tg128.txt 2>&1
-echo "tg128 (greedy, chained):" | tee -a $OUT/log.txt; tail -4 $OUT/arms-tg128.txt | tee -a $OUT/log.txt
+ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 128" tiles-1=- \
+  tiles-2=STRATA_CUDA_ATTN_DECODE_TILES=2 merge=STRATA_CUDA_ATTN_CLUSTER_MERGE=1 > $OUT/arms-tg128.txt 2>&1
+echo "tg128 (greedy, chained):" | tee -a $OUT/log.txt; tail -5 $OUT/arms-tg128.txt | tee -a $OUT/log.txt
 if [ $(left) -gt 170 ]; then
   ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 1 -n 512" tiles-1=- \
     tiles-2=STRATA_CUDA_ATTN_DECODE_TILES=2 tiles-4=STRATA_CUDA_ATTN_DECODE_TILES=4 \
-    tiles-8=STRATA_CUDA_ATTN_DECODE_TILES=8 > $OUT/arms-tg512.txt 2>&1
-  echo "tg512 (greedy, chained):" | tee -a $OUT/log.txt; tail -6 $OUT/arms-tg512.txt | tee -a $OUT/log.txt
+    tiles-8=STRATA_CUDA_ATTN_DECODE_TILES=8 merge=STRATA_CUDA_ATTN_CLUSTER_MERGE=1 \
+    merge-tiles-2="STRATA_CUDA_ATTN_CLUSTER_MERGE=1 STRATA_CUDA_ATTN_DECODE_TILES=2" > $OUT/arms-tg512.txt 2>&1
+  echo "tg512 (greedy, chained):" | tee -a $OUT/log.txt; tail -8 $OUT/arms-tg512.txt | tee -a $OUT/log.txt
 fi
 draw_all="--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"  # over the whole vocabulary
 ncu_run() {  # NAME SECTIONS... (env set by the caller)

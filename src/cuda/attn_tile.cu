@@ -24,6 +24,7 @@
 
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
+#include <cooperative_groups.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
+#include "cuda/ops_common.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/expert_predict.cuh"
 #include "cuda/host/attn_span.h"
@@ -81,6 +83,52 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// The cluster merge of a one-token decode's splits (ops::set_attn_cluster_merge): the launch's clusters are the
+// n_split blocks of one head chunk (blockIdx.y = split). Each block has written its rows' partial states to part;
+// after the cluster barrier (arrive.release / wait.acquire at cluster scope: the other blocks' writes are visible
+// to the plain loads after it, which the barrier's asm also keeps from moving above it) block
+// `split` merges rows split, split + n_split, ... of the chunk's `rows` head rows, a warp a row, and writes out
+// and xq / xds as ops.cu's combine kernel would: the same weights, sums, order and quantization, so the same
+// bits. Why: the combine is a dependent launch, a ~5 us step a layer past 64 positions (H100, session 51).
+// part: [rows of the call][n_split][2 + D]; row0: the call's row of the chunk's first head; out: [..][D];
+// xq, xds: null, or out's Q8 activations. All threads of every block of the cluster.
+template <int D>
+__device__ void merge_splits(const float* part, int n_split, int split, int64_t row0, int rows,
+                             float* __restrict__ out, int8_t* __restrict__ xq, float2* __restrict__ xds) {
+  using ops::detail::MaxOp;
+  using ops::detail::SumOp;
+  using ops::detail::warp_reduce;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+  constexpr int row = 2 + D;
+  for (int r = split + n_split * warp; r < rows; r += n_split * n_warps) {  // warp-uniform
+    const int64_t hr = row0 + r;
+    const float* pr = part + hr * n_split * row;
+    const float mi = lane < n_split ? pr[lane * row] : -INFINITY;
+    const float M = warp_reduce(lane < n_split ? fmaxf(-INFINITY, mi) : -INFINITY, MaxOp{});
+    const float c = mi == -INFINITY ? 0.0f : expf(mi - M);
+    float S = 0.0f;
+    if (lane < n_split) S += c * pr[lane * row + 1];
+    S = warp_reduce(S, SumOp{});
+    const unsigned live = __ballot_sync(0xffffffffu, mi != -INFINITY);  // (the combine's compact list, in order)
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int d0 = 0; d0 < D; d0 += 32) {
+      const int d = d0 + lane;
+      float a = 0.0f;
+      for (unsigned b = live; b != 0u; b &= b - 1u) {
+        const int i = __ffs(b) - 1;
+        const float w = __shfl_sync(0xffffffffu, c, i);
+        a += w * pr[i * row + 2 + d];
+      }
+      const int64_t f = hr * D + d;
+      out[f] = a * inv;
+      if (xq != nullptr) q8c::quantize_warp(a * inv, xq + (f - lane), xds + f / 32);
+    }
+  }
 }
 
 __device__ __forceinline__ float2 h2_to_f2(uint32_t w) {
@@ -215,7 +263,7 @@ __global__ void __launch_bounds__(32 * W, 1)
     attn_tile_kernel(const float* __restrict__ q, const ops::KvRef* __restrict__ refs, int64_t n_tok, int layer,
                      int n_head, int n_head_kv, int hg, int n_hchunk, int tq, float scale, int n_split, int chunk,
                      Select select, int cls, float* __restrict__ part, float* __restrict__ out,
-                     int8_t* __restrict__ xq, float2* __restrict__ xds, Prep pp) {
+                     int8_t* __restrict__ xq, float2* __restrict__ xds, Prep pp, bool cl_merge) {
   using L = Layout<D, RPW, W>;
   constexpr int R = L::R, KS = L::KS, DPL = D / 32, NT = 32 * W, C8 = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -516,6 +564,8 @@ __global__ void __launch_bounds__(32 * W, 1)
       for (int j = 0; j < DPL; ++j) pp[2 + lane * DPL + j] = acc[rr][j];
     }
   }
+  // (cl_merge: one token, n_split blocks a cluster; launch_shape's. No block of such a launch returned early.)
+  if (cl_merge) merge_splits<D>(part, n_split, split, t0 * n_head + h_first, min(hg, group - hc * hg), out, xq, xds);
   pdl_end();  // (traced builds: the block's end, and every block's in a histogram)
 }
 
@@ -818,12 +868,34 @@ DigitSetting g_decode_heads("STRATA_CUDA_ATTN_DECODE_HEADS", "one-token attentio
 
 std::atomic<bool> g_prefill_mma{true};  // on: passes every attention test and ran 2.5-3x faster than the CUDA-core kernel on the H200 (bench/results/2026-11-29-gpu-kernels-h200.md)
 
+// pdl::launch in clusters of (1, cl_y, 1) blocks (cl_y 1: pdl::launch itself).
+template <typename... KArgs, typename... Args>
+void launch_pdl_clusters(unsigned cl_y, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                         cudaStream_t stream, Args&&... args) {
+  if (cl_y <= 1) return pdl::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = cl_y, attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  pdl::prefer_carveout(reinterpret_cast<const void*>(kernel));
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl::enabled() && !pdl::plain_launches() ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
 // hg, tq: query heads and tokens per block (tq * hg <= R); select, cls: as the kernel. prep: the kernel
-// with P (one token; the decode shape only).
+// with P (one token; the decode shape only). cl_merge: one token, the splits merged in clusters of n_split
+// blocks (merge_splits) instead of by the combine kernel.
 template <int D, int RPW, int W>
 void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                   int hg, int tq, Select select, int cls, float scale, int n_split, int chunk, float* part,
-                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, const Prep* prep) {
+                  float* out, int8_t* xq, float2* xds, cudaStream_t stream, const Prep* prep, bool cl_merge) {
   using L = Layout<D, RPW, W>;
   const int group = n_head / n_head_kv, n_hchunk = (group + hg - 1) / hg;
   const int64_t n_tiles = (n_tok + tq - 1) / tq;
@@ -832,11 +904,15 @@ void launch_shape(const float* q, const ops::KvRef* refs, int64_t n_tok, int lay
                  n_head);
   const bool pf = prep != nullptr && prep->pf.on() && 32 * W == predict::kThreads;
   if (pf) predict::check(prep->pf);
+  STRATA_REQUIRE(!cl_merge || (n_tok == 1 && select == Select::All && n_split >= 2 && n_split <= kMaxMergeCluster &&
+                               !pf),
+                 "attention tile kernel: a cluster merge of {} tokens, {} splits", n_tok, n_split);
   const dim3 grid(static_cast<unsigned>(blocks + (pf ? prep->pf.blocks : 0)), static_cast<unsigned>(n_split));
   auto run = [&](auto kernel, size_t bytes, const Prep& pp) {
     allow_shared(kernel, bytes);
-    pdl::launch(kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer, n_head, n_head_kv, hg, n_hchunk, tq,
-                scale, n_split, chunk, select, cls, n_split > 1 ? part : nullptr, out, xq, xds, pp);
+    launch_pdl_clusters(cl_merge ? unsigned(n_split) : 1u, kernel, grid, 32 * W, bytes, stream, q, refs, n_tok, layer,
+                        n_head, n_head_kv, hg, n_hchunk, tq, scale, n_split, chunk, select, cls,
+                        n_split > 1 ? part : nullptr, out, xq, xds, pp, cl_merge);
   };
   if constexpr (RPW * W == kDecodeRows) {
     if (prep != nullptr) return run(attn_tile_kernel<D, RPW, W, true>, L::prep_bytes(), *prep);
@@ -859,7 +935,7 @@ bool supported(int head_dim, int head_dim_v) {
 
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
-            cudaStream_t stream, const Prep* prep, bool one_cache) {
+            cudaStream_t stream, const Prep* prep, bool one_cache, bool cl_merge) {
   STRATA_REQUIRE(supported(head_dim, head_dim) && n_split >= 1 && n_split <= 65535 && chunk % KT == 0,
                  "attention tile kernel: head size {}, {} splits of {}", head_dim, n_split, chunk);
   STRATA_REQUIRE(prep == nullptr || n_tok == 1, "attention tile kernel: {} tokens to prepare (one only)", n_tok);
@@ -880,37 +956,37 @@ bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, in
   // pass of a 64-row block there, so the decode shape takes them. Each launch skips the other's tiles.
   const Select sel_p = Select::OneCache, sel_d = prefill ? Select::Mixed : Select::All;
   const bool use_mma = prefill_mma() && head_dim <= 128;  // the mma kernel's shared memory: head size <= 128
-  // Q8 output: one split, the decode shape alone (it then writes every row of out).
-  const bool q8_out = xq != nullptr && n_split == 1 && !prefill;
+  // Q8 output: one split (or the cluster merge), the decode shape alone (it then writes every row of out).
+  const bool q8_out = xq != nullptr && (n_split == 1 || cl_merge) && !prefill;
   int8_t* const dq = q8_out ? xq : nullptr;
   float2* const dds = q8_out ? xds : nullptr;
-#define STRATA_TILE_ARGS(hg, tq, sel, q8, ds, pr) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, \
-                                                  scale, n_split, chunk, part, out, q8, ds, stream, pr
+#define STRATA_TILE_ARGS(hg, tq, sel, q8, ds, pr, cm) q, refs, n_tok, layer, n_head, n_head_kv, hg, tq, sel, tq_p, \
+                                                      scale, n_split, chunk, part, out, q8, ds, stream, pr, cm
   switch (head_dim) {
     case 64:
       if (prefill && use_mma)
         launch_mma<64>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out, stream);
       else if (prefill)
-        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+        launch_shape<64, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr, false));
       if (!decode_shape) break;
-      if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
-      else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      if (decode_wide()) launch_shape<64, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
+      else launch_shape<64, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
       break;
     case 128:
       if (prefill && use_mma)
         launch_mma<128>(q, refs, n_tok, layer, n_head, n_head_kv, hg_p, tq_p, scale, n_split, chunk, part, out,
                         stream);
       else if (prefill)
-        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+        launch_shape<128, 8, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr, false));
       if (!decode_shape) break;
-      if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
-      else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      if (decode_wide()) launch_shape<128, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
+      else launch_shape<128, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
       break;
     default:
-      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr));
+      if (prefill) launch_shape<256, 4, 8>(STRATA_TILE_ARGS(hg_p, tq_p, sel_p, nullptr, nullptr, nullptr, false));
       if (!decode_shape) break;
-      if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
-      else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep));
+      if (decode_wide()) launch_shape<256, 1, 8>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
+      else launch_shape<256, 2, 4>(STRATA_TILE_ARGS(hg_d, tq_d, sel_d, dq, dds, prep, cl_merge));
       break;
   }
 #undef STRATA_TILE_ARGS

@@ -68,8 +68,13 @@ struct Prep {
   predict::ExpertPrefetch pf = {};
   bool early_weights = true;  // the norm weights loaded before the PDL wait (ops::prep_early_weights())
 };
+// cl_merge: one token (n_tok == 1), 2 <= n_split <= kMaxMergeCluster, no expert predictor (prep->pf off): the
+// n_split blocks of each head chunk run as one thread block cluster (sm_90) and, after a cluster barrier, merge
+// their partial states themselves, writing out (and xq / xds, as for one split) with the combine kernel's bits;
+// the caller launches no combine. part is still written (the blocks' exchange). ops::set_attn_cluster_merge.
+constexpr int kMaxMergeCluster = 8;  // the portable cluster size
 bool launch(const float* q, const ops::KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
             int head_dim, float scale, int n_split, int chunk, float* part, float* out, int8_t* xq, float2* xds,
-            cudaStream_t stream, const Prep* prep = nullptr, bool one_cache = false);
+            cudaStream_t stream, const Prep* prep = nullptr, bool one_cache = false, bool cl_merge = false);
 
 }  // namespace strata::cuda::attn_tile

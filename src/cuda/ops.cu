@@ -261,6 +261,17 @@ DigitSetting g_split_rule("STRATA_CUDA_ATTN_SPLIT_RULE", "attention split rule",
 // One-token decode: a split walks at least this many K/V tiles (kTileKv positions each), so contexts up to
 // tiles x kTileKv positions take one split and no combine launch (set_attn_decode_tiles).
 DigitSetting g_decode_tiles("STRATA_CUDA_ATTN_DECODE_TILES", "attention decode tiles a split", 1, 8, 1);
+// One-token decode: the splits merged by their blocks in thread block clusters instead of a combine launch
+// (set_attn_cluster_merge).
+DigitSetting g_cluster_merge("STRATA_CUDA_ATTN_CLUSTER_MERGE", "attention cluster merge", 0, 1, 0);
+
+// Whether the current device runs thread block clusters (sm_90 and later).
+bool device_has_clusters() {
+  int dev = 0, major = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return major >= 9;
+}
 
 int attn_splits(int64_t n_tok, int n_head, int64_t max_kv) {
   return attn_splits_by(n_tok, n_head, max_kv, g_split_rule.get());
@@ -485,9 +496,13 @@ bool launch_tiled(const float* q, const KvRef* refs, int64_t n_tok, int layer, i
   const int64_t per = (max_kv + n_split - 1) / n_split;
   const int chunk = static_cast<int>((per + attn_tile::kTileKv - 1) / attn_tile::kTileKv * attn_tile::kTileKv);
   const int used = static_cast<int>((max_kv + chunk - 1) / chunk);
+  // (the merge in clusters: one token, at most a portable cluster of splits, no predictor blocks in the grid)
+  const bool cl_merge = n_tok == 1 && used >= 2 && used <= attn_tile::kMaxMergeCluster && g_cluster_merge.get() == 1 &&
+                        (prep == nullptr || !prep->pf.on()) && device_has_clusters();
   const bool q8_done = attn_tile::launch(q, refs, n_tok, layer, n_head, n_head_kv, head_dim, scale, used, chunk,
-                                        scratch, out, xq, xds, stream, prep, one_cache);  // (xq: one split only)
-  if (used == 1) return q8_done;
+                                        scratch, out, xq, xds, stream, prep, one_cache,
+                                        cl_merge);  // (xq: one split or the cluster merge only)
+  if (used == 1 || cl_merge) return q8_done;
   launch_combine(scratch, n_tok * n_head, used, head_dim_v, out, xq, xds, stream);
   return xq != nullptr;
 }
@@ -571,6 +586,8 @@ void set_attn_split_rule(int rule) { g_split_rule.set(rule); }
 int attn_split_rule() { return g_split_rule.get(); }
 void set_attn_decode_tiles(int tiles) { g_decode_tiles.set(tiles); }
 int attn_decode_tiles() { return g_decode_tiles.get(); }
+void set_attn_cluster_merge(bool on) { g_cluster_merge.set(on ? 1 : 0); }
+bool attn_cluster_merge() { return g_cluster_merge.get() == 1; }
 
 size_t attention_scratch_floats(int64_t n_tok, int n_head, int head_dim_v, int64_t max_kv) {
   const int n_split = attn_splits_by(n_tok, n_head, max_kv, 0);  // (rule 0: the most splits)

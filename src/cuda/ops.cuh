@@ -74,6 +74,14 @@ int attn_split_rule();
 // whose split counts it changes) wins. The same values up to the order of the softmax's partial sums.
 void set_attn_decode_tiles(int tiles);
 int attn_decode_tiles();
+// One-token decode with 2 to 8 splits (contexts of 65 to 512 positions at one tile a split): the splits' blocks
+// run as one thread block cluster a head chunk and merge their partial states themselves after a cluster
+// barrier (attn_tile.cu merge_splits), with the combine kernel's arithmetic and bits, so no combine launch follows.
+// Why: the combine is a dependent step of ~5 us a layer past 64 positions (H100 trace, session 51). Off by
+// default until measured (STRATA_CUDA_ATTN_CLUSTER_MERGE=1, read once; set_attn_cluster_merge wins; tests,
+// benchmarks: before graphs are captured). Devices without clusters (before sm_90) keep the combine.
+void set_attn_cluster_merge(bool on);
+bool attn_cluster_merge();
 void attention(const float* q, const KvRef* refs, int64_t n_tok, int layer, int n_head, int n_head_kv,
                int head_dim, int head_dim_v, float scale, cpu::AttnMath math, int64_t max_kv,
                float* scratch, float* out, cudaStream_t stream, bool one_cache = false);

@@ -422,7 +422,8 @@ TEST_F(GpuOpsFused, AttentionQ8EqualsAttentionThenQuantize) {
 // of 16 (two head chunks: both blocks need the row, one stores it), a group of 4 (two tokens' rows per
 // decode tile, one used), head sizes 64 and 256 with a partial rope. Each at 8, 4 and 3 heads a block
 // (attn_tile::set_decode_heads: a group in 1, 2 or 3 blocks, warps without a head), both paths against
-// the two launches at 8.
+// the two launches at 8; and both with the splits merged in clusters (ops::set_attn_cluster_merge: 2, 4, 5 and 8
+// splits here; 16 and more fall back to the combine), which must give the combine's bits.
 TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
   constexpr int L = 2, layer = 1;
   struct PCase {
@@ -433,6 +434,7 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
   for (const PCase& c : {PCase{32, 4, 128, 128, 64, {0, 40, 63}}, PCase{32, 4, 128, 128, 65, {63, 64}},
                          PCase{32, 4, 128, 128, 4096, {0, 8, 64, 3000, 4095}},
                          PCase{32, 4, 128, 128, 20000, {4800, 4864, 5100, 5119, 19999}},
+                         PCase{32, 4, 128, 128, 256, {130, 255}}, PCase{32, 4, 128, 128, 512, {100, 511}},
                          PCase{32, 2, 128, 128, 1000, {500, 999}}, PCase{16, 4, 64, 32, 300, {0, 299}},
                          PCase{16, 2, 256, 64, 200, {130}}}) {
     const int H = c.n_head, Hkv = c.n_head_kv, D = c.D;
@@ -473,6 +475,8 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
         return seq;
       };
       const int was_heads = attn_tile::decode_heads();
+      const bool was_merge = ops::attn_cluster_merge();
+      ops::set_attn_cluster_merge(false);
       attn_tile::set_decode_heads(attn_tile::kDecodeRows);
       const AttnRun seq = run_seq();
       const bool was_early = ops::prep_early_weights();
@@ -492,7 +496,20 @@ TEST_F(GpuOpsFused, PrepAttentionEqualsPrepThenAttention) {
           const size_t at = (size_t(layer) * size_t(c.n_ctx) + size_t(pos)) * size_t(kw);
           EXPECT_FALSE(std::equal(gk.begin() + long(at), gk.begin() + long(at + size_t(kw)), kc.begin() + long(at)));
         }
+        {  // the splits merged by their blocks in clusters (2-8 splits; else the combine as before): its bits
+          SCOPED_TRACE("cluster merge");
+          ops::set_attn_cluster_merge(true);
+          ops::set_prep_early_weights(true);
+          expect_same_run(run_seq(), seq, n_out, cache);
+          AttnRun fused = attn_run(kc, vc, c.n_ctx, pos, H, D);
+          ops::prep_attention_q8(in, shape, fused.refs.ptr<ops::KvRef>(), layer, scale, c.n_ctx,
+                                 fused.scratch.ptr<float>(), fused.out.ptr<float>(), fused.xq.ptr<int8_t>(),
+                                 fused.xds.ptr<float2>(), stream());
+          expect_same_run(fused, seq, n_out, cache);
+          ops::set_attn_cluster_merge(false);
+        }
       }
+      ops::set_attn_cluster_merge(was_merge);
       attn_tile::set_decode_heads(was_heads);
       ops::set_prep_early_weights(was_early);
     }

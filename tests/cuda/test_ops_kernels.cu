@@ -393,6 +393,28 @@ TEST_F(GpuAttention, DecodeTilesASplit) {
   EXPECT_THROW(ops::set_attn_decode_tiles(9), strata::Error);
 }
 
+// One-token decode with the splits merged by their blocks in clusters (ops::set_attn_cluster_merge) against
+// the CPU: 2 to 8 splits, and past 8 (the combine again), also with 2 tiles a split.
+TEST_F(GpuAttention, DecodeClusterMerge) {
+  const Geometry g{2, 32, 4, 128, 128};
+  const bool was = ops::attn_cluster_merge();
+  const int was_tiles = ops::attn_decode_tiles();
+  ops::set_attn_cluster_merge(true);
+  for (const int tiles : {1, 2}) {
+    SCOPED_TRACE("tiles a split " + std::to_string(tiles));
+    ops::set_attn_decode_tiles(tiles);
+    run({"decode ctx 65", g, {65}, {{0, 64}}});
+    run({"decode ctx 200", g, {200}, {{0, 199}}});
+    run({"decode ctx 512", g, {512}, {{0, 511}}});
+    run({"decode ctx 70 of 512", g, {512}, {{0, 69}}});
+    run({"decode ctx 1000", g, {1000}, {{0, 999}}});
+    run({"decode ctx 9 of a 4096 cache", g, {4096}, {{0, 8}}, 4096});
+  }
+  run({"decode 3 sequences (no merge: 3 tokens)", g, {1000, 300, 700}, {{0, 999}, {1, 5}, {2, 511}}});
+  ops::set_attn_decode_tiles(was_tiles);
+  ops::set_attn_cluster_merge(was);
+}
+
 TEST_F(GpuAttention, PrefillCausal) {
   // Both prefill kernels: CUDA cores (the default) and tensor cores (attn_tile::set_prefill_mma).
   for (bool mma : {false, true}) {
