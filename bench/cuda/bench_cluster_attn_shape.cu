@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads) fused_kernel(const uint4* __restrict
 
 bool launch_fused(int cs, const uint4* w, const int* act, __half* kc, __half* vc, int ctx, int P, float* out,
                   cudaStream_t s) {
-  cudaLaunchAttribute attr;
+  LaunchAttrs attr;
   const cudaLaunchConfig_t cfg =
       cluster_launch_config(dim3(unsigned(2 * kHkv * cs)), dim3(kThreads), unsigned(cs), s, attr);
   return cudaLaunchKernelEx(&cfg, fused_kernel, w, act, kc, vc, ctx, P, out) == cudaSuccess;
@@ -313,7 +313,7 @@ bool cluster_size_runs(int cs) {
     (void)cudaGetLastError();
     return false;
   }
-  cudaLaunchAttribute attr;
+  LaunchAttrs attr;
   const cudaLaunchConfig_t cfg =
       cluster_launch_config(dim3(unsigned(2 * kHkv * cs)), dim3(kThreads), unsigned(cs), nullptr, attr);
   int n = 0;

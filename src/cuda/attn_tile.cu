@@ -37,10 +37,11 @@
 #include "common/env_switch.h"
 #include "common/error.h"
 #include "cuda/attn_prep_head.cuh"
-#include "cuda/ops_common.cuh"
+#include "cuda/cluster_launch.cuh"
 #include "cuda/cuda_check.cuh"
 #include "cuda/expert_predict.cuh"
 #include "cuda/host/attn_span.h"
+#include "cuda/ops_common.cuh"
 #include "cuda/pdl.cuh"
 #include "cuda/q8_common.cuh"
 
@@ -873,19 +874,10 @@ template <typename... KArgs, typename... Args>
 void launch_pdl_clusters(unsigned cl_y, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                          cudaStream_t stream, Args&&... args) {
   if (cl_y <= 1) return pdl::launch(kernel, grid, block, smem, stream, std::forward<Args>(args)...);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1, attr[0].val.clusterDim.y = cl_y, attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  LaunchAttrs attrs;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, block, dim3(1, cl_y, 1), smem, stream,
+                                                       pdl::enabled() && !pdl::plain_launches(), attrs);
   pdl::prefer_carveout(reinterpret_cast<const void*>(kernel));
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl::enabled() && !pdl::plain_launches() ? 2 : 1;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

@@ -841,7 +841,7 @@ int sample_cluster_blocks() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
   int clusters = 0;
   if (prop.major >= 9) {
-    cudaLaunchAttribute attr;
+    LaunchAttrs attr;
     const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(unsigned(want)), dim3(kRowThreads), unsigned(want),
                                                          nullptr, attr);
     if (cudaOccupancyMaxActiveClusters(&clusters, sample_kernel, &cfg) != cudaSuccess) {
@@ -878,7 +878,7 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
   const bool no_pass = rows == nullptr && cand != nullptr && merge && uses_cand(p, n_vocab);
   const int cl = no_pass ? 1 : sample_cluster_blocks();
   STRATA_REQUIRE(n_tok <= INT32_MAX / cl, "sample: {} rows x {} blocks a row", n_tok, cl);
-  cudaLaunchAttribute attr;
+  LaunchAttrs attr;
   const cudaLaunchConfig_t cfg = cluster_launch_config(dim3(static_cast<unsigned>(n_tok) * unsigned(cl)),
                                                        dim3(kRowThreads), unsigned(cl), stream, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, p, rows, u, out, sample_deep(),
