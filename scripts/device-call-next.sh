@@ -3,8 +3,9 @@
 #  1. STRATA_CUDA_ATTN_DECODE_TILES (ops::set_attn_decode_tiles, built without a GPU): a one-token decode's split
 #     walks at least N K/V tiles, so contexts up to N x 64 positions take one split and no combine launch. The H100
 #     trace put the combine at a ~5.2 us step a layer past 64 positions, and the headline (bench/gpu_bench.sh
-#     against llama.cpp) is tg128: positions 65-128 pay it. Its tests (GpuAttention.DecodeTilesASplit), the
-#     attention and model tests with N = 2 for the whole process, then tg128 (N 1 against 2) and tg512 (1, 2, 4, 8).
+#     against llama.cpp) is tg128: positions 65-128 pay it. Its test (GpuAttention.DecodeTilesASplit) with the
+#     others below, then tg128 (N 1 against 2) and tg512 (1, 2, 4, 8), then the attention and model tests with
+#     the switches on for the whole process while time lasts.
 #     With it, STRATA_CUDA_ATTN_CLUSTER_MERGE=1 (ops::set_attn_cluster_merge, also built without a GPU): the splits'
 #     blocks (2-8) run as one cluster and merge their states themselves with the combine's bits
 #     (GpuOpsFused.PrepAttentionEqualsPrepThenAttention, GpuAttention.DecodeClusterMerge), as arms of the same A/B.
@@ -18,16 +19,6 @@ first="GpuAttention.*:GpuOpsFused.*:GpuOps.Sample*:DecodeChainGpu.*"
 STRATA_STREAM_CHECK=1 timeout 120 $T --gtest_filter="$first" > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
 st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
-# Every attention and model test with two tiles a split for the whole process (their figures are set for 1).
-tiles2="GpuAttention.*:GpuOpsFused.*:DecodeChainGpu.*:Qwen3MoeGpu*:QkStackGpu.*:LogitsInPlaceGpu.*:ExpertCacheGpu.*"
-STRATA_CUDA_ATTN_DECODE_TILES=2 STRATA_STREAM_CHECK=1 timeout 100 $T --gtest_filter="$tiles2" \
-  > $OUT/tests-tiles2.txt 2>&1
-echo "rc=$?" >> $OUT/tests-tiles2.txt
-st "tests, 2 tiles a split: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-tiles2.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
-STRATA_CUDA_ATTN_CLUSTER_MERGE=1 STRATA_STREAM_CHECK=1 timeout 100 $T --gtest_filter="$tiles2" \
-  > $OUT/tests-merge.txt 2>&1
-echo "rc=$?" >> $OUT/tests-merge.txt
-st "tests, cluster merge: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests-merge.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
 m=$(scripts/device-model-30b /tmp/b/strata Q4_0 .carry/fix/vocab/ggml-vocab-qwen2.gguf /dev/null)
 base="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 --no-roofline --tg-mode chain"
 ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 128" tiles-1=- \
@@ -40,6 +31,15 @@ if [ $(left) -gt 170 ]; then
     merge-tiles-2="STRATA_CUDA_ATTN_CLUSTER_MERGE=1 STRATA_CUDA_ATTN_DECODE_TILES=2" > $OUT/arms-tg512.txt 2>&1
   echo "tg512 (greedy, chained):" | tee -a $OUT/log.txt; tail -8 $OUT/arms-tg512.txt | tee -a $OUT/log.txt
 fi
+# The attention and model tests with each switch on for the whole process (their figures are set for the defaults).
+whole="GpuAttention.*:GpuOpsFused.*:DecodeChainGpu.*:Qwen3MoeGpuGraphs.*:Qwen3MoeGpuAll.*"
+for sw in STRATA_CUDA_ATTN_DECODE_TILES=2 STRATA_CUDA_ATTN_CLUSTER_MERGE=1; do
+  [ $(left) -gt 75 ] || break
+  f=$OUT/tests-${sw%%=*}.txt
+  env $sw STRATA_STREAM_CHECK=1 timeout 65 $T --gtest_filter="$whole" > $f 2>&1
+  echo "rc=$?" >> $f
+  st "tests, $sw: $(grep -E '^\[  FAILED|PASSED|rc=' $f | tr '\n' ' ')" | tee -a $OUT/log.txt
+done
 draw_all="--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"  # over the whole vocabulary
 ncu_run() {  # NAME SECTIONS... (env set by the caller)
   local name=$1; shift
