@@ -110,7 +110,7 @@ __device__ void merge_splits(const float* part, int n_split, int split, int64_t 
     const int64_t hr = row0 + r;
     const float* pr = part + hr * n_split * row;
     const float mi = lane < n_split ? pr[lane * row] : -INFINITY;
-    const float M = warp_reduce(lane < n_split ? fmaxf(-INFINITY, mi) : -INFINITY, MaxOp{});
+    const float M = warp_reduce(fmaxf(-INFINITY, mi), MaxOp{});  // (lanes past n_split hold -inf)
     const float c = mi == -INFINITY ? 0.0f : expf(mi - M);
     float S = 0.0f;
     if (lane < n_split) S += c * pr[lane * row + 1];
