@@ -10,12 +10,15 @@
 #     blocks (2-8) run as one cluster and merge their states themselves with the combine's bits
 #     (GpuOpsFused.PrepAttentionEqualsPrepThenAttention, GpuAttention.DecodeClusterMerge), as arms of the same A/B.
 #  2. GpuOps.SampleClusterPicksUnderJitter ran once (1440 picks equal); again with the sampler tests.
-#  3. If time is left: ncu on one whole-vocabulary sampler launch (clusters of 8 against one block), where the
+#  3. STRATA_CUDA_SAMPLE_DEEP_WARP=1 (ops::set_sample_deep_warp, session 52, built without a GPU): the deep search's
+#     bin pick by warp 0 instead of thread 0's walk of 256 bins. Its tests (GpuOps.SampleDeepWarp*: the same picks
+#     as thread 0's), then an A/B of sampled decode over the whole vocabulary (top-k off), where it would show.
+#  4. If time is left: ncu on one whole-vocabulary sampler launch (clusters of 8 against one block), where the
 #     ~0.12 ms of a whole-vocabulary draw that does not shrink with more blocks goes.
 # The device tool: run "bash scripts/device-call-next.sh", carry [".carry/deps", ".carry/fix"]. LIMIT=S (570).
 set -uo pipefail
 . scripts/device-call-start strata strata_cuda_tests
-first="GpuAttention.*:GpuOpsFused.*:GpuOps.Sample*:DecodeChainGpu.*"
+first="GpuAttention.*:GpuOpsFused.*:GpuOps.Sample*:DecodeChainGpu.*"  # (GpuOps.SampleDeepWarp* among them)
 STRATA_STREAM_CHECK=1 timeout 120 $T --gtest_filter="$first" > $OUT/tests.txt 2>&1
 echo "rc=$?" >> $OUT/tests.txt
 st "tests: $(grep -E '^\[  FAILED|PASSED|rc=' $OUT/tests.txt | tr '\n' ' ')" | tee -a $OUT/log.txt
@@ -24,6 +27,12 @@ base="-m $m --backend cuda --adapt-every 0 --expert-cache 100% -p 0 --no-rooflin
 ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 128" tiles-1=- \
   tiles-2=STRATA_CUDA_ATTN_DECODE_TILES=2 merge=STRATA_CUDA_ATTN_CLUSTER_MERGE=1 > $OUT/arms-tg128.txt 2>&1
 echo "tg128 (greedy, chained):" | tee -a $OUT/log.txt; tail -5 $OUT/arms-tg128.txt | tee -a $OUT/log.txt
+draw_all="--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"  # over the whole vocabulary
+if [ $(left) -gt 150 ]; then
+  ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 2 -n 64 $draw_all" deep-thread=- \
+    deep-warp=STRATA_CUDA_SAMPLE_DEEP_WARP=1 > $OUT/arms-deep-warp.txt 2>&1
+  echo "tg64 whole-vocabulary draw:" | tee -a $OUT/log.txt; tail -4 $OUT/arms-deep-warp.txt | tee -a $OUT/log.txt
+fi
 if [ $(left) -gt 170 ]; then
   ROUNDS=2 ARM_TIMEOUT=60 scripts/bench-arms /tmp/b/strata "$base -r 1 -n 512" tiles-1=- \
     tiles-2=STRATA_CUDA_ATTN_DECODE_TILES=2 tiles-4=STRATA_CUDA_ATTN_DECODE_TILES=4 \
@@ -40,7 +49,6 @@ for sw in STRATA_CUDA_ATTN_DECODE_TILES=2 STRATA_CUDA_ATTN_CLUSTER_MERGE=1; do
   echo "rc=$?" >> $f
   st "tests, $sw: $(grep -E '^\[  FAILED|PASSED|rc=' $f | tr '\n' ' ')" | tee -a $OUT/log.txt
 done
-draw_all="--tg-temp 0.8 --tg-top-k 0 --tg-top-p 1 --tg-min-p 0"  # over the whole vocabulary
 ncu_run() {  # NAME SECTIONS... (env set by the caller)
   local name=$1; shift
   STRATA_CUDA_GRAPHS=0 timeout 80 ncu --clock-control none --kernel-name sample_kernel --launch-skip 4 --launch-count 1 "$@" \

@@ -148,6 +148,12 @@ bool sample_deep();
 // Under clusters racecheck stops with an internal error, so those merges are tested by set_sample_cluster_jitter).
 void set_sample_deep_agg(bool on);
 bool sample_deep_agg();
+// The deep search's choice of bin at each level by warp 0 (pick_mass_bin: an integer scan of the bins' masses
+// over the lanes and a ballot) instead of thread 0 walking the 256 bins (~4 us a level, as pick_bin's was).
+// The stop tests are monotone in the same integer sums, so the same bins and picks.
+// STRATA_CUDA_SAMPLE_DEEP_WARP=1 (read once) or set_sample_deep_warp; off until measured on a GPU.
+void set_sample_deep_warp(bool on);
+bool sample_deep_warp();
 // The sampler's blocks a row: a cluster of 2 to 8 blocks (sm_90 thread block clusters; 8 by default) that split
 // every pass over the row and merge their histograms, sums and gathered keys through distributed shared memory,
 // every block then taking the same decisions; or 1. Why: a draw over the whole vocabulary of a flat row is ~10

@@ -75,6 +75,7 @@ struct SampleShared {
   int deep_state;  // 0: descend, 1: gather the bucket [deep_lo, deep_hi], 2: no bucket reaches the target
   bool batched;    // for_row's batched loads (the kernel's switch)
   bool deep_agg;   // deep_walk's atomics a warp at a time (warp_mass_add; the kernel's switch)
+  bool deep_warp;  // deep_walk's bin pick by warp 0 (pick_mass_bin; else thread 0, pick_mass_bin_serial)
   // The row's candidates from sample_cand_kernel (null: the whole row): [n_cand] keys, 0 for none.
   const uint64_t* cand;
   long long n_cand;
@@ -397,6 +398,92 @@ __device__ int scan_sorted(const float* row, int c, double cum, Prob prob, Stop 
   return sh.first;
 }
 
+// Warp 0 (all its lanes), for deep_walk's level at shift over the keys [lo, hi] (cum: the probability above
+// them; above: the candidates above them): the first non-empty bin b, from 255 down, where stop(cum + the
+// fixed-point mass of the bins from 255 to b) holds. Writes sh.deep_lo/hi (that bin's keys within [lo, hi]),
+// sh.deep_cum (cum + the mass above b), sh.deep_above and sh.deep_state (1: gather it, 0: descend, 2: no bin
+// reaches the target). Why a warp: one thread walking 256 bins in shared memory, a double test each, took
+// ~4 us a level (as pick_bin's). Each lane sums 8 bins, an exact integer scan over the lanes gives each lane
+// the mass above it, and a ballot finds the first lane whose bins reach the target; that lane walks its 8.
+// The same bin as one thread's walk: stop is monotone in the sum (cum >= p, u < cum), the running sums are
+// the same integers, and the first lane with keys whose sum reaches the target holds that bin: the lanes with
+// keys above it fall short at every bin, and its own last non-empty bin's sum is the lane's.
+template <typename Stop>
+__device__ __forceinline__ void pick_mass_bin(SampleShared& sh, double cum, Stop stop, uint64_t lo, uint64_t hi,
+                                              int shift, long long above) {
+  constexpr double kFx = 1152921504606846976.0;  // 2^60 (deep_walk's)
+  const int lane = threadIdx.x & 31;
+  unsigned long long m[8], local = 0;
+  unsigned cnt = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    local += (m[j] = sh.mass[255 - 8 * lane - j]);
+    cnt += sh.hist[255 - 8 * lane - j];
+  }
+  unsigned long long incl = local;  // mass of the bins above and in this lane's, lane 0 holding the top ones
+  long long cnt_incl = cnt;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+    const long long tc = __shfl_up_sync(0xffffffffu, cnt_incl, o);
+    if (lane >= o) incl += t, cnt_incl += tc;
+  }
+  // (a lane of empty bins tests nothing, as one thread's walk skips empty bins)
+  const unsigned ball = __ballot_sync(0xffffffffu, cnt > 0u && stop(cum + static_cast<double>(incl) / kFx));
+  if (ball == 0u) {  // no bin reaches the target
+    if (lane == 31) sh.deep_state = 2, sh.deep_above = above + cnt_incl;
+    return;
+  }
+  if (lane != __ffs(ball) - 1) return;
+  // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
+  const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
+  unsigned long long acc = incl - local;
+  above += cnt_incl - cnt;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // (unrolled: m stays in registers)
+    const int b = 255 - 8 * lane - j;
+    const unsigned h = sh.hist[b];
+    if (h == 0u) continue;
+    if (stop(cum + static_cast<double>(acc + m[j]) / kFx)) {
+      const uint64_t b_lo = base + (uint64_t(b) << shift), b_hi = b_lo + ((uint64_t(1) << shift) - 1);
+      sh.deep_lo = b_lo > lo ? b_lo : lo;
+      sh.deep_hi = b_hi < hi ? b_hi : hi;
+      sh.deep_cum = cum + static_cast<double>(acc) / kFx;
+      sh.deep_state = h <= unsigned(kChunk) || shift == 0 ? 1 : 0;
+      sh.deep_above = above;
+      return;
+    }
+    acc += m[j];
+    above += h;
+  }
+}
+
+// Thread 0: pick_mass_bin's outcome by walking the 256 bins one at a time (STRATA_CUDA_SAMPLE_DEEP_WARP=0).
+template <typename Stop>
+__device__ __forceinline__ void pick_mass_bin_serial(SampleShared& sh, double cum, Stop stop, uint64_t lo,
+                                                     uint64_t hi, int shift, long long above) {
+  constexpr double kFx = 1152921504606846976.0;  // 2^60 (deep_walk's)
+  // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
+  const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
+  unsigned long long acc = 0;
+  int state = 2;
+  for (int b = 255; b >= 0; --b) {
+    if (sh.hist[b] == 0u) continue;
+    if (stop(cum + static_cast<double>(acc + sh.mass[b]) / kFx)) {
+      const uint64_t b_lo = base + (uint64_t(b) << shift), b_hi = b_lo + ((uint64_t(1) << shift) - 1);
+      sh.deep_lo = b_lo > lo ? b_lo : lo;
+      sh.deep_hi = b_hi < hi ? b_hi : hi;
+      sh.deep_cum = cum + static_cast<double>(acc) / kFx;
+      state = sh.hist[b] <= unsigned(kChunk) || shift == 0 ? 1 : 0;
+      break;
+    }
+    acc += sh.mass[b];
+    above += sh.hist[b];
+  }
+  sh.deep_state = state;
+  sh.deep_above = above;
+}
+
 // walk_ranks past its first chunk when the deep search is on (sample_deep, the default): the ranks [start, n)
 // are the keys in [lo, hi] (hi: the key below the first chunk's last, lo: the key of rank n - 1, 0 for the
 // whole row); cum: the probability of ranks [0, start). Instead of walking them in chunks of kChunk (each a
@@ -433,26 +520,10 @@ __device__ int64_t deep_walk(const float* row, int64_t n_vocab, int64_t start, u
     });
     __syncthreads();
     cluster::merge_bins(sh, true);
-    if (threadIdx.x == 0) {
-      // The keys of the range share their bits above shift + 8; bucket b is [base + b << shift, + 2^shift).
-      const uint64_t base = shift == 56 ? 0ull : lo & ~((uint64_t(1) << (shift + 8)) - 1);
-      unsigned long long acc = 0;
-      int state = 2;
-      for (int b = 255; b >= 0; --b) {
-        if (sh.hist[b] == 0u) continue;
-        if (stop(cum + static_cast<double>(acc + sh.mass[b]) / kFx)) {
-          const uint64_t b_lo = base + (uint64_t(b) << shift), b_hi = b_lo + ((uint64_t(1) << shift) - 1);
-          sh.deep_lo = b_lo > lo ? b_lo : lo;
-          sh.deep_hi = b_hi < hi ? b_hi : hi;
-          sh.deep_cum = cum + static_cast<double>(acc) / kFx;
-          state = sh.hist[b] <= unsigned(kChunk) || shift == 0 ? 1 : 0;
-          break;
-        }
-        acc += sh.mass[b];
-        above += sh.hist[b];
-      }
-      sh.deep_state = state;
-      sh.deep_above = above;
+    if (sh.deep_warp) {
+      if (threadIdx.x < 32) pick_mass_bin(sh, cum, stop, lo, hi, shift, above);
+    } else if (threadIdx.x == 0) {
+      pick_mass_bin_serial(sh, cum, stop, lo, hi, shift, above);
     }
     __syncthreads();
     const int state = sh.deep_state;
@@ -704,7 +775,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
                                                              const SampleParams* rows, const float* u, int32_t* out,
                                                              bool deep, bool batched, const uint64_t* cand,
                                                              int64_t stride, int n_parts, bool merge,
-                                                             bool deep_agg, unsigned jitter) {
+                                                             bool deep_agg, bool deep_warp, unsigned jitter) {
   __shared__ SampleShared sh;
   // A row's blocks: one, or a cluster (cluster::): rank 0 writes the pick.
   unsigned cl_rank = 0, cl_size = 1;
@@ -726,7 +797,7 @@ __global__ void __launch_bounds__(kRowThreads) sample_kernel(const float* logits
   if (alone && cl_rank != 0) return;
   const unsigned size = alone ? 1u : cl_size;
   if (threadIdx.x == 0) {
-    sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg;
+    sh.cached = 0, sh.batched = batched, sh.deep_agg = deep_agg, sh.deep_warp = deep_warp;
     sh.cand = c ? cand + t * stride : nullptr;
     sh.n_cand = c ? static_cast<long long>(n_parts) * P.top_k : 0;
     sh.cl_rank = cl_rank, sh.cl_size = size, sh.cl_parity = 0;
@@ -803,6 +874,11 @@ DigitSetting g_sample_deep_agg("STRATA_CUDA_SAMPLE_DEEP_AGG", "the deep search's
 }  // namespace
 void set_sample_deep_agg(bool on) { g_sample_deep_agg.set(on ? 1 : 0); }
 bool sample_deep_agg() { return g_sample_deep_agg.get() == 1; }
+namespace {
+DigitSetting g_sample_deep_warp("STRATA_CUDA_SAMPLE_DEEP_WARP", "the deep search's bin pick by a warp", 0, 1, 0);
+}  // namespace
+void set_sample_deep_warp(bool on) { g_sample_deep_warp.set(on ? 1 : 0); }
+bool sample_deep_warp() { return g_sample_deep_warp.get() == 1; }
 namespace {
 DigitSetting g_sample_batched("STRATA_CUDA_SAMPLE_BATCH", "the device sampler's batched row loads", 0, 1, 1);
 }  // namespace
@@ -883,7 +959,8 @@ void launch_sample(const float* logits, int64_t n_tok, int64_t n_vocab, const Sa
                                                        dim3(kRowThreads), unsigned(cl), stream, attr);
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, sample_kernel, logits, n_vocab, p, rows, u, out, sample_deep(),
                                 sample_batched(), static_cast<const uint64_t*>(cand), stride, int(parts), merge,
-                                sample_deep_agg(), g_sample_cluster_jitter.load(std::memory_order_relaxed)));
+                                sample_deep_agg(), sample_deep_warp(),
+                                g_sample_cluster_jitter.load(std::memory_order_relaxed)));
 }
 }  // namespace
 

@@ -815,12 +815,14 @@ std::pair<std::vector<float>, std::vector<float>> random_rows(int rows, int64_t 
 // with a partial last warp, through sample and sample_rows.
 // One test a vocabulary size, so racecheck can take the small one (the real vocabulary runs past its limit).
 // rows a launch and cases (the first ones of the 6 below): the full test's by default; fewer for racecheck.
-void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0, int rows = 8, int cases = 6) {
+// deep_switch_picks_the_same: the same comparison for any switch of the deep search (get / set; name: the log's).
+void deep_switch_picks_the_same(GpuOps& f, int64_t V, uint32_t seed0, int rows, int cases, bool (*get)(),
+                                void (*set)(bool), const char* name) {
   const float sds[] = {0.05f, 0.3f, 1.0f};
   std::mt19937 rng(seed0);
   uint64_t seed = seed0 + 500;
   int compared = 0;
-  const bool was = ops::sample_deep_agg();
+  const bool was = get();
   auto dscratch = f.alloc<unsigned char>(ops::sample_scratch_bytes(rows, V), "scratch");
   auto dout = f.alloc<int32_t>(size_t(rows), "out");
   for (int c = 0; c < cases; ++c) {
@@ -834,17 +836,20 @@ void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0, in
     auto dl = f.upload(logits, "logits");
     auto du = f.upload(u, "u");
     auto drules = f.upload(rules, "rules");
-    std::array<std::vector<int32_t>, 2> got[2];  // [one atomic a key, a warp at a time][sample, sample_rows]
+    std::array<std::vector<int32_t>, 2> got[2];  // [switch off, on][sample, sample_rows]
     for (int on = 0; on < 2; ++on) {
-      ops::set_sample_deep_agg(on == 1);
+      set(on == 1);
       got[on] = sample_both_ways(f, dl, rows, V, p, drules, du, dscratch, dout);
     }
     EXPECT_EQ(got[1][0], got[0][0]) << "sample, vocabulary " << V << ", case " << c;
     EXPECT_EQ(got[1][1], got[0][1]) << "sample_rows, vocabulary " << V << ", case " << c;
     compared += 2 * rows;
   }
-  ops::set_sample_deep_agg(was);
-  std::printf("[deep agg] vocabulary %lld: %d picks compared\n", static_cast<long long>(V), compared);
+  set(was);
+  std::printf("[%s] vocabulary %lld: %d picks compared\n", name, static_cast<long long>(V), compared);
+}
+void deep_agg_picks_as_one_atomic_a_key(GpuOps& f, int64_t V, uint32_t seed0, int rows = 8, int cases = 6) {
+  deep_switch_picks_the_same(f, V, seed0, rows, cases, ops::sample_deep_agg, ops::set_sample_deep_agg, "deep agg");
 }
 TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKey) { deep_agg_picks_as_one_atomic_a_key(*this, kVocab, 93); }
 TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeyPartialWarp) {
@@ -854,6 +859,19 @@ TEST_F(GpuOps, SampleDeepAggPicksAsOneAtomicAKeySmall) { deep_agg_picks_as_one_a
 // For compute-sanitizer racecheck (the tests above run past its limits): 2 rows of 4099 values, 2 cases (a flat
 // whole-vocabulary draw, then top-p 0.97), each way: 8 launches.
 TEST_F(GpuOps, SampleDeepAggRacecheckProbe) { deep_agg_picks_as_one_atomic_a_key(*this, 4099, 96, 2, 2); }
+
+// The deep search's bin pick by a warp (ops::sample_deep_warp: a scan over the lanes and a ballot) takes the same
+// bins as thread 0's walk, so every pick is the same id: the rows and sizes of the deep agg tests above (flat and
+// tied rows, top-k off and 3000, top-p and min-p, through sample and sample_rows).
+void deep_warp_picks_as_one_thread(GpuOps& f, int64_t V, uint32_t seed0) {
+  deep_switch_picks_the_same(f, V, seed0, 8, 6, ops::sample_deep_warp, ops::set_sample_deep_warp, "deep warp");
+}
+TEST_F(GpuOps, SampleDeepWarpPicksAsOneThread) { deep_warp_picks_as_one_thread(*this, kVocab, 97); }
+TEST_F(GpuOps, SampleDeepWarpPicksAsOneThreadPartialWarp) { deep_warp_picks_as_one_thread(*this, 50000 + 17, 98); }
+TEST_F(GpuOps, SampleDeepWarpPicksAsOneThreadSmall) { deep_warp_picks_as_one_thread(*this, 4099, 99); }
+TEST_F(GpuOps, SampleDeepWarpMatchesCpuSampler) {
+  sample_matches_cpu_sampler_with(*this, ops::sample_deep_warp, ops::set_sample_deep_warp, true);
+}
 
 // A cluster of blocks a row (ops::sample_cluster) splits the passes and merges their histograms (integers: the
 // same), sums (doubles, in another order) and gathered keys, so its picks are one block's. The rows: flat and
