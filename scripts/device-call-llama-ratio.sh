@@ -2,7 +2,8 @@
 # The headline ratio: llama.cpp's CUDA build against strata in the same call on the 48-layer 30B-A3B-geometry
 # Q4_0 file (bench/gpu_bench.sh's llama section: fully resident pp512 and tg128, and the experts of 36 layers on
 # the CPU against strata at 25%). SW="VAR=value ..." sets strata switches for the whole call (a candidate
-# default measured before it becomes one); LLAMA_FORMATS (default Q4_0) other files.
+# default measured before it becomes one); LLAMA_FORMATS (default Q4_0) other files ("Q4_0 Q4_K_M": what the
+# session-44 call, device-call-s44b.sh, ran; it is in git's history).
 # Prepared HERE: scripts/device-deps (.carry/deps), scripts/llama-cuda-pack (.carry/llama), the Qwen2 vocabulary
 # in .carry/fixv/vocab/ (deps + llama + all of .carry/fix pass the 64 MiB a call). The device tool:
 #   run "SW=... bash scripts/device-call-llama-ratio.sh", carry [".carry/deps", ".carry/fixv", ".carry/llama"]
