@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Owed since session 51 (bench/results/2026-12-07-gpu-session51-h100.md):
+# Owed since session 51 (bench/results/2026-12-07-gpu-session51-h100.md). Session 52 ran only the new tests
+# (all passed on an H100, bench/results/2026-12-07-gpu-session52-h100.md); the A/Bs below are still owed.
 #  1. STRATA_CUDA_ATTN_DECODE_TILES (ops::set_attn_decode_tiles, built without a GPU): a one-token decode's split
 #     walks at least N K/V tiles, so contexts up to N x 64 positions take one split and no combine launch. The H100
 #     trace put the combine at a ~5.2 us step a layer past 64 positions, and the headline (bench/gpu_bench.sh
